@@ -1,0 +1,38 @@
+//! Types shared by the nexar runtime and its macros.
+//!
+//! - [`Element`]: the plain-old-data element types nexar moves, each with a wire [`DType`].
+//! - Reduction operations as types ([`Sum`], [`Prod`], [`Min`], [`Max`], [`BitAnd`], [`BitOr`],
+//!   [`BitXor`]) so that a bitwise reduction of floats fails to compile, plus the runtime
+//!   [`ReduceOp`] for operations chosen at run time.
+//! - Memory spaces as types ([`Host`]) and the typed, owned buffer [`Buf<T, M>`].
+//! - [`SendBuf`] / [`RecvBuf`]: the one pair of traits through which `Buf<T>`, `Vec<T>`, `[T]` and
+//!   `[T; N]` reach every operation.
+//! - [`stable_id`]: the `const fn` hash that turns names into stable 64-bit ids.
+//!
+//! ```
+//! use nexar_types::{Buf, DType, Element, Sum, ReduceOp, Reduction};
+//!
+//! let b: Buf<f32> = Buf::from_vec(vec![1.0, 2.0, 3.0]);
+//! assert_eq!(b.len(), 3);
+//! assert_eq!(<f32 as Element>::DTYPE, DType::F32);
+//! assert_eq!(Reduction::<f32>::op(&Sum), ReduceOp::Sum);
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod buf;
+mod element;
+mod id;
+mod op;
+mod space;
+
+pub use buf::{Buf, RecvBuf, SendBuf};
+pub use element::{DType, Element, UnknownDType};
+pub use id::{stable_hash, stable_id};
+pub use op::{
+    BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce_slice,
+};
+pub use space::{Host, MemorySpace};
+
+/// Re-exported so generated code and users name the same `half` types.
+pub use half::{bf16, f16};

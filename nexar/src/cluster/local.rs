@@ -1,0 +1,59 @@
+//! In-process clusters: every rank in this process, each with its own endpoint on 127.0.0.1
+//! and its own certificate from an in-memory CA, connected by real QUIC.
+
+use std::net::SocketAddr;
+
+use super::ClusterError;
+use crate::comm::NexarClient;
+use crate::config::NexarConfig;
+use crate::transport::endpoint::{bind, server_with_transport};
+use crate::transport::tls::{ClusterCa, mesh_server, rank_server_name};
+
+/// Forms an `n`-rank cluster inside this process.
+pub(crate) async fn bootstrap_local(
+    n: usize,
+    cfg: NexarConfig,
+) -> Result<Vec<NexarClient>, ClusterError> {
+    if n == 0 {
+        return Err(ClusterError::InvalidWorldSize(0));
+    }
+    cfg.validate().map_err(|e| ClusterError::Mesh {
+        rank: 0,
+        reason: e.to_string(),
+    })?;
+    let ca = ClusterCa::generate()?;
+    let ca_der = ca.cert_der();
+    let mut ranks = Vec::with_capacity(n);
+    for rank in 0..n {
+        let identity = ca.issue(&rank_server_name(rank as u32))?;
+        let server = server_with_transport(mesh_server(&identity, &ca_der)?, &cfg);
+        let endpoint = bind(SocketAddr::from(([127, 0, 0, 1], 0)), &cfg, Some(server))?;
+        ranks.push((endpoint, identity));
+    }
+    let addrs: Vec<SocketAddr> = ranks
+        .iter()
+        .map(|(e, _)| e.local_addr())
+        .collect::<Result<_, _>>()
+        .map_err(|e| ClusterError::Mesh {
+            rank: 0,
+            reason: e.to_string(),
+        })?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (rank, (endpoint, identity)) in ranks.into_iter().enumerate() {
+        let (addrs, ca_der, cfg) = (addrs.clone(), ca_der.clone(), cfg.clone());
+        tasks.spawn(async move {
+            NexarClient::from_parts(rank, endpoint, &addrs, &identity, &ca_der, cfg, None)
+                .await
+                .map(|c| (rank, c))
+        });
+    }
+    let mut clients: Vec<Option<NexarClient>> = (0..n).map(|_| None).collect();
+    while let Some(done) = tasks.join_next().await {
+        let (rank, client) = done.map_err(|e| ClusterError::Mesh {
+            rank: 0,
+            reason: format!("a rank's task failed: {e}"),
+        })??;
+        clients[rank] = Some(client);
+    }
+    Ok(clients.into_iter().flatten().collect())
+}

@@ -1,0 +1,239 @@
+//! Forming the direct peer mesh: every rank dials the ranks below it and accepts the ranks
+//! above it, each connection mutually authenticated and bound to the rank it claims.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::{Connection, ConnectionError, Endpoint, TransportErrorCode};
+use rustls::pki_types::CertificateDer;
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::ClusterError;
+use crate::config::NexarConfig;
+use crate::transport::endpoint::with_transport;
+use crate::transport::link::{LaneSenders, PeerLink};
+use crate::transport::tls::{Identity, mesh_client, rank_from_cert, rank_server_name};
+
+/// QUIC close code for a connection the acceptor refuses.
+const CLOSE_REFUSED: u32 = 3;
+
+/// What a rank needs to join the mesh.
+pub(crate) struct MeshSetup<'a> {
+    pub rank: usize,
+    pub addrs: &'a [SocketAddr],
+    pub identity: &'a Identity,
+    pub ca: &'a CertificateDer<'static>,
+    pub cfg: &'a NexarConfig,
+    pub lanes: LaneSenders,
+}
+
+/// A formed mesh: one link per other rank, and the task that keeps refusing strangers.
+pub(crate) struct Mesh {
+    pub links: Vec<Option<PeerLink>>,
+    pub acceptor: JoinHandle<()>,
+}
+
+/// The rank an authenticated connection's client certificate is bound to.
+fn peer_rank(conn: &Connection) -> Result<u32, String> {
+    let identity = conn.peer_identity().ok_or("no certificate presented")?;
+    let certs = identity
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .map_err(|_| "unexpected peer identity type")?;
+    let leaf = certs.first().ok_or("empty certificate chain")?;
+    rank_from_cert(leaf).map_err(|e| e.to_string())
+}
+
+/// Connects `setup.rank` to every other rank. Returns once all `world - 1` links are up, or
+/// fails naming the ranks that are missing when `cfg.mesh_timeout` runs out.
+pub(crate) async fn form_mesh(
+    endpoint: &Endpoint,
+    setup: MeshSetup<'_>,
+) -> Result<Mesh, ClusterError> {
+    let MeshSetup {
+        rank,
+        addrs,
+        identity,
+        ca,
+        cfg,
+        lanes,
+    } = setup;
+    let world = addrs.len();
+    let deadline = Instant::now() + cfg.mesh_timeout;
+    let mesh_err = |reason: String| ClusterError::Mesh { rank, reason };
+
+    let expected: Arc<Mutex<Vec<bool>>> =
+        Arc::new(Mutex::new((0..world).map(|r| r > rank).collect()));
+    let (accepted_tx, mut accepted_rx) = mpsc::channel::<(u32, Connection)>(world.max(1));
+    let acceptor = tokio::spawn(
+        accept_peers(
+            endpoint.clone(),
+            expected.clone(),
+            accepted_tx,
+            cfg.connect_timeout,
+        )
+        .instrument(tracing::debug_span!("acceptor", rank)),
+    );
+
+    let client = with_transport(mesh_client(identity, ca)?, cfg);
+    let mut dials = JoinSet::new();
+    for (peer, addr) in addrs.iter().enumerate().take(rank) {
+        let (endpoint, client, addr) = (endpoint.clone(), client.clone(), *addr);
+        let attempt = cfg.connect_timeout;
+        dials.spawn(async move {
+            (
+                peer,
+                dial(&endpoint, client, rank, peer, addr, deadline, attempt).await,
+            )
+        });
+    }
+
+    let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
+    let mut missing = world.saturating_sub(1);
+    let spawn_link = |peer: usize, conn: Connection| {
+        PeerLink::spawn(
+            rank as u32,
+            peer as u32,
+            conn,
+            lanes.clone(),
+            cfg.max_message_bytes,
+        )
+    };
+    while missing > 0 {
+        tokio::select! {
+            Some(done) = dials.join_next(), if !dials.is_empty() => {
+                let (peer, result) = done.map_err(|e| mesh_err(format!("a dial task failed: {e}")))?;
+                let conn = result.map_err(|reason| { acceptor.abort(); mesh_err(reason) })?;
+                links[peer] = Some(spawn_link(peer, conn));
+                missing -= 1;
+            }
+            Some((peer, conn)) = accepted_rx.recv() => {
+                links[peer as usize] = Some(spawn_link(peer as usize, conn));
+                missing -= 1;
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                acceptor.abort();
+                let absent: Vec<String> = links
+                    .iter()
+                    .enumerate()
+                    .filter(|(p, l)| *p != rank && l.is_none())
+                    .map(|(p, _)| format!("rank {p} at {}", addrs[p]))
+                    .collect();
+                return Err(mesh_err(format!("no connection within {:?} from {}", cfg.mesh_timeout, absent.join(", "))));
+            }
+        }
+    }
+    tracing::info!(rank, world, "mesh formed");
+    Ok(Mesh { links, acceptor })
+}
+
+/// Dials `peer`, retrying while it is not yet accepting, until `deadline`. A peer that presents
+/// a certificate not bound to `peer` (or rejects ours) is a permanent failure.
+async fn dial(
+    endpoint: &Endpoint,
+    client: quinn::ClientConfig,
+    rank: usize,
+    peer: usize,
+    addr: SocketAddr,
+    deadline: Instant,
+    attempt_limit: Duration,
+) -> Result<Connection, String> {
+    let name = rank_server_name(peer as u32);
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let connecting = endpoint
+            .connect_with(client.clone(), addr, &name)
+            .map_err(|e| format!("cannot dial rank {peer} at {addr}: {e}"))?;
+        let until = deadline.min(Instant::now() + attempt_limit);
+        let retry_reason = match tokio::time::timeout_at(until, connecting).await {
+            Ok(Ok(conn)) => {
+                return match peer_rank(&conn) {
+                    Ok(r) if r as usize == peer => Ok(conn),
+                    Ok(r) => {
+                        conn.close(CLOSE_REFUSED.into(), b"certificate names another rank");
+                        Err(format!(
+                            "rank {rank} dialled rank {peer} at {addr} but its certificate names rank {r}"
+                        ))
+                    }
+                    Err(e) => Err(format!("rank {peer} at {addr}: {e}")),
+                };
+            }
+            Ok(Err(ConnectionError::ConnectionClosed(close)))
+                if close.error_code == TransportErrorCode::CONNECTION_REFUSED =>
+            {
+                "refused (not accepting yet)".to_string()
+            }
+            Ok(Err(e @ (ConnectionError::TimedOut | ConnectionError::Reset))) => e.to_string(),
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "rank {rank} could not authenticate rank {peer} at {addr}: {e}"
+                ));
+            }
+            Err(_) => "no answer".to_string(),
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(format!(
+                "rank {peer} at {addr} did not accept before the mesh deadline (last attempt: {retry_reason})"
+            ));
+        }
+        tracing::debug!(peer, %addr, reason = %retry_reason, "retrying dial");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Accepts connections for the life of the rank. Only a rank above ours that has not connected
+/// yet is let in; every other connection (a stranger, a duplicate, a certificate for a rank
+/// that should dial elsewhere) is closed and logged.
+async fn accept_peers(
+    endpoint: Endpoint,
+    expected: Arc<Mutex<Vec<bool>>>,
+    accepted: mpsc::Sender<(u32, Connection)>,
+    handshake_limit: Duration,
+) {
+    while let Some(incoming) = endpoint.accept().await {
+        let remote = incoming.remote_address();
+        let (expected, accepted) = (expected.clone(), accepted.clone());
+        tokio::spawn(
+            async move {
+                let conn = match tokio::time::timeout(handshake_limit, incoming).await {
+                    Ok(Ok(conn)) => conn,
+                    Ok(Err(e)) => {
+                        tracing::warn!(%remote, error = %e, "refused a peer connection: authentication failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(%remote, "refused a peer connection: handshake timed out");
+                        return;
+                    }
+                };
+                let peer = match peer_rank(&conn) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::warn!(%remote, error = %e, "refused a peer connection");
+                        conn.close(CLOSE_REFUSED.into(), e.as_bytes());
+                        return;
+                    }
+                };
+                let admit = {
+                    let mut exp = expected.lock().expect("expected-peers lock");
+                    match exp.get_mut(peer as usize) {
+                        Some(slot) if *slot => {
+                            *slot = false;
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if !admit || accepted.send((peer, conn.clone())).await.is_err() {
+                    tracing::warn!(%remote, peer, "refused a peer connection: rank {peer} is not expected to dial here (duplicate or wrong direction)");
+                    conn.close(CLOSE_REFUSED.into(), b"unexpected rank");
+                }
+            }
+            .in_current_span(),
+        );
+    }
+}

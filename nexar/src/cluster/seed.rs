@@ -1,0 +1,342 @@
+//! The seed node: authenticates joining workers, signs their certificates, assigns ranks, and
+//! publishes the peer table once every worker has joined. It is not on the data path.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use quinn::{Connection, RecvStream, SendStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use super::{ClusterError, JoinToken};
+use crate::config::NexarConfig;
+use crate::proto::frame::MAX_JOIN_FRAME;
+use crate::proto::message::{PROTOCOL_VERSION, SeedRequest, SeedResponse};
+use crate::transport::framed::{read_message, write_message};
+use crate::transport::tls::{ClusterCa, SEED_SERVER_NAME, seed_server};
+use crate::transport::{TransportError, endpoint};
+
+/// QUIC close code for a refused join.
+const CLOSE_REJECTED: u32 = 1;
+
+/// A running seed node.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), nexar::NexarError> {
+/// let mut cfg = nexar::NexarConfig::default();
+/// cfg.world_size = Some(4);
+/// let seed = nexar::SeedNode::bind("0.0.0.0:7000".parse().unwrap(), cfg).await?;
+/// println!("join with: {}", seed.token());
+/// seed.wait_formed().await?;
+/// # Ok(()) }
+/// ```
+pub struct SeedNode {
+    endpoint: quinn::Endpoint,
+    token: JoinToken,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+struct Shared {
+    ca: ClusterCa,
+    token: JoinToken,
+    cluster_id: u64,
+    world: usize,
+    cfg: NexarConfig,
+    slots: Mutex<Slots>,
+    table: watch::Sender<Option<Vec<SocketAddr>>>,
+    members: watch::Sender<usize>,
+}
+
+struct Slots {
+    addrs: Vec<Option<SocketAddr>>,
+    formed: bool,
+}
+
+impl SeedNode {
+    /// Binds the seed to `addr` and starts accepting workers. `config.world_size` says how many
+    /// workers make the cluster.
+    ///
+    /// A fresh CA and join token are generated; [`token`](Self::token) returns the token to
+    /// hand to workers.
+    pub async fn bind(addr: SocketAddr, config: NexarConfig) -> Result<SeedNode, ClusterError> {
+        config
+            .validate()
+            .map_err(|e| ClusterError::Transport(TransportError::Tls(e.to_string())))?;
+        let world = config.world_size.ok_or(ClusterError::InvalidWorldSize(0))?;
+        if world == 0 {
+            return Err(ClusterError::InvalidWorldSize(0));
+        }
+        let ca = ClusterCa::generate()?;
+        let identity = ca.issue(SEED_SERVER_NAME)?;
+        let server = endpoint::server_with_transport(seed_server(&identity)?, &config);
+        let endpoint = endpoint::bind(addr, &config, Some(server))?;
+        let token = JoinToken::generate(ca.fingerprint());
+        let shared = Arc::new(Shared {
+            ca,
+            token: token.clone(),
+            cluster_id: rand::random(),
+            world,
+            cfg: config,
+            slots: Mutex::new(Slots {
+                addrs: vec![None; world],
+                formed: false,
+            }),
+            table: watch::channel(None).0,
+            members: watch::channel(0).0,
+        });
+        let local = endpoint.local_addr().map_err(|e| TransportError::Bind {
+            addr,
+            reason: e.to_string(),
+        })?;
+        tracing::info!(%local, world, "seed listening");
+        let accept = tokio::spawn(
+            accept_loop(endpoint.clone(), shared.clone())
+                .instrument(tracing::info_span!("seed", %local)),
+        );
+        Ok(SeedNode {
+            endpoint,
+            token,
+            shared,
+            accept,
+        })
+    }
+
+    /// The join token workers need.
+    pub fn token(&self) -> &JoinToken {
+        &self.token
+    }
+
+    /// The address the seed listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.endpoint
+            .local_addr()
+            .expect("a bound endpoint has an address")
+    }
+
+    /// The number of workers the cluster waits for.
+    pub fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    /// Waits until every worker has joined, then returns the peer table (listening address
+    /// per rank). Waits as long as it takes; wrap it in a timeout if needed.
+    pub async fn wait_formed(&self) -> Result<Vec<SocketAddr>, ClusterError> {
+        let mut rx = self.shared.table.subscribe();
+        let table = rx
+            .wait_for(|t| t.is_some())
+            .await
+            .map_err(|_| ClusterError::Mesh {
+                rank: 0,
+                reason: "the seed stopped before the cluster formed".into(),
+            })?;
+        Ok(table.clone().unwrap_or_default())
+    }
+
+    /// Waits until the cluster has formed and every worker has then disconnected from the seed.
+    pub async fn wait_done(&self) -> Result<(), ClusterError> {
+        self.wait_formed().await?;
+        let mut rx = self.shared.members.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+        Ok(())
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn shutdown(&self) {
+        self.accept.abort();
+        self.endpoint.close(0u32.into(), b"seed shutting down");
+    }
+}
+
+impl Drop for SeedNode {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let remote = incoming.remote_address();
+        let shared = shared.clone();
+        tokio::spawn(
+            async move {
+                if let Err(reason) = serve_connection(incoming, &shared).await {
+                    tracing::warn!(%remote, %reason, "dropped a connection to the seed");
+                }
+            }
+            .instrument(tracing::info_span!("join", %remote)),
+        );
+    }
+}
+
+/// Everything a connection gets to do before it has proved knowledge of the token: complete
+/// the TLS handshake, open one stream, and send one small frame, all within the handshake
+/// timeout.
+async fn pre_auth(
+    incoming: quinn::Incoming,
+) -> Result<(Connection, SendStream, RecvStream, SeedRequest), String> {
+    let conn = incoming
+        .await
+        .map_err(|e| format!("handshake failed: {e}"))?;
+    let (send, mut recv) = conn
+        .accept_bi()
+        .await
+        .map_err(|e| format!("no join stream: {e}"))?;
+    let req = read_message::<SeedRequest>(&mut recv, MAX_JOIN_FRAME)
+        .await
+        .map_err(|e| {
+            conn.close(CLOSE_REJECTED.into(), b"invalid join request");
+            format!("invalid join request: {e}")
+        })?
+        .ok_or_else(|| "the join stream ended without a request".to_string())?;
+    Ok((conn, send, recv, req))
+}
+
+async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<(), String> {
+    let remote = incoming.remote_address();
+    let limit = shared.cfg.handshake_timeout;
+    let (conn, mut send, _recv, req) = match tokio::time::timeout(limit, pre_auth(incoming)).await {
+        Ok(r) => r?,
+        Err(_) => return Err(format!("sent no valid join request within {limit:?}")),
+    };
+    let SeedRequest::Join {
+        protocol,
+        secret,
+        csr_der,
+        listen_addr,
+    } = req;
+    if !shared.token.secret_matches(&secret) {
+        return Err(reject(&conn, &mut send, "invalid join token".into()).await);
+    }
+    if protocol != PROTOCOL_VERSION {
+        return Err(reject(
+            &conn,
+            &mut send,
+            format!(
+                "protocol version {protocol} is not supported (seed speaks {PROTOCOL_VERSION})"
+            ),
+        )
+        .await);
+    }
+    let mut listen: SocketAddr = match listen_addr.parse() {
+        Ok(a) => a,
+        Err(_) => {
+            return Err(reject(
+                &conn,
+                &mut send,
+                format!("listen address {listen_addr:?} does not parse"),
+            )
+            .await);
+        }
+    };
+    if listen.ip().is_unspecified() {
+        listen.set_ip(remote.ip());
+    }
+    let Some(rank) = claim_slot(shared, listen) else {
+        return Err(reject(
+            &conn,
+            &mut send,
+            format!(
+                "the cluster is full or already formed (world size {})",
+                shared.world
+            ),
+        )
+        .await);
+    };
+    let cert = match shared.ca.sign_csr(&csr_der, rank as u32) {
+        Ok(c) => c,
+        Err(e) => {
+            release_slot(shared, rank);
+            return Err(reject(&conn, &mut send, e.to_string()).await);
+        }
+    };
+    let welcome = SeedResponse::Welcome {
+        cluster_id: shared.cluster_id,
+        rank: rank as u32,
+        world_size: shared.world as u32,
+        cert_der: cert.to_vec(),
+        ca_der: shared.ca.cert_der().to_vec(),
+    };
+    if let Err(e) = write_message(&mut send, &welcome).await {
+        release_slot(shared, rank);
+        return Err(format!("lost before the welcome: {e}"));
+    }
+    tracing::info!(rank, %listen, "worker joined");
+    shared.members.send_modify(|n| *n += 1);
+    let result = serve_member(shared, &conn, &mut send, rank).await;
+    shared.members.send_modify(|n| *n -= 1);
+    result
+}
+
+/// After the welcome: publish the table when it is complete, then stay connected until the
+/// worker leaves. A worker that leaves before the cluster forms frees its rank.
+async fn serve_member(
+    shared: &Shared,
+    conn: &Connection,
+    send: &mut SendStream,
+    rank: usize,
+) -> Result<(), String> {
+    let mut table = shared.table.subscribe();
+    let addrs = tokio::select! {
+        formed = table.wait_for(|t| t.is_some()) => match formed {
+            Ok(t) => t.clone().unwrap_or_default(),
+            Err(_) => return Err("seed stopping".to_string()),
+        },
+        reason = conn.closed() => {
+            release_slot(shared, rank);
+            return Err(format!("rank {rank} left before the cluster formed ({reason}); its rank is free again"));
+        }
+    };
+    let msg = SeedResponse::PeerTable {
+        cluster_id: shared.cluster_id,
+        addrs: addrs.iter().map(|a| a.to_string()).collect(),
+    };
+    write_message(send, &msg)
+        .await
+        .map_err(|e| format!("rank {rank} lost before the peer table: {e}"))?;
+    conn.closed().await;
+    tracing::debug!(rank, "worker disconnected from the seed");
+    Ok(())
+}
+
+fn claim_slot(shared: &Shared, addr: SocketAddr) -> Option<usize> {
+    let mut slots = shared.slots.lock().expect("seed slots lock");
+    if slots.formed {
+        return None;
+    }
+    let rank = slots.addrs.iter().position(Option::is_none)?;
+    slots.addrs[rank] = Some(addr);
+    if slots.addrs.iter().all(Option::is_some) {
+        slots.formed = true;
+        let table: Vec<SocketAddr> = slots.addrs.iter().flatten().copied().collect();
+        tracing::info!(
+            world = table.len(),
+            "every worker has joined; publishing the peer table"
+        );
+        shared.table.send_replace(Some(table));
+    }
+    Some(rank)
+}
+
+fn release_slot(shared: &Shared, rank: usize) {
+    let mut slots = shared.slots.lock().expect("seed slots lock");
+    if !slots.formed {
+        slots.addrs[rank] = None;
+    }
+}
+
+/// Tells the worker why it was refused, gives the answer a moment to arrive, and closes.
+async fn reject(conn: &Connection, send: &mut SendStream, reason: String) -> String {
+    let _ = write_message(
+        send,
+        &SeedResponse::Reject {
+            reason: reason.clone(),
+        },
+    )
+    .await;
+    let _ = send.finish();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send.stopped()).await;
+    conn.close(CLOSE_REJECTED.into(), reason.as_bytes());
+    format!("refused: {reason}")
+}

@@ -1,0 +1,306 @@
+//! [`NexarClient`]: one rank's handle on the cluster.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use quinn::{Connection, Endpoint};
+use rustls::pki_types::CertificateDer;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use super::mailbox::Mailbox;
+use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
+use crate::config::{ConfigError, NexarConfig};
+use crate::error::NexarError;
+use crate::proto::message::PeerMsg;
+use crate::transport::endpoint;
+use crate::transport::link::{
+    CLOSE_SHUTDOWN, Incoming, LaneReceivers, LaneSenders, PeerLink, lanes,
+};
+use crate::transport::tls::Identity;
+
+/// How long closing waits for peers to acknowledge what was sent.
+const FLUSH_LIMIT: Duration = Duration::from_secs(5);
+
+/// One rank's handle on a nexar cluster: its rank, the world size, and every operation.
+///
+/// Cheap to clone; all clones share the rank's connections. Operations may run concurrently
+/// from several tasks.
+///
+/// ```no_run
+/// use nexar::prelude::*;
+/// # async fn run() -> Result<(), NexarError> {
+/// let ranks = NexarClient::bootstrap_local(2).await?;
+/// assert_eq!(ranks[1].rank(), 1);
+/// assert_eq!(ranks[1].world_size(), 2);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct NexarClient {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub rank: usize,
+    pub world: usize,
+    pub cfg: NexarConfig,
+    pub endpoint: Endpoint,
+    pub links: Vec<Option<PeerLink>>,
+    pub self_lanes: LaneSenders,
+    pub mailbox: Arc<Mailbox>,
+    pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    seed: Option<Connection>,
+    /// Lanes no layer consumes yet (RPC, collectives); held so their queues exist.
+    _spare: Mutex<
+        Option<(
+            mpsc::Receiver<Incoming>,
+            mpsc::Receiver<Incoming>,
+            mpsc::Receiver<Incoming>,
+        )>,
+    >,
+}
+
+impl std::fmt::Debug for NexarClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NexarClient")
+            .field("rank", &self.inner.rank)
+            .field("world_size", &self.inner.world)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NexarClient {
+    /// Forms an `n`-rank cluster inside this process, connected by real, encrypted QUIC on
+    /// 127.0.0.1, and returns one client per rank (index = rank).
+    ///
+    /// `n == 0` is an error. Must be called inside a tokio runtime.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// let ranks = nexar::NexarClient::bootstrap_local(4).await?;
+    /// assert_eq!(ranks.len(), 4);
+    /// # Ok(()) }
+    /// ```
+    pub async fn bootstrap_local(n: usize) -> Result<Vec<NexarClient>, NexarError> {
+        Self::bootstrap_local_with(n, NexarConfig::default()).await
+    }
+
+    /// [`bootstrap_local`](Self::bootstrap_local) with an explicit configuration.
+    pub async fn bootstrap_local_with(
+        n: usize,
+        config: NexarConfig,
+    ) -> Result<Vec<NexarClient>, NexarError> {
+        Ok(cluster::bootstrap_local(n, config).await?)
+    }
+
+    /// Joins a cluster through the seed at `seed_addr` with the token the seed printed.
+    ///
+    /// The worker verifies the seed by the CA fingerprint in the token, generates its own key
+    /// (which never leaves this process), receives a certificate bound to its rank, waits for
+    /// every worker to join, and connects directly to each of them.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// let token = std::env::var("NEXAR_TOKEN").unwrap();
+    /// let client = nexar::NexarClient::connect("10.0.0.1:7000".parse().unwrap(), &token, Default::default()).await?;
+    /// println!("I am rank {} of {}", client.rank(), client.world_size());
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(
+        seed_addr: SocketAddr,
+        token: &str,
+        config: NexarConfig,
+    ) -> Result<NexarClient, NexarError> {
+        config.validate()?;
+        let token: JoinToken = token.parse()?;
+        let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
+        let joined = cluster::join(&endpoint, seed_addr, &token, &config).await?;
+        let client = Self::from_parts(
+            joined.rank,
+            endpoint,
+            &joined.addrs,
+            &joined.identity,
+            &joined.ca,
+            config,
+            Some(joined.seed),
+        )
+        .await?;
+        Ok(client)
+    }
+
+    /// Joins using `NEXAR_SEED_ADDR`, `NEXAR_TOKEN` and the other `NEXAR_*` variables.
+    pub async fn from_env() -> Result<NexarClient, NexarError> {
+        let config = NexarConfig::from_env()?;
+        let seed = config.seed_addr.ok_or(ConfigError::Missing {
+            what: "the seed address",
+            var: "NEXAR_SEED_ADDR",
+        })?;
+        let token = config.token.clone().ok_or(ConfigError::Missing {
+            what: "the join token",
+            var: "NEXAR_TOKEN",
+        })?;
+        Self::connect(seed, &token, config).await
+    }
+
+    pub(crate) async fn from_parts(
+        rank: usize,
+        endpoint: Endpoint,
+        addrs: &[SocketAddr],
+        identity: &Identity,
+        ca: &CertificateDer<'static>,
+        cfg: NexarConfig,
+        seed: Option<Connection>,
+    ) -> Result<NexarClient, ClusterError> {
+        let (senders, receivers) = lanes(cfg.lane_capacity);
+        let mesh = cluster::form_mesh(
+            &endpoint,
+            MeshSetup {
+                rank,
+                addrs,
+                identity,
+                ca,
+                cfg: &cfg,
+                lanes: senders.clone(),
+            },
+        )
+        .await?;
+        let LaneReceivers {
+            rpc_requests,
+            rpc_responses,
+            control,
+            data,
+            raw,
+        } = receivers;
+        let mailbox = Arc::new(Mailbox::new(
+            cfg.max_unmatched_messages,
+            cfg.max_unmatched_bytes,
+        ));
+        let inner = Arc::new(Inner {
+            rank,
+            world: addrs.len(),
+            cfg,
+            endpoint,
+            links: mesh.links,
+            self_lanes: senders,
+            mailbox: mailbox.clone(),
+            pings: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(vec![mesh.acceptor]),
+            seed,
+            _spare: Mutex::new(Some((rpc_requests, rpc_responses, raw))),
+        });
+        let span = tracing::debug_span!("rank", rank);
+        let dispatcher =
+            tokio::spawn(async move { mailbox.dispatch(data).await }.instrument(span.clone()));
+        let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span));
+        inner
+            .tasks
+            .lock()
+            .expect("tasks lock")
+            .extend([dispatcher, control]);
+        Ok(NexarClient { inner })
+    }
+
+    /// This rank, in `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// The number of ranks in the cluster.
+    pub fn world_size(&self) -> usize {
+        self.inner.world
+    }
+
+    /// The configuration this rank runs with.
+    pub fn config(&self) -> &NexarConfig {
+        &self.inner.cfg
+    }
+
+    /// The address this rank listens on for its peers.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.inner.endpoint.local_addr().ok()
+    }
+
+    /// Flushes everything this rank has sent (waiting, up to a few seconds, until each peer
+    /// has acknowledged it) and closes its connections. Call it before a process exits, as
+    /// with `MPI_Finalize`; other clones of this client stop working too.
+    pub async fn shutdown(&self) {
+        close_links(&self.inner.links, FLUSH_LIMIT).await;
+        if let Some(seed) = &self.inner.seed {
+            seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+        }
+        self.inner
+            .endpoint
+            .close(CLOSE_SHUTDOWN.into(), b"shutdown");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+
+    pub(super) fn link(&self, peer: usize) -> Option<&PeerLink> {
+        self.inner.links.get(peer).and_then(Option::as_ref)
+    }
+}
+
+async fn close_links(links: &[Option<PeerLink>], limit: Duration) {
+    let flushes = links.iter().flatten().map(|l| l.flush(limit));
+    for f in flushes.collect::<Vec<_>>() {
+        f.await;
+    }
+    for link in links.iter().flatten() {
+        link.close(CLOSE_SHUTDOWN, "shutdown");
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in self.tasks.get_mut().map(std::mem::take).unwrap_or_default() {
+            task.abort();
+        }
+        let links = std::mem::take(&mut self.links);
+        let endpoint = self.endpoint.clone();
+        let seed = self.seed.take();
+        let close = async move {
+            close_links(&links, FLUSH_LIMIT).await;
+            if let Some(seed) = seed {
+                seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+            }
+            endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+        };
+        // Flush in the background when a runtime is there to run it; otherwise close at once.
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(close);
+            }
+            Err(_) => self.endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown"),
+        }
+    }
+}
+
+/// Answers pings and completes our own.
+async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>) {
+    while let Some(incoming) = control.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        match incoming.msg {
+            PeerMsg::Ping { nonce } => {
+                if let Some(link) = inner
+                    .links
+                    .get(incoming.from as usize)
+                    .and_then(Option::as_ref)
+                {
+                    let link_msg = PeerMsg::Pong { nonce };
+                    if let Err(e) = link.send(&link_msg, None).await {
+                        tracing::debug!(peer = incoming.from, error = %e, "could not answer a ping");
+                    }
+                }
+            }
+            PeerMsg::Pong { nonce } => {
+                if let Some(tx) = inner.pings.lock().expect("pings lock").remove(&nonce) {
+                    let _ = tx.send(());
+                }
+            }
+            PeerMsg::P2p { .. } => {}
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! Tag matching for point-to-point messages.
+//!
+//! Messages arrive on the data lane in per-sender order. A `recv` for `(comm, src, tag)` takes
+//! the oldest held message with that key, or waits for one. Messages nobody has asked for yet
+//! are held, up to a configured count and byte size; beyond that the dispatcher stops reading
+//! (QUIC flow control pushes back on the sender) and `recv`s that cannot be served from what
+//! is held fail with a clear error instead of waiting. No message is ever dropped.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use nexar_types::DType;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use crate::proto::message::PeerMsg;
+use crate::transport::framed::Payload;
+use crate::transport::link::Incoming;
+
+/// Which messages a `recv` matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub comm: u64,
+    pub src: u32,
+    pub tag: u64,
+}
+
+/// A received, not yet consumed, point-to-point message.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub dtype: DType,
+    pub count: u64,
+    pub payload: Payload,
+}
+
+/// Why a `recv` could not be served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The held messages have reached the limit and none matches.
+    Full { held: usize, held_bytes: u64 },
+    /// The rank is shutting down.
+    Closed,
+}
+
+type Waiter = (u64, oneshot::Sender<Result<Held, Refusal>>);
+
+#[derive(Default)]
+struct State {
+    held: HashMap<Key, VecDeque<Held>>,
+    count: usize,
+    bytes: u64,
+    /// A message that arrived while the store was full, kept here (not dropped) until there is
+    /// room or a `recv` asks for it.
+    overflow: Option<(Key, Held)>,
+    waiters: HashMap<Key, VecDeque<Waiter>>,
+    next_waiter: u64,
+    closed: bool,
+}
+
+impl State {
+    fn push_back(&mut self, key: Key, msg: Held) {
+        self.count += 1;
+        self.bytes += msg.payload.len() as u64;
+        self.held.entry(key).or_default().push_back(msg);
+    }
+
+    fn push_front(&mut self, key: Key, msg: Held) {
+        self.count += 1;
+        self.bytes += msg.payload.len() as u64;
+        self.held.entry(key).or_default().push_front(msg);
+    }
+
+    fn pop(&mut self, key: &Key) -> Option<Held> {
+        let queue = self.held.get_mut(key)?;
+        let msg = queue.pop_front()?;
+        if queue.is_empty() {
+            self.held.remove(key);
+        }
+        self.count -= 1;
+        self.bytes -= msg.payload.len() as u64;
+        Some(msg)
+    }
+}
+
+/// The store of unmatched messages and pending receives of one rank.
+pub(crate) struct Mailbox {
+    state: Mutex<State>,
+    room: Notify,
+    max_count: usize,
+    max_bytes: u64,
+}
+
+impl Mailbox {
+    pub fn new(max_count: usize, max_bytes: u64) -> Self {
+        Mailbox {
+            state: Mutex::new(State::default()),
+            room: Notify::new(),
+            max_count,
+            max_bytes,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the state half-updated in a way that
+        // loses messages, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn has_room(&self, st: &State, len: u64) -> bool {
+        st.count == 0 || (st.count < self.max_count && st.bytes + len <= self.max_bytes)
+    }
+
+    /// Drains the data lane into the mailbox until the lane closes.
+    pub async fn dispatch(&self, mut data: mpsc::Receiver<Incoming>) {
+        while let Some(incoming) = data.recv().await {
+            let PeerMsg::P2p {
+                comm,
+                tag,
+                dtype,
+                count,
+            } = incoming.msg
+            else {
+                continue;
+            };
+            // The router validated the dtype before delivering.
+            let Ok(dtype) = DType::from_wire(dtype) else {
+                continue;
+            };
+            let key = Key {
+                comm,
+                src: incoming.from,
+                tag,
+            };
+            self.deliver(
+                key,
+                Held {
+                    dtype,
+                    count,
+                    payload: incoming.payload,
+                },
+            )
+            .await;
+        }
+        let mut st = self.lock();
+        st.closed = true;
+        for (_, queue) in st.waiters.drain() {
+            for (_, tx) in queue {
+                let _ = tx.send(Err(Refusal::Closed));
+            }
+        }
+    }
+
+    async fn deliver(&self, key: Key, mut msg: Held) {
+        {
+            let mut st = self.lock();
+            if let Some(queue) = st.waiters.get_mut(&key) {
+                while let Some((_, tx)) = queue.pop_front() {
+                    match tx.send(Ok(msg)) {
+                        Ok(()) => {
+                            if queue.is_empty() {
+                                st.waiters.remove(&key);
+                            }
+                            return;
+                        }
+                        // That receive was cancelled; try the next one.
+                        Err(Ok(back)) => msg = back,
+                        Err(Err(_)) => unreachable!("we only send Ok here"),
+                    }
+                }
+                st.waiters.remove(&key);
+            }
+            if self.has_room(&st, msg.payload.len() as u64) {
+                st.push_back(key, msg);
+                return;
+            }
+            let (count, bytes) = (st.count, st.bytes);
+            tracing::warn!(
+                held = count,
+                held_bytes = bytes,
+                "unmatched-message limit reached; pausing the data lane"
+            );
+            st.overflow = Some((key, msg));
+            // Every waiting receive is for a key that is not held and cannot arrive while the
+            // lane is paused: tell them now rather than let them time out.
+            for (_, queue) in st.waiters.drain() {
+                for (_, tx) in queue {
+                    let _ = tx.send(Err(Refusal::Full {
+                        held: count,
+                        held_bytes: bytes,
+                    }));
+                }
+            }
+        }
+        loop {
+            let notified = self.room.notified();
+            if self.lock().overflow.is_none() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Takes the oldest message for `key`, or registers a waiter for it.
+    pub fn take_or_wait(&self, key: Key) -> Result<Result<Held, PendingRecv<'_>>, Refusal> {
+        let mut st = self.lock();
+        if let Some(msg) = st.pop(&key) {
+            self.refill(&mut st);
+            return Ok(Ok(msg));
+        }
+        if st.overflow.as_ref().is_some_and(|(k, _)| *k == key) {
+            let (_, msg) = st.overflow.take().expect("checked above");
+            self.room.notify_one();
+            return Ok(Ok(msg));
+        }
+        if st.overflow.is_some() {
+            return Err(Refusal::Full {
+                held: st.count,
+                held_bytes: st.bytes,
+            });
+        }
+        if st.closed {
+            return Err(Refusal::Closed);
+        }
+        let id = st.next_waiter;
+        st.next_waiter += 1;
+        let (tx, rx) = oneshot::channel();
+        st.waiters.entry(key).or_default().push_back((id, tx));
+        Ok(Err(PendingRecv {
+            mailbox: self,
+            key,
+            id,
+            rx: Some(rx),
+        }))
+    }
+
+    /// Moves the overflow message into the store once there is room.
+    fn refill(&self, st: &mut State) {
+        if let Some((_, msg)) = &st.overflow {
+            if self.has_room(st, msg.payload.len() as u64) {
+                let (key, msg) = st.overflow.take().expect("checked above");
+                st.push_back(key, msg);
+                self.room.notify_one();
+            }
+        }
+    }
+
+    /// Returns a message that was taken but not consumed to the front of its queue.
+    pub fn put_back(&self, key: Key, msg: Held) {
+        self.lock().push_front(key, msg);
+    }
+
+    /// `(messages, bytes)` currently held.
+    #[cfg(test)]
+    pub fn held(&self) -> (usize, u64) {
+        let st = self.lock();
+        (st.count, st.bytes)
+    }
+}
+
+/// A registered receive. Dropping it (a cancelled or timed-out `recv`) unregisters it, and a
+/// message that was handed to it in the meantime goes back to the front of its queue.
+pub(crate) struct PendingRecv<'a> {
+    mailbox: &'a Mailbox,
+    key: Key,
+    id: u64,
+    rx: Option<oneshot::Receiver<Result<Held, Refusal>>>,
+}
+
+impl PendingRecv<'_> {
+    pub async fn wait(mut self) -> Result<Held, Refusal> {
+        let rx = self.rx.as_mut().expect("present until completed");
+        let result = rx.await.unwrap_or(Err(Refusal::Closed));
+        self.rx = None;
+        result
+    }
+}
+
+impl Drop for PendingRecv<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        let mut st = self.mailbox.lock();
+        if let Some(queue) = st.waiters.get_mut(&self.key) {
+            queue.retain(|(id, _)| *id != self.id);
+            if queue.is_empty() {
+                st.waiters.remove(&self.key);
+            }
+        }
+        if let Ok(Ok(msg)) = rx.try_recv() {
+            st.push_front(self.key, msg);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn held(n: u8) -> Held {
+        Held {
+            dtype: DType::U8,
+            count: 1,
+            payload: Payload::from_bytes(Bytes::from(vec![n])),
+        }
+    }
+
+    fn key(tag: u64) -> Key {
+        Key {
+            comm: 0,
+            src: 1,
+            tag,
+        }
+    }
+
+    fn first_byte(h: &Held) -> u8 {
+        let mut b = [0u8];
+        h.payload.copy_to(&mut b);
+        b[0]
+    }
+
+    #[tokio::test]
+    async fn held_messages_are_matched_by_tag_in_order() {
+        let mb = Mailbox::new(8, 1 << 20);
+        mb.deliver(key(2), held(20)).await;
+        mb.deliver(key(1), held(10)).await;
+        mb.deliver(key(2), held(21)).await;
+        let take = |t| match mb.take_or_wait(key(t)) {
+            Ok(Ok(h)) => first_byte(&h),
+            _ => panic!("expected a held message"),
+        };
+        assert_eq!(take(1), 10);
+        assert_eq!(take(2), 20);
+        assert_eq!(take(2), 21);
+        assert_eq!(mb.held(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_full_store_refuses_unmatched_receives_and_loses_nothing() {
+        let mb = std::sync::Arc::new(Mailbox::new(2, 1 << 20));
+        mb.deliver(key(1), held(1)).await;
+        mb.deliver(key(2), held(2)).await;
+        let mb2 = mb.clone();
+        let blocked = tokio::spawn(async move { mb2.deliver(key(3), held(3)).await });
+        tokio::task::yield_now().await;
+        while mb.lock().overflow.is_none() {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(
+            mb.take_or_wait(key(9)),
+            Err(Refusal::Full { held: 2, .. })
+        ));
+        // The parked message is still reachable by its own tag.
+        match mb.take_or_wait(key(3)) {
+            Ok(Ok(h)) => assert_eq!(first_byte(&h), 3),
+            _ => panic!("overflow message lost"),
+        }
+        blocked.await.unwrap();
+        for t in [1, 2] {
+            assert!(matches!(mb.take_or_wait(key(t)), Ok(Ok(_))));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_receive_gives_its_message_back() {
+        let mb = Mailbox::new(8, 1 << 20);
+        let pending = match mb.take_or_wait(key(5)) {
+            Ok(Err(p)) => p,
+            _ => panic!("nothing held yet"),
+        };
+        mb.deliver(key(5), held(55)).await;
+        drop(pending);
+        match mb.take_or_wait(key(5)) {
+            Ok(Ok(h)) => assert_eq!(first_byte(&h), 55),
+            _ => panic!("message lost with the cancelled receive"),
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! Typed, tagged point-to-point messages.
+//!
+//! A message is matched by `(source, tag)` on the receiving rank; messages between one pair of
+//! ranks with the same tag arrive in the order they were sent (MPI's non-overtaking rule).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use nexar_types::{DType, Element, RecvBuf, SendBuf};
+
+use super::client::NexarClient;
+use super::mailbox::{Held, Key, Refusal};
+use crate::proto::message::PeerMsg;
+use crate::transport::TransportError;
+use crate::transport::framed::Payload;
+use crate::transport::link::Incoming;
+
+/// The communicator id of the world (every rank).
+pub(crate) const WORLD_COMM: u64 = 0;
+
+/// Failures of `send` and `recv`. Each names the rank that reports it, the operation and what
+/// was expected.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum P2pError {
+    /// The peer rank is outside the world.
+    #[error("rank {rank} {op}: peer rank {peer} does not exist (world size {world})")]
+    InvalidRank {
+        /// The rank reporting.
+        rank: usize,
+        /// `"send"` or `"recv"`.
+        op: &'static str,
+        /// The rank asked for.
+        peer: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// The message has another number of elements than the receive buffer.
+    #[error(
+        "rank {rank} recv(src {src}, tag {tag}): the message holds {got} elements, the buffer {expected}; the message is kept for a matching recv"
+    )]
+    LengthMismatch {
+        /// The rank reporting.
+        rank: usize,
+        /// The sender.
+        src: usize,
+        /// The tag.
+        tag: u64,
+        /// Elements the buffer holds.
+        expected: u64,
+        /// Elements the message holds.
+        got: u64,
+    },
+    /// The message has another element type than the receive buffer.
+    #[error(
+        "rank {rank} recv(src {src}, tag {tag}): the message holds {got} elements, the buffer is {expected}; the message is kept for a matching recv"
+    )]
+    DTypeMismatch {
+        /// The rank reporting.
+        rank: usize,
+        /// The sender.
+        src: usize,
+        /// The tag.
+        tag: u64,
+        /// The buffer's element type.
+        expected: DType,
+        /// The message's element type.
+        got: DType,
+    },
+    /// Too many received messages are waiting for a matching `recv`, and none matches this one.
+    #[error(
+        "rank {rank} recv(src {src}, tag {tag}): {held} unmatched messages ({held_bytes} bytes) are already held, the limit (NEXAR_MAX_UNMATCHED_MESSAGES {limit}, NEXAR_MAX_UNMATCHED_BYTES); receive them or raise the limit"
+    )]
+    TooManyUnmatched {
+        /// The rank reporting.
+        rank: usize,
+        /// The sender asked for.
+        src: usize,
+        /// The tag asked for.
+        tag: u64,
+        /// Messages held.
+        held: usize,
+        /// Bytes held.
+        held_bytes: u64,
+        /// The message-count limit.
+        limit: usize,
+    },
+    /// The message is larger than the configured maximum.
+    #[error(
+        "rank {rank} send(dest {dest}, tag {tag}): {bytes} bytes exceed the {limit}-byte message limit (NEXAR_MAX_MESSAGE_BYTES)"
+    )]
+    TooLarge {
+        /// The rank reporting.
+        rank: usize,
+        /// The destination.
+        dest: usize,
+        /// The tag.
+        tag: u64,
+        /// Message size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The operation did not complete within the configured time.
+    #[error("rank {rank} {op}(peer {peer}, tag {tag}) timed out after {after:?}")]
+    Timeout {
+        /// The rank reporting.
+        rank: usize,
+        /// `"send"`, `"recv"` or `"ping"`.
+        op: &'static str,
+        /// The peer.
+        peer: usize,
+        /// The tag.
+        tag: u64,
+        /// The limit (NEXAR_OP_TIMEOUT_MS).
+        after: Duration,
+    },
+    /// The connection to the peer failed.
+    #[error("rank {rank} {op}(peer {peer}): {source}")]
+    Transport {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The peer.
+        peer: usize,
+        /// What the transport reported.
+        source: TransportError,
+    },
+    /// This rank is shutting down.
+    #[error("rank {rank} {op}: the client is shut down")]
+    Closed {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+    },
+}
+
+impl PartialEq for TransportError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl NexarClient {
+    fn check_peer(&self, op: &'static str, peer: usize) -> Result<(), P2pError> {
+        if peer >= self.world_size() {
+            return Err(P2pError::InvalidRank {
+                rank: self.rank(),
+                op,
+                peer,
+                world: self.world_size(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends `data` to rank `dest` with `tag`.
+    ///
+    /// Accepts a `Buf<T>`, `Vec<T>`, `[T]` or `[T; N]` of any [`Element`] type. The data is
+    /// copied before this returns, so the buffer is free again at once; the future completes
+    /// when the message is handed to QUIC. Sending to oneself works.
+    ///
+    /// ```no_run
+    /// # async fn run(client: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// client.send(&vec![1.5f64, 2.5], 1, 42).await?;
+    /// client.send(&[7u8; 16], 1, 43).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn send<B: SendBuf + ?Sized>(
+        &self,
+        data: &B,
+        dest: usize,
+        tag: u64,
+    ) -> Result<(), P2pError> {
+        self.check_peer("send", dest)?;
+        let elements = data.elements();
+        let bytes = std::mem::size_of_val(elements) as u64;
+        let limit = self.config().max_message_bytes;
+        if bytes > limit {
+            return Err(P2pError::TooLarge {
+                rank: self.rank(),
+                dest,
+                tag,
+                bytes,
+                limit,
+            });
+        }
+        let msg = PeerMsg::P2p {
+            comm: WORLD_COMM,
+            tag,
+            dtype: <B::Elem as Element>::DTYPE.to_wire(),
+            count: elements.len() as u64,
+        };
+        let payload = Bytes::copy_from_slice(bytemuck::cast_slice(elements));
+        let after = self.config().op_timeout;
+        let rank = self.rank();
+        let timeout = || P2pError::Timeout {
+            rank,
+            op: "send",
+            peer: dest,
+            tag,
+            after,
+        };
+        if dest == rank {
+            let incoming = Incoming {
+                from: rank as u32,
+                msg,
+                payload: Payload::from_bytes(payload),
+            };
+            return match tokio::time::timeout(after, self.inner.self_lanes.deliver(incoming)).await
+            {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(P2pError::Closed { rank, op: "send" }),
+                Err(_) => Err(timeout()),
+            };
+        }
+        let link = self
+            .link(dest)
+            .ok_or(P2pError::Closed { rank, op: "send" })?;
+        match tokio::time::timeout(after, link.send(&msg, Some(payload))).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(source)) => Err(P2pError::Transport {
+                rank,
+                op: "send",
+                peer: dest,
+                source,
+            }),
+            Err(_) => Err(timeout()),
+        }
+    }
+
+    /// Receives the oldest message from rank `src` with `tag` into `buf`.
+    ///
+    /// The message must hold exactly `buf.len()` elements of `buf`'s element type; otherwise
+    /// this returns [`P2pError::LengthMismatch`] or [`P2pError::DTypeMismatch`] and the message
+    /// stays queued for a `recv` that matches it. Messages with other tags are kept for their
+    /// own `recv`s. Waits at most `op_timeout`. Cancelling the future loses nothing.
+    ///
+    /// ```no_run
+    /// # async fn run(client: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let mut buf = nexar::Buf::<f64>::zeros(2);
+    /// client.recv(&mut buf, 0, 42).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv<B: RecvBuf + ?Sized>(
+        &self,
+        buf: &mut B,
+        src: usize,
+        tag: u64,
+    ) -> Result<(), P2pError> {
+        let out = buf.elements_mut();
+        let expected = out.len() as u64;
+        let key = self.p2p_key(src, tag)?;
+        let held = self.take(key, "recv").await?;
+        let rank = self.rank();
+        let want = <B::Elem as Element>::DTYPE;
+        if held.dtype != want {
+            let got = held.dtype;
+            self.inner.mailbox.put_back(key, held);
+            return Err(P2pError::DTypeMismatch {
+                rank,
+                src,
+                tag,
+                expected: want,
+                got,
+            });
+        }
+        if held.count != expected {
+            let got = held.count;
+            self.inner.mailbox.put_back(key, held);
+            return Err(P2pError::LengthMismatch {
+                rank,
+                src,
+                tag,
+                expected,
+                got,
+            });
+        }
+        held.payload.copy_to(bytemuck::cast_slice_mut(out));
+        Ok(())
+    }
+
+    /// Receives the oldest message from `src` with `tag`, whatever its length, into a new
+    /// vector. The element type must match.
+    ///
+    /// ```no_run
+    /// # async fn run(client: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let words: Vec<u32> = client.recv_vec(0, 9).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>, P2pError> {
+        let key = self.p2p_key(src, tag)?;
+        let held = self.take(key, "recv").await?;
+        if held.dtype != T::DTYPE {
+            let got = held.dtype;
+            self.inner.mailbox.put_back(key, held);
+            return Err(P2pError::DTypeMismatch {
+                rank: self.rank(),
+                src,
+                tag,
+                expected: T::DTYPE,
+                got,
+            });
+        }
+        // The router checked `count * size == payload length` before delivering.
+        let mut out = vec![T::zeroed(); held.count as usize];
+        held.payload.copy_to(bytemuck::cast_slice_mut(&mut out));
+        Ok(out)
+    }
+
+    /// Measures a round trip to `peer` on the control lane.
+    ///
+    /// ```no_run
+    /// # async fn run(client: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let rtt = client.ping(1).await?;
+    /// println!("rank 1 is {rtt:?} away");
+    /// # Ok(()) }
+    /// ```
+    pub async fn ping(&self, peer: usize) -> Result<Duration, P2pError> {
+        self.check_peer("ping", peer)?;
+        let rank = self.rank();
+        let link = self
+            .link(peer)
+            .ok_or(P2pError::Closed { rank, op: "ping" })?;
+        let nonce: u64 = rand::random();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner
+            .pings
+            .lock()
+            .expect("pings lock")
+            .insert(nonce, tx);
+        let start = std::time::Instant::now();
+        let after = self.config().op_timeout;
+        let result = tokio::time::timeout(after, async {
+            link.send(&PeerMsg::Ping { nonce }, None)
+                .await
+                .map_err(|source| P2pError::Transport {
+                    rank,
+                    op: "ping",
+                    peer,
+                    source,
+                })?;
+            rx.await.map_err(|_| P2pError::Closed { rank, op: "ping" })
+        })
+        .await;
+        self.inner.pings.lock().expect("pings lock").remove(&nonce);
+        match result {
+            Ok(Ok(())) => Ok(start.elapsed()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(P2pError::Timeout {
+                rank,
+                op: "ping",
+                peer,
+                tag: 0,
+                after,
+            }),
+        }
+    }
+
+    fn p2p_key(&self, src: usize, tag: u64) -> Result<Key, P2pError> {
+        self.check_peer("recv", src)?;
+        Ok(Key {
+            comm: WORLD_COMM,
+            src: src as u32,
+            tag,
+        })
+    }
+
+    async fn take(&self, key: Key, op: &'static str) -> Result<Held, P2pError> {
+        let rank = self.rank();
+        let (src, tag) = (key.src as usize, key.tag);
+        let refused = |r: Refusal| match r {
+            Refusal::Full { held, held_bytes } => P2pError::TooManyUnmatched {
+                rank,
+                src,
+                tag,
+                held,
+                held_bytes,
+                limit: self.config().max_unmatched_messages,
+            },
+            Refusal::Closed => P2pError::Closed { rank, op },
+        };
+        let pending = match self.inner.mailbox.take_or_wait(key).map_err(refused)? {
+            Ok(held) => return Ok(held),
+            Err(pending) => pending,
+        };
+        let after = self.config().op_timeout;
+        match tokio::time::timeout(after, pending.wait()).await {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(r)) => Err(refused(r)),
+            Err(_) => Err(P2pError::Timeout {
+                rank,
+                op,
+                peer: src,
+                tag,
+                after,
+            }),
+        }
+    }
+}

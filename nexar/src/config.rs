@@ -1,0 +1,317 @@
+//! Runtime configuration: defaults, and overrides from `NEXAR_*` environment variables.
+//!
+//! Every wait in nexar takes its limit from here; this module is the one place where defaults
+//! live.
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// An environment variable held a value nexar cannot use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The variable is set but its value does not parse or is out of range.
+    #[error("invalid value {value:?} for {var}: {reason}")]
+    InvalidVar {
+        /// The variable's name.
+        var: &'static str,
+        /// The value found.
+        value: String,
+        /// What was expected.
+        reason: String,
+    },
+    /// A setting that an operation needs was not given.
+    #[error("{what} is not set (set {var} or pass it explicitly)")]
+    Missing {
+        /// What is missing.
+        what: &'static str,
+        /// The variable that would provide it.
+        var: &'static str,
+    },
+}
+
+/// Configuration of a seed node or a worker.
+///
+/// Build it with [`NexarConfig::default`] and adjust fields, or read overrides from the
+/// environment with [`NexarConfig::from_env`].
+///
+/// ```
+/// use std::time::Duration;
+/// let mut cfg = nexar::NexarConfig::default();
+/// cfg.op_timeout = Duration::from_secs(30);
+/// assert_eq!(cfg.max_unmatched_messages, 1024);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct NexarConfig {
+    /// Number of workers the seed waits for before it publishes the peer table
+    /// (`NEXAR_WORLD_SIZE`). Needed by the seed only.
+    pub world_size: Option<usize>,
+    /// Address of the seed node (`NEXAR_SEED_ADDR`), used by [`NexarClient::from_env`].
+    ///
+    /// [`NexarClient::from_env`]: crate::NexarClient::from_env
+    pub seed_addr: Option<SocketAddr>,
+    /// Join token printed by the seed (`NEXAR_TOKEN`), used by [`NexarClient::from_env`].
+    ///
+    /// [`NexarClient::from_env`]: crate::NexarClient::from_env
+    pub token: Option<String>,
+    /// Address a worker listens on for its peers (`NEXAR_LISTEN_ADDR`, default `0.0.0.0:0`: every
+    /// interface, a free port; the seed then advertises the address it saw the worker come from).
+    pub listen_addr: SocketAddr,
+    /// Limit for dialling a peer or the seed, handshake included (`NEXAR_CONNECT_TIMEOUT_MS`).
+    pub connect_timeout: Duration,
+    /// Limit for a joined worker to wait until every worker has joined
+    /// (`NEXAR_JOIN_TIMEOUT_MS`).
+    pub join_timeout: Duration,
+    /// Limit for the mesh to form once the peer table is known (`NEXAR_MESH_TIMEOUT_MS`).
+    pub mesh_timeout: Duration,
+    /// Limit the seed gives an unauthenticated connection to present its join request
+    /// (`NEXAR_HANDSHAKE_TIMEOUT_MS`).
+    pub handshake_timeout: Duration,
+    /// Limit for one send or receive (`NEXAR_OP_TIMEOUT_MS`).
+    pub op_timeout: Duration,
+    /// A connection with no traffic for this long is closed (`NEXAR_IDLE_TIMEOUT_MS`);
+    /// keep-alives are sent at a fifth of it, so idle clusters stay connected.
+    pub idle_timeout: Duration,
+    /// Largest message payload accepted from a peer, in bytes (`NEXAR_MAX_MESSAGE_BYTES`,
+    /// at most 4 GiB, the wire limit).
+    pub max_message_bytes: u64,
+    /// How many received messages may wait for a matching `recv` (`NEXAR_MAX_UNMATCHED_MESSAGES`).
+    pub max_unmatched_messages: usize,
+    /// How many bytes those waiting messages may hold (`NEXAR_MAX_UNMATCHED_BYTES`).
+    pub max_unmatched_bytes: u64,
+    /// Capacity of each receive lane, in messages (`NEXAR_LANE_CAPACITY`).
+    pub lane_capacity: usize,
+    /// UDP socket send and receive buffer size in bytes (`NEXAR_SOCKET_BUFFER_BYTES`).
+    pub socket_buffer_bytes: usize,
+}
+
+impl Default for NexarConfig {
+    fn default() -> Self {
+        NexarConfig {
+            world_size: None,
+            seed_addr: None,
+            token: None,
+            listen_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            connect_timeout: Duration::from_secs(10),
+            join_timeout: Duration::from_secs(300),
+            mesh_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(5),
+            op_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(30),
+            max_message_bytes: crate::proto::frame::MAX_FRAME_LEN,
+            max_unmatched_messages: 1024,
+            max_unmatched_bytes: 1 << 30,
+            lane_capacity: 256,
+            socket_buffer_bytes: 8 << 20,
+        }
+    }
+}
+
+impl NexarConfig {
+    /// Defaults, overridden by every `NEXAR_*` variable that is set.
+    ///
+    /// A variable that is set but invalid is an error naming it; it is never silently ignored.
+    ///
+    /// ```
+    /// // With no NEXAR_* variables set this equals the defaults.
+    /// let cfg = nexar::NexarConfig::from_env().unwrap();
+    /// assert!(cfg.op_timeout.as_secs() > 0);
+    /// ```
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`from_env`](Self::from_env), reading variables through `lookup` (for tests and
+    /// for programs that keep settings elsewhere).
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_WORLD_SIZE").then(|| "4".into())).unwrap();
+    /// assert_eq!(cfg.world_size, Some(4));
+    /// let err = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_OP_TIMEOUT_MS").then(|| "soon".into()));
+    /// assert!(err.unwrap_err().to_string().contains("NEXAR_OP_TIMEOUT_MS"));
+    /// ```
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut c = NexarConfig::default();
+        let get = |var: &'static str| lookup(var).map(|v| (var, v));
+        if let Some((var, v)) = get("NEXAR_WORLD_SIZE") {
+            let n: usize = parse(var, &v)?;
+            if n == 0 {
+                return Err(invalid(var, &v, "the world size must be at least 1"));
+            }
+            c.world_size = Some(n);
+        }
+        if let Some((var, v)) = get("NEXAR_SEED_ADDR") {
+            c.seed_addr = Some(parse(var, &v)?);
+        }
+        if let Some((var, v)) = get("NEXAR_TOKEN") {
+            crate::cluster::JoinToken::from_str(&v)
+                .map_err(|e| invalid(var, &v, &e.to_string()))?;
+            c.token = Some(v);
+        }
+        if let Some((var, v)) = get("NEXAR_LISTEN_ADDR") {
+            c.listen_addr = parse(var, &v)?;
+        }
+        for (var, slot) in [
+            ("NEXAR_CONNECT_TIMEOUT_MS", &mut c.connect_timeout),
+            ("NEXAR_JOIN_TIMEOUT_MS", &mut c.join_timeout),
+            ("NEXAR_MESH_TIMEOUT_MS", &mut c.mesh_timeout),
+            ("NEXAR_HANDSHAKE_TIMEOUT_MS", &mut c.handshake_timeout),
+            ("NEXAR_OP_TIMEOUT_MS", &mut c.op_timeout),
+            ("NEXAR_IDLE_TIMEOUT_MS", &mut c.idle_timeout),
+        ] {
+            if let Some(v) = lookup(var) {
+                let ms: u64 = parse(var, &v)?;
+                if ms == 0 {
+                    return Err(invalid(var, &v, "a timeout must be at least 1 ms"));
+                }
+                *slot = Duration::from_millis(ms);
+            }
+        }
+        if let Some((var, v)) = get("NEXAR_MAX_MESSAGE_BYTES") {
+            let n = parse_size(var, &v)?;
+            if n == 0 || n > crate::proto::frame::MAX_FRAME_LEN {
+                return Err(invalid(var, &v, "expected 1 byte to 4 GiB"));
+            }
+            c.max_message_bytes = n;
+        }
+        if let Some((var, v)) = get("NEXAR_MAX_UNMATCHED_MESSAGES") {
+            c.max_unmatched_messages = positive(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_MAX_UNMATCHED_BYTES") {
+            c.max_unmatched_bytes = parse_size(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_LANE_CAPACITY") {
+            c.lane_capacity = positive(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_SOCKET_BUFFER_BYTES") {
+            c.socket_buffer_bytes = usize::try_from(parse_size(var, &v)?)
+                .map_err(|_| invalid(var, &v, "too large for this platform"))?;
+        }
+        Ok(c)
+    }
+
+    /// Checks the relations between fields that `from_env` cannot see one by one.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_message_bytes == 0
+            || self.max_message_bytes > crate::proto::frame::MAX_FRAME_LEN
+        {
+            return Err(ConfigError::InvalidVar {
+                var: "NEXAR_MAX_MESSAGE_BYTES",
+                value: self.max_message_bytes.to_string(),
+                reason: "expected 1 byte to 4 GiB".into(),
+            });
+        }
+        if self.lane_capacity == 0 {
+            return Err(ConfigError::InvalidVar {
+                var: "NEXAR_LANE_CAPACITY",
+                value: "0".into(),
+                reason: "a lane needs room for at least one message".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn invalid(var: &'static str, value: &str, reason: &str) -> ConfigError {
+    ConfigError::InvalidVar {
+        var,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn parse<T: FromStr>(var: &'static str, value: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .trim()
+        .parse::<T>()
+        .map_err(|e| invalid(var, value, &e.to_string()))
+}
+
+fn positive(var: &'static str, value: &str) -> Result<usize, ConfigError> {
+    let n: usize = parse(var, value)?;
+    if n == 0 {
+        return Err(invalid(var, value, "expected a positive number"));
+    }
+    Ok(n)
+}
+
+/// Parses `1234`, `64K`, `16M`, `4G` (binary multiples, optional `iB`/`B` suffix).
+fn parse_size(var: &'static str, value: &str) -> Result<u64, ConfigError> {
+    let v = value.trim();
+    let v = v
+        .strip_suffix("iB")
+        .or_else(|| v.strip_suffix('B'))
+        .unwrap_or(v);
+    let (digits, shift) = match v.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&v[..i], 10),
+        Some((i, 'M' | 'm')) => (&v[..i], 20),
+        Some((i, 'G' | 'g')) => (&v[..i], 30),
+        _ => (v, 0),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| {
+        invalid(
+            var,
+            value,
+            "expected a size such as 1048576, 64K, 16M or 4G",
+        )
+    })?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| invalid(var, value, "size overflows 64 bits"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> Result<NexarConfig, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        NexarConfig::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = with(&[
+            ("NEXAR_WORLD_SIZE", "8"),
+            ("NEXAR_SEED_ADDR", "10.1.2.3:7000"),
+            ("NEXAR_LISTEN_ADDR", "127.0.0.1:0"),
+            ("NEXAR_OP_TIMEOUT_MS", "2500"),
+            ("NEXAR_MAX_MESSAGE_BYTES", "64M"),
+            ("NEXAR_MAX_UNMATCHED_MESSAGES", "7"),
+            ("NEXAR_MAX_UNMATCHED_BYTES", "1GiB"),
+            ("NEXAR_LANE_CAPACITY", "3"),
+        ])
+        .unwrap();
+        assert_eq!(c.world_size, Some(8));
+        assert_eq!(c.seed_addr, Some("10.1.2.3:7000".parse().unwrap()));
+        assert_eq!(c.op_timeout, Duration::from_millis(2500));
+        assert_eq!(c.max_message_bytes, 64 << 20);
+        assert_eq!(c.max_unmatched_messages, 7);
+        assert_eq!(c.max_unmatched_bytes, 1 << 30);
+        assert_eq!(c.lane_capacity, 3);
+    }
+
+    #[test]
+    fn invalid_values_name_their_variable() {
+        for (var, val) in [
+            ("NEXAR_WORLD_SIZE", "0"),
+            ("NEXAR_WORLD_SIZE", "four"),
+            ("NEXAR_SEED_ADDR", "localhost"),
+            ("NEXAR_OP_TIMEOUT_MS", "0"),
+            ("NEXAR_OP_TIMEOUT_MS", "-5"),
+            ("NEXAR_MAX_MESSAGE_BYTES", "5G"),
+            ("NEXAR_MAX_UNMATCHED_MESSAGES", "0"),
+            ("NEXAR_TOKEN", "not-a-token"),
+            ("NEXAR_SOCKET_BUFFER_BYTES", "lots"),
+        ] {
+            let err = with(&[(var, val)]).unwrap_err();
+            assert!(err.to_string().contains(var), "{var}={val}: {err}");
+        }
+    }
+}

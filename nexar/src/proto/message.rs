@@ -1,0 +1,174 @@
+//! Messages exchanged with the seed and between peers, serialised with rkyv and validated
+//! (bytecheck) before they are read.
+// rkyv generates public `Archived*` mirrors of these types, which carry no docs of their own.
+#![allow(missing_docs)]
+
+use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
+use rkyv::rancor::Error as RkyvError;
+use rkyv::ser::allocator::ArenaHandle;
+use rkyv::util::AlignedVec;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use super::frame::FrameError;
+
+/// Version of the join protocol; a seed refuses workers that speak another.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// What a worker sends the seed on its join stream.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum SeedRequest {
+    /// Ask to join: prove knowledge of the token's secret and ask for a certificate.
+    Join {
+        /// Must equal [`PROTOCOL_VERSION`].
+        protocol: u32,
+        /// The secret half of the join token.
+        secret: Vec<u8>,
+        /// A PKCS#10 request for the worker's own key, which never leaves the worker.
+        csr_der: Vec<u8>,
+        /// Where the worker listens for peers; an unspecified IP is replaced by the address
+        /// the seed sees the worker connect from.
+        listen_addr: String,
+    },
+}
+
+/// What the seed answers on a join stream.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum SeedResponse {
+    /// Joined: the worker's rank and its certificate, signed by the cluster CA.
+    Welcome {
+        /// Cluster id, shared by every member.
+        cluster_id: u64,
+        /// The worker's rank.
+        rank: u32,
+        /// The number of workers in the cluster.
+        world_size: u32,
+        /// The worker's certificate (DER), bound to its rank.
+        cert_der: Vec<u8>,
+        /// The cluster CA's certificate (DER).
+        ca_der: Vec<u8>,
+    },
+    /// Every worker has joined: where each rank listens, indexed by rank.
+    PeerTable {
+        /// Cluster id, as in the welcome.
+        cluster_id: u64,
+        /// Listening address of every rank.
+        addrs: Vec<String>,
+    },
+    /// The join was refused.
+    Reject {
+        /// Why, in words.
+        reason: String,
+    },
+}
+
+/// Messages between peers.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum PeerMsg {
+    /// A typed point-to-point message; a raw frame of `count * size(dtype)` bytes follows.
+    P2p {
+        /// Communicator the message belongs to.
+        comm: u64,
+        /// User tag.
+        tag: u64,
+        /// Wire dtype code.
+        dtype: u8,
+        /// Number of elements.
+        count: u64,
+    },
+    /// Liveness probe; answered with `Pong`.
+    Ping {
+        /// Echoed back.
+        nonce: u64,
+    },
+    /// Answer to `Ping`.
+    Pong {
+        /// The probe's nonce.
+        nonce: u64,
+    },
+}
+
+impl PeerMsg {
+    /// Bytes of raw payload that follow this message, if any (`None` on overflow).
+    pub fn payload_len(&self) -> Option<u64> {
+        match self {
+            PeerMsg::P2p { dtype, count, .. } => {
+                let size = nexar_types::DType::from_wire(*dtype)
+                    .map(|d| d.size())
+                    .unwrap_or(1);
+                count.checked_mul(size as u64)
+            }
+            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } => Some(0),
+        }
+    }
+}
+
+/// Serialises a message.
+pub fn encode<M>(msg: &M) -> Result<AlignedVec, FrameError>
+where
+    M: for<'a> Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, RkyvError>>,
+{
+    rkyv::to_bytes::<RkyvError>(msg).map_err(|e| FrameError::InvalidMessage(e.to_string()))
+}
+
+/// Validates untrusted bytes and deserialises a message from them.
+pub fn decode<M>(bytes: &[u8]) -> Result<M, FrameError>
+where
+    M: Archive,
+    M::Archived: for<'a> rkyv::bytecheck::CheckBytes<HighValidator<'a, RkyvError>>
+        + Deserialize<M, HighDeserializer<RkyvError>>,
+{
+    let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    rkyv::from_bytes::<M, RkyvError>(&aligned)
+        .map_err(|e| FrameError::InvalidMessage(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let m = SeedRequest::Join {
+            protocol: PROTOCOL_VERSION,
+            secret: vec![1; 16],
+            csr_der: vec![2; 300],
+            listen_addr: "127.0.0.1:5000".into(),
+        };
+        assert_eq!(decode::<SeedRequest>(&encode(&m).unwrap()).unwrap(), m);
+        let p = PeerMsg::P2p {
+            comm: 0,
+            tag: u64::MAX,
+            dtype: 1,
+            count: 3,
+        };
+        assert_eq!(decode::<PeerMsg>(&encode(&p).unwrap()).unwrap(), p);
+        assert_eq!(p.payload_len(), Some(12));
+        let overflow = PeerMsg::P2p {
+            comm: 0,
+            tag: 0,
+            dtype: 12,
+            count: u64::MAX,
+        };
+        assert_eq!(overflow.payload_len(), None);
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic_the_decoders(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<SeedRequest>(&bytes);
+            let _ = decode::<SeedResponse>(&bytes);
+            let _ = decode::<PeerMsg>(&bytes);
+        }
+
+        #[test]
+        fn mutated_messages_never_panic_the_decoders(flip in 0usize..64, xor in 1u8..=255) {
+            let m = SeedResponse::PeerTable { cluster_id: 9, addrs: vec!["127.0.0.1:1".into(), "[::1]:2".into()] };
+            let mut bytes = encode(&m).unwrap().to_vec();
+            let i = flip % bytes.len();
+            bytes[i] ^= xor;
+            let _ = decode::<SeedResponse>(&bytes);
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! QUIC endpoints with the settings that make quinn fast on loopback and LAN links.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use quinn::{AckFrequencyConfig, IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::TransportError;
+use crate::config::NexarConfig;
+
+/// Largest UDP payload nexar sends; GSO batches of 10 such datagrams stay under 64 KiB.
+pub const MAX_UDP_PAYLOAD: u16 = 6500;
+/// Streams a peer may open towards us at once (one per lane and direction is what we use).
+const MAX_STREAMS: u32 = 256;
+/// Acknowledge every 16 ack-eliciting packets instead of every 2.
+const ACK_ELICITING_THRESHOLD: u32 = 16;
+
+/// Transport parameters shared by every connection.
+pub fn transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
+    let mut t = TransportConfig::default();
+    let idle = IdleTimeout::try_from(cfg.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX));
+    t.max_idle_timeout(Some(idle));
+    t.keep_alive_interval(Some(cfg.idle_timeout / 5));
+    t.max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS));
+    t.max_concurrent_bidi_streams(VarInt::from_u32(MAX_STREAMS));
+    let mut mtu = MtuDiscoveryConfig::default();
+    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    t.mtu_discovery_config(Some(mtu));
+    let mut ack = AckFrequencyConfig::default();
+    ack.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD));
+    t.ack_frequency_config(Some(ack));
+    Arc::new(t)
+}
+
+/// Binds a UDP socket with large buffers and wraps it in a quinn endpoint.
+pub fn bind(
+    addr: SocketAddr,
+    cfg: &NexarConfig,
+    server: Option<quinn::ServerConfig>,
+) -> Result<quinn::Endpoint, TransportError> {
+    let fail = |reason: String| TransportError::Bind { addr, reason };
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        .map_err(|e| fail(e.to_string()))?;
+    if addr.is_ipv6() {
+        let _ = socket.set_only_v6(false);
+    }
+    // The kernel may cap these at net.core.[rw]mem_max; a smaller buffer still works.
+    if let Err(e) = socket.set_recv_buffer_size(cfg.socket_buffer_bytes) {
+        tracing::debug!(%addr, error = %e, "could not enlarge the receive buffer");
+    }
+    if let Err(e) = socket.set_send_buffer_size(cfg.socket_buffer_bytes) {
+        tracing::debug!(%addr, error = %e, "could not enlarge the send buffer");
+    }
+    socket.bind(&addr.into()).map_err(|e| fail(e.to_string()))?;
+    let mut endpoint_config = quinn::EndpointConfig::default();
+    endpoint_config
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .map_err(|e| fail(e.to_string()))?;
+    let server = server.map(|mut s| {
+        s.transport_config(transport_config(cfg));
+        s
+    });
+    quinn::Endpoint::new(
+        endpoint_config,
+        server,
+        socket.into(),
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(|e| fail(e.to_string()))
+}
+
+/// Attaches the shared transport parameters to a client configuration.
+pub fn with_transport(mut client: quinn::ClientConfig, cfg: &NexarConfig) -> quinn::ClientConfig {
+    client.transport_config(transport_config(cfg));
+    client
+}
+
+/// Attaches the shared transport parameters to a server configuration.
+pub fn server_with_transport(
+    mut server: quinn::ServerConfig,
+    cfg: &NexarConfig,
+) -> quinn::ServerConfig {
+    server.transport_config(transport_config(cfg));
+    server
+}

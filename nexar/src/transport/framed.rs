@@ -1,0 +1,141 @@
+//! Reading and writing frames on QUIC streams, with limits checked before allocation.
+
+use bytes::Bytes;
+use quinn::{ReadExactError, RecvStream, SendStream};
+
+use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, message_frame};
+use crate::proto::message;
+
+/// Why a frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadFrameError {
+    /// The stream ended or was reset.
+    #[error("stream closed: {0}")]
+    Closed(String),
+    /// The bytes are not a valid frame.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+}
+
+fn closed(e: impl std::fmt::Display) -> ReadFrameError {
+    ReadFrameError::Closed(e.to_string())
+}
+
+/// Reads a frame header; `Ok(None)` when the stream ends cleanly between frames.
+pub async fn read_header(
+    recv: &mut RecvStream,
+    limit: u64,
+) -> Result<Option<FrameHeader>, ReadFrameError> {
+    let mut buf = [0u8; HEADER_LEN];
+    match recv.read_exact(&mut buf).await {
+        Ok(()) => Ok(Some(FrameHeader::decode(&buf, limit)?)),
+        Err(ReadExactError::FinishedEarly(0)) => Ok(None),
+        Err(e) => Err(closed(e)),
+    }
+}
+
+/// Reads a body of `len` bytes (already checked against a limit) into one buffer.
+pub async fn read_body(recv: &mut RecvStream, len: u64) -> Result<Vec<u8>, ReadFrameError> {
+    let len = usize::try_from(len).map_err(|_| FrameError::TooLong {
+        len,
+        limit: usize::MAX as u64,
+    })?;
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body).await.map_err(closed)?;
+    Ok(body)
+}
+
+/// Reads the next frame, which must be a message no longer than `limit`, and decodes it.
+/// `Ok(None)` when the stream ends cleanly.
+pub async fn read_message<M>(recv: &mut RecvStream, limit: u64) -> Result<Option<M>, ReadFrameError>
+where
+    M: rkyv::Archive,
+    M::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>>
+        + rkyv::Deserialize<M, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
+{
+    let Some(header) = read_header(recv, limit).await? else {
+        return Ok(None);
+    };
+    header.expect(FrameKind::Message)?;
+    let body = read_body(recv, header.len).await?;
+    Ok(Some(message::decode(&body)?))
+}
+
+/// Encodes and writes one message frame.
+pub async fn write_message<M>(send: &mut SendStream, msg: &M) -> Result<(), ReadFrameError>
+where
+    M: for<'a> rkyv::Serialize<
+            rkyv::api::high::HighSerializer<
+                rkyv::util::AlignedVec,
+                rkyv::ser::allocator::ArenaHandle<'a>,
+                rkyv::rancor::Error,
+            >,
+        >,
+{
+    let body = message::encode(msg)?;
+    send.write_chunk(message_frame(&body)).await.map_err(closed)
+}
+
+/// Raw payload bytes as they arrived: a list of chunks, copied once into their destination.
+#[derive(Clone, Debug, Default)]
+pub struct Payload {
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+impl Payload {
+    /// A payload of one buffer.
+    pub fn from_bytes(bytes: Bytes) -> Self {
+        let len = bytes.len();
+        Payload {
+            chunks: vec![bytes],
+            len,
+        }
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `true` for an empty payload.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the payload into `dst`, which must be exactly [`len`](Self::len) bytes.
+    pub fn copy_to(&self, dst: &mut [u8]) {
+        debug_assert_eq!(dst.len(), self.len);
+        let mut at = 0;
+        for c in &self.chunks {
+            let end = (at + c.len()).min(dst.len());
+            dst[at..end].copy_from_slice(&c[..end - at]);
+            at = end;
+        }
+    }
+
+    /// Reads exactly `len` bytes (already checked against a limit) as chunks, without an extra
+    /// copy.
+    pub async fn read(recv: &mut RecvStream, len: u64) -> Result<Payload, ReadFrameError> {
+        let len = usize::try_from(len).map_err(|_| FrameError::TooLong {
+            len,
+            limit: usize::MAX as u64,
+        })?;
+        let mut chunks = Vec::new();
+        let mut got = 0usize;
+        while got < len {
+            match recv.read_chunk(len - got, true).await.map_err(closed)? {
+                Some(chunk) => {
+                    got += chunk.bytes.len();
+                    chunks.push(chunk.bytes);
+                }
+                None => {
+                    return Err(closed(format!(
+                        "stream ended {got} bytes into a {len}-byte payload"
+                    )));
+                }
+            }
+        }
+        Ok(Payload { chunks, len })
+    }
+}

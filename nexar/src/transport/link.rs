@@ -1,0 +1,386 @@
+//! One authenticated connection to one peer: a writer task per lane that owns that lane's
+//! outgoing stream, and a router that reads the peer's streams and hands each message to its
+//! lane.
+//!
+//! Every lane has its own QUIC stream in each direction and its own bounded queue, so a full
+//! lane (a receiver that is not keeping up) stalls only that stream; barriers, heartbeats and
+//! RPCs on the other lanes keep flowing.
+
+use bytes::Bytes;
+use quinn::{Connection, RecvStream};
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+use super::TransportError;
+use super::framed::{Payload, ReadFrameError, read_body, read_header};
+use crate::proto::frame::{FrameError, FrameKind, MAX_CONTROL_FRAME, message_frame, raw_header};
+use crate::proto::message::{self, PeerMsg};
+
+/// QUIC application error code for a peer that broke the wire protocol.
+pub const CLOSE_PROTOCOL_VIOLATION: u32 = 2;
+/// QUIC application error code for an orderly shutdown.
+pub const CLOSE_SHUTDOWN: u32 = 0;
+
+/// The independent receive queues of a rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Incoming RPC requests.
+    RpcRequests = 0,
+    /// Responses to our RPC calls.
+    RpcResponses = 1,
+    /// Control traffic: liveness, membership, collective agreement.
+    Control = 2,
+    /// Typed point-to-point messages.
+    Data = 3,
+    /// Bulk payloads of collectives.
+    Raw = 4,
+}
+
+impl Lane {
+    const COUNT: usize = 5;
+
+    /// The lane a message travels on.
+    pub fn of(msg: &PeerMsg) -> Lane {
+        match msg {
+            PeerMsg::P2p { .. } => Lane::Data,
+            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } => Lane::Control,
+        }
+    }
+}
+
+/// A message received from a peer, with its payload.
+#[derive(Debug)]
+pub struct Incoming {
+    /// The sender's rank.
+    pub from: u32,
+    /// The message.
+    pub msg: PeerMsg,
+    /// Raw bytes that followed it (empty for messages without payload).
+    pub payload: Payload,
+}
+
+/// The sending halves of a rank's lanes, shared by the routers of all its links.
+#[derive(Clone, Debug)]
+pub struct LaneSenders {
+    senders: [mpsc::Sender<Incoming>; Lane::COUNT],
+}
+
+/// The receiving halves of a rank's lanes, taken by the layers that consume them.
+#[derive(Debug)]
+pub struct LaneReceivers {
+    /// Incoming RPC requests.
+    pub rpc_requests: mpsc::Receiver<Incoming>,
+    /// Responses to our RPC calls.
+    pub rpc_responses: mpsc::Receiver<Incoming>,
+    /// Control traffic.
+    pub control: mpsc::Receiver<Incoming>,
+    /// Point-to-point messages.
+    pub data: mpsc::Receiver<Incoming>,
+    /// Collective payloads.
+    pub raw: mpsc::Receiver<Incoming>,
+}
+
+/// Creates a rank's lanes, each holding up to `capacity` messages.
+pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
+    let (a, ra) = mpsc::channel(capacity);
+    let (b, rb) = mpsc::channel(capacity);
+    let (c, rc) = mpsc::channel(capacity);
+    let (d, rd) = mpsc::channel(capacity);
+    let (e, re) = mpsc::channel(capacity);
+    (
+        LaneSenders {
+            senders: [a, b, c, d, e],
+        },
+        LaneReceivers {
+            rpc_requests: ra,
+            rpc_responses: rb,
+            control: rc,
+            data: rd,
+            raw: re,
+        },
+    )
+}
+
+impl LaneSenders {
+    /// Queues a message on its lane, waiting while the lane is full. Fails only when the
+    /// lane's consumer is gone (the rank is shutting down).
+    pub async fn deliver(&self, incoming: Incoming) -> Result<(), Incoming> {
+        let lane = Lane::of(&incoming.msg);
+        self.senders[lane as usize]
+            .send(incoming)
+            .await
+            .map_err(|e| e.0)
+    }
+}
+
+enum Outgoing {
+    /// Frames to write, in order, as one unit.
+    Frames {
+        chunks: Vec<Bytes>,
+        done: oneshot::Sender<Result<(), TransportError>>,
+    },
+    /// Finish the lane's stream and report once the peer has acknowledged all of it. A later
+    /// message opens a new stream.
+    Flush { done: oneshot::Sender<()> },
+}
+
+/// An established, authenticated connection to one peer.
+#[derive(Debug)]
+pub struct PeerLink {
+    peer: u32,
+    conn: Connection,
+    writers: [mpsc::Sender<Outgoing>; Lane::COUNT],
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outgoing::Frames { chunks, .. } => f
+                .debug_struct("Frames")
+                .field("chunks", &chunks.len())
+                .finish(),
+            Outgoing::Flush { .. } => f.write_str("Flush"),
+        }
+    }
+}
+
+fn peer_name(rank: u32) -> String {
+    format!("rank {rank}")
+}
+
+impl PeerLink {
+    /// Starts the writers and the router of a connection to `peer` (already authenticated as
+    /// that rank). Received messages go to `lanes`; payloads longer than `max_payload` are a
+    /// protocol violation.
+    pub fn spawn(
+        local: u32,
+        peer: u32,
+        conn: Connection,
+        lanes: LaneSenders,
+        max_payload: u64,
+    ) -> PeerLink {
+        let writers = std::array::from_fn(|_| {
+            let (tx, rx) = mpsc::channel::<Outgoing>(64);
+            let span = tracing::debug_span!("writer", rank = local, peer);
+            tokio::spawn(write_lane(conn.clone(), peer, rx).instrument(span));
+            tx
+        });
+        let span = tracing::debug_span!("router", rank = local, peer);
+        tokio::spawn(route(conn.clone(), peer, lanes, max_payload).instrument(span));
+        PeerLink {
+            peer,
+            conn,
+            writers,
+        }
+    }
+
+    /// The peer's rank.
+    pub fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    /// The underlying connection.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Sends `msg` (and `payload`, for messages that carry one) on the message's lane.
+    ///
+    /// Returns once the bytes are handed to QUIC. The bytes are owned by the writer task, so
+    /// dropping this future never leaves a half-written frame.
+    pub async fn send(&self, msg: &PeerMsg, payload: Option<Bytes>) -> Result<(), TransportError> {
+        let body = message::encode(msg).map_err(|error| TransportError::Protocol {
+            peer: peer_name(self.peer),
+            error,
+        })?;
+        let mut chunks = vec![message_frame(&body)];
+        if let Some(p) = payload {
+            chunks.push(raw_header(p.len() as u64));
+            chunks.push(p);
+        }
+        let (done, wait) = oneshot::channel();
+        let lost = |reason: &str| TransportError::ConnectionLost {
+            peer: peer_name(self.peer),
+            reason: reason.into(),
+        };
+        self.writers[Lane::of(msg) as usize]
+            .send(Outgoing::Frames { chunks, done })
+            .await
+            .map_err(|_| lost("its writer has stopped"))?;
+        wait.await.map_err(|_| lost("its writer has stopped"))?
+    }
+
+    /// Finishes every lane's stream and waits until the peer has acknowledged all data sent
+    /// so far (at most `limit`).
+    pub async fn flush(&self, limit: std::time::Duration) {
+        let all = async {
+            let mut waits = Vec::with_capacity(self.writers.len());
+            for w in &self.writers {
+                let (done, wait) = oneshot::channel();
+                if w.send(Outgoing::Flush { done }).await.is_ok() {
+                    waits.push(wait);
+                }
+            }
+            for wait in waits {
+                let _ = wait.await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, all).await;
+    }
+
+    /// Closes the connection with `code`.
+    pub fn close(&self, code: u32, reason: &str) {
+        self.conn.close(code.into(), reason.as_bytes());
+    }
+}
+
+async fn write_lane(conn: Connection, peer: u32, mut rx: mpsc::Receiver<Outgoing>) {
+    let mut stream: Option<quinn::SendStream> = None;
+    let mut broken: Option<TransportError> = None;
+    while let Some(out) = rx.recv().await {
+        let (mut chunks, done) = match out {
+            Outgoing::Frames { chunks, done } => (chunks, done),
+            Outgoing::Flush { done } => {
+                if let Some(mut s) = stream.take() {
+                    let _ = s.finish();
+                    let _ = s.stopped().await;
+                }
+                let _ = done.send(());
+                continue;
+            }
+        };
+        if let Some(e) = &broken {
+            let _ = done.send(Err(e.clone()));
+            continue;
+        }
+        if stream.is_none() {
+            match conn.open_uni().await {
+                Ok(s) => stream = Some(s),
+                Err(e) => {
+                    let err = TransportError::ConnectionLost {
+                        peer: peer_name(peer),
+                        reason: e.to_string(),
+                    };
+                    broken = Some(err.clone());
+                    let _ = done.send(Err(err));
+                    continue;
+                }
+            }
+        }
+        let s = stream.as_mut().expect("stream opened above");
+        let result =
+            s.write_all_chunks(&mut chunks)
+                .await
+                .map_err(|e| TransportError::ConnectionLost {
+                    peer: peer_name(peer),
+                    reason: e.to_string(),
+                });
+        if let Err(e) = &result {
+            broken = Some(e.clone());
+        }
+        let _ = done.send(result);
+    }
+    if let Some(mut s) = stream {
+        let _ = s.finish();
+    }
+}
+
+async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64) {
+    loop {
+        match conn.accept_uni().await {
+            Ok(recv) => {
+                let conn = conn.clone();
+                let lanes = lanes.clone();
+                tokio::spawn(
+                    async move {
+                        if let Err(error) = read_stream(recv, peer, &lanes, max_payload).await {
+                            tracing::error!(peer, %error, "closing the connection: the peer broke the wire protocol");
+                            conn.close(CLOSE_PROTOCOL_VIOLATION.into(), error.to_string().as_bytes());
+                        }
+                    }
+                    .in_current_span(),
+                );
+            }
+            Err(e) => {
+                tracing::debug!(peer, reason = %e, "connection closed");
+                return;
+            }
+        }
+    }
+}
+
+/// Reads frames from one stream until it ends. Only protocol violations are errors; a stream
+/// that closes mid-frame because the connection went away ends quietly.
+async fn read_stream(
+    mut recv: RecvStream,
+    peer: u32,
+    lanes: &LaneSenders,
+    max_payload: u64,
+) -> Result<(), FrameError> {
+    loop {
+        let msg: PeerMsg = match next_message(&mut recv).await {
+            Ok(Some(m)) => m,
+            Ok(None) => return Ok(()),
+            Err(ReadFrameError::Closed(_)) => return Ok(()),
+            Err(ReadFrameError::Frame(e)) => return Err(e),
+        };
+        let payload = match msg.payload_len() {
+            Some(0) if !matches!(msg, PeerMsg::P2p { .. }) => Payload::default(),
+            Some(expected) => {
+                if let PeerMsg::P2p { dtype, .. } = msg {
+                    nexar_types::DType::from_wire(dtype)
+                        .map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
+                }
+                if expected > max_payload {
+                    return Err(FrameError::TooLong {
+                        len: expected,
+                        limit: max_payload,
+                    });
+                }
+                match read_header(&mut recv, max_payload).await {
+                    Ok(Some(h)) => {
+                        h.expect(FrameKind::Raw)?;
+                        if h.len != expected {
+                            return Err(FrameError::InvalidMessage(format!(
+                                "message announces {expected} payload bytes but its raw frame has {}",
+                                h.len
+                            )));
+                        }
+                        match Payload::read(&mut recv, h.len).await {
+                            Ok(p) => p,
+                            Err(ReadFrameError::Frame(e)) => return Err(e),
+                            Err(ReadFrameError::Closed(_)) => return Ok(()),
+                        }
+                    }
+                    Ok(None) | Err(ReadFrameError::Closed(_)) => return Ok(()),
+                    Err(ReadFrameError::Frame(e)) => return Err(e),
+                }
+            }
+            None => {
+                return Err(FrameError::InvalidMessage(
+                    "payload length overflows 64 bits".into(),
+                ));
+            }
+        };
+        if lanes
+            .deliver(Incoming {
+                from: peer,
+                msg,
+                payload,
+            })
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+}
+
+async fn next_message(recv: &mut RecvStream) -> Result<Option<PeerMsg>, ReadFrameError> {
+    let Some(header) = read_header(recv, MAX_CONTROL_FRAME).await? else {
+        return Ok(None);
+    };
+    header.expect(FrameKind::Message)?;
+    let body = read_body(recv, header.len).await?;
+    Ok(Some(message::decode(&body)?))
+}

@@ -1,0 +1,62 @@
+//! QUIC transport: endpoints, TLS and certificates, framed streams, and per-peer links with
+//! their router and lanes.
+
+pub mod endpoint;
+pub mod framed;
+pub mod link;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::proto::frame::FrameError;
+
+/// Failures of the transport layer.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum TransportError {
+    /// Certificates or TLS configuration could not be built or did not verify.
+    #[error("tls: {0}")]
+    Tls(String),
+    /// The UDP socket could not be set up.
+    #[error("cannot bind {addr}: {reason}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the OS or quinn said.
+        reason: String,
+    },
+    /// Dialling a peer failed (refused, unreachable, handshake or certificate rejected).
+    #[error("cannot connect to {peer} at {addr}: {reason}")]
+    Connect {
+        /// Who was dialled ("rank 3", "the seed").
+        peer: String,
+        /// Where.
+        addr: SocketAddr,
+        /// Why it failed.
+        reason: String,
+    },
+    /// An established connection went away.
+    #[error("connection to {peer} lost: {reason}")]
+    ConnectionLost {
+        /// The peer.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+    /// A peer sent bytes that break the wire protocol.
+    #[error("{peer} broke the wire protocol: {error}")]
+    Protocol {
+        /// The peer.
+        peer: String,
+        /// What was wrong.
+        error: FrameError,
+    },
+    /// A wait ran past its limit.
+    #[error("{what} timed out after {after:?}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The limit.
+        after: Duration,
+    },
+}

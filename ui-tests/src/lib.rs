@@ -1,0 +1,1 @@
+//! Compile-time checks of nexar live in tests/.
