@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
 use rustls::pki_types::CertificateDer;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
@@ -52,6 +52,8 @@ pub(super) struct Inner {
     pub self_lanes: LaneSenders,
     pub mailbox: Arc<Mailbox>,
     pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+    /// Peers that said goodbye, and a wake-up for whoever waits on them.
+    goodbyes: (Mutex<Vec<bool>>, Notify),
     tasks: Mutex<Vec<JoinHandle<()>>>,
     seed: Option<Connection>,
     /// Lanes no layer consumes yet (RPC, collectives); held so their queues exist.
@@ -188,6 +190,7 @@ impl NexarClient {
             self_lanes: senders,
             mailbox: mailbox.clone(),
             pings: Mutex::new(HashMap::new()),
+            goodbyes: (Mutex::new(vec![false; addrs.len()]), Notify::new()),
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,
             _spare: Mutex::new(Some((rpc_requests, rpc_responses, raw))),
@@ -224,11 +227,44 @@ impl NexarClient {
         self.inner.endpoint.local_addr().ok()
     }
 
-    /// Flushes everything this rank has sent (waiting, up to a few seconds, until each peer
-    /// has acknowledged it) and closes its connections. Call it before a process exits, as
-    /// with `MPI_Finalize`; other clones of this client stop working too.
+    /// Leaves the cluster cleanly, like `MPI_Finalize`: flushes everything this rank has sent
+    /// (until each peer has acknowledged it), tells every peer goodbye, and keeps serving them
+    /// until each has said goodbye too (or its connection is gone, or `op_timeout` passes);
+    /// then closes the connections. Every rank calls it before its process exits. Other clones
+    /// of this client stop working too.
     pub async fn shutdown(&self) {
-        close_links(&self.inner.links, FLUSH_LIMIT).await;
+        let inner = &self.inner;
+        for link in inner.links.iter().flatten() {
+            link.flush(FLUSH_LIMIT).await;
+            if let Err(e) = link.send(&PeerMsg::Goodbye, None).await {
+                tracing::debug!(peer = link.peer(), error = %e, "could not say goodbye");
+            }
+        }
+        let all_gone = async {
+            loop {
+                let notified = inner.goodbyes.1.notified();
+                let said = inner.goodbyes.0.lock().expect("goodbyes lock").clone();
+                let waiting = inner.links.iter().enumerate().any(|(p, l)| {
+                    l.as_ref()
+                        .is_some_and(|l| !said[p] && l.connection().close_reason().is_none())
+                });
+                if !waiting {
+                    return;
+                }
+                // Re-check now and then: a peer whose connection dies sends no goodbye.
+                let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+            }
+        };
+        if tokio::time::timeout(inner.cfg.op_timeout, all_gone)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                rank = inner.rank,
+                "not every peer said goodbye within the operation timeout; closing anyway"
+            );
+        }
+        close_links(&inner.links, FLUSH_LIMIT).await;
         if let Some(seed) = &self.inner.seed {
             seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
         }
@@ -299,6 +335,18 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 if let Some(tx) = inner.pings.lock().expect("pings lock").remove(&nonce) {
                     let _ = tx.send(());
                 }
+            }
+            PeerMsg::Goodbye => {
+                if let Some(flag) = inner
+                    .goodbyes
+                    .0
+                    .lock()
+                    .expect("goodbyes lock")
+                    .get_mut(incoming.from as usize)
+                {
+                    *flag = true;
+                }
+                inner.goodbyes.1.notify_waiters();
             }
             PeerMsg::P2p { .. } => {}
         }

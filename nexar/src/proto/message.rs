@@ -85,6 +85,8 @@ pub enum PeerMsg {
         /// The probe's nonce.
         nonce: u64,
     },
+    /// The sender is shutting down and will send nothing more.
+    Goodbye,
 }
 
 impl PeerMsg {
@@ -97,7 +99,7 @@ impl PeerMsg {
                     .unwrap_or(1);
                 count.checked_mul(size as u64)
             }
-            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } => Some(0),
+            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } | PeerMsg::Goodbye => Some(0),
         }
     }
 }

@@ -43,7 +43,7 @@ impl Lane {
     pub fn of(msg: &PeerMsg) -> Lane {
         match msg {
             PeerMsg::P2p { .. } => Lane::Data,
-            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } => Lane::Control,
+            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } | PeerMsg::Goodbye => Lane::Control,
         }
     }
 }
