@@ -20,7 +20,7 @@ use crate::transport::endpoint;
 use crate::transport::link::{
     CLOSE_SHUTDOWN, Incoming, LaneReceivers, LaneSenders, PeerLink, lanes,
 };
-use crate::transport::tls::Identity;
+use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
 
 /// How long closing waits for peers to acknowledge what was sent.
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
@@ -148,6 +148,41 @@ impl NexarClient {
         Self::connect(seed, &token, config).await
     }
 
+    /// Joins a cluster with static membership and no seed: every rank knows where every rank
+    /// listens (`addrs`, indexed by rank) and holds a certificate from the cluster CA bound to
+    /// its own rank (see [`ClusterCa`](crate::transport::tls::ClusterCa)). Listens on
+    /// `addrs[rank]`.
+    ///
+    /// ```no_run
+    /// use nexar::transport::tls::{ClusterCa, rank_server_name};
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// let ca = ClusterCa::generate()?;
+    /// let addrs = ["127.0.0.1:7101".parse().unwrap(), "127.0.0.1:7102".parse().unwrap()];
+    /// let me = ca.issue(&rank_server_name(0))?; // in practice issued once, provisioned per host
+    /// let client = nexar::NexarClient::connect_static(0, &addrs, &me, &ca.cert_der(), Default::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_static(
+        rank: usize,
+        addrs: &[SocketAddr],
+        identity: &Identity,
+        ca_der: &[u8],
+        config: NexarConfig,
+    ) -> Result<NexarClient, NexarError> {
+        config.validate()?;
+        let listen = *addrs.get(rank).ok_or(ClusterError::Mesh {
+            rank,
+            reason: format!(
+                "rank {rank} is outside the {}-rank address list",
+                addrs.len()
+            ),
+        })?;
+        let ca = CertificateDer::from(ca_der.to_vec());
+        let server = endpoint::server_with_transport(mesh_server(identity, &ca)?, &config);
+        let endpoint = endpoint::bind(listen, &config, Some(server))?;
+        Ok(Self::from_parts(rank, endpoint, addrs, identity, &ca, config, None).await?)
+    }
+
     pub(crate) async fn from_parts(
         rank: usize,
         endpoint: Endpoint,
@@ -157,6 +192,18 @@ impl NexarClient {
         cfg: NexarConfig,
         seed: Option<Connection>,
     ) -> Result<NexarClient, ClusterError> {
+        match rank_from_cert(identity.cert()) {
+            Ok(bound) if bound as usize == rank => {}
+            Ok(bound) => {
+                return Err(ClusterError::Mesh {
+                    rank,
+                    reason: format!(
+                        "this rank's certificate is bound to rank {bound}, not rank {rank}"
+                    ),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
         let (senders, receivers) = lanes(cfg.lane_capacity);
         let mesh = cluster::form_mesh(
             &endpoint,

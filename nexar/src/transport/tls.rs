@@ -95,6 +95,20 @@ impl std::fmt::Debug for Identity {
 }
 
 impl Identity {
+    /// An identity from DER: the certificate chain (leaf first, then the CA) and the leaf's
+    /// PKCS#8 private key.
+    pub fn from_der(chain: Vec<Vec<u8>>, pkcs8_key: Vec<u8>) -> Result<Identity, TransportError> {
+        if chain.is_empty() {
+            return Err(TransportError::Tls(
+                "an identity needs at least its own certificate".into(),
+            ));
+        }
+        Ok(Identity {
+            chain: chain.into_iter().map(CertificateDer::from).collect(),
+            key: PrivatePkcs8KeyDer::from(pkcs8_key),
+        })
+    }
+
     fn key(&self) -> PrivateKeyDer<'static> {
         PrivateKeyDer::Pkcs8(self.key.clone_key())
     }

@@ -1,0 +1,151 @@
+//! A seed and worker **processes** (the `nexar` binary) form a mesh over loopback and exchange
+//! typed messages; a worker process with a wrong token is refused.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::TEST_LIMIT;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const NEXAR: &str = env!("CARGO_BIN_EXE_nexar");
+
+struct Seed {
+    child: Child,
+    addr: String,
+    token: String,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+async fn start_seed(world: usize) -> Seed {
+    let mut child = Command::new(NEXAR)
+        .args([
+            "seed",
+            "--bind",
+            "127.0.0.1:0",
+            "--world-size",
+            &world.to_string(),
+            "--exit-when-done",
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the seed");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut addr, mut token) = (None, None);
+    while addr.is_none() || token.is_none() {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the seed exited before printing its token");
+        if let Some(a) = line.strip_prefix("listening: ") {
+            addr = Some(a.to_string());
+        }
+        if let Some(t) = line.strip_prefix("token: ") {
+            token = Some(t.to_string());
+        }
+    }
+    Seed {
+        child,
+        addr: addr.unwrap(),
+        token: token.unwrap(),
+        lines,
+    }
+}
+
+fn worker(seed: &str, token: &str, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(NEXAR);
+    cmd.args([
+        "check",
+        "--seed",
+        seed,
+        "--token",
+        token,
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .args(extra)
+    .env("NEXAR_LOG", "warn")
+    .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_and_three_worker_processes_form_a_mesh_and_exchange_messages() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let mut seed = start_seed(3).await;
+
+        // A worker process holding a token with the right CA but a wrong secret is refused.
+        let mut wrong = seed.token.clone();
+        let flip = if wrong.as_bytes()[7] == b'0' {
+            "1"
+        } else {
+            "0"
+        };
+        wrong.replace_range(7..8, flip);
+        let out = worker(&seed.addr, &wrong, &[]).output().await.unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("refused the join: invalid join token"),
+            "{stderr}"
+        );
+
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let mut cmd = worker(&seed.addr, &seed.token, &["--big-mib", "8"]);
+                cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+                cmd.spawn().expect("spawn a worker")
+            })
+            .collect();
+        let mut ranks_seen = Vec::new();
+        for w in workers {
+            let out = w.wait_with_output().await.unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "worker failed:\n{stdout}\n{stderr}");
+            let passed = stdout
+                .lines()
+                .find(|l| l.contains("mesh check passed"))
+                .unwrap_or_else(|| panic!("{stdout}"));
+            // "rank R/3: mesh check passed (14 messages verified)": 7 cases from each of 2 peers.
+            assert!(
+                passed.contains("/3: mesh check passed (14 messages verified)"),
+                "{passed}"
+            );
+            ranks_seen.push(
+                passed
+                    .split('/')
+                    .next()
+                    .unwrap()
+                    .trim_start_matches("rank ")
+                    .to_string(),
+            );
+        }
+        ranks_seen.sort();
+        assert_eq!(ranks_seen, ["0", "1", "2"]);
+
+        let mut seed_out = Vec::new();
+        while let Some(line) = seed.lines.next_line().await.unwrap() {
+            seed_out.push(line);
+        }
+        let status = tokio::time::timeout(Duration::from_secs(30), seed.child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success());
+        assert!(
+            seed_out.iter().any(|l| l == "formed: 3 ranks"),
+            "{seed_out:?}"
+        );
+        assert!(
+            seed_out.iter().any(|l| l.starts_with("done")),
+            "{seed_out:?}"
+        );
+    })
+    .await
+    .expect("test timed out");
+}
