@@ -249,6 +249,25 @@ impl_reduction!(BitAnd for i8, i16, i32, i64, u8, u16, u32, u64);
 impl_reduction!(BitOr for i8, i16, i32, i64, u8, u16, u32, u64);
 impl_reduction!(BitXor for i8, i16, i32, i64, u8, u16, u32, u64);
 
+/// Combines `other` into `acc` with a reduction checked at compile time:
+/// `acc[i] = op(acc[i], other[i])`.
+///
+/// `reduce(BitAnd, &mut floats, ..)` does not compile; with a runtime [`ReduceOp`] the check
+/// happens when the call runs.
+///
+/// ```
+/// use nexar_types::{BitXor, Sum, reduce};
+/// let mut acc = [1u8, 2, 3];
+/// reduce(BitXor, &mut acc, &[1, 1, 1]).unwrap();
+/// assert_eq!(acc, [0, 3, 2]);
+/// let mut f = [0.5f32];
+/// reduce(Sum, &mut f, &[0.25]).unwrap();
+/// assert_eq!(f, [0.75]);
+/// ```
+pub fn reduce<T: Element, O: Reduction<T>>(op: O, acc: &mut [T], other: &[T]) -> Result<(), ReduceError> {
+    reduce_slice(op.op(), acc, other)
+}
+
 /// Combines `other` into `acc` element by element: `acc[i] = op(acc[i], other[i])`.
 ///
 /// The loops are written so the compiler vectorises them; `f16` and `bf16` are widened to `f32`

@@ -34,7 +34,8 @@ pub use config::{ConfigError, NexarConfig};
 pub use error::NexarError;
 pub use nexar_types::{
     BitAnd, BitOr, BitXor, Buf, DType, Element, Host, Max, MemorySpace, Min, Prod, RecvBuf,
-    ReduceOp, Reduction, SendBuf, Sum, bf16, f16, stable_hash, stable_id,
+    ReduceError, ReduceOp, Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash,
+    stable_id,
 };
 pub use transport::TransportError;
 

@@ -57,14 +57,11 @@ pub(super) struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     seed: Option<Connection>,
     /// Lanes no layer consumes yet (RPC, collectives); held so their queues exist.
-    _spare: Mutex<
-        Option<(
-            mpsc::Receiver<Incoming>,
-            mpsc::Receiver<Incoming>,
-            mpsc::Receiver<Incoming>,
-        )>,
-    >,
+    _spare: Mutex<Option<SpareLanes>>,
 }
+
+/// The RPC-request, RPC-response and raw lanes, waiting for the layers that will read them.
+type SpareLanes = (mpsc::Receiver<Incoming>, mpsc::Receiver<Incoming>, mpsc::Receiver<Incoming>);
 
 impl std::fmt::Debug for NexarClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

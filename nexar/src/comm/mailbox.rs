@@ -234,12 +234,12 @@ impl Mailbox {
 
     /// Moves the overflow message into the store once there is room.
     fn refill(&self, st: &mut State) {
-        if let Some((_, msg)) = &st.overflow {
-            if self.has_room(st, msg.payload.len() as u64) {
-                let (key, msg) = st.overflow.take().expect("checked above");
-                st.push_back(key, msg);
-                self.room.notify_one();
-            }
+        if let Some((_, msg)) = &st.overflow
+            && self.has_room(st, msg.payload.len() as u64)
+        {
+            let (key, msg) = st.overflow.take().expect("checked above");
+            st.push_back(key, msg);
+            self.room.notify_one();
         }
     }
 
