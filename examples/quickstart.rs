@@ -13,10 +13,15 @@ const LEN: usize = 1 << 20;
 
 #[tokio::main]
 async fn main() -> Result<(), NexarError> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
     let start = std::time::Instant::now();
     let ranks = NexarClient::bootstrap_local(RANKS).await?;
-    println!("formed a {RANKS}-rank cluster over QUIC in {:?}", start.elapsed());
+    println!(
+        "formed a {RANKS}-rank cluster over QUIC in {:?}",
+        start.elapsed()
+    );
 
     let mut tasks = tokio::task::JoinSet::new();
     for comm in ranks {
@@ -30,7 +35,10 @@ async fn main() -> Result<(), NexarError> {
             let (next, prev) = ((me + 1) % world, (me + world - 1) % world);
             for step in 0..world - 1 {
                 let tag = step as u64;
-                let (sent, got) = tokio::join!(comm.send(&passing, next, tag), comm.recv(&mut incoming, prev, tag));
+                let (sent, got) = tokio::join!(
+                    comm.send(&passing, next, tag),
+                    comm.recv(&mut incoming, prev, tag)
+                );
                 sent?;
                 got?;
                 for (t, x) in total.iter_mut().zip(incoming.iter()) {
@@ -51,7 +59,9 @@ async fn main() -> Result<(), NexarError> {
     results.sort_by_key(|r| r.0);
     for (rank, first, last, rtt) in results {
         assert_eq!((first, last), (expected, expected));
-        println!("rank {rank}: sum of {LEN} gradients = {first} (expected {expected}); ping to next rank {rtt:?}");
+        println!(
+            "rank {rank}: sum of {LEN} gradients = {first} (expected {expected}); ping to next rank {rtt:?}"
+        );
     }
     println!("done in {:?}", start.elapsed());
     Ok(())

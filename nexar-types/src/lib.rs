@@ -30,7 +30,8 @@ pub use buf::{Buf, RecvBuf, SendBuf};
 pub use element::{DType, Element, UnknownDType};
 pub use id::{stable_hash, stable_id};
 pub use op::{
-    BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce, reduce_slice,
+    BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce,
+    reduce_slice,
 };
 pub use space::{Host, MemorySpace};
 

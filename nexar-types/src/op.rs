@@ -264,7 +264,11 @@ impl_reduction!(BitXor for i8, i16, i32, i64, u8, u16, u32, u64);
 /// reduce(Sum, &mut f, &[0.25]).unwrap();
 /// assert_eq!(f, [0.75]);
 /// ```
-pub fn reduce<T: Element, O: Reduction<T>>(op: O, acc: &mut [T], other: &[T]) -> Result<(), ReduceError> {
+pub fn reduce<T: Element, O: Reduction<T>>(
+    op: O,
+    acc: &mut [T],
+    other: &[T],
+) -> Result<(), ReduceError> {
     reduce_slice(op.op(), acc, other)
 }
 

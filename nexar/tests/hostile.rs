@@ -69,7 +69,11 @@ async fn ring_exchange(ranks: Vec<NexarClient>) {
 async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { world_size: Some(3), handshake_timeout: Duration::from_millis(800), ..Default::default() };
+        let cfg = NexarConfig {
+            world_size: Some(3),
+            handshake_timeout: Duration::from_millis(800),
+            ..Default::default()
+        };
         let seed = SeedNode::bind(loopback(), cfg.clone()).await.unwrap();
         let (addr, token) = (seed.local_addr(), seed.token().clone());
 
@@ -182,7 +186,10 @@ async fn peers_with_a_foreign_or_misbound_certificate_are_refused_and_the_mesh_f
         let ca = ClusterCa::generate().unwrap();
         let ca_der = ca.cert_der();
         let addrs = free_addrs(2);
-        let cfg = NexarConfig { mesh_timeout: Duration::from_secs(60), ..Default::default() };
+        let cfg = NexarConfig {
+            mesh_timeout: Duration::from_secs(60),
+            ..Default::default()
+        };
 
         // Rank 0 starts and waits for rank 1.
         let rank0 = {
@@ -261,7 +268,10 @@ async fn a_dialler_refuses_a_listener_whose_certificate_names_another_rank() {
         let ca = ClusterCa::generate().unwrap();
         let ca_der = ca.cert_der();
         let addrs = free_addrs(2);
-        let cfg = NexarConfig { mesh_timeout: Duration::from_secs(20), ..Default::default() };
+        let cfg = NexarConfig {
+            mesh_timeout: Duration::from_secs(20),
+            ..Default::default()
+        };
         // An impostor listens where rank 0 should be, with a valid certificate for rank 2.
         let impostor = ca.issue(&rank_server_name(2)).unwrap();
         let listener = bind(

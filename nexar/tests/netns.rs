@@ -16,6 +16,12 @@ fn seed_and_workers_form_a_mesh_across_network_namespaces() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
-    assert!(out.status.success(), "netns script failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("netns test: passed") || stdout.contains("netns test: not run"), "{stdout}");
+    assert!(
+        out.status.success(),
+        "netns script failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("netns test: passed") || stdout.contains("netns test: not run"),
+        "{stdout}"
+    );
 }

@@ -61,7 +61,11 @@ pub(super) struct Inner {
 }
 
 /// The RPC-request, RPC-response and raw lanes, waiting for the layers that will read them.
-type SpareLanes = (mpsc::Receiver<Incoming>, mpsc::Receiver<Incoming>, mpsc::Receiver<Incoming>);
+type SpareLanes = (
+    mpsc::Receiver<Incoming>,
+    mpsc::Receiver<Incoming>,
+    mpsc::Receiver<Incoming>,
+);
 
 impl std::fmt::Debug for NexarClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
