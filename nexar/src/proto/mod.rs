@@ -1,5 +1,12 @@
-//! The sans-IO layer: wire framing and messages. No tokio, no sockets: everything here takes
-//! bytes in and hands bytes or values out, so it is deterministic and fuzzable.
+//! The sans-IO layer: wire framing and messages, the schedule IR, the algorithm generators and
+//! their simulator. No tokio, no sockets: everything here takes bytes or parameters in and
+//! hands bytes, values or schedules out, so it is deterministic and fuzzable.
 
+pub mod algo;
 pub mod frame;
 pub mod message;
+pub mod schedule;
+pub mod sim;
+
+#[cfg(test)]
+mod algo_tests;

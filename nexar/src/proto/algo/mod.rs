@@ -1,0 +1,311 @@
+//! Algorithm generators: pure functions from `(rank, world, count, params)` to a [`Schedule`],
+//! and the one table that picks an algorithm by operation, size and world size.
+
+pub mod allreduce;
+pub mod barrier;
+pub mod blocks;
+pub mod rooted;
+pub mod scan;
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::schedule::Schedule;
+
+/// A collective operation, as far as scheduling is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    /// Every rank ends with the reduction of every rank's buffer.
+    AllReduce,
+    /// The root's buffer is copied to every rank.
+    Broadcast {
+        /// The root.
+        root: usize,
+    },
+    /// The root ends with the reduction of every rank's buffer.
+    Reduce {
+        /// The root.
+        root: usize,
+    },
+    /// Every rank ends with every rank's block, in rank order.
+    AllGather,
+    /// Every rank ends with its block of the reduction.
+    ReduceScatter,
+    /// Rank `j`'s block `i` goes to rank `i`'s block `j`.
+    AllToAll,
+    /// The root ends with every rank's block, in rank order.
+    Gather {
+        /// The root.
+        root: usize,
+    },
+    /// The root's block `i` goes to rank `i`.
+    Scatter {
+        /// The root.
+        root: usize,
+    },
+    /// Inclusive prefix reduction.
+    Scan,
+    /// Exclusive prefix reduction.
+    ExclusiveScan,
+    /// Synchronisation only.
+    Barrier,
+}
+
+impl Collective {
+    /// Wire code of the operation kind.
+    pub fn code(self) -> u8 {
+        match self {
+            Collective::AllReduce => 1,
+            Collective::Broadcast { .. } => 2,
+            Collective::Reduce { .. } => 3,
+            Collective::AllGather => 4,
+            Collective::ReduceScatter => 5,
+            Collective::AllToAll => 6,
+            Collective::Gather { .. } => 7,
+            Collective::Scatter { .. } => 8,
+            Collective::Scan => 9,
+            Collective::ExclusiveScan => 10,
+            Collective::Barrier => 11,
+        }
+    }
+
+    /// The root, for rooted operations.
+    pub fn root(self) -> Option<usize> {
+        match self {
+            Collective::Broadcast { root }
+            | Collective::Reduce { root }
+            | Collective::Gather { root }
+            | Collective::Scatter { root } => Some(root),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name, as in error messages.
+    pub fn name(self) -> &'static str {
+        name_of_code(self.code())
+    }
+
+    /// Whether some rank can finish this operation without hearing (even indirectly) from
+    /// every other rank. Such operations end with a dissemination round so that a rank which
+    /// detects a disagreement stops every rank, not only those downstream of it.
+    pub fn needs_confirmation(self) -> bool {
+        !matches!(
+            self,
+            Collective::AllReduce
+                | Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::AllToAll
+                | Collective::Barrier
+        )
+    }
+}
+
+/// The name of an operation kind from its wire code.
+pub fn name_of_code(code: u8) -> &'static str {
+    match code {
+        1 => "all_reduce",
+        2 => "broadcast",
+        3 => "reduce",
+        4 => "all_gather",
+        5 => "reduce_scatter",
+        6 => "all_to_all",
+        7 => "gather",
+        8 => "scatter",
+        9 => "scan",
+        10 => "exclusive_scan",
+        11 => "barrier",
+        _ => "unknown collective",
+    }
+}
+
+/// An algorithm a collective can run with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Ring (allreduce, all-gather, reduce-scatter).
+    Ring,
+    /// Ring with segments of this many bytes forwarded as soon as they are reduced.
+    PipelinedRing {
+        /// Segment size in bytes.
+        segment_bytes: usize,
+    },
+    /// Recursive halving-doubling (allreduce).
+    HalvingDoubling,
+    /// Recursive doubling (allreduce).
+    RecursiveDoubling,
+    /// Binomial tree (broadcast, reduce).
+    BinomialTree,
+    /// Pipelined chain (broadcast).
+    PipelinedChain {
+        /// Segment size in bytes.
+        segment_bytes: usize,
+    },
+    /// Root talks to every rank directly (gather, scatter).
+    Linear,
+    /// Pairwise exchange (all-to-all).
+    Pairwise,
+    /// Recursive doubling prefix (scan, exclusive scan).
+    PrefixDoubling,
+    /// Dissemination (barrier).
+    Dissemination,
+    /// Gather to rank 0, then release (barrier).
+    TwoPhase,
+}
+
+impl Algorithm {
+    /// Lower-case name (also what [`FromStr`] accepts).
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::PipelinedRing { .. } => "pipelined_ring",
+            Algorithm::HalvingDoubling => "halving_doubling",
+            Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::BinomialTree => "binomial_tree",
+            Algorithm::PipelinedChain { .. } => "pipelined_chain",
+            Algorithm::Linear => "linear",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::PrefixDoubling => "prefix_doubling",
+            Algorithm::Dissemination => "dissemination",
+            Algorithm::TwoPhase => "two_phase",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "ring" => Algorithm::Ring,
+            "pipelined_ring" => Algorithm::PipelinedRing {
+                segment_bytes: DEFAULT_SEGMENT_BYTES,
+            },
+            "halving_doubling" => Algorithm::HalvingDoubling,
+            "recursive_doubling" => Algorithm::RecursiveDoubling,
+            "binomial_tree" => Algorithm::BinomialTree,
+            "pipelined_chain" => Algorithm::PipelinedChain {
+                segment_bytes: DEFAULT_SEGMENT_BYTES,
+            },
+            "linear" => Algorithm::Linear,
+            "pairwise" => Algorithm::Pairwise,
+            "prefix_doubling" => Algorithm::PrefixDoubling,
+            "dissemination" => Algorithm::Dissemination,
+            "two_phase" => Algorithm::TwoPhase,
+            other => return Err(format!("unknown algorithm {other:?}")),
+        })
+    }
+}
+
+/// Segment size of the pipelined algorithms.
+pub const DEFAULT_SEGMENT_BYTES: usize = 1 << 20;
+/// Allreduce messages up to this size use recursive doubling (fewest rounds).
+pub const ALLREDUCE_SMALL_BYTES: usize = 64 << 10;
+/// Allreduce messages up to this size use halving-doubling; larger ones the pipelined ring.
+pub const ALLREDUCE_MEDIUM_BYTES: usize = 512 << 10;
+/// Broadcasts up to this size use the binomial tree; larger ones the pipelined chain.
+pub const BROADCAST_TREE_BYTES: usize = 256 << 10;
+
+/// The algorithm table: which algorithm runs `op` on `bytes` bytes per rank across `world`
+/// ranks. The one place where this choice is made; [`crate::NexarConfig`] can override it.
+pub fn select(op: Collective, bytes: usize, world: usize) -> Algorithm {
+    match op {
+        Collective::AllReduce
+            if bytes <= ALLREDUCE_SMALL_BYTES || world == 2 && bytes <= ALLREDUCE_MEDIUM_BYTES =>
+        {
+            Algorithm::RecursiveDoubling
+        }
+        Collective::AllReduce if bytes <= ALLREDUCE_MEDIUM_BYTES => Algorithm::HalvingDoubling,
+        Collective::AllReduce => Algorithm::PipelinedRing {
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+        },
+        Collective::Broadcast { .. } if bytes <= BROADCAST_TREE_BYTES || world <= 2 => {
+            Algorithm::BinomialTree
+        }
+        Collective::Broadcast { .. } => Algorithm::PipelinedChain {
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+        },
+        Collective::Reduce { .. } => Algorithm::BinomialTree,
+        Collective::AllGather | Collective::ReduceScatter => Algorithm::Ring,
+        Collective::AllToAll => Algorithm::Pairwise,
+        Collective::Gather { .. } | Collective::Scatter { .. } => Algorithm::Linear,
+        Collective::Scan | Collective::ExclusiveScan => Algorithm::PrefixDoubling,
+        Collective::Barrier => Algorithm::Dissemination,
+    }
+}
+
+/// An algorithm asked of an operation it does not implement.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("algorithm {algorithm} does not implement {op}")]
+pub struct Unsupported {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// The operation's name.
+    pub op: &'static str,
+}
+
+/// The schedule of `rank` of `world` for `op` on `count` elements (per-rank block size for
+/// block operations) of `elem_size` bytes, with `algorithm`. Rooted operations end with a
+/// confirmation round (see [`Collective::needs_confirmation`]).
+pub fn generate(
+    op: Collective,
+    algorithm: Algorithm,
+    rank: usize,
+    world: usize,
+    count: usize,
+    elem_size: usize,
+) -> Result<Schedule, Unsupported> {
+    let seg = |bytes: usize| (bytes / elem_size.max(1)).max(1);
+    let unsupported = || Unsupported {
+        algorithm,
+        op: op.name(),
+    };
+    let mut s = match (op, algorithm) {
+        (Collective::AllReduce, Algorithm::Ring) => allreduce::ring(rank, world, count, usize::MAX),
+        (Collective::AllReduce, Algorithm::PipelinedRing { segment_bytes }) => {
+            allreduce::ring(rank, world, count, seg(segment_bytes))
+        }
+        (Collective::AllReduce, Algorithm::HalvingDoubling) => {
+            allreduce::halving_doubling(rank, world, count)
+        }
+        (Collective::AllReduce, Algorithm::RecursiveDoubling) => {
+            allreduce::recursive_doubling(rank, world, count)
+        }
+        (Collective::Broadcast { root }, Algorithm::BinomialTree) => {
+            rooted::broadcast_binomial(rank, world, count, root)
+        }
+        (Collective::Broadcast { root }, Algorithm::PipelinedChain { segment_bytes }) => {
+            rooted::broadcast_chain(rank, world, count, root, seg(segment_bytes))
+        }
+        (Collective::Reduce { root }, Algorithm::BinomialTree) => {
+            rooted::reduce_binomial(rank, world, count, root)
+        }
+        (Collective::Gather { root }, Algorithm::Linear) => {
+            rooted::gather_linear(rank, world, count, root)
+        }
+        (Collective::Scatter { root }, Algorithm::Linear) => {
+            rooted::scatter_linear(rank, world, count, root)
+        }
+        (Collective::AllGather, Algorithm::Ring) => blocks::all_gather_ring(rank, world, count),
+        (Collective::ReduceScatter, Algorithm::Ring) => {
+            blocks::reduce_scatter_ring(rank, world, count)
+        }
+        (Collective::AllToAll, Algorithm::Pairwise) => {
+            blocks::all_to_all_pairwise(rank, world, count)
+        }
+        (Collective::Scan, Algorithm::PrefixDoubling) => scan::inclusive(rank, world, count),
+        (Collective::ExclusiveScan, Algorithm::PrefixDoubling) => {
+            scan::exclusive(rank, world, count)
+        }
+        (Collective::Barrier, Algorithm::Dissemination) => barrier::dissemination(rank, world),
+        (Collective::Barrier, Algorithm::TwoPhase) => barrier::two_phase(rank, world),
+        _ => return Err(unsupported()),
+    };
+    if op.needs_confirmation() {
+        barrier::append_dissemination(&mut s, rank, world);
+    }
+    Ok(s)
+}

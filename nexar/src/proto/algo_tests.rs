@@ -1,0 +1,258 @@
+//! Every algorithm against a sequential reference, in the simulator: world sizes 1–16, counts
+//! 0, 1, w−1, w, w+1, a prime and 3,000,001, for f32 Sum and Max, i64 BitXor, f16 and bf16 Sum.
+
+use nexar_types::{DType, Element, ReduceOp, bf16, f16, reduce_slice};
+
+use super::algo::{Algorithm, Collective, generate};
+use super::sim::{SimRank, simulate};
+
+const PRIME: usize = 7919;
+const LARGE: usize = 3_000_001;
+
+/// Every (operation, algorithm) pair the generators implement, for a root of `root`.
+fn pairs(root: usize) -> Vec<(Collective, Algorithm)> {
+    use Algorithm::*;
+    vec![
+        (Collective::AllReduce, Ring),
+        (
+            Collective::AllReduce,
+            PipelinedRing {
+                segment_bytes: 4096,
+            },
+        ),
+        (Collective::AllReduce, HalvingDoubling),
+        (Collective::AllReduce, RecursiveDoubling),
+        (Collective::Broadcast { root }, BinomialTree),
+        (
+            Collective::Broadcast { root },
+            PipelinedChain {
+                segment_bytes: 4096,
+            },
+        ),
+        (Collective::Reduce { root }, BinomialTree),
+        (Collective::AllGather, Ring),
+        (Collective::ReduceScatter, Ring),
+        (Collective::AllToAll, Pairwise),
+        (Collective::Gather { root }, Linear),
+        (Collective::Scatter { root }, Linear),
+        (Collective::Scan, PrefixDoubling),
+        (Collective::ExclusiveScan, PrefixDoubling),
+        (Collective::Barrier, Dissemination),
+        (Collective::Barrier, TwoPhase),
+    ]
+}
+
+/// Input and data lengths of one rank for `op` with per-rank count `n`.
+fn lengths(op: Collective, n: usize, w: usize) -> (usize, usize) {
+    match op {
+        Collective::AllGather | Collective::Gather { .. } => (n, n * w),
+        Collective::ReduceScatter | Collective::Scatter { .. } => (n * w, n),
+        Collective::AllToAll => (n * w, n * w),
+        Collective::Barrier => (0, 0),
+        _ => (0, n),
+    }
+}
+
+fn fold<T: Element>(op: ReduceOp, parts: impl Iterator<Item = Vec<T>>) -> Vec<T> {
+    let mut acc: Option<Vec<T>> = None;
+    for p in parts {
+        match &mut acc {
+            None => acc = Some(p),
+            Some(a) => reduce_slice(op, a, &p).unwrap(),
+        }
+    }
+    acc.unwrap_or_default()
+}
+
+/// What every rank's data buffer must hold afterwards.
+fn reference<T: Element>(
+    op: Collective,
+    red: ReduceOp,
+    before: &[SimRank<T>],
+    n: usize,
+) -> Vec<Vec<T>> {
+    let w = before.len();
+    let data = |r: usize| before[r].data.clone();
+    let input = |r: usize| before[r].input.clone();
+    let block = |v: Vec<T>, i: usize| v[i * n..(i + 1) * n].to_vec();
+    (0..w)
+        .map(|r| match op {
+            Collective::AllReduce => fold(red, (0..w).map(data)),
+            Collective::Broadcast { root } => data(root),
+            Collective::Reduce { root } if r == root => fold(red, (0..w).map(data)),
+            Collective::Reduce { .. } => data(r),
+            Collective::AllGather => (0..w).flat_map(input).collect(),
+            Collective::ReduceScatter => block(fold(red, (0..w).map(input)), r),
+            Collective::AllToAll => (0..w).flat_map(|j| block(input(j), r)).collect(),
+            Collective::Gather { root } if r == root => (0..w).flat_map(input).collect(),
+            Collective::Gather { .. } => data(r),
+            Collective::Scatter { root } => block(input(root), r),
+            Collective::Scan => fold(red, (0..=r).map(data)),
+            Collective::ExclusiveScan if r == 0 => data(0),
+            Collective::ExclusiveScan => fold(red, (0..r).map(data)),
+            Collective::Barrier => data(r),
+        })
+        .collect()
+}
+
+/// Runs one case and compares with the reference; `close` decides element equality.
+fn check<T: Element>(
+    op: Collective,
+    algo: Algorithm,
+    red: ReduceOp,
+    w: usize,
+    n: usize,
+    value: impl Fn(usize, usize) -> T,
+    close: impl Fn(T, T) -> bool,
+) {
+    let (in_len, data_len) = lengths(op, n, w);
+    let mut ranks: Vec<SimRank<T>> = (0..w)
+        .map(|r| SimRank {
+            input: (0..in_len).map(|i| value(r, i)).collect(),
+            data: (0..data_len).map(|i| value(r + 100, i)).collect(),
+        })
+        .collect();
+    let want = reference(op, red, &ranks, n);
+    let schedules: Vec<_> = (0..w)
+        .map(|r| generate(op, algo, r, w, n, T::DTYPE.size()).expect("pair is supported"))
+        .collect();
+    simulate(&schedules, &mut ranks, red)
+        .unwrap_or_else(|e| panic!("{op:?} {algo} w={w} n={n}: {e}"));
+    for (r, (got, want)) in ranks.iter().zip(&want).enumerate() {
+        assert_eq!(got.data.len(), want.len());
+        if let Some(i) = got.data.iter().zip(want).position(|(a, b)| !close(*a, *b)) {
+            panic!(
+                "{op:?} {algo} {red} {} w={w} n={n}: rank {r} element {i} is {:?}, expected {:?}",
+                T::DTYPE,
+                got.data[i],
+                want[i]
+            );
+        }
+    }
+}
+
+fn counts(w: usize) -> Vec<usize> {
+    let mut c = vec![0, 1, w.saturating_sub(1), w, w + 1, PRIME];
+    c.dedup();
+    c
+}
+
+/// Small integers: every sum and max is exact in every element type and in any order.
+fn small(r: usize, i: usize) -> f32 {
+    ((r * 31 + i * 7) % 11) as f32 - 5.0
+}
+
+fn bits(r: usize, i: usize) -> i64 {
+    let x = (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (i as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x as i64
+}
+
+fn all_types_for_world(w: usize) {
+    for root in [0, w / 2, w - 1] {
+        for (op, algo) in pairs(root) {
+            if op.root().is_none() && root != 0 {
+                continue;
+            }
+            for n in counts(w) {
+                check(op, algo, ReduceOp::Sum, w, n, small, |a: f32, b| a == b);
+                check(op, algo, ReduceOp::Max, w, n, small, |a: f32, b| a == b);
+                check(op, algo, ReduceOp::BitXor, w, n, bits, |a: i64, b| a == b);
+                let tol = |a: f32, b: f32| (a - b).abs() <= 1e-2 * b.abs().max(1.0);
+                check(
+                    op,
+                    algo,
+                    ReduceOp::Sum,
+                    w,
+                    n,
+                    |r, i| f16::from_f32(small(r, i)),
+                    |a: f16, b| tol(a.to_f32(), b.to_f32()),
+                );
+                check(
+                    op,
+                    algo,
+                    ReduceOp::Sum,
+                    w,
+                    n,
+                    |r, i| bf16::from_f32(small(r, i)),
+                    |a: bf16, b| tol(a.to_f32(), b.to_f32()),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_algorithm_matches_the_reference_for_worlds_1_to_4() {
+    for w in 1..=4 {
+        all_types_for_world(w);
+    }
+}
+
+#[test]
+fn every_algorithm_matches_the_reference_for_worlds_5_to_8() {
+    for w in 5..=8 {
+        all_types_for_world(w);
+    }
+}
+
+#[test]
+fn every_algorithm_matches_the_reference_for_worlds_9_to_12() {
+    for w in 9..=12 {
+        all_types_for_world(w);
+    }
+}
+
+#[test]
+fn every_algorithm_matches_the_reference_for_worlds_13_to_16() {
+    for w in 13..=16 {
+        all_types_for_world(w);
+    }
+}
+
+#[test]
+fn every_algorithm_handles_3_000_001_elements() {
+    // Buffer-sized operations at every world size; block operations (whose buffers are
+    // count × world) at the world sizes where that fits comfortably in memory.
+    for w in 1..=16 {
+        for (op, algo) in pairs(w / 2) {
+            let (input, data) = lengths(op, LARGE, w);
+            if input.max(data) > 4 * LARGE {
+                continue;
+            }
+            check(op, algo, ReduceOp::Sum, w, LARGE, small, |a: f32, b| a == b);
+        }
+    }
+}
+
+#[test]
+fn schedules_are_deterministic_and_move_the_expected_volume() {
+    // Ring allreduce sends 2(w-1) chunks of count/w; halving-doubling 2 log2 w messages.
+    let (w, n) = (8, 8000);
+    let ring = generate(Collective::AllReduce, Algorithm::Ring, 3, w, n, 4).unwrap();
+    assert_eq!(ring.send_volume(), (2 * (w - 1), 2 * (w - 1) * n / w));
+    let hd = generate(
+        Collective::AllReduce,
+        Algorithm::HalvingDoubling,
+        3,
+        w,
+        n,
+        4,
+    )
+    .unwrap();
+    assert_eq!(hd.send_volume(), (6, 2 * n * (w - 1) / w));
+    assert_eq!(
+        hd,
+        generate(
+            Collective::AllReduce,
+            Algorithm::HalvingDoubling,
+            3,
+            w,
+            n,
+            4
+        )
+        .unwrap()
+    );
+    assert!(generate(Collective::AllReduce, Algorithm::Linear, 0, 2, 1, 4).is_err());
+    assert_eq!(DType::F32.size(), 4);
+}
