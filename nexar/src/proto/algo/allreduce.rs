@@ -60,7 +60,7 @@ fn fold(world: usize) -> (usize, usize) {
 /// `None` if it sits out.
 fn fold_in(s: &mut Schedule, rank: usize, rem: usize, count: usize) -> Option<usize> {
     if rank < 2 * rem {
-        if rank % 2 == 0 {
+        if rank.is_multiple_of(2) {
             s.send(rank + 1, data(count));
             None
         } else {
@@ -80,7 +80,7 @@ fn real(core: usize, rem: usize) -> usize {
 /// Hands the result back to the ranks that sat out.
 fn fold_out(s: &mut Schedule, rank: usize, rem: usize, count: usize) {
     if rank < 2 * rem {
-        if rank % 2 == 0 {
+        if rank.is_multiple_of(2) {
             s.recv(rank + 1, data(count));
         } else {
             s.send(rank - 1, data(count));
