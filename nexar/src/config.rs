@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::proto::algo::Algorithm;
+
 /// An environment variable held a value nexar cannot use.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -83,6 +85,14 @@ pub struct NexarConfig {
     pub lane_capacity: usize,
     /// UDP socket send and receive buffer size in bytes (`NEXAR_SOCKET_BUFFER_BYTES`).
     pub socket_buffer_bytes: usize,
+    /// Pins the allreduce algorithm (`NEXAR_ALLREDUCE_ALGORITHM`: `ring`, `pipelined_ring`,
+    /// `halving_doubling`, `recursive_doubling`); `None` lets the size table choose.
+    pub allreduce_algorithm: Option<Algorithm>,
+    /// Pins the broadcast algorithm (`NEXAR_BROADCAST_ALGORITHM`: `binomial_tree`,
+    /// `pipelined_chain`).
+    pub broadcast_algorithm: Option<Algorithm>,
+    /// Pins the barrier algorithm (`NEXAR_BARRIER_ALGORITHM`: `dissemination`, `two_phase`).
+    pub barrier_algorithm: Option<Algorithm>,
 }
 
 impl Default for NexarConfig {
@@ -103,6 +113,9 @@ impl Default for NexarConfig {
             max_unmatched_bytes: 1 << 30,
             lane_capacity: 256,
             socket_buffer_bytes: 8 << 20,
+            allreduce_algorithm: None,
+            broadcast_algorithm: None,
+            barrier_algorithm: None,
         }
     }
 }
@@ -186,6 +199,39 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_SOCKET_BUFFER_BYTES") {
             c.socket_buffer_bytes = usize::try_from(parse_size(var, &v)?)
                 .map_err(|_| invalid(var, &v, "too large for this platform"))?;
+        }
+        for (var, slot, allowed) in [
+            (
+                "NEXAR_ALLREDUCE_ALGORITHM",
+                &mut c.allreduce_algorithm,
+                &[
+                    "ring",
+                    "pipelined_ring",
+                    "halving_doubling",
+                    "recursive_doubling",
+                ][..],
+            ),
+            (
+                "NEXAR_BROADCAST_ALGORITHM",
+                &mut c.broadcast_algorithm,
+                &["binomial_tree", "pipelined_chain"][..],
+            ),
+            (
+                "NEXAR_BARRIER_ALGORITHM",
+                &mut c.barrier_algorithm,
+                &["dissemination", "two_phase"][..],
+            ),
+        ] {
+            if let Some(v) = lookup(var) {
+                if !allowed.contains(&v.trim()) {
+                    return Err(invalid(
+                        var,
+                        &v,
+                        &format!("expected one of {}", allowed.join(", ")),
+                    ));
+                }
+                *slot = Some(parse(var, &v)?);
+            }
         }
         Ok(c)
     }
@@ -309,6 +355,8 @@ mod tests {
             ("NEXAR_MAX_UNMATCHED_MESSAGES", "0"),
             ("NEXAR_TOKEN", "not-a-token"),
             ("NEXAR_SOCKET_BUFFER_BYTES", "lots"),
+            ("NEXAR_ALLREDUCE_ALGORITHM", "binomial_tree"),
+            ("NEXAR_BARRIER_ALGORITHM", "fast"),
         ] {
             let err = with(&[(var, val)]).unwrap_err();
             assert!(err.to_string().contains(var), "{var}={val}: {err}");

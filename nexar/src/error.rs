@@ -25,4 +25,7 @@ pub enum NexarError {
     /// Point-to-point messaging.
     #[error(transparent)]
     P2p(#[from] crate::P2pError),
+    /// Collectives.
+    #[error(transparent)]
+    Collective(#[from] crate::CollectiveError),
 }

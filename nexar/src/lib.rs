@@ -29,7 +29,7 @@ pub mod proto;
 pub mod transport;
 
 pub use cluster::{ClusterError, JoinToken, SeedNode};
-pub use comm::{NexarClient, P2pError};
+pub use comm::{CollectiveError, CollectiveHandle, NexarClient, P2pError};
 pub use config::{ConfigError, NexarConfig};
 pub use error::NexarError;
 pub use nexar_types::{
@@ -37,6 +37,7 @@ pub use nexar_types::{
     ReduceError, ReduceOp, Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash,
     stable_id,
 };
+pub use proto::algo::Algorithm;
 pub use transport::TransportError;
 
 /// The everyday names: `use nexar::prelude::*;`.

@@ -11,7 +11,8 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::mailbox::Mailbox;
+use super::mailbox::{Mailbox, coll_entry, p2p_entry};
+use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
 use crate::config::{ConfigError, NexarConfig};
 use crate::error::NexarError;
@@ -21,6 +22,9 @@ use crate::transport::link::{
     CLOSE_SHUTDOWN, Incoming, LaneReceivers, LaneSenders, PeerLink, lanes,
 };
 use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
+
+/// Collective messages a rank may hold before it stops reading the raw lane.
+const COLL_MAX_HELD: usize = 1 << 16;
 
 /// How long closing waits for peers to acknowledge what was sent.
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
@@ -41,16 +45,20 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct NexarClient {
     pub(super) inner: Arc<Inner>,
+    /// The communicator this handle speaks for: the world, or a group made by `split`.
+    pub(super) comm: Arc<CommState>,
 }
 
 pub(super) struct Inner {
     pub rank: usize,
-    pub world: usize,
     pub cfg: NexarConfig,
     pub endpoint: Endpoint,
     pub links: Vec<Option<PeerLink>>,
     pub self_lanes: LaneSenders,
+    /// Point-to-point messages waiting for their `recv`.
     pub mailbox: Arc<Mailbox>,
+    /// Collective messages waiting for their step, keyed by (communicator, source, sequence).
+    pub coll: Arc<Mailbox>,
     pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     /// Peers that said goodbye, and a wake-up for whoever waits on them.
     goodbyes: (Mutex<Vec<bool>>, Notify),
@@ -60,18 +68,15 @@ pub(super) struct Inner {
     _spare: Mutex<Option<SpareLanes>>,
 }
 
-/// The RPC-request, RPC-response and raw lanes, waiting for the layers that will read them.
-type SpareLanes = (
-    mpsc::Receiver<Incoming>,
-    mpsc::Receiver<Incoming>,
-    mpsc::Receiver<Incoming>,
-);
+/// The RPC-request and RPC-response lanes, waiting for the layer that will read them.
+type SpareLanes = (mpsc::Receiver<Incoming>, mpsc::Receiver<Incoming>);
 
 impl std::fmt::Debug for NexarClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NexarClient")
-            .field("rank", &self.inner.rank)
-            .field("world_size", &self.inner.world)
+            .field("rank", &self.comm.me)
+            .field("world_size", &self.comm.members.len())
+            .field("comm", &self.comm.id)
             .finish_non_exhaustive()
     }
 }
@@ -229,40 +234,68 @@ impl NexarClient {
             cfg.max_unmatched_messages,
             cfg.max_unmatched_bytes,
         ));
+        // Collective messages are bounded by the schedules that send them; the limit only
+        // stops a runaway peer.
+        let coll = Arc::new(Mailbox::new(
+            COLL_MAX_HELD,
+            cfg.max_unmatched_bytes.max(cfg.max_message_bytes),
+        ));
+        let world = addrs.len();
         let inner = Arc::new(Inner {
             rank,
-            world: addrs.len(),
             cfg,
             endpoint,
             links: mesh.links,
             self_lanes: senders,
             mailbox: mailbox.clone(),
+            coll: coll.clone(),
             pings: Mutex::new(HashMap::new()),
             goodbyes: (Mutex::new(vec![false; addrs.len()]), Notify::new()),
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,
-            _spare: Mutex::new(Some((rpc_requests, rpc_responses, raw))),
+            _spare: Mutex::new(Some((rpc_requests, rpc_responses))),
         });
         let span = tracing::debug_span!("rank", rank);
-        let dispatcher =
-            tokio::spawn(async move { mailbox.dispatch(data).await }.instrument(span.clone()));
+        let dispatcher = tokio::spawn(
+            async move { mailbox.dispatch(data, p2p_entry).await }.instrument(span.clone()),
+        );
+        let coll_dispatcher = tokio::spawn(
+            async move { coll.dispatch(raw, coll_entry).await }.instrument(span.clone()),
+        );
         let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span));
         inner
             .tasks
             .lock()
             .expect("tasks lock")
-            .extend([dispatcher, control]);
-        Ok(NexarClient { inner })
+            .extend([dispatcher, coll_dispatcher, control]);
+        Ok(NexarClient {
+            inner,
+            comm: Arc::new(CommState::world(rank, world)),
+        })
     }
 
-    /// This rank, in `0..world_size()`.
+    /// This rank in its communicator, in `0..world_size()`.
     pub fn rank(&self) -> usize {
+        self.comm.me
+    }
+
+    /// The number of ranks in this communicator (the whole cluster unless this handle came
+    /// from [`split`](Self::split)).
+    pub fn world_size(&self) -> usize {
+        self.comm.members.len()
+    }
+
+    /// This rank's number in the whole cluster.
+    pub fn world_rank(&self) -> usize {
         self.inner.rank
     }
 
-    /// The number of ranks in the cluster.
-    pub fn world_size(&self) -> usize {
-        self.inner.world
+    /// A handle on the same rank for another communicator.
+    pub(super) fn with_comm(&self, comm: CommState) -> NexarClient {
+        NexarClient {
+            inner: self.inner.clone(),
+            comm: Arc::new(comm),
+        }
     }
 
     /// The configuration this rank runs with.
@@ -322,8 +355,10 @@ impl NexarClient {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 
+    /// The link to `peer` (a rank of this communicator).
     pub(super) fn link(&self, peer: usize) -> Option<&PeerLink> {
-        self.inner.links.get(peer).and_then(Option::as_ref)
+        let world = *self.comm.members.get(peer)?;
+        self.inner.links.get(world).and_then(Option::as_ref)
     }
 }
 
@@ -396,7 +431,11 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 }
                 inner.goodbyes.1.notify_waiters();
             }
-            PeerMsg::P2p { .. } => {}
+            PeerMsg::Abort { comm, seq, reason } => {
+                tracing::debug!(from = incoming.from, comm, seq, %reason, "a peer aborted a collective");
+                inner.coll.abort(comm, seq, &reason);
+            }
+            PeerMsg::P2p { .. } | PeerMsg::Coll { .. } => {}
         }
     }
 }

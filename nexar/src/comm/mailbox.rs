@@ -24,12 +24,97 @@ pub(crate) struct Key {
     pub tag: u64,
 }
 
-/// A received, not yet consumed, point-to-point message.
+/// A received, not yet consumed, message.
 #[derive(Debug)]
 pub(crate) struct Held {
     pub dtype: DType,
+    /// Elements in the payload.
     pub count: u64,
     pub payload: Payload,
+    /// For collective messages: what the sender called.
+    pub check: Option<CollCheck>,
+}
+
+/// What a rank called, as carried by each collective message: ranks that disagree on any of it
+/// must not exchange data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CollCheck {
+    pub kind: u8,
+    pub op: u8,
+    pub dtype: u8,
+    pub root: u32,
+    pub count: u64,
+    pub fingerprint: u64,
+}
+
+/// Remembered aborted collectives per mailbox (their late messages are dropped on arrival).
+const ABORTED_MEMORY: usize = 4096;
+
+/// Turns a lane message into a mailbox entry (`None` for messages this mailbox ignores).
+pub(crate) fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
+    let PeerMsg::P2p {
+        comm,
+        tag,
+        dtype,
+        count,
+    } = incoming.msg
+    else {
+        return None;
+    };
+    let dtype = DType::from_wire(dtype).ok()?;
+    Some((
+        Key {
+            comm,
+            src: incoming.from,
+            tag,
+        },
+        Held {
+            dtype,
+            count,
+            payload: incoming.payload,
+            check: None,
+        },
+    ))
+}
+
+/// Turns a collective message into a mailbox entry keyed by `(comm, src, seq)`.
+pub(crate) fn coll_entry(incoming: Incoming) -> Option<(Key, Held)> {
+    let PeerMsg::Coll {
+        comm,
+        seq,
+        kind,
+        op,
+        dtype,
+        root,
+        count,
+        fingerprint,
+        len,
+    } = incoming.msg
+    else {
+        return None;
+    };
+    let check = CollCheck {
+        kind,
+        op,
+        dtype,
+        root,
+        count,
+        fingerprint,
+    };
+    let dtype = DType::from_wire(dtype).ok()?;
+    Some((
+        Key {
+            comm,
+            src: incoming.from,
+            tag: seq,
+        },
+        Held {
+            dtype,
+            count: len,
+            payload: incoming.payload,
+            check: Some(check),
+        },
+    ))
 }
 
 /// Why a `recv` could not be served.
@@ -39,6 +124,8 @@ pub(crate) enum Refusal {
     Full { held: usize, held_bytes: u64 },
     /// The rank is shutting down.
     Closed,
+    /// The collective with this `(comm, tag)` was aborted, for this reason.
+    Aborted(String),
 }
 
 type Waiter = (u64, oneshot::Sender<Result<Held, Refusal>>);
@@ -54,6 +141,8 @@ struct State {
     waiters: HashMap<Key, VecDeque<Waiter>>,
     next_waiter: u64,
     closed: bool,
+    aborted: HashMap<(u64, u64), String>,
+    aborted_order: VecDeque<(u64, u64)>,
 }
 
 impl State {
@@ -109,36 +198,17 @@ impl Mailbox {
         st.count == 0 || (st.count < self.max_count && st.bytes + len <= self.max_bytes)
     }
 
-    /// Drains the data lane into the mailbox until the lane closes.
-    pub async fn dispatch(&self, mut data: mpsc::Receiver<Incoming>) {
-        while let Some(incoming) = data.recv().await {
-            let PeerMsg::P2p {
-                comm,
-                tag,
-                dtype,
-                count,
-            } = incoming.msg
-            else {
-                continue;
-            };
-            // The router validated the dtype before delivering.
-            let Ok(dtype) = DType::from_wire(dtype) else {
-                continue;
-            };
-            let key = Key {
-                comm,
-                src: incoming.from,
-                tag,
-            };
-            self.deliver(
-                key,
-                Held {
-                    dtype,
-                    count,
-                    payload: incoming.payload,
-                },
-            )
-            .await;
+    /// Drains a lane into the mailbox until the lane closes; `entry` picks the messages and
+    /// their keys.
+    pub async fn dispatch(
+        &self,
+        mut lane: mpsc::Receiver<Incoming>,
+        entry: fn(Incoming) -> Option<(Key, Held)>,
+    ) {
+        while let Some(incoming) = lane.recv().await {
+            if let Some((key, held)) = entry(incoming) {
+                self.deliver(key, held).await;
+            }
         }
         let mut st = self.lock();
         st.closed = true;
@@ -149,9 +219,12 @@ impl Mailbox {
         }
     }
 
-    async fn deliver(&self, key: Key, mut msg: Held) {
+    pub(crate) async fn deliver(&self, key: Key, mut msg: Held) {
         {
             let mut st = self.lock();
+            if st.aborted.contains_key(&(key.comm, key.tag)) {
+                return;
+            }
             if let Some(queue) = st.waiters.get_mut(&key) {
                 while let Some((_, tx)) = queue.pop_front() {
                     match tx.send(Ok(msg)) {
@@ -243,6 +316,38 @@ impl Mailbox {
         }
     }
 
+    /// Marks everything with `(comm, tag)` (one collective) as aborted: its waiting receives
+    /// fail with `reason`, its held messages are dropped, and so are its late arrivals.
+    pub fn abort(&self, comm: u64, tag: u64, reason: &str) {
+        let mut st = self.lock();
+        if st.aborted.contains_key(&(comm, tag)) {
+            return;
+        }
+        st.aborted.insert((comm, tag), reason.to_string());
+        st.aborted_order.push_back((comm, tag));
+        if st.aborted_order.len() > ABORTED_MEMORY
+            && let Some(old) = st.aborted_order.pop_front()
+        {
+            st.aborted.remove(&old);
+        }
+        let matching = |k: &Key| k.comm == comm && k.tag == tag;
+        let keys: Vec<Key> = st.waiters.keys().copied().filter(matching).collect();
+        for k in keys {
+            for (_, tx) in st.waiters.remove(&k).unwrap_or_default() {
+                let _ = tx.send(Err(Refusal::Aborted(reason.to_string())));
+            }
+        }
+        let keys: Vec<Key> = st.held.keys().copied().filter(matching).collect();
+        for k in keys {
+            while st.pop(&k).is_some() {}
+        }
+        if st.overflow.as_ref().is_some_and(|(k, _)| matching(k)) {
+            st.overflow = None;
+            self.room.notify_one();
+        }
+        self.refill(&mut st);
+    }
+
     /// Returns a message that was taken but not consumed to the front of its queue.
     pub fn put_back(&self, key: Key, msg: Held) {
         self.lock().push_front(key, msg);
@@ -300,6 +405,7 @@ mod tests {
             dtype: DType::U8,
             count: 1,
             payload: Payload::from_bytes(Bytes::from(vec![n])),
+            check: None,
         }
     }
 
@@ -357,6 +463,33 @@ mod tests {
         for t in [1, 2] {
             assert!(matches!(mb.take_or_wait(key(t)), Ok(Ok(_))));
         }
+    }
+
+    #[tokio::test]
+    async fn an_abort_fails_waiters_drops_stale_messages_and_late_arrivals() {
+        let mb = Mailbox::new(8, 1 << 20);
+        mb.deliver(key(7), held(1)).await;
+        let other = Key {
+            comm: 0,
+            src: 2,
+            tag: 7,
+        };
+        let pending = match mb.take_or_wait(other) {
+            Ok(Err(p)) => p,
+            _ => panic!("nothing held for rank 2 yet"),
+        };
+        mb.abort(0, 7, "rank 3 saw a count mismatch");
+        assert_eq!(
+            pending.wait().await.unwrap_err(),
+            Refusal::Aborted("rank 3 saw a count mismatch".into())
+        );
+        assert_eq!(mb.held(), (0, 0));
+        mb.deliver(key(7), held(2)).await;
+        assert_eq!(mb.held(), (0, 0));
+        assert!(matches!(mb.take_or_wait(key(7)), Err(Refusal::Aborted(_))));
+        // Other tags are untouched.
+        mb.deliver(key(8), held(3)).await;
+        assert!(matches!(mb.take_or_wait(key(8)), Ok(Ok(_))));
     }
 
     #[tokio::test]

@@ -1,8 +1,12 @@
 //! The communicator the user holds: [`NexarClient`] with typed point-to-point messaging.
 
 mod client;
+mod collective;
+mod exec;
 mod mailbox;
 mod p2p;
+mod state;
 
 pub use client::NexarClient;
+pub use collective::{CollectiveError, CollectiveHandle};
 pub use p2p::P2pError;

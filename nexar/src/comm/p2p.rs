@@ -15,9 +15,6 @@ use crate::transport::TransportError;
 use crate::transport::framed::Payload;
 use crate::transport::link::Incoming;
 
-/// The communicator id of the world (every rank).
-pub(crate) const WORLD_COMM: u64 = 0;
-
 /// Failures of `send` and `recv`. Each names the rank that reports it, the operation and what
 /// was expected.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -187,7 +184,7 @@ impl NexarClient {
             });
         }
         let msg = PeerMsg::P2p {
-            comm: WORLD_COMM,
+            comm: self.comm.id,
             tag,
             dtype: <B::Elem as Element>::DTYPE.to_wire(),
             count: elements.len() as u64,
@@ -204,7 +201,7 @@ impl NexarClient {
         };
         if dest == rank {
             let incoming = Incoming {
-                from: rank as u32,
+                from: self.world_rank() as u32,
                 msg,
                 payload: Payload::from_bytes(payload),
             };
@@ -252,7 +249,7 @@ impl NexarClient {
         let out = buf.elements_mut();
         let expected = out.len() as u64;
         let key = self.p2p_key(src, tag)?;
-        let held = self.take(key, "recv").await?;
+        let held = self.take(key, src, "recv").await?;
         let rank = self.rank();
         let want = <B::Elem as Element>::DTYPE;
         if held.dtype != want {
@@ -291,7 +288,7 @@ impl NexarClient {
     /// ```
     pub async fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>, P2pError> {
         let key = self.p2p_key(src, tag)?;
-        let held = self.take(key, "recv").await?;
+        let held = self.take(key, src, "recv").await?;
         if held.dtype != T::DTYPE {
             let got = held.dtype;
             self.inner.mailbox.put_back(key, held);
@@ -361,15 +358,15 @@ impl NexarClient {
     fn p2p_key(&self, src: usize, tag: u64) -> Result<Key, P2pError> {
         self.check_peer("recv", src)?;
         Ok(Key {
-            comm: WORLD_COMM,
-            src: src as u32,
+            comm: self.comm.id,
+            src: self.comm.members[src] as u32,
             tag,
         })
     }
 
-    async fn take(&self, key: Key, op: &'static str) -> Result<Held, P2pError> {
+    async fn take(&self, key: Key, src: usize, op: &'static str) -> Result<Held, P2pError> {
         let rank = self.rank();
-        let (src, tag) = (key.src as usize, key.tag);
+        let tag = key.tag;
         let refused = |r: Refusal| match r {
             Refusal::Full { held, held_bytes } => P2pError::TooManyUnmatched {
                 rank,
@@ -379,7 +376,7 @@ impl NexarClient {
                 held_bytes,
                 limit: self.config().max_unmatched_messages,
             },
-            Refusal::Closed => P2pError::Closed { rank, op },
+            Refusal::Closed | Refusal::Aborted(_) => P2pError::Closed { rank, op },
         };
         let pending = match self.inner.mailbox.take_or_wait(key).map_err(refused)? {
             Ok(held) => return Ok(held),

@@ -87,19 +87,65 @@ pub enum PeerMsg {
     },
     /// The sender is shutting down and will send nothing more.
     Goodbye,
+    /// One message of a collective; a raw frame of `len * size(dtype)` bytes follows. The
+    /// header fields let the receiver refuse a message from a rank that called another
+    /// operation, count, type, root or plan.
+    Coll {
+        /// Communicator.
+        comm: u64,
+        /// Sequence number of the collective on that communicator.
+        seq: u64,
+        /// Operation kind (see `algo::Collective::code`).
+        kind: u8,
+        /// Reduction operation code (0 for none).
+        op: u8,
+        /// Wire dtype code.
+        dtype: u8,
+        /// Root rank (0 for rootless operations).
+        root: u32,
+        /// The operation's element count as the sender called it.
+        count: u64,
+        /// Fingerprint of the plan the operation belongs to (0 for none).
+        fingerprint: u64,
+        /// Elements in this message.
+        len: u64,
+    },
+    /// A rank gave up on a collective (it saw a disagreement, timed out, or was cancelled):
+    /// every rank in it stops waiting and reports `reason`.
+    Abort {
+        /// Communicator.
+        comm: u64,
+        /// Sequence number.
+        seq: u64,
+        /// Why, as the reporting rank put it.
+        reason: String,
+    },
 }
 
 impl PeerMsg {
-    /// Bytes of raw payload that follow this message, if any (`None` on overflow).
+    /// Bytes of raw payload that follow this message (`None` on overflow).
     pub fn payload_len(&self) -> Option<u64> {
-        match self {
-            PeerMsg::P2p { dtype, count, .. } => {
-                let size = nexar_types::DType::from_wire(*dtype)
+        match self.payload_elements() {
+            Some((dtype, count)) => {
+                let size = nexar_types::DType::from_wire(dtype)
                     .map(|d| d.size())
                     .unwrap_or(1);
                 count.checked_mul(size as u64)
             }
-            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } | PeerMsg::Goodbye => Some(0),
+            None => Some(0),
+        }
+    }
+
+    /// `(dtype code, elements)` of the raw frame that always follows this message, or `None`
+    /// for messages without one.
+    pub fn payload_elements(&self) -> Option<(u8, u64)> {
+        match self {
+            PeerMsg::P2p { dtype, count, .. } => Some((*dtype, *count)),
+            PeerMsg::Coll { dtype, len, .. } => Some((*dtype, *len)),
+            PeerMsg::Ping { .. }
+            | PeerMsg::Pong { .. }
+            | PeerMsg::Goodbye
+            | PeerMsg::Abort { .. } => None,
         }
     }
 }

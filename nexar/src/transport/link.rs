@@ -43,7 +43,11 @@ impl Lane {
     pub fn of(msg: &PeerMsg) -> Lane {
         match msg {
             PeerMsg::P2p { .. } => Lane::Data,
-            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } | PeerMsg::Goodbye => Lane::Control,
+            PeerMsg::Coll { .. } => Lane::Raw,
+            PeerMsg::Ping { .. }
+            | PeerMsg::Pong { .. }
+            | PeerMsg::Goodbye
+            | PeerMsg::Abort { .. } => Lane::Control,
         }
     }
 }
@@ -189,6 +193,25 @@ impl PeerLink {
     /// Returns once the bytes are handed to QUIC. The bytes are owned by the writer task, so
     /// dropping this future never leaves a half-written frame.
     pub async fn send(&self, msg: &PeerMsg, payload: Option<Bytes>) -> Result<(), TransportError> {
+        let wait = self.send_queued(msg, payload).await?;
+        wait.await.map_err(|_| self.writer_gone())?
+    }
+
+    fn writer_gone(&self) -> TransportError {
+        TransportError::ConnectionLost {
+            peer: peer_name(self.peer),
+            reason: "its writer has stopped".into(),
+        }
+    }
+
+    /// Queues `msg` (and its payload) on its lane and returns as soon as it is queued, with a
+    /// receiver that reports when the bytes are handed to QUIC. Messages queued one after
+    /// another on a lane are sent in that order.
+    pub async fn send_queued(
+        &self,
+        msg: &PeerMsg,
+        payload: Option<Bytes>,
+    ) -> Result<oneshot::Receiver<Result<(), TransportError>>, TransportError> {
         let body = message::encode(msg).map_err(|error| TransportError::Protocol {
             peer: peer_name(self.peer),
             error,
@@ -199,15 +222,11 @@ impl PeerLink {
             chunks.push(p);
         }
         let (done, wait) = oneshot::channel();
-        let lost = |reason: &str| TransportError::ConnectionLost {
-            peer: peer_name(self.peer),
-            reason: reason.into(),
-        };
         self.writers[Lane::of(msg) as usize]
             .send(Outgoing::Frames { chunks, done })
             .await
-            .map_err(|_| lost("its writer has stopped"))?;
-        wait.await.map_err(|_| lost("its writer has stopped"))?
+            .map_err(|_| self.writer_gone())?;
+        Ok(wait)
     }
 
     /// Finishes every lane's stream and waits until the peer has acknowledged all data sent
@@ -324,13 +343,14 @@ async fn read_stream(
             Err(ReadFrameError::Closed(_)) => return Ok(()),
             Err(ReadFrameError::Frame(e)) => return Err(e),
         };
-        let payload = match msg.payload_len() {
-            Some(0) if !matches!(msg, PeerMsg::P2p { .. }) => Payload::default(),
-            Some(expected) => {
-                if let PeerMsg::P2p { dtype, .. } = msg {
-                    nexar_types::DType::from_wire(dtype)
-                        .map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
-                }
+        let payload = match msg.payload_elements() {
+            None => Payload::default(),
+            Some((dtype, _)) => {
+                nexar_types::DType::from_wire(dtype)
+                    .map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
+                let expected = msg.payload_len().ok_or_else(|| {
+                    FrameError::InvalidMessage("payload length overflows 64 bits".into())
+                })?;
                 if expected > max_payload {
                     return Err(FrameError::TooLong {
                         len: expected,
@@ -355,11 +375,6 @@ async fn read_stream(
                     Ok(None) | Err(ReadFrameError::Closed(_)) => return Ok(()),
                     Err(ReadFrameError::Frame(e)) => return Err(e),
                 }
-            }
-            None => {
-                return Err(FrameError::InvalidMessage(
-                    "payload length overflows 64 bits".into(),
-                ));
             }
         };
         if lanes

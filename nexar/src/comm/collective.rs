@@ -1,0 +1,620 @@
+//! Typed collectives: every operation is a schedule from `proto::algo`, run by the executor.
+//!
+//! All ranks of a communicator must call its collectives in the same order (as in MPI). Every
+//! call carries a header; ranks that disagree on operation, count, type, reduction or root get
+//! a clear error on every rank, and the communicator stays usable for the next call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use nexar_types::{Buf, Element, RecvBuf, ReduceError, ReduceOp, Reduction, SendBuf};
+use tokio::task::JoinHandle;
+
+use super::client::NexarClient;
+use super::exec::CollCall;
+use super::state::CommState;
+use crate::proto::algo::{Algorithm, Collective, Unsupported, generate, select};
+use crate::transport::TransportError;
+
+/// Failures of collectives. Each names the reporting rank and the operation.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum CollectiveError {
+    /// This rank's own arguments are wrong (buffer lengths, root); nothing was sent, and the
+    /// other ranks are told so at once.
+    #[error("rank {rank} {op}: {reason}")]
+    InvalidArgument {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A peer called something else than this rank (operation, count, element type, reduction,
+    /// root or plan). No data of that call was used.
+    #[error("rank {rank} {op}: ranks disagree: {what}")]
+    Mismatch {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The peer whose message disagreed.
+        peer: usize,
+        /// The disagreement, naming both sides.
+        what: String,
+    },
+    /// Another rank stopped this collective; its reason is quoted.
+    #[error("rank {rank} {op}: aborted: {reason}")]
+    Aborted {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The reason the aborting rank gave.
+        reason: String,
+    },
+    /// A runtime [`ReduceOp`] that the element type does not support.
+    #[error("rank {rank} {op}: {source}")]
+    Reduce {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// What the reduction reported.
+        source: ReduceError,
+    },
+    /// A configured algorithm does not implement the operation.
+    #[error("rank {rank} {op}: {source}")]
+    Algorithm {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The mismatch.
+        source: Unsupported,
+    },
+    /// A peer's message did not arrive within `op_timeout`.
+    #[error("rank {rank} {op}: no message from rank {peer} within {after:?}")]
+    Timeout {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The silent peer.
+        peer: usize,
+        /// The limit (NEXAR_OP_TIMEOUT_MS).
+        after: Duration,
+    },
+    /// The connection to a peer failed.
+    #[error("rank {rank} {op}(peer {peer}): {source}")]
+    Transport {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The peer.
+        peer: usize,
+        /// What the transport said.
+        source: TransportError,
+    },
+    /// This rank is shutting down.
+    #[error("rank {rank} {op}: the client is shut down")]
+    Closed {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+    },
+    /// A bug in nexar (a schedule that does not fit its buffers): please report it.
+    #[error("rank {rank} {op}: internal error: {what}")]
+    Internal {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// What went wrong.
+        what: String,
+    },
+}
+
+impl CollectiveError {
+    /// Whether this rank found the problem itself (and so must tell the others), as opposed
+    /// to having been told by an abort.
+    pub(super) fn is_local_origin(&self) -> bool {
+        !matches!(
+            self,
+            CollectiveError::Aborted { .. } | CollectiveError::Closed { .. }
+        )
+    }
+}
+
+/// A collective running in the background; `.await` it to get the buffer back.
+///
+/// The running collective owns the buffer, so forgetting or dropping the handle is sound:
+/// the operation still completes with the other ranks (nobody is left waiting), and the buffer
+/// is freed when it does.
+#[must_use = "a collective handle does nothing unless awaited (the operation still runs)"]
+pub struct CollectiveHandle<T: Element> {
+    task: JoinHandle<Result<Buf<T>, CollectiveError>>,
+    rank: usize,
+    op: &'static str,
+}
+
+impl<T: Element> Future for CollectiveHandle<T> {
+    type Output = Result<Buf<T>, CollectiveError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (rank, op) = (self.rank, self.op);
+        Pin::new(&mut self.task).poll(cx).map(|r| {
+            r.unwrap_or_else(|e| {
+                Err(CollectiveError::Internal {
+                    rank,
+                    op,
+                    what: format!("collective task failed: {e}"),
+                })
+            })
+        })
+    }
+}
+
+impl NexarClient {
+    fn algorithm_for(&self, kind: Collective, bytes: usize) -> Algorithm {
+        let cfg = self.config();
+        let pinned = match kind {
+            Collective::AllReduce => cfg.allreduce_algorithm,
+            Collective::Broadcast { .. } => cfg.broadcast_algorithm,
+            Collective::Barrier => cfg.barrier_algorithm,
+            _ => None,
+        };
+        pinned.unwrap_or_else(|| select(kind, bytes, self.world_size()))
+    }
+
+    /// Plans and runs one collective with sequence number `seq`.
+    async fn run_collective<T: Element>(
+        &self,
+        seq: u64,
+        call: CollCall,
+        data: &mut [T],
+        input: &[T],
+    ) -> Result<(), CollectiveError> {
+        let (rank, op) = (self.rank(), call.kind.name());
+        let count = call.count as usize;
+        let algorithm = self.algorithm_for(call.kind, count.saturating_mul(T::DTYPE.size()));
+        let schedule = generate(
+            call.kind,
+            algorithm,
+            rank,
+            self.world_size(),
+            count,
+            T::DTYPE.size(),
+        )
+        .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
+        tracing::trace!(rank, op, seq, %algorithm, steps = schedule.steps.len(), "collective");
+        self.execute(seq, call, &schedule, data, input).await
+    }
+
+    async fn collective<T: Element>(
+        &self,
+        call: CollCall,
+        data: &mut [T],
+        input: &[T],
+    ) -> Result<(), CollectiveError> {
+        if let Some(op) = call.op
+            && !op.supports(T::DTYPE)
+        {
+            let reason = ReduceError::Unsupported {
+                op,
+                dtype: T::DTYPE,
+            }
+            .to_string();
+            return Err(self.fail_early(call, reason).await);
+        }
+        if let Some(root) = call.kind.root()
+            && root >= self.world_size()
+        {
+            let reason = format!(
+                "root {root} does not exist (world size {})",
+                self.world_size()
+            );
+            return Err(self.fail_early(call, reason).await);
+        }
+        let seq = self.comm.next_seq();
+        self.run_collective(seq, call, data, input).await
+    }
+
+    fn call(kind: Collective, op: Option<ReduceOp>, count: usize) -> CollCall {
+        CollCall {
+            kind,
+            op,
+            count: count as u64,
+            fingerprint: 0,
+        }
+    }
+
+    /// Reduces `buf` across all ranks with `op`; every rank ends with the result.
+    ///
+    /// Algorithms: recursive doubling for small buffers, recursive halving-doubling for
+    /// medium ones, a pipelined ring (`2(w-1)/w` of the buffer sent per rank) for large ones.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let mut grads = Buf::from_vec(vec![1.0f32; 1 << 20]);
+    /// comm.all_reduce(&mut grads, Sum).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn all_reduce<B: RecvBuf + ?Sized, O: Reduction<B::Elem>>(
+        &self,
+        buf: &mut B,
+        op: O,
+    ) -> Result<(), CollectiveError> {
+        let data = buf.elements_mut();
+        let call = Self::call(Collective::AllReduce, Some(op.op()), data.len());
+        self.collective(call, data, &[]).await
+    }
+
+    /// Copies `root`'s buffer into every rank's `buf` (binomial tree; pipelined chain for
+    /// large buffers).
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let mut weights = vec![0f64; 1000];
+    /// comm.broadcast(&mut weights, 0).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn broadcast<B: RecvBuf + ?Sized>(
+        &self,
+        buf: &mut B,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        let data = buf.elements_mut();
+        let call = Self::call(Collective::Broadcast { root }, None, data.len());
+        self.collective(call, data, &[]).await
+    }
+
+    /// Reduces every rank's `buf` into `root`'s `buf` (binomial tree). Other ranks' buffers are
+    /// left unchanged.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let mut loss = [0.25f32];
+    /// comm.reduce(&mut loss, Sum, 0).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn reduce<B: RecvBuf + ?Sized, O: Reduction<B::Elem>>(
+        &self,
+        buf: &mut B,
+        op: O,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        let data = buf.elements_mut();
+        let call = Self::call(Collective::Reduce { root }, Some(op.op()), data.len());
+        self.collective(call, data, &[]).await
+    }
+
+    fn blocks(&self, block: usize) -> Option<usize> {
+        block.checked_mul(self.world_size())
+    }
+
+    /// Every rank's `send` block, concatenated in rank order into every rank's `recv`
+    /// (`recv.len() == send.len() * world_size()`). Ring algorithm.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let mine = [comm.rank() as u32; 4];
+    /// let mut all = vec![0u32; 4 * comm.world_size()];
+    /// comm.all_gather(&mine, &mut all).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn all_gather<S, R>(&self, send: &S, recv: &mut R) -> Result<(), CollectiveError>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+    {
+        let (input, data) = (send.elements(), recv.elements_mut());
+        let call = Self::call(Collective::AllGather, None, input.len());
+        if self.blocks(input.len()) != Some(data.len()) {
+            let reason = format!(
+                "recv holds {} elements, expected send ({}) × world size ({})",
+                data.len(),
+                input.len(),
+                self.world_size()
+            );
+            return Err(self.fail_early(call, reason).await);
+        }
+        self.collective(call, data, input).await
+    }
+
+    /// Reduces every rank's `send` (`recv.len() * world_size()` elements) and leaves block
+    /// `rank` of the result in each rank's `recv`. Ring algorithm.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let full = vec![1i64; 8 * comm.world_size()];
+    /// let mut mine = vec![0i64; 8];
+    /// comm.reduce_scatter(&full, &mut mine, Sum).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn reduce_scatter<S, R, O>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: O,
+    ) -> Result<(), CollectiveError>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+        O: Reduction<S::Elem>,
+    {
+        let (input, data) = (send.elements(), recv.elements_mut());
+        let call = Self::call(Collective::ReduceScatter, Some(op.op()), data.len());
+        if self.blocks(data.len()) != Some(input.len()) {
+            let reason = format!(
+                "send holds {} elements, expected recv ({}) × world size ({})",
+                input.len(),
+                data.len(),
+                self.world_size()
+            );
+            return Err(self.fail_early(call, reason).await);
+        }
+        self.collective(call, data, input).await
+    }
+
+    /// Block `j` of rank `i`'s `send` lands in block `i` of rank `j`'s `recv`; both hold
+    /// `world_size()` equal blocks. Pairwise exchange.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let out = vec![comm.rank() as u16; 2 * comm.world_size()];
+    /// let mut back = vec![0u16; out.len()];
+    /// comm.all_to_all(&out, &mut back).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn all_to_all<S, R>(&self, send: &S, recv: &mut R) -> Result<(), CollectiveError>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+    {
+        let (input, data) = (send.elements(), recv.elements_mut());
+        let world = self.world_size();
+        let block = input.len() / world;
+        let call = Self::call(Collective::AllToAll, None, block);
+        if input.len() != data.len() || input.len() % world != 0 {
+            let reason = format!(
+                "send ({}) and recv ({}) must be equal and a multiple of the world size ({world})",
+                input.len(),
+                data.len()
+            );
+            return Err(self.fail_early(call, reason).await);
+        }
+        self.collective(call, data, input).await
+    }
+
+    /// Every rank's `send` block, concatenated in rank order into `root`'s `recv`
+    /// (`send.len() * world_size()` elements there; other ranks' `recv` is not touched and may
+    /// be empty).
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let mut all = if comm.rank() == 0 { vec![0u8; comm.world_size()] } else { vec![] };
+    /// comm.gather(&[comm.rank() as u8], &mut all, 0).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn gather<S, R>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        root: usize,
+    ) -> Result<(), CollectiveError>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+    {
+        let (input, data) = (send.elements(), recv.elements_mut());
+        let call = Self::call(Collective::Gather { root }, None, input.len());
+        if self.rank() == root && self.blocks(input.len()) != Some(data.len()) {
+            let reason = format!(
+                "the root's recv holds {} elements, expected send ({}) × world size ({})",
+                data.len(),
+                input.len(),
+                self.world_size()
+            );
+            return Err(self.fail_early(call, reason).await);
+        }
+        self.collective(call, data, input).await
+    }
+
+    /// Block `i` of `root`'s `send` (`recv.len() * world_size()` elements there; other ranks'
+    /// `send` is not read and may be empty) lands in rank `i`'s `recv`.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let work: Vec<u32> = if comm.rank() == 0 { (0..4 * comm.world_size() as u32).collect() } else { vec![] };
+    /// let mut mine = [0u32; 4];
+    /// comm.scatter(&work, &mut mine, 0).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn scatter<S, R>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        root: usize,
+    ) -> Result<(), CollectiveError>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+    {
+        let (input, data) = (send.elements(), recv.elements_mut());
+        let call = Self::call(Collective::Scatter { root }, None, data.len());
+        if self.rank() == root && self.blocks(data.len()) != Some(input.len()) {
+            let reason = format!(
+                "the root's send holds {} elements, expected recv ({}) × world size ({})",
+                input.len(),
+                data.len(),
+                self.world_size()
+            );
+            return Err(self.fail_early(call, reason).await);
+        }
+        self.collective(call, data, input).await
+    }
+
+    /// Inclusive prefix reduction: rank `r` ends with `buf[0] op … op buf[r]` (recursive
+    /// doubling, `ceil(log2 w)` rounds).
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let mut offset = [10u64];
+    /// comm.scan(&mut offset, Sum).await?; // rank r: 10 * (r + 1)
+    /// # Ok(()) }
+    /// ```
+    pub async fn scan<B: RecvBuf + ?Sized, O: Reduction<B::Elem>>(
+        &self,
+        buf: &mut B,
+        op: O,
+    ) -> Result<(), CollectiveError> {
+        let data = buf.elements_mut();
+        let call = Self::call(Collective::Scan, Some(op.op()), data.len());
+        self.collective(call, data, &[]).await
+    }
+
+    /// Exclusive prefix reduction: rank `r > 0` ends with `buf[0] op … op buf[r-1]`; rank 0's
+    /// buffer is left unchanged (MPI leaves it undefined).
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let mut start = [100u64];
+    /// comm.exclusive_scan(&mut start, Sum).await?; // rank r > 0: 100 * r
+    /// # Ok(()) }
+    /// ```
+    pub async fn exclusive_scan<B: RecvBuf + ?Sized, O: Reduction<B::Elem>>(
+        &self,
+        buf: &mut B,
+        op: O,
+    ) -> Result<(), CollectiveError> {
+        let data = buf.elements_mut();
+        let call = Self::call(Collective::ExclusiveScan, Some(op.op()), data.len());
+        self.collective(call, data, &[]).await
+    }
+
+    /// Returns once every rank has entered the barrier (dissemination: `ceil(log2 w)` rounds).
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// comm.barrier().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn barrier(&self) -> Result<(), CollectiveError> {
+        let call = Self::call(Collective::Barrier, None, 0);
+        self.collective::<u8>(call, &mut [], &[]).await
+    }
+
+    /// Starts an allreduce in the background. The handle owns the buffer and gives it back
+    /// when awaited; dropping or forgetting it is sound and leaves no peer waiting.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let pending = comm.all_reduce_start(Buf::from_vec(vec![1.0f32; 1024]), Sum);
+    /// // ... compute something else ...
+    /// let grads = pending.await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_reduce_start<T: Element, O: Reduction<T>>(
+        &self,
+        buf: Buf<T>,
+        op: O,
+    ) -> CollectiveHandle<T> {
+        let call = Self::call(Collective::AllReduce, Some(op.op()), buf.len());
+        self.start(call, buf)
+    }
+
+    /// Starts a broadcast in the background; see [`all_reduce_start`](Self::all_reduce_start).
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let weights = comm.broadcast_start(nexar::Buf::<f32>::zeros(256), 0).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast_start<T: Element>(&self, buf: Buf<T>, root: usize) -> CollectiveHandle<T> {
+        let call = Self::call(Collective::Broadcast { root }, None, buf.len());
+        self.start(call, buf)
+    }
+
+    /// Takes the sequence number now (so the call order is the order of `start` calls) and
+    /// runs the collective in a task that owns the buffer.
+    fn start<T: Element>(&self, call: CollCall, mut buf: Buf<T>) -> CollectiveHandle<T> {
+        let client = self.clone();
+        let seq = self.comm.next_seq();
+        let (rank, op) = (self.rank(), call.kind.name());
+        let task = tokio::spawn(async move {
+            if let Some(op) = call.op
+                && !op.supports(T::DTYPE)
+            {
+                let reason = ReduceError::Unsupported {
+                    op,
+                    dtype: T::DTYPE,
+                }
+                .to_string();
+                let err = CollectiveError::InvalidArgument {
+                    rank: client.rank(),
+                    op: call.kind.name(),
+                    reason,
+                };
+                super::exec::broadcast_abort(&client, seq, &err.to_string()).await;
+                return Err(err);
+            }
+            client
+                .run_collective(seq, call, buf.as_mut_slice(), &[])
+                .await
+                .map(|()| buf)
+        });
+        CollectiveHandle { task, rank, op }
+    }
+
+    /// Splits this communicator: ranks that pass the same `color` form a new communicator,
+    /// ordered by `key` (then by their rank here). Ranks that pass `None` get `None`. Every
+    /// rank must call it. The new communicator's traffic is isolated from this one's, and both
+    /// can run collectives concurrently.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let row = comm.split(Some((comm.rank() / 2) as u32), comm.rank() as u32).await?.unwrap();
+    /// row.barrier().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn split(
+        &self,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<NexarClient>, CollectiveError> {
+        let world = self.world_size();
+        let mine = [color.map_or(u64::MAX, u64::from), u64::from(key)];
+        let mut all = vec![0u64; 2 * world];
+        let seq = self.comm.next_seq();
+        let call = Self::call(Collective::AllGather, None, 2);
+        self.run_collective(seq, call, &mut all, &mine).await?;
+        let Some(color) = color else { return Ok(None) };
+        let mut group: Vec<(u64, usize)> = (0..world)
+            .filter(|r| all[2 * r] == u64::from(color))
+            .map(|r| (all[2 * r + 1], r))
+            .collect();
+        group.sort();
+        let me = group
+            .iter()
+            .position(|(_, r)| *r == self.rank())
+            .expect("this rank passed this color");
+        let members = group.iter().map(|(_, r)| self.comm.members[*r]).collect();
+        let id = nexar_types::stable_id(&[
+            &self.comm.id.to_string(),
+            &seq.to_string(),
+            &color.to_string(),
+        ])
+        .max(1);
+        Ok(Some(self.with_comm(CommState::new(id, members, me))))
+    }
+}

@@ -1,0 +1,379 @@
+//! The executor: the only code that moves user bytes in a collective. It runs one rank's
+//! schedule over the links, checks every incoming header against its own call, and turns any
+//! disagreement, timeout or cancellation into an abort that reaches every rank.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use nexar_types::{Element, ReduceOp, reduce_slice};
+use tokio::sync::oneshot;
+
+use super::client::NexarClient;
+use super::collective::CollectiveError;
+use super::mailbox::{CollCheck, Key, Refusal};
+use crate::proto::algo::{Collective, name_of_code};
+use crate::proto::message::PeerMsg;
+use crate::proto::schedule::{Schedule, Slot, Span, Step};
+use crate::transport::TransportError;
+
+/// One collective call as this rank made it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CollCall {
+    pub kind: Collective,
+    pub op: Option<ReduceOp>,
+    /// The count the caller passed (buffer length, or block size for block operations).
+    pub count: u64,
+    pub fingerprint: u64,
+}
+
+impl CollCall {
+    fn check<T: Element>(&self) -> CollCheck {
+        CollCheck {
+            kind: self.kind.code(),
+            op: self.op.map_or(0, ReduceOp::to_wire),
+            dtype: T::DTYPE.to_wire(),
+            root: self.kind.root().unwrap_or(0) as u32,
+            count: self.count,
+            fingerprint: self.fingerprint,
+        }
+    }
+}
+
+/// Describes how `theirs` differs from `ours`, field by field, in the words of the user's call.
+fn disagreement(ours: &CollCheck, theirs: &CollCheck, me: usize, peer: usize) -> String {
+    let op_name = |c: u8| ReduceOp::from_wire(c).map_or("none", ReduceOp::name);
+    let dtype_name = |c: u8| nexar_types::DType::from_wire(c).map_or("unknown", |d| d.name());
+    if ours.kind != theirs.kind {
+        format!(
+            "rank {peer} called {} while rank {me} called {}",
+            name_of_code(theirs.kind),
+            name_of_code(ours.kind)
+        )
+    } else if ours.count != theirs.count {
+        format!(
+            "rank {peer} passed {} elements, rank {me} passed {}",
+            theirs.count, ours.count
+        )
+    } else if ours.dtype != theirs.dtype {
+        format!(
+            "rank {peer} passed {} elements, rank {me} passed {}",
+            dtype_name(theirs.dtype),
+            dtype_name(ours.dtype)
+        )
+    } else if ours.op != theirs.op {
+        format!(
+            "rank {peer} reduces with {}, rank {me} with {}",
+            op_name(theirs.op),
+            op_name(ours.op)
+        )
+    } else if ours.root != theirs.root {
+        format!(
+            "rank {peer} named root {}, rank {me} named root {}",
+            theirs.root, ours.root
+        )
+    } else {
+        format!(
+            "rank {peer} runs plan {:#018x}, rank {me} runs plan {:#018x}",
+            theirs.fingerprint, ours.fingerprint
+        )
+    }
+}
+
+fn view<'a, T>(span: Span, data: &'a [T], input: &'a [T], scratch: &'a [T]) -> Option<&'a [T]> {
+    let buf = match span.slot {
+        Slot::Data => data,
+        Slot::Input => input,
+        Slot::Scratch => scratch,
+    };
+    buf.get(span.offset..span.end())
+}
+
+fn view_mut<'a, T>(span: Span, data: &'a mut [T], scratch: &'a mut [T]) -> Option<&'a mut [T]> {
+    let buf = match span.slot {
+        Slot::Data => data,
+        Slot::Scratch => scratch,
+        Slot::Input => return None,
+    };
+    buf.get_mut(span.offset..span.end())
+}
+
+/// `(src, dst)` for a local step, including two disjoint spans of the same buffer.
+fn local_pair<'a, T>(
+    src: Span,
+    dst: Span,
+    data: &'a mut [T],
+    input: &'a [T],
+    scratch: &'a mut [T],
+) -> Option<(&'a [T], &'a mut [T])> {
+    if src.slot != dst.slot || src.slot == Slot::Input {
+        return match (src.slot, dst.slot) {
+            (Slot::Input, _) => Some((
+                input.get(src.offset..src.end())?,
+                view_mut(dst, data, scratch)?,
+            )),
+            (Slot::Data, Slot::Scratch) => Some((
+                data.get(src.offset..src.end())?,
+                scratch.get_mut(dst.offset..dst.end())?,
+            )),
+            (Slot::Scratch, Slot::Data) => Some((
+                scratch.get(src.offset..src.end())?,
+                data.get_mut(dst.offset..dst.end())?,
+            )),
+            _ => None,
+        };
+    }
+    let buf = if src.slot == Slot::Data {
+        data
+    } else {
+        scratch
+    };
+    if src.end() <= dst.offset {
+        let (lo, hi) = buf.split_at_mut(dst.offset);
+        Some((lo.get(src.offset..src.end())?, hi.get_mut(..dst.len)?))
+    } else if dst.end() <= src.offset {
+        let (lo, hi) = buf.split_at_mut(src.offset);
+        Some((hi.get(..src.len)?, lo.get_mut(dst.offset..dst.end())?))
+    } else {
+        None
+    }
+}
+
+/// Sends an abort for collective `seq` to every other member, and drops its stale messages here.
+pub(super) async fn broadcast_abort(client: &NexarClient, seq: u64, reason: &str) {
+    client.inner.coll.abort(client.comm.id, seq, reason);
+    let msg = PeerMsg::Abort {
+        comm: client.comm.id,
+        seq,
+        reason: reason.to_string(),
+    };
+    for peer in (0..client.world_size()).filter(|p| *p != client.rank()) {
+        if let Some(link) = client.link(peer) {
+            let _ = link.send_queued(&msg, None).await;
+        }
+    }
+}
+
+/// Aborts the collective if its future is dropped before it finished, so no peer waits for a
+/// rank that has gone.
+struct AbortOnDrop {
+    client: Option<NexarClient>,
+    seq: u64,
+    op: &'static str,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let reason = format!("rank {} cancelled {}", client.rank(), self.op);
+            let seq = self.seq;
+            rt.spawn(async move { broadcast_abort(&client, seq, &reason).await });
+        }
+    }
+}
+
+impl NexarClient {
+    /// Runs `schedule` as collective number `seq` of this communicator. `data` is written,
+    /// `input` only read. On any failure every other rank in the collective is told to stop.
+    pub(super) async fn execute<T: Element>(
+        &self,
+        seq: u64,
+        call: CollCall,
+        schedule: &Schedule,
+        data: &mut [T],
+        input: &[T],
+    ) -> Result<(), CollectiveError> {
+        let mut guard = AbortOnDrop {
+            client: Some(self.clone()),
+            seq,
+            op: call.kind.name(),
+        };
+        let result = self.run_steps(seq, call, schedule, data, input).await;
+        guard.client = None;
+        if let Err(e) = &result
+            && e.is_local_origin()
+        {
+            broadcast_abort(self, seq, &e.to_string()).await;
+        }
+        result
+    }
+
+    /// Takes a sequence number and tells every peer this collective failed before it started
+    /// (a bad argument on this rank), so they fail at once instead of waiting.
+    pub(super) async fn fail_early(&self, call: CollCall, reason: String) -> CollectiveError {
+        let seq = self.comm.next_seq();
+        let err = CollectiveError::InvalidArgument {
+            rank: self.rank(),
+            op: call.kind.name(),
+            reason,
+        };
+        broadcast_abort(self, seq, &err.to_string()).await;
+        err
+    }
+
+    async fn run_steps<T: Element>(
+        &self,
+        seq: u64,
+        call: CollCall,
+        schedule: &Schedule,
+        data: &mut [T],
+        input: &[T],
+    ) -> Result<(), CollectiveError> {
+        let (rank, op) = (self.rank(), call.kind.name());
+        let check = call.check::<T>();
+        let reduction = call.op.unwrap_or(ReduceOp::Sum);
+        let limit = self.config().op_timeout;
+        let deadline = Instant::now() + limit;
+        let internal = |what: &str| CollectiveError::Internal {
+            rank,
+            op,
+            what: what.to_string(),
+        };
+        let mut scratch = vec![T::zeroed(); schedule.scratch_len];
+        let mut incoming: Vec<T> = Vec::new();
+        let mut sends: Vec<(usize, oneshot::Receiver<Result<(), TransportError>>)> = Vec::new();
+        for step in &schedule.steps {
+            match *step {
+                Step::Send { to, src } => {
+                    let elems = view(src, data, input, &scratch)
+                        .ok_or_else(|| internal("send span out of bounds"))?;
+                    let msg = PeerMsg::Coll {
+                        comm: self.comm.id,
+                        seq,
+                        kind: check.kind,
+                        op: check.op,
+                        dtype: check.dtype,
+                        root: check.root,
+                        count: check.count,
+                        fingerprint: check.fingerprint,
+                        len: elems.len() as u64,
+                    };
+                    let payload = Bytes::copy_from_slice(bytemuck::cast_slice(elems));
+                    let link = self.link(to).ok_or(CollectiveError::Closed { rank, op })?;
+                    let done = link
+                        .send_queued(&msg, Some(payload))
+                        .await
+                        .map_err(|source| CollectiveError::Transport {
+                            rank,
+                            op,
+                            peer: to,
+                            source,
+                        })?;
+                    sends.push((to, done));
+                }
+                Step::Recv { from, dst, reduce } => {
+                    let key = Key {
+                        comm: self.comm.id,
+                        src: self.comm.members[from] as u32,
+                        tag: seq,
+                    };
+                    let held = self.take_coll(key, from, op, deadline).await?;
+                    let theirs = held
+                        .check
+                        .ok_or_else(|| internal("collective message without a header"))?;
+                    if theirs != check {
+                        return Err(CollectiveError::Mismatch {
+                            rank,
+                            op,
+                            peer: from,
+                            what: disagreement(&check, &theirs, rank, from),
+                        });
+                    }
+                    if held.dtype != T::DTYPE || held.count != dst.len as u64 {
+                        return Err(CollectiveError::Mismatch {
+                            rank,
+                            op,
+                            peer: from,
+                            what: format!(
+                                "rank {from} sent {} elements where rank {rank} expected {}",
+                                held.count, dst.len
+                            ),
+                        });
+                    }
+                    let out = view_mut(dst, data, &mut scratch)
+                        .ok_or_else(|| internal("receive span out of bounds"))?;
+                    if reduce {
+                        incoming.clear();
+                        incoming.resize(dst.len, T::zeroed());
+                        held.payload
+                            .copy_to(bytemuck::cast_slice_mut(&mut incoming));
+                        reduce_slice(reduction, out, &incoming)
+                            .map_err(|source| CollectiveError::Reduce { rank, op, source })?;
+                    } else {
+                        held.payload.copy_to(bytemuck::cast_slice_mut(out));
+                    }
+                }
+                Step::Copy { src, dst } => {
+                    let (from, to) = local_pair(src, dst, data, input, &mut scratch)
+                        .ok_or_else(|| internal("copy spans"))?;
+                    to.copy_from_slice(from);
+                }
+                Step::Reduce { src, dst } => {
+                    let (from, to) = local_pair(src, dst, data, input, &mut scratch)
+                        .ok_or_else(|| internal("reduce spans"))?;
+                    reduce_slice(reduction, to, from)
+                        .map_err(|source| CollectiveError::Reduce { rank, op, source })?;
+                }
+            }
+        }
+        for (peer, done) in sends {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(remaining, done).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(source))) => {
+                    return Err(CollectiveError::Transport {
+                        rank,
+                        op,
+                        peer,
+                        source,
+                    });
+                }
+                Ok(Err(_)) => return Err(CollectiveError::Closed { rank, op }),
+                Err(_) => {
+                    return Err(CollectiveError::Timeout {
+                        rank,
+                        op,
+                        peer,
+                        after: limit,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn take_coll(
+        &self,
+        key: Key,
+        from: usize,
+        op: &'static str,
+        deadline: Instant,
+    ) -> Result<super::mailbox::Held, CollectiveError> {
+        let rank = self.rank();
+        let refused = |r: Refusal| match r {
+            Refusal::Aborted(reason) => CollectiveError::Aborted { rank, op, reason },
+            Refusal::Closed => CollectiveError::Closed { rank, op },
+            Refusal::Full { held, .. } => CollectiveError::Internal {
+                rank,
+                op,
+                what: format!("{held} collective messages are held unread; a peer is running away"),
+            },
+        };
+        let pending = match self.inner.coll.take_or_wait(key).map_err(refused)? {
+            Ok(held) => return Ok(held),
+            Err(pending) => pending,
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, pending.wait()).await {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(r)) => Err(refused(r)),
+            Err(_) => Err(CollectiveError::Timeout {
+                rank,
+                op,
+                peer: from,
+                after: self.config().op_timeout,
+            }),
+        }
+    }
+}

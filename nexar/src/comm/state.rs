@@ -1,0 +1,46 @@
+//! Communicator state: which world ranks belong to it, this rank's place in it, and the
+//! sequence counter that keeps its collectives apart.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The id of the world communicator.
+pub(crate) const WORLD_COMM: u64 = 0;
+
+#[derive(Debug)]
+pub(crate) struct CommState {
+    /// Communicator id, carried by every message of its traffic.
+    pub id: u64,
+    /// World rank of each member, indexed by communicator rank.
+    pub members: Vec<usize>,
+    /// This rank's index in `members`.
+    pub me: usize,
+    /// Sequence number of the next collective (64 bits: never wraps in practice).
+    seq: AtomicU64,
+}
+
+impl CommState {
+    pub fn world(rank: usize, world: usize) -> Self {
+        CommState::new(WORLD_COMM, (0..world).collect(), rank)
+    }
+
+    pub fn new(id: u64, members: Vec<usize>, me: usize) -> Self {
+        CommState {
+            id,
+            members,
+            me,
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes the next sequence number. Every member calls collectives in the same order, so
+    /// every member gets the same number for the same call.
+    pub fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Moves the counter (for tests of very long-running communicators).
+    #[cfg(test)]
+    pub fn set_seq(&self, seq: u64) {
+        self.seq.store(seq, Ordering::Relaxed);
+    }
+}
