@@ -618,3 +618,32 @@ impl NexarClient {
         Ok(Some(self.with_comm(CommState::new(id, members, me))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::prelude::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sequence_numbers_run_past_2_pow_32_without_collisions() {
+        let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+        for c in &ranks {
+            c.comm.set_seq(u64::from(u32::MAX) - 3);
+        }
+        let tasks: Vec<_> = ranks
+            .into_iter()
+            .map(|c| {
+                tokio::spawn(async move {
+                    for i in 0..10u32 {
+                        let mut v = [i, c.rank() as u32];
+                        c.all_reduce(&mut v, Sum).await.unwrap();
+                        assert_eq!(v, [2 * i, 1]);
+                    }
+                    c.comm.next_seq()
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert!(t.await.unwrap() > u64::from(u32::MAX) + 5);
+        }
+    }
+}
