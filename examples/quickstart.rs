@@ -1,6 +1,6 @@
 //! Quick start: a 4-rank cluster in this process, connected by real encrypted QUIC on
-//! 127.0.0.1. Every rank holds a "gradient" and the ranks pass partial sums around a ring with
-//! typed send/recv until every rank has the total.
+//! 127.0.0.1. Every rank holds a "gradient" and all-reduces it, broadcasts a learning rate
+//! from rank 0, and meets the others at a barrier.
 //!
 //! ```text
 //! cargo run --release --example quickstart
@@ -13,42 +13,27 @@ const LEN: usize = 1 << 20;
 
 #[tokio::main]
 async fn main() -> Result<(), NexarError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let start = std::time::Instant::now();
     let ranks = NexarClient::bootstrap_local(RANKS).await?;
-    println!(
-        "formed a {RANKS}-rank cluster over QUIC in {:?}",
-        start.elapsed()
-    );
+    println!("formed a {RANKS}-rank cluster over QUIC in {:?}", start.elapsed());
 
     let mut tasks = tokio::task::JoinSet::new();
     for comm in ranks {
         tasks.spawn(async move {
-            let (me, world) = (comm.rank(), comm.world_size());
-            // Rank r's gradient is r + 1 everywhere; the total is 1 + 2 + ... + world.
-            let grads: Buf<f32> = Buf::from_vec(vec![(me + 1) as f32; LEN]);
-            let mut total = grads.clone();
-            let mut passing = grads;
-            let mut incoming = Buf::<f32>::zeros(LEN);
-            let (next, prev) = ((me + 1) % world, (me + world - 1) % world);
-            for step in 0..world - 1 {
-                let tag = step as u64;
-                let (sent, got) = tokio::join!(
-                    comm.send(&passing, next, tag),
-                    comm.recv(&mut incoming, prev, tag)
-                );
-                sent?;
-                got?;
-                for (t, x) in total.iter_mut().zip(incoming.iter()) {
-                    *t += *x;
-                }
-                std::mem::swap(&mut passing, &mut incoming);
-            }
-            let rtt = comm.ping(next).await?;
+            let me = comm.rank();
+            // Rank r's gradient is r + 1 everywhere; the sum is 1 + 2 + ... + world.
+            let mut grads: Buf<f32> = Buf::from_vec(vec![(me + 1) as f32; LEN]);
+            let t = std::time::Instant::now();
+            comm.all_reduce(&mut grads, Sum).await?;
+            let took = t.elapsed();
+
+            let mut lr = [if me == 0 { 0.01f64 } else { 0.0 }];
+            comm.broadcast(&mut lr, 0).await?;
+            comm.barrier().await?;
+            let rtt = comm.ping((me + 1) % RANKS).await?;
             comm.shutdown().await;
-            Ok::<_, NexarError>((me, total[0], total[LEN - 1], rtt))
+            Ok::<_, NexarError>((me, grads[0], grads[LEN - 1], lr[0], took, rtt))
         });
     }
     let expected = (RANKS * (RANKS + 1) / 2) as f32;
@@ -57,10 +42,10 @@ async fn main() -> Result<(), NexarError> {
         results.push(done.expect("rank task panicked")?);
     }
     results.sort_by_key(|r| r.0);
-    for (rank, first, last, rtt) in results {
-        assert_eq!((first, last), (expected, expected));
+    for (rank, first, last, lr, took, rtt) in results {
+        assert_eq!((first, last, lr), (expected, expected, 0.01));
         println!(
-            "rank {rank}: sum of {LEN} gradients = {first} (expected {expected}); ping to next rank {rtt:?}"
+            "rank {rank}: all_reduce of {LEN} f32 = {first} (expected {expected}) in {took:?}; lr = {lr}; ping {rtt:?}"
         );
     }
     println!("done in {:?}", start.elapsed());

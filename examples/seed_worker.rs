@@ -55,10 +55,7 @@ enum Role {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NEXAR_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NEXAR_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().role.unwrap_or(Role::Demo { workers: 3 }) {
@@ -71,11 +68,7 @@ async fn main() -> anyhow::Result<()> {
             seed.wait_done().await?;
             println!("seed: all {world_size} workers came and went");
         }
-        Role::Worker {
-            seed,
-            token,
-            listen,
-        } => {
+        Role::Worker { seed, token, listen } => {
             let mut cfg = NexarConfig::from_env()?;
             cfg.listen_addr = listen;
             let comm = NexarClient::connect(seed, &token, cfg).await?;
@@ -96,37 +89,22 @@ async fn run_job(comm: &NexarClient) -> anyhow::Result<()> {
     let (s, r) = tokio::join!(comm.send(&hello, next, 1), comm.recv(&mut got, prev, 1));
     s?;
     r?;
-    anyhow::ensure!(
-        got.iter().all(|v| *v == prev as u64),
-        "rank {me}: corrupted message from rank {prev}"
-    );
-    println!(
-        "worker rank {me}/{world}: got rank {prev}'s message; rtt to rank {next}: {:?}",
-        comm.ping(next).await?
-    );
+    anyhow::ensure!(got.iter().all(|v| *v == prev as u64), "rank {me}: corrupted message from rank {prev}");
+    println!("worker rank {me}/{world}: got rank {prev}'s message; rtt to rank {next}: {:?}", comm.ping(next).await?);
     Ok(())
 }
 
 async fn demo(workers: usize) -> anyhow::Result<()> {
     let me = std::env::current_exe()?;
     let mut seed = tokio::process::Command::new(&me)
-        .args([
-            "seed",
-            "--bind",
-            "127.0.0.1:0",
-            "--world-size",
-            &workers.to_string(),
-        ])
+        .args(["seed", "--bind", "127.0.0.1:0", "--world-size", &workers.to_string()])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
     let mut lines = BufReader::new(seed.stdout.take().expect("piped")).lines();
     let (mut addr, mut token) = (None, None);
     while addr.is_none() || token.is_none() {
-        let line = lines
-            .next_line()
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("the seed exited early"))?;
+        let line = lines.next_line().await?.ok_or_else(|| anyhow::anyhow!("the seed exited early"))?;
         println!("{line}");
         if let Some(a) = line.strip_prefix("seed listening on ") {
             addr = Some(a.to_string());
@@ -140,15 +118,7 @@ async fn demo(workers: usize) -> anyhow::Result<()> {
     for _ in 0..workers {
         children.push(
             tokio::process::Command::new(&me)
-                .args([
-                    "worker",
-                    "--seed",
-                    &addr,
-                    "--token",
-                    &token,
-                    "--listen",
-                    "127.0.0.1:0",
-                ])
+                .args(["worker", "--seed", &addr, "--token", &token, "--listen", "127.0.0.1:0"])
                 .kill_on_drop(true)
                 .spawn()?,
         );

@@ -17,9 +17,7 @@ async fn main() -> Result<(), NexarError> {
     // Any element type, from any buffer-like value: Vec, slice, array or Buf.
     alice.send(&vec![1.0f64, 2.0, 3.0], 1, 10).await?;
     alice.send(&[7u8; 5], 1, 20).await?;
-    alice
-        .send(&Buf::from_vec(vec![bf16::from_f32(0.5); 4]), 1, 30)
-        .await?;
+    alice.send(&Buf::from_vec(vec![bf16::from_f32(0.5); 4]), 1, 30).await?;
 
     // Received in another order than sent: each message waits for the recv with its tag.
     let mut halves = [bf16::ZERO; 4];
@@ -42,11 +40,7 @@ async fn main() -> Result<(), NexarError> {
     bob.send(&[right.iter().sum::<f64>()], 0, 99).await?;
     let mut sum = [0f64];
     alice.recv(&mut sum, 1, 99).await?;
-    println!(
-        "alice got the sum back: {}; rtt {:?}",
-        sum[0],
-        alice.ping(1).await?
-    );
+    println!("alice got the sum back: {}; rtt {:?}", sum[0], alice.ping(1).await?);
 
     let (a, b) = tokio::join!(alice.shutdown(), bob.shutdown());
     let _ = (a, b);

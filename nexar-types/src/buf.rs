@@ -30,9 +30,7 @@ impl<T: Element> Buf<T, Host> {
 
     /// A buffer of `len` zero elements.
     pub fn zeros(len: usize) -> Self {
-        Buf {
-            storage: vec![T::zeroed(); len],
-        }
+        Buf { storage: vec![T::zeroed(); len] }
     }
 
     /// Number of elements.
@@ -87,9 +85,7 @@ impl<T: Element> From<Vec<T>> for Buf<T, Host> {
 
 impl<T: Element> Clone for Buf<T, Host> {
     fn clone(&self) -> Self {
-        Buf {
-            storage: self.storage.clone(),
-        }
+        Buf { storage: self.storage.clone() }
     }
 }
 

@@ -80,11 +80,7 @@ impl DType {
 
     /// Decodes a wire byte; unknown codes are an error, never a panic.
     pub const fn from_wire(code: u8) -> Result<DType, UnknownDType> {
-        if code >= 1 && code <= 12 {
-            Ok(DType::ALL[(code - 1) as usize])
-        } else {
-            Err(UnknownDType(code))
-        }
+        if code >= 1 && code <= 12 { Ok(DType::ALL[(code - 1) as usize]) } else { Err(UnknownDType(code)) }
     }
 
     /// `true` for the integer types (the ones bitwise reductions accept).

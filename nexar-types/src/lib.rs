@@ -29,10 +29,7 @@ mod space;
 pub use buf::{Buf, RecvBuf, SendBuf};
 pub use element::{DType, Element, UnknownDType};
 pub use id::{stable_hash, stable_id};
-pub use op::{
-    BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce,
-    reduce_slice,
-};
+pub use op::{BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce, reduce_slice};
 pub use space::{Host, MemorySpace};
 
 /// Re-exported so generated code and users name the same `half` types.

@@ -56,11 +56,7 @@ impl ReduceOp {
 
     /// Decodes a wire byte; `None` for an unknown code.
     pub const fn from_wire(code: u8) -> Option<ReduceOp> {
-        if code >= 1 && code <= 7 {
-            Some(ReduceOp::ALL[(code - 1) as usize])
-        } else {
-            None
-        }
+        if code >= 1 && code <= 7 { Some(ReduceOp::ALL[(code - 1) as usize]) } else { None }
     }
 
     /// `true` for the operations that only integers accept.
@@ -97,9 +93,7 @@ impl fmt::Display for ReduceOp {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReduceError {
     /// A bitwise operation was asked of floating-point elements.
-    #[error(
-        "reduction {op} is not defined for {dtype} elements (bitwise operations take integers)"
-    )]
+    #[error("reduction {op} is not defined for {dtype} elements (bitwise operations take integers)")]
     Unsupported {
         /// The operation asked for.
         op: ReduceOp,
@@ -231,20 +225,7 @@ macro_rules! numeric_ops {
     };
 }
 
-numeric_ops!(
-    f32,
-    f64,
-    half::f16,
-    half::bf16,
-    i8,
-    i16,
-    i32,
-    i64,
-    u8,
-    u16,
-    u32,
-    u64
-);
+numeric_ops!(f32, f64, half::f16, half::bf16, i8, i16, i32, i64, u8, u16, u32, u64);
 impl_reduction!(BitAnd for i8, i16, i32, i64, u8, u16, u32, u64);
 impl_reduction!(BitOr for i8, i16, i32, i64, u8, u16, u32, u64);
 impl_reduction!(BitXor for i8, i16, i32, i64, u8, u16, u32, u64);
@@ -264,11 +245,7 @@ impl_reduction!(BitXor for i8, i16, i32, i64, u8, u16, u32, u64);
 /// reduce(Sum, &mut f, &[0.25]).unwrap();
 /// assert_eq!(f, [0.75]);
 /// ```
-pub fn reduce<T: Element, O: Reduction<T>>(
-    op: O,
-    acc: &mut [T],
-    other: &[T],
-) -> Result<(), ReduceError> {
+pub fn reduce<T: Element, O: Reduction<T>>(op: O, acc: &mut [T], other: &[T]) -> Result<(), ReduceError> {
     reduce_slice(op.op(), acc, other)
 }
 
@@ -283,22 +260,12 @@ pub fn reduce<T: Element, O: Reduction<T>>(
 /// reduce_slice(ReduceOp::Sum, &mut acc, &[f16::from_f32(2.0); 3]).unwrap();
 /// assert_eq!(acc[2].to_f32(), 3.5);
 /// ```
-pub fn reduce_slice<T: Element>(
-    op: ReduceOp,
-    acc: &mut [T],
-    other: &[T],
-) -> Result<(), ReduceError> {
+pub fn reduce_slice<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) -> Result<(), ReduceError> {
     if acc.len() != other.len() {
-        return Err(ReduceError::LengthMismatch {
-            left: acc.len(),
-            right: other.len(),
-        });
+        return Err(ReduceError::LengthMismatch { left: acc.len(), right: other.len() });
     }
     if !op.supports(T::DTYPE) {
-        return Err(ReduceError::Unsupported {
-            op,
-            dtype: T::DTYPE,
-        });
+        return Err(ReduceError::Unsupported { op, dtype: T::DTYPE });
     }
     T::reduce_unchecked(op, acc, other);
     Ok(())
@@ -388,8 +355,7 @@ mod tests {
     fn integer_ops_match_scalar_definitions() {
         let a = [1i32, -5, 7, i32::MAX];
         let b = [3i32, 2, -9, 1];
-        let expect =
-            |f: fn(i32, i32) -> i32| a.iter().zip(&b).map(|(x, y)| f(*x, *y)).collect::<Vec<_>>();
+        let expect = |f: fn(i32, i32) -> i32| a.iter().zip(&b).map(|(x, y)| f(*x, *y)).collect::<Vec<_>>();
         for (op, f) in [
             (ReduceOp::Sum, i32::wrapping_add as fn(i32, i32) -> i32),
             (ReduceOp::Prod, i32::wrapping_mul),
@@ -423,10 +389,7 @@ mod tests {
     fn misuse_is_an_error_not_a_panic() {
         assert_eq!(
             reduce_slice(ReduceOp::BitAnd, &mut [1.0f64], &[2.0]),
-            Err(ReduceError::Unsupported {
-                op: ReduceOp::BitAnd,
-                dtype: DType::F64
-            })
+            Err(ReduceError::Unsupported { op: ReduceOp::BitAnd, dtype: DType::F64 })
         );
         assert_eq!(
             reduce_slice(ReduceOp::Sum, &mut [1u8, 2], &[2]),

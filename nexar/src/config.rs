@@ -85,6 +85,9 @@ pub struct NexarConfig {
     pub lane_capacity: usize,
     /// UDP socket send and receive buffer size in bytes (`NEXAR_SOCKET_BUFFER_BYTES`).
     pub socket_buffer_bytes: usize,
+    /// How long a waiting collective polls before it parks its thread (`NEXAR_SPIN_US`,
+    /// microseconds; 0 never spins).
+    pub spin: Duration,
     /// Pins the allreduce algorithm (`NEXAR_ALLREDUCE_ALGORITHM`: `ring`, `pipelined_ring`,
     /// `halving_doubling`, `recursive_doubling`); `None` lets the size table choose.
     pub allreduce_algorithm: Option<Algorithm>,
@@ -113,6 +116,7 @@ impl Default for NexarConfig {
             max_unmatched_bytes: 1 << 30,
             lane_capacity: 256,
             socket_buffer_bytes: 8 << 20,
+            spin: Duration::from_micros(50),
             allreduce_algorithm: None,
             broadcast_algorithm: None,
             barrier_algorithm: None,
@@ -157,8 +161,7 @@ impl NexarConfig {
             c.seed_addr = Some(parse(var, &v)?);
         }
         if let Some((var, v)) = get("NEXAR_TOKEN") {
-            crate::cluster::JoinToken::from_str(&v)
-                .map_err(|e| invalid(var, &v, &e.to_string()))?;
+            crate::cluster::JoinToken::from_str(&v).map_err(|e| invalid(var, &v, &e.to_string()))?;
             c.token = Some(v);
         }
         if let Some((var, v)) = get("NEXAR_LISTEN_ADDR") {
@@ -197,38 +200,28 @@ impl NexarConfig {
             c.lane_capacity = positive(var, &v)?;
         }
         if let Some((var, v)) = get("NEXAR_SOCKET_BUFFER_BYTES") {
-            c.socket_buffer_bytes = usize::try_from(parse_size(var, &v)?)
-                .map_err(|_| invalid(var, &v, "too large for this platform"))?;
+            c.socket_buffer_bytes =
+                usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;
+        }
+        if let Some((var, v)) = get("NEXAR_SPIN_US") {
+            let us: u64 = parse(var, &v)?;
+            if us > 1_000_000 {
+                return Err(invalid(var, &v, "at most 1000000 (one second)"));
+            }
+            c.spin = Duration::from_micros(us);
         }
         for (var, slot, allowed) in [
             (
                 "NEXAR_ALLREDUCE_ALGORITHM",
                 &mut c.allreduce_algorithm,
-                &[
-                    "ring",
-                    "pipelined_ring",
-                    "halving_doubling",
-                    "recursive_doubling",
-                ][..],
+                &["ring", "pipelined_ring", "halving_doubling", "recursive_doubling"][..],
             ),
-            (
-                "NEXAR_BROADCAST_ALGORITHM",
-                &mut c.broadcast_algorithm,
-                &["binomial_tree", "pipelined_chain"][..],
-            ),
-            (
-                "NEXAR_BARRIER_ALGORITHM",
-                &mut c.barrier_algorithm,
-                &["dissemination", "two_phase"][..],
-            ),
+            ("NEXAR_BROADCAST_ALGORITHM", &mut c.broadcast_algorithm, &["binomial_tree", "pipelined_chain"][..]),
+            ("NEXAR_BARRIER_ALGORITHM", &mut c.barrier_algorithm, &["dissemination", "two_phase"][..]),
         ] {
             if let Some(v) = lookup(var) {
                 if !allowed.contains(&v.trim()) {
-                    return Err(invalid(
-                        var,
-                        &v,
-                        &format!("expected one of {}", allowed.join(", ")),
-                    ));
+                    return Err(invalid(var, &v, &format!("expected one of {}", allowed.join(", "))));
                 }
                 *slot = Some(parse(var, &v)?);
             }
@@ -238,9 +231,7 @@ impl NexarConfig {
 
     /// Checks the relations between fields that `from_env` cannot see one by one.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_message_bytes == 0
-            || self.max_message_bytes > crate::proto::frame::MAX_FRAME_LEN
-        {
+        if self.max_message_bytes == 0 || self.max_message_bytes > crate::proto::frame::MAX_FRAME_LEN {
             return Err(ConfigError::InvalidVar {
                 var: "NEXAR_MAX_MESSAGE_BYTES",
                 value: self.max_message_bytes.to_string(),
@@ -259,21 +250,14 @@ impl NexarConfig {
 }
 
 fn invalid(var: &'static str, value: &str, reason: &str) -> ConfigError {
-    ConfigError::InvalidVar {
-        var,
-        value: value.to_string(),
-        reason: reason.to_string(),
-    }
+    ConfigError::InvalidVar { var, value: value.to_string(), reason: reason.to_string() }
 }
 
 fn parse<T: FromStr>(var: &'static str, value: &str) -> Result<T, ConfigError>
 where
     T::Err: std::fmt::Display,
 {
-    value
-        .trim()
-        .parse::<T>()
-        .map_err(|e| invalid(var, value, &e.to_string()))
+    value.trim().parse::<T>().map_err(|e| invalid(var, value, &e.to_string()))
 }
 
 fn positive(var: &'static str, value: &str) -> Result<usize, ConfigError> {
@@ -287,25 +271,16 @@ fn positive(var: &'static str, value: &str) -> Result<usize, ConfigError> {
 /// Parses `1234`, `64K`, `16M`, `4G` (binary multiples, optional `iB`/`B` suffix).
 fn parse_size(var: &'static str, value: &str) -> Result<u64, ConfigError> {
     let v = value.trim();
-    let v = v
-        .strip_suffix("iB")
-        .or_else(|| v.strip_suffix('B'))
-        .unwrap_or(v);
+    let v = v.strip_suffix("iB").or_else(|| v.strip_suffix('B')).unwrap_or(v);
     let (digits, shift) = match v.char_indices().last() {
         Some((i, 'K' | 'k')) => (&v[..i], 10),
         Some((i, 'M' | 'm')) => (&v[..i], 20),
         Some((i, 'G' | 'g')) => (&v[..i], 30),
         _ => (v, 0),
     };
-    let n: u64 = digits.trim().parse().map_err(|_| {
-        invalid(
-            var,
-            value,
-            "expected a size such as 1048576, 64K, 16M or 4G",
-        )
-    })?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| invalid(var, value, "size overflows 64 bits"))
+    let n: u64 =
+        digits.trim().parse().map_err(|_| invalid(var, value, "expected a size such as 1048576, 64K, 16M or 4G"))?;
+    n.checked_mul(1 << shift).ok_or_else(|| invalid(var, value, "size overflows 64 bits"))
 }
 
 #[cfg(test)]
@@ -314,10 +289,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn with(vars: &[(&str, &str)]) -> Result<NexarConfig, ConfigError> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         NexarConfig::from_lookup(|k| map.get(k).cloned())
     }
 

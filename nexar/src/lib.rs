@@ -33,9 +33,8 @@ pub use comm::{CollectiveError, CollectiveHandle, NexarClient, P2pError};
 pub use config::{ConfigError, NexarConfig};
 pub use error::NexarError;
 pub use nexar_types::{
-    BitAnd, BitOr, BitXor, Buf, DType, Element, Host, Max, MemorySpace, Min, Prod, RecvBuf,
-    ReduceError, ReduceOp, Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash,
-    stable_id,
+    BitAnd, BitOr, BitXor, Buf, DType, Element, Host, Max, MemorySpace, Min, Prod, RecvBuf, ReduceError, ReduceOp,
+    Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash, stable_id,
 };
 pub use proto::algo::Algorithm;
 pub use transport::TransportError;
@@ -43,7 +42,7 @@ pub use transport::TransportError;
 /// The everyday names: `use nexar::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        BitAnd, BitOr, BitXor, Buf, DType, Element, Max, Min, NexarClient, NexarConfig, NexarError,
-        Prod, ReduceOp, SeedNode, Sum,
+        BitAnd, BitOr, BitXor, Buf, DType, Element, Max, Min, NexarClient, NexarConfig, NexarError, Prod, ReduceOp,
+        SeedNode, Sum,
     };
 }

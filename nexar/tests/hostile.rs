@@ -19,32 +19,20 @@ fn loopback() -> SocketAddr {
 
 /// Ports that were free a moment ago, for static-membership clusters.
 fn free_addrs(n: usize) -> Vec<SocketAddr> {
-    let sockets: Vec<UdpSocket> = (0..n)
-        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
+    let sockets: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
     sockets.iter().map(|s| s.local_addr().unwrap()).collect()
 }
 
 /// A raw QUIC connection to the seed that passes TLS (it knows the CA fingerprint) but speaks
 /// whatever the test wants afterwards.
-async fn raw_seed_connection(
-    seed: SocketAddr,
-    token: &JoinToken,
-    cfg: &NexarConfig,
-) -> quinn::Connection {
+async fn raw_seed_connection(seed: SocketAddr, token: &JoinToken, cfg: &NexarConfig) -> quinn::Connection {
     let endpoint = bind(loopback(), cfg, None).unwrap();
     let client = with_transport(seed_client(token.ca_fingerprint()).unwrap(), cfg);
-    endpoint
-        .connect_with(client, seed, "seed.nexar")
-        .unwrap()
-        .await
-        .unwrap()
+    endpoint.connect_with(client, seed, "seed.nexar").unwrap().await.unwrap()
 }
 
 async fn closed_within(conn: &quinn::Connection, limit: Duration) -> quinn::ConnectionError {
-    tokio::time::timeout(limit, conn.closed())
-        .await
-        .expect("the seed kept a hostile connection open")
+    tokio::time::timeout(limit, conn.closed()).await.expect("the seed kept a hostile connection open")
 }
 
 async fn ring_exchange(ranks: Vec<NexarClient>) {
@@ -69,11 +57,8 @@ async fn ring_exchange(ranks: Vec<NexarClient>) {
 async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig {
-            world_size: Some(3),
-            handshake_timeout: Duration::from_millis(800),
-            ..Default::default()
-        };
+        let cfg =
+            NexarConfig { world_size: Some(3), handshake_timeout: Duration::from_millis(800), ..Default::default() };
         let seed = SeedNode::bind(loopback(), cfg.clone()).await.unwrap();
         let (addr, token) = (seed.local_addr(), seed.token().clone());
 
@@ -82,9 +67,7 @@ async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
         // A junk frame.
         let junk = raw_seed_connection(addr, &token, &cfg).await;
         let (mut send, _recv) = junk.open_bi().await.unwrap();
-        send.write_all(b"\x7fthis is not a nexar frame")
-            .await
-            .unwrap();
+        send.write_all(b"\x7fthis is not a nexar frame").await.unwrap();
         // A 4 GiB announced length, with no body behind it.
         let huge = raw_seed_connection(addr, &token, &cfg).await;
         let (mut send_huge, _recv_huge) = huge.open_bi().await.unwrap();
@@ -106,48 +89,22 @@ async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
 
         // A worker with the right CA but a wrong secret is refused by the seed.
         let mut wrong = token.to_string();
-        let flip = if wrong.as_bytes()[7] == b'0' {
-            "1"
-        } else {
-            "0"
-        };
+        let flip = if wrong.as_bytes()[7] == b'0' { "1" } else { "0" };
         wrong.replace_range(7..8, flip);
-        let err = NexarClient::connect(addr, &wrong, cfg.clone())
-            .await
-            .unwrap_err();
+        let err = NexarClient::connect(addr, &wrong, cfg.clone()).await.unwrap_err();
         match &err {
             NexarError::Cluster(ClusterError::JoinRejected { reason, .. }) => {
                 assert_eq!(reason, "invalid join token")
             }
             other => panic!("expected a refused join, got {other}"),
         }
-        assert!(
-            err.to_string()
-                .contains("refused the join: invalid join token"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("refused the join: invalid join token"), "{err}");
         // A token naming another CA: the worker refuses the seed before sending its secret.
         let other_ca = ClusterCa::generate().unwrap();
-        let foreign = format!(
-            "nexar1.{}.{}",
-            "00".repeat(16),
-            hex(&other_ca.fingerprint())
-        );
-        let err = NexarClient::connect(addr, &foreign, cfg.clone())
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                &err,
-                NexarError::Cluster(ClusterError::Transport(TransportError::Connect { .. }))
-            ),
-            "{err}"
-        );
-        assert!(
-            err.to_string()
-                .contains("not from the CA named in the join token"),
-            "{err}"
-        );
+        let foreign = format!("nexar1.{}.{}", "00".repeat(16), hex(&other_ca.fingerprint()));
+        let err = NexarClient::connect(addr, &foreign, cfg.clone()).await.unwrap_err();
+        assert!(matches!(&err, NexarError::Cluster(ClusterError::Transport(TransportError::Connect { .. }))), "{err}");
+        assert!(err.to_string().contains("not from the CA named in the join token"), "{err}");
 
         for conn in [&junk, &huge] {
             match closed_within(conn, Duration::from_secs(10)).await {
@@ -164,10 +121,7 @@ async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
             ranks.push(r.unwrap().expect("a real worker failed to join"));
         }
         ranks.sort_by_key(|c| c.rank());
-        assert_eq!(
-            ranks.iter().map(|c| c.rank()).collect::<Vec<_>>(),
-            vec![0, 1, 2]
-        );
+        assert_eq!(ranks.iter().map(|c| c.rank()).collect::<Vec<_>>(), vec![0, 1, 2]);
         assert_eq!(seed.wait_formed().await.unwrap().len(), 3);
         ring_exchange(ranks).await;
     })
@@ -186,22 +140,13 @@ async fn peers_with_a_foreign_or_misbound_certificate_are_refused_and_the_mesh_f
         let ca = ClusterCa::generate().unwrap();
         let ca_der = ca.cert_der();
         let addrs = free_addrs(2);
-        let cfg = NexarConfig {
-            mesh_timeout: Duration::from_secs(60),
-            ..Default::default()
-        };
+        let cfg = NexarConfig { mesh_timeout: Duration::from_secs(60), ..Default::default() };
 
         // Rank 0 starts and waits for rank 1.
         let rank0 = {
-            let (addrs, id, ca_der, cfg) = (
-                addrs.clone(),
-                ca.issue(&rank_server_name(0)).unwrap(),
-                ca_der.to_vec(),
-                cfg.clone(),
-            );
-            tokio::spawn(
-                async move { NexarClient::connect_static(0, &addrs, &id, &ca_der, cfg).await },
-            )
+            let (addrs, id, ca_der, cfg) =
+                (addrs.clone(), ca.issue(&rank_server_name(0)).unwrap(), ca_der.to_vec(), cfg.clone());
+            tokio::spawn(async move { NexarClient::connect_static(0, &addrs, &id, &ca_der, cfg).await })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
 
@@ -210,23 +155,15 @@ async fn peers_with_a_foreign_or_misbound_certificate_are_refused_and_the_mesh_f
         let foreign = other.issue(&rank_server_name(1)).unwrap();
         let ep = bind(loopback(), &cfg, None).unwrap();
         let attempt = ep
-            .connect_with(
-                with_transport(mesh_client(&foreign, &ca_der).unwrap(), &cfg),
-                addrs[0],
-                &rank_server_name(0),
-            )
+            .connect_with(with_transport(mesh_client(&foreign, &ca_der).unwrap(), &cfg), addrs[0], &rank_server_name(0))
             .unwrap()
             .await;
         let refused = match attempt {
             Err(e) => e.to_string(),
-            Ok(conn) => closed_within(&conn, Duration::from_secs(10))
-                .await
-                .to_string(),
+            Ok(conn) => closed_within(&conn, Duration::from_secs(10)).await.to_string(),
         };
         assert!(
-            refused.contains("certificate")
-                || refused.contains("crypto")
-                || refused.contains("alert"),
+            refused.contains("certificate") || refused.contains("crypto") || refused.contains("alert"),
             "{refused}"
         );
 
@@ -251,9 +188,7 @@ async fn peers_with_a_foreign_or_misbound_certificate_are_refused_and_the_mesh_f
 
         // The real rank 1 still gets in.
         let id1 = ca.issue(&rank_server_name(1)).unwrap();
-        let rank1 = NexarClient::connect_static(1, &addrs, &id1, &ca_der, cfg.clone())
-            .await
-            .unwrap();
+        let rank1 = NexarClient::connect_static(1, &addrs, &id1, &ca_der, cfg.clone()).await.unwrap();
         let rank0 = rank0.await.unwrap().unwrap();
         ring_exchange(vec![rank0, rank1]).await;
     })
@@ -268,21 +203,11 @@ async fn a_dialler_refuses_a_listener_whose_certificate_names_another_rank() {
         let ca = ClusterCa::generate().unwrap();
         let ca_der = ca.cert_der();
         let addrs = free_addrs(2);
-        let cfg = NexarConfig {
-            mesh_timeout: Duration::from_secs(20),
-            ..Default::default()
-        };
+        let cfg = NexarConfig { mesh_timeout: Duration::from_secs(20), ..Default::default() };
         // An impostor listens where rank 0 should be, with a valid certificate for rank 2.
         let impostor = ca.issue(&rank_server_name(2)).unwrap();
-        let listener = bind(
-            addrs[0],
-            &cfg,
-            Some(server_with_transport(
-                mesh_server(&impostor, &ca_der).unwrap(),
-                &cfg,
-            )),
-        )
-        .unwrap();
+        let listener =
+            bind(addrs[0], &cfg, Some(server_with_transport(mesh_server(&impostor, &ca_der).unwrap(), &cfg))).unwrap();
         tokio::spawn(async move {
             while let Some(incoming) = listener.accept().await {
                 tokio::spawn(async move {
@@ -291,14 +216,9 @@ async fn a_dialler_refuses_a_listener_whose_certificate_names_another_rank() {
             }
         });
         let id1 = ca.issue(&rank_server_name(1)).unwrap();
-        let err = NexarClient::connect_static(1, &addrs, &id1, &ca_der, cfg)
-            .await
-            .unwrap_err();
+        let err = NexarClient::connect_static(1, &addrs, &id1, &ca_der, cfg).await.unwrap_err();
         let text = err.to_string();
-        assert!(
-            matches!(err, NexarError::Cluster(ClusterError::Mesh { rank: 1, .. })),
-            "{text}"
-        );
+        assert!(matches!(err, NexarError::Cluster(ClusterError::Mesh { rank: 1, .. })), "{text}");
         assert!(text.contains("could not authenticate rank 0"), "{text}");
         assert!(text.contains("rank-0.nexar"), "{text}");
     })

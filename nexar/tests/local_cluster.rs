@@ -99,11 +99,7 @@ async fn recv_case(c: &NexarClient, case: Case, src: usize, tag: u64) -> Result<
 
 /// Every rank sends every case to each peer in `pairs(rank)`, and receives them back in reverse
 /// tag order, so each message must wait for its own `recv`.
-async fn exchange(
-    ranks: Vec<NexarClient>,
-    cases: Vec<Case>,
-    peers: fn(usize, usize) -> Vec<usize>,
-) {
+async fn exchange(ranks: Vec<NexarClient>, cases: Vec<Case>, peers: fn(usize, usize) -> Vec<usize>) {
     let world = ranks.len();
     let mut tasks = tokio::task::JoinSet::new();
     for c in ranks {
@@ -111,9 +107,7 @@ async fn exchange(
         tasks.spawn(async move {
             let me = c.rank();
             let to = peers(me, world);
-            let from: Vec<usize> = (0..world)
-                .filter(|r| peers(*r, world).contains(&me))
-                .collect();
+            let from: Vec<usize> = (0..world).filter(|r| peers(*r, world).contains(&me)).collect();
             let sends = async {
                 for &dst in &to {
                     for (tag, case) in cases.iter().enumerate() {
@@ -205,13 +199,7 @@ async fn eight_ranks_exchange_all_pairs_and_64_mib_around_a_ring() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
         let ranks = NexarClient::bootstrap_local(8).await.unwrap();
-        let cases = vec![
-            Case::F32(0),
-            Case::U8(1),
-            Case::BF16(333),
-            Case::F64(10_000),
-            Case::I32(65_536),
-        ];
+        let cases = vec![Case::F32(0), Case::U8(1), Case::BF16(333), Case::F64(10_000), Case::I32(65_536)];
         exchange(ranks, cases, all_others).await;
         let ranks = NexarClient::bootstrap_local(8).await.unwrap();
         exchange(ranks, vec![Case::F64(8 * MIB)], ring_next).await;
@@ -260,16 +248,11 @@ async fn tags_are_matched_out_of_order_and_same_tag_messages_keep_their_order() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_rank_cluster_sends_to_itself_and_zero_ranks_is_an_error() {
     let err = NexarClient::bootstrap_local(0).await.unwrap_err();
-    assert!(
-        matches!(err, NexarError::Cluster(ClusterError::InvalidWorldSize(0))),
-        "{err}"
-    );
+    assert!(matches!(err, NexarError::Cluster(ClusterError::InvalidWorldSize(0))), "{err}");
     let ranks = NexarClient::bootstrap_local(1).await.unwrap();
     let me = &ranks[0];
     assert_eq!((me.rank(), me.world_size()), (0, 1));
-    me.send(&Buf::from_vec(vec![1.5f32, -2.0]), 0, 9)
-        .await
-        .unwrap();
+    me.send(&Buf::from_vec(vec![1.5f32, -2.0]), 0, 9).await.unwrap();
     let mut back = [0f32; 2];
     me.recv(&mut back, 0, 9).await.unwrap();
     assert_eq!(back, [1.5, -2.0]);
@@ -281,104 +264,35 @@ async fn mismatches_are_clear_errors_and_keep_the_message() {
     let (a, b) = (&ranks[0], &ranks[1]);
 
     let e = a.send(&[1u8], 2, 0).await.unwrap_err();
-    assert_eq!(
-        e,
-        P2pError::InvalidRank {
-            rank: 0,
-            op: "send",
-            peer: 2,
-            world: 2
-        }
-    );
-    assert!(
-        e.to_string()
-            .contains("peer rank 2 does not exist (world size 2)"),
-        "{e}"
-    );
+    assert_eq!(e, P2pError::InvalidRank { rank: 0, op: "send", peer: 2, world: 2 });
+    assert!(e.to_string().contains("peer rank 2 does not exist (world size 2)"), "{e}");
     let e = b.recv(&mut [0u8], 7, 0).await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            P2pError::InvalidRank {
-                op: "recv",
-                peer: 7,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, P2pError::InvalidRank { op: "recv", peer: 7, .. }), "{e}");
 
     a.send(&vec![7i32; 10], 1, 5).await.unwrap();
     let e = b.recv(&mut vec![0i32; 9], 0, 5).await.unwrap_err();
-    assert_eq!(
-        e,
-        P2pError::LengthMismatch {
-            rank: 1,
-            src: 0,
-            tag: 5,
-            expected: 9,
-            got: 10
-        }
-    );
+    assert_eq!(e, P2pError::LengthMismatch { rank: 1, src: 0, tag: 5, expected: 9, got: 10 });
     let e = b.recv(&mut vec![0f32; 10], 0, 5).await.unwrap_err();
-    assert_eq!(
-        e,
-        P2pError::DTypeMismatch {
-            rank: 1,
-            src: 0,
-            tag: 5,
-            expected: DType::F32,
-            got: DType::I32
-        }
-    );
-    assert!(
-        e.to_string()
-            .contains("the message holds i32 elements, the buffer is f32"),
-        "{e}"
-    );
+    assert_eq!(e, P2pError::DTypeMismatch { rank: 1, src: 0, tag: 5, expected: DType::F32, got: DType::I32 });
+    assert!(e.to_string().contains("the message holds i32 elements, the buffer is f32"), "{e}");
     let e = b.recv_vec::<u64>(0, 5).await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            P2pError::DTypeMismatch {
-                expected: DType::U64,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, P2pError::DTypeMismatch { expected: DType::U64, .. }), "{e}");
     // Nothing was lost: the right receive still gets the message.
     let mut right = vec![0i32; 10];
     b.recv(&mut right, 0, 5).await.unwrap();
     assert_eq!(right, vec![7; 10]);
 
-    let cfg = NexarConfig {
-        max_message_bytes: 1024,
-        ..Default::default()
-    };
+    let cfg = NexarConfig { max_message_bytes: 1024, ..Default::default() };
     let small = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let e = small[0].send(&vec![0u64; 129], 1, 0).await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            P2pError::TooLarge {
-                bytes: 1032,
-                limit: 1024,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, P2pError::TooLarge { bytes: 1032, limit: 1024, .. }), "{e}");
     small[0].send(&vec![0u64; 128], 1, 0).await.unwrap();
     assert_eq!(small[1].recv_vec::<u64>(0, 0).await.unwrap().len(), 128);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmatched_messages_are_bounded_and_none_is_lost() {
-    let cfg = NexarConfig {
-        max_unmatched_messages: 4,
-        ..Default::default()
-    };
+    let cfg = NexarConfig { max_unmatched_messages: 4, ..Default::default() };
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let (a, b) = (&ranks[0], &ranks[1]);
     for tag in 0..6u64 {
@@ -390,24 +304,8 @@ async fn unmatched_messages_are_bounded_and_none_is_lost() {
         .await
         .expect("an unmatchable receive at the limit must fail, not wait")
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            P2pError::TooManyUnmatched {
-                rank: 1,
-                src: 0,
-                tag: 99,
-                held: 4,
-                limit: 4,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(
-        e.to_string().contains("NEXAR_MAX_UNMATCHED_MESSAGES"),
-        "{e}"
-    );
+    assert!(matches!(e, P2pError::TooManyUnmatched { rank: 1, src: 0, tag: 99, held: 4, limit: 4, .. }), "{e}");
+    assert!(e.to_string().contains("NEXAR_MAX_UNMATCHED_MESSAGES"), "{e}");
     // Receiving a held message makes room; the paused lane resumes and every message is
     // still there, in any order the receiver likes.
     for tag in [0u64, 5, 4, 3, 2, 1] {
@@ -419,26 +317,11 @@ async fn unmatched_messages_are_bounded_and_none_is_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_and_cancelled_receives_lose_nothing() {
-    let cfg = NexarConfig {
-        op_timeout: Duration::from_millis(300),
-        ..Default::default()
-    };
+    let cfg = NexarConfig { op_timeout: Duration::from_millis(300), ..Default::default() };
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let (a, b) = (&ranks[0], &ranks[1]);
     let e = b.recv(&mut [0u8; 4], 0, 1).await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            P2pError::Timeout {
-                rank: 1,
-                op: "recv",
-                peer: 0,
-                tag: 1,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, P2pError::Timeout { rank: 1, op: "recv", peer: 0, tag: 1, .. }), "{e}");
     // A receive abandoned half-way (its future dropped) gives its message back.
     let abandoned = tokio::time::timeout(Duration::from_millis(20), b.recv_vec::<u8>(0, 2)).await;
     assert!(abandoned.is_err());
@@ -447,9 +330,10 @@ async fn timeouts_and_cancelled_receives_lose_nothing() {
     // Many receives cancelled while messages are arriving: every message still arrives once.
     for round in 0..50u32 {
         let b2 = b.clone();
-        let racer = tokio::spawn(async move {
-            tokio::time::timeout(Duration::from_micros(200), b2.recv_vec::<u32>(0, 3)).await
-        });
+        let racer =
+            tokio::spawn(
+                async move { tokio::time::timeout(Duration::from_micros(200), b2.recv_vec::<u32>(0, 3)).await },
+            );
         a.send(&[round], 1, 3).await.unwrap();
         match racer.await.unwrap() {
             Ok(got) => assert_eq!(got.unwrap(), vec![round]),
@@ -468,10 +352,7 @@ async fn peers_answer_pings_and_config_is_validated() {
             }
         }
     }
-    let cfg = NexarConfig {
-        max_message_bytes: 0,
-        ..Default::default()
-    };
+    let cfg = NexarConfig { max_message_bytes: 0, ..Default::default() };
     let err = NexarClient::bootstrap_local_with(2, cfg).await.unwrap_err();
     assert!(err.to_string().contains("NEXAR_MAX_MESSAGE_BYTES"), "{err}");
 }

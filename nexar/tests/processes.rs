@@ -21,14 +21,7 @@ struct Seed {
 
 async fn start_seed(world: usize) -> Seed {
     let mut child = Command::new(NEXAR)
-        .args([
-            "seed",
-            "--bind",
-            "127.0.0.1:0",
-            "--world-size",
-            &world.to_string(),
-            "--exit-when-done",
-        ])
+        .args(["seed", "--bind", "127.0.0.1:0", "--world-size", &world.to_string(), "--exit-when-done"])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -36,11 +29,7 @@ async fn start_seed(world: usize) -> Seed {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let (mut addr, mut token) = (None, None);
     while addr.is_none() || token.is_none() {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("the seed exited before printing its token");
+        let line = lines.next_line().await.unwrap().expect("the seed exited before printing its token");
         if let Some(a) = line.strip_prefix("listening: ") {
             addr = Some(a.to_string());
         }
@@ -48,28 +37,15 @@ async fn start_seed(world: usize) -> Seed {
             token = Some(t.to_string());
         }
     }
-    Seed {
-        child,
-        addr: addr.unwrap(),
-        token: token.unwrap(),
-        lines,
-    }
+    Seed { child, addr: addr.unwrap(), token: token.unwrap(), lines }
 }
 
 fn worker(seed: &str, token: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new(NEXAR);
-    cmd.args([
-        "check",
-        "--seed",
-        seed,
-        "--token",
-        token,
-        "--listen",
-        "127.0.0.1:0",
-    ])
-    .args(extra)
-    .env("NEXAR_LOG", "warn")
-    .kill_on_drop(true);
+    cmd.args(["check", "--seed", seed, "--token", token, "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("NEXAR_LOG", "warn")
+        .kill_on_drop(true);
     cmd
 }
 
@@ -80,19 +56,12 @@ async fn a_seed_and_three_worker_processes_form_a_mesh_and_exchange_messages() {
 
         // A worker process holding a token with the right CA but a wrong secret is refused.
         let mut wrong = seed.token.clone();
-        let flip = if wrong.as_bytes()[7] == b'0' {
-            "1"
-        } else {
-            "0"
-        };
+        let flip = if wrong.as_bytes()[7] == b'0' { "1" } else { "0" };
         wrong.replace_range(7..8, flip);
         let out = worker(&seed.addr, &wrong, &[]).output().await.unwrap();
         assert!(!out.status.success());
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains("refused the join: invalid join token"),
-            "{stderr}"
-        );
+        assert!(stderr.contains("refused the join: invalid join token"), "{stderr}");
 
         let workers: Vec<_> = (0..3)
             .map(|_| {
@@ -107,23 +76,10 @@ async fn a_seed_and_three_worker_processes_form_a_mesh_and_exchange_messages() {
             let stdout = String::from_utf8_lossy(&out.stdout);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "worker failed:\n{stdout}\n{stderr}");
-            let passed = stdout
-                .lines()
-                .find(|l| l.contains("mesh check passed"))
-                .unwrap_or_else(|| panic!("{stdout}"));
+            let passed = stdout.lines().find(|l| l.contains("mesh check passed")).unwrap_or_else(|| panic!("{stdout}"));
             // "rank R/3: mesh check passed (14 messages verified)": 7 cases from each of 2 peers.
-            assert!(
-                passed.contains("/3: mesh check passed (14 messages verified)"),
-                "{passed}"
-            );
-            ranks_seen.push(
-                passed
-                    .split('/')
-                    .next()
-                    .unwrap()
-                    .trim_start_matches("rank ")
-                    .to_string(),
-            );
+            assert!(passed.contains("/3: mesh check passed (14 messages verified)"), "{passed}");
+            ranks_seen.push(passed.split('/').next().unwrap().trim_start_matches("rank ").to_string());
         }
         ranks_seen.sort();
         assert_eq!(ranks_seen, ["0", "1", "2"]);
@@ -132,20 +88,43 @@ async fn a_seed_and_three_worker_processes_form_a_mesh_and_exchange_messages() {
         while let Some(line) = seed.lines.next_line().await.unwrap() {
             seed_out.push(line);
         }
-        let status = tokio::time::timeout(Duration::from_secs(30), seed.child.wait())
-            .await
-            .unwrap()
-            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), seed.child.wait()).await.unwrap().unwrap();
         assert!(status.success());
-        assert!(
-            seed_out.iter().any(|l| l == "formed: 3 ranks"),
-            "{seed_out:?}"
-        );
-        assert!(
-            seed_out.iter().any(|l| l.starts_with("done")),
-            "{seed_out:?}"
-        );
+        assert!(seed_out.iter().any(|l| l == "formed: 3 ranks"), "{seed_out:?}");
+        assert!(seed_out.iter().any(|l| l.starts_with("done")), "{seed_out:?}");
     })
     .await
     .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_benchmark_runs_every_operation_across_processes_and_checks_results() {
+    let dir = std::env::temp_dir().join(format!("nexar-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for op in ["allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall", "barrier", "sendrecv"] {
+        let json = dir.join(format!("{op}.json"));
+        let out = tokio::time::timeout(
+            TEST_LIMIT,
+            Command::new(env!("CARGO_BIN_EXE_nexar-bench"))
+                .args(["-b", "1K", "-e", "256K", "-f", "16", "--np", "3", "-n", "3", "-w", "1", "--op", op])
+                .arg("--json")
+                .arg(&json)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("benchmark timed out")
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{op}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("#wrong"), "{stdout}");
+        let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+        assert!(!rows.is_empty(), "{stdout}");
+        for row in rows {
+            assert_eq!(row.split_whitespace().last(), Some("0"), "{op}: wrong elements in {row}");
+        }
+        let written = std::fs::read_to_string(&json).unwrap();
+        assert!(written.trim_start().starts_with('[') && written.contains("\"wrong\": 0"), "{written}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -72,22 +72,14 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = NexarConfig::from_env()?;
     match cli.command {
-        Command::Seed {
-            bind,
-            world_size,
-            exit_when_done,
-        } => {
+        Command::Seed { bind, world_size, exit_when_done } => {
             if world_size.is_some() {
                 cfg.world_size = world_size;
             }
             let seed = SeedNode::bind(bind, cfg).await?;
             println!("listening: {}", seed.local_addr());
             println!("token: {}", seed.token());
-            println!(
-                "workers join with: nexar check --seed {} --token {}",
-                seed.local_addr(),
-                seed.token()
-            );
+            println!("workers join with: nexar check --seed {} --token {}", seed.local_addr(), seed.token());
             let table = seed.wait_formed().await?;
             println!("formed: {} ranks", table.len());
             for (rank, addr) in table.iter().enumerate() {
@@ -101,29 +93,16 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             Ok(())
         }
-        Command::Check {
-            seed,
-            token,
-            listen,
-            big_mib,
-        } => {
+        Command::Check { seed, token, listen, big_mib } => {
             if let Some(l) = listen {
                 cfg.listen_addr = l;
             }
-            let seed = seed
-                .or(cfg.seed_addr)
-                .ok_or("give --seed or set NEXAR_SEED_ADDR")?;
-            let token = token
-                .or(cfg.token.clone())
-                .ok_or("give --token or set NEXAR_TOKEN")?;
+            let seed = seed.or(cfg.seed_addr).ok_or("give --seed or set NEXAR_SEED_ADDR")?;
+            let token = token.or(cfg.token.clone()).ok_or("give --token or set NEXAR_TOKEN")?;
             let start = Instant::now();
             let client = NexarClient::connect(seed, &token, cfg).await?;
             let (rank, world) = (client.rank(), client.world_size());
-            println!(
-                "rank {rank}/{world}: joined in {:?}, listening on {:?}",
-                start.elapsed(),
-                client.local_addr()
-            );
+            println!("rank {rank}/{world}: joined in {:?}, listening on {:?}", start.elapsed(), client.local_addr());
             let checked = check_mesh(&client, big_mib).await?;
             for peer in (0..world).filter(|p| *p != rank) {
                 let rtt = client.ping(peer).await?;
@@ -138,16 +117,10 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
 
 /// A deterministic value for element `i` of the message from `src` to `dst` in case `case`.
 fn pattern(src: usize, dst: usize, case: usize, i: usize) -> u64 {
-    (src as u64 * 1_000_003)
-        ^ (dst as u64 * 7919)
-        ^ (case as u64 * 104_729)
-        ^ (i as u64).wrapping_mul(2_654_435_761)
+    (src as u64 * 1_000_003) ^ (dst as u64 * 7919) ^ (case as u64 * 104_729) ^ (i as u64).wrapping_mul(2_654_435_761)
 }
 
-async fn check_mesh(
-    client: &NexarClient,
-    big_mib: usize,
-) -> Result<usize, Box<dyn std::error::Error>> {
+async fn check_mesh(client: &NexarClient, big_mib: usize) -> Result<usize, Box<dyn std::error::Error>> {
     let (me, world) = (client.rank(), client.world_size());
     let mut cases: Vec<(DType, usize)> = vec![
         (DType::F32, 0),
@@ -194,38 +167,11 @@ async fn send_case(
     let tag = case as u64;
     let p = |i| pattern(src, dst, case, i);
     match dtype {
-        DType::F32 => {
-            c.send(
-                &(0..len)
-                    .map(|i| (p(i) % 1_000_000) as f32)
-                    .collect::<Vec<_>>(),
-                dst,
-                tag,
-            )
-            .await
-        }
-        DType::F64 => {
-            c.send(&(0..len).map(|i| p(i) as f64).collect::<Vec<_>>(), dst, tag)
-                .await
-        }
-        DType::U8 => {
-            c.send(&(0..len).map(|i| p(i) as u8).collect::<Vec<_>>(), dst, tag)
-                .await
-        }
-        DType::I16 => {
-            c.send(&(0..len).map(|i| p(i) as i16).collect::<Vec<_>>(), dst, tag)
-                .await
-        }
-        DType::BF16 => {
-            c.send(
-                &(0..len)
-                    .map(|i| bf16::from_bits(p(i) as u16))
-                    .collect::<Vec<_>>(),
-                dst,
-                tag,
-            )
-            .await
-        }
+        DType::F32 => c.send(&(0..len).map(|i| (p(i) % 1_000_000) as f32).collect::<Vec<_>>(), dst, tag).await,
+        DType::F64 => c.send(&(0..len).map(|i| p(i) as f64).collect::<Vec<_>>(), dst, tag).await,
+        DType::U8 => c.send(&(0..len).map(|i| p(i) as u8).collect::<Vec<_>>(), dst, tag).await,
+        DType::I16 => c.send(&(0..len).map(|i| p(i) as i16).collect::<Vec<_>>(), dst, tag).await,
+        DType::BF16 => c.send(&(0..len).map(|i| bf16::from_bits(p(i) as u16)).collect::<Vec<_>>(), dst, tag).await,
         _ => c.send(&(0..len).map(p).collect::<Vec<_>>(), dst, tag).await,
     }
 }
@@ -244,9 +190,7 @@ async fn recv_case(
         DType::F32 => {
             let mut b = vec![0f32; len];
             c.recv(&mut b, src, tag).await?;
-            b.iter()
-                .enumerate()
-                .all(|(i, v)| *v == (p(i) % 1_000_000) as f32)
+            b.iter().enumerate().all(|(i, v)| *v == (p(i) % 1_000_000) as f32)
         }
         DType::F64 => {
             let mut b = vec![0f64; len];
@@ -266,9 +210,7 @@ async fn recv_case(
         DType::BF16 => {
             let mut b = vec![bf16::ZERO; len];
             c.recv(&mut b, src, tag).await?;
-            b.iter()
-                .enumerate()
-                .all(|(i, v)| v.to_bits() == p(i) as u16)
+            b.iter().enumerate().all(|(i, v)| v.to_bits() == p(i) as u16)
         }
         _ => {
             let mut b = vec![0u64; len];
@@ -277,7 +219,10 @@ async fn recv_case(
         }
     };
     if !ok {
-        return Err(format!("rank {dst}: the {dtype} message of {len} elements from rank {src} (tag {tag}) arrived corrupted").into());
+        return Err(format!(
+            "rank {dst}: the {dtype} message of {len} elements from rank {src} (tag {tag}) arrived corrupted"
+        )
+        .into());
     }
     Ok(())
 }

@@ -14,8 +14,7 @@ use crate::transport::TransportError;
 use crate::transport::endpoint::{server_with_transport, with_transport};
 use crate::transport::framed::{read_message, write_message};
 use crate::transport::tls::{
-    Identity, PendingIdentity, SEED_SERVER_NAME, fingerprint, mesh_server, rank_from_cert,
-    seed_client,
+    Identity, PendingIdentity, SEED_SERVER_NAME, fingerprint, mesh_server, rank_from_cert, seed_client,
 };
 
 /// Largest seed response a worker reads (the peer table of a large cluster fits).
@@ -38,42 +37,27 @@ pub(crate) async fn join(
     token: &JoinToken,
     cfg: &NexarConfig,
 ) -> Result<Joined, ClusterError> {
-    let proto = |reason: String| ClusterError::SeedProtocol {
-        seed: seed_addr,
-        reason,
-    };
+    let proto = |reason: String| ClusterError::SeedProtocol { seed: seed_addr, reason };
     let connect_err = |reason: String| {
-        ClusterError::Transport(TransportError::Connect {
-            peer: "the seed".into(),
-            addr: seed_addr,
-            reason,
-        })
+        ClusterError::Transport(TransportError::Connect { peer: "the seed".into(), addr: seed_addr, reason })
     };
     let client = with_transport(seed_client(token.ca_fingerprint())?, cfg);
-    let connecting = endpoint
-        .connect_with(client, seed_addr, SEED_SERVER_NAME)
-        .map_err(|e| connect_err(e.to_string()))?;
+    let connecting =
+        endpoint.connect_with(client, seed_addr, SEED_SERVER_NAME).map_err(|e| connect_err(e.to_string()))?;
     let seed = timed(cfg.connect_timeout, "connecting to the seed", connecting)
         .await?
         .map_err(|e| connect_err(e.to_string()))?;
-    let (mut send, mut recv) = seed
-        .open_bi()
-        .await
-        .map_err(|e| connect_err(e.to_string()))?;
+    let (mut send, mut recv) = seed.open_bi().await.map_err(|e| connect_err(e.to_string()))?;
 
     let (pending, csr_der) = PendingIdentity::generate()?;
-    let listen = endpoint
-        .local_addr()
-        .map_err(|e| connect_err(e.to_string()))?;
+    let listen = endpoint.local_addr().map_err(|e| connect_err(e.to_string()))?;
     let request = SeedRequest::Join {
         protocol: PROTOCOL_VERSION,
         secret: token.secret().to_vec(),
         csr_der,
         listen_addr: listen.to_string(),
     };
-    write_message(&mut send, &request)
-        .await
-        .map_err(|e| connect_err(e.to_string()))?;
+    write_message(&mut send, &request).await.map_err(|e| connect_err(e.to_string()))?;
 
     let welcome = timed(
         cfg.connect_timeout,
@@ -84,43 +68,24 @@ pub(crate) async fn join(
     .map_err(|e| proto(e.to_string()))?
     .ok_or_else(|| proto("the seed closed the join stream without an answer".into()))?;
     let (rank, world, cluster_id, cert_der, ca_der) = match welcome {
-        SeedResponse::Welcome {
-            rank,
-            world_size,
-            cluster_id,
-            cert_der,
-            ca_der,
-        } => (rank, world_size, cluster_id, cert_der, ca_der),
+        SeedResponse::Welcome { rank, world_size, cluster_id, cert_der, ca_der } => {
+            (rank, world_size, cluster_id, cert_der, ca_der)
+        }
         SeedResponse::Reject { reason } => {
-            return Err(ClusterError::JoinRejected {
-                seed: seed_addr,
-                reason,
-            });
+            return Err(ClusterError::JoinRejected { seed: seed_addr, reason });
         }
         other => return Err(proto(format!("expected a welcome, got {other:?}"))),
     };
     if fingerprint(&ca_der) != token.ca_fingerprint() {
-        return Err(proto(
-            "the CA certificate it sent does not match the token's fingerprint".into(),
-        ));
+        return Err(proto("the CA certificate it sent does not match the token's fingerprint".into()));
     }
     if rank >= world || rank_from_cert(&cert_der)? != rank {
-        return Err(proto(format!(
-            "the certificate it signed is not bound to rank {rank} of {world}"
-        )));
+        return Err(proto(format!("the certificate it signed is not bound to rank {rank} of {world}")));
     }
     let identity = pending.complete(cert_der, ca_der.clone());
     let ca = CertificateDer::from(ca_der);
-    endpoint.set_server_config(Some(server_with_transport(
-        mesh_server(&identity, &ca)?,
-        cfg,
-    )));
-    tracing::info!(
-        rank,
-        world,
-        cluster_id,
-        "joined; waiting for the other workers"
-    );
+    endpoint.set_server_config(Some(server_with_transport(mesh_server(&identity, &ca)?, cfg)));
+    tracing::info!(rank, world, cluster_id, "joined; waiting for the other workers");
 
     let table = timed(
         cfg.join_timeout,
@@ -129,36 +94,19 @@ pub(crate) async fn join(
     )
     .await?
     .map_err(|e| proto(e.to_string()))?
-    .ok_or_else(|| {
-        proto("the seed closed the join stream before publishing the peer table".into())
-    })?;
+    .ok_or_else(|| proto("the seed closed the join stream before publishing the peer table".into()))?;
     let addrs = match table {
-        SeedResponse::PeerTable {
-            cluster_id: id,
-            addrs,
-        } if id == cluster_id => addrs,
+        SeedResponse::PeerTable { cluster_id: id, addrs } if id == cluster_id => addrs,
         other => return Err(proto(format!("expected the peer table, got {other:?}"))),
     };
     if addrs.len() != world as usize {
-        return Err(proto(format!(
-            "the peer table lists {} ranks, the welcome said {world}",
-            addrs.len()
-        )));
+        return Err(proto(format!("the peer table lists {} ranks, the welcome said {world}", addrs.len())));
     }
     let addrs = addrs
         .iter()
-        .map(|a| {
-            a.parse::<SocketAddr>()
-                .map_err(|_| proto(format!("peer address {a:?} does not parse")))
-        })
+        .map(|a| a.parse::<SocketAddr>().map_err(|_| proto(format!("peer address {a:?} does not parse"))))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Joined {
-        rank: rank as usize,
-        addrs,
-        identity,
-        ca,
-        seed,
-    })
+    Ok(Joined { rank: rank as usize, addrs, identity, ca, seed })
 }
 
 async fn timed<F: std::future::Future>(
@@ -166,10 +114,5 @@ async fn timed<F: std::future::Future>(
     what: &str,
     f: F,
 ) -> Result<F::Output, ClusterError> {
-    tokio::time::timeout(limit, f)
-        .await
-        .map_err(|_| ClusterError::Timeout {
-            what: what.to_string(),
-            after: limit,
-        })
+    tokio::time::timeout(limit, f).await.map_err(|_| ClusterError::Timeout { what: what.to_string(), after: limit })
 }

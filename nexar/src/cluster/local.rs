@@ -10,17 +10,11 @@ use crate::transport::endpoint::{bind, server_with_transport};
 use crate::transport::tls::{ClusterCa, mesh_server, rank_server_name};
 
 /// Forms an `n`-rank cluster inside this process.
-pub(crate) async fn bootstrap_local(
-    n: usize,
-    cfg: NexarConfig,
-) -> Result<Vec<NexarClient>, ClusterError> {
+pub(crate) async fn bootstrap_local(n: usize, cfg: NexarConfig) -> Result<Vec<NexarClient>, ClusterError> {
     if n == 0 {
         return Err(ClusterError::InvalidWorldSize(0));
     }
-    cfg.validate().map_err(|e| ClusterError::Mesh {
-        rank: 0,
-        reason: e.to_string(),
-    })?;
+    cfg.validate().map_err(|e| ClusterError::Mesh { rank: 0, reason: e.to_string() })?;
     let ca = ClusterCa::generate()?;
     let ca_der = ca.cert_der();
     let mut ranks = Vec::with_capacity(n);
@@ -34,25 +28,18 @@ pub(crate) async fn bootstrap_local(
         .iter()
         .map(|(e, _)| e.local_addr())
         .collect::<Result<_, _>>()
-        .map_err(|e| ClusterError::Mesh {
-            rank: 0,
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| ClusterError::Mesh { rank: 0, reason: e.to_string() })?;
     let mut tasks = tokio::task::JoinSet::new();
     for (rank, (endpoint, identity)) in ranks.into_iter().enumerate() {
         let (addrs, ca_der, cfg) = (addrs.clone(), ca_der.clone(), cfg.clone());
         tasks.spawn(async move {
-            NexarClient::from_parts(rank, endpoint, &addrs, &identity, &ca_der, cfg, None)
-                .await
-                .map(|c| (rank, c))
+            NexarClient::from_parts(rank, endpoint, &addrs, &identity, &ca_der, cfg, None).await.map(|c| (rank, c))
         });
     }
     let mut clients: Vec<Option<NexarClient>> = (0..n).map(|_| None).collect();
     while let Some(done) = tasks.join_next().await {
-        let (rank, client) = done.map_err(|e| ClusterError::Mesh {
-            rank: 0,
-            reason: format!("a rank's task failed: {e}"),
-        })??;
+        let (rank, client) =
+            done.map_err(|e| ClusterError::Mesh { rank: 0, reason: format!("a rank's task failed: {e}") })??;
         clients[rank] = Some(client);
     }
     Ok(clients.into_iter().flatten().collect())

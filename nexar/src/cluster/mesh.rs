@@ -40,42 +40,24 @@ pub(crate) struct Mesh {
 /// The rank an authenticated connection's client certificate is bound to.
 fn peer_rank(conn: &Connection) -> Result<u32, String> {
     let identity = conn.peer_identity().ok_or("no certificate presented")?;
-    let certs = identity
-        .downcast::<Vec<CertificateDer<'static>>>()
-        .map_err(|_| "unexpected peer identity type")?;
+    let certs = identity.downcast::<Vec<CertificateDer<'static>>>().map_err(|_| "unexpected peer identity type")?;
     let leaf = certs.first().ok_or("empty certificate chain")?;
     rank_from_cert(leaf).map_err(|e| e.to_string())
 }
 
 /// Connects `setup.rank` to every other rank. Returns once all `world - 1` links are up, or
 /// fails naming the ranks that are missing when `cfg.mesh_timeout` runs out.
-pub(crate) async fn form_mesh(
-    endpoint: &Endpoint,
-    setup: MeshSetup<'_>,
-) -> Result<Mesh, ClusterError> {
-    let MeshSetup {
-        rank,
-        addrs,
-        identity,
-        ca,
-        cfg,
-        lanes,
-    } = setup;
+pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Result<Mesh, ClusterError> {
+    let MeshSetup { rank, addrs, identity, ca, cfg, lanes } = setup;
     let world = addrs.len();
     let deadline = Instant::now() + cfg.mesh_timeout;
     let mesh_err = |reason: String| ClusterError::Mesh { rank, reason };
 
-    let expected: Arc<Mutex<Vec<bool>>> =
-        Arc::new(Mutex::new((0..world).map(|r| r > rank).collect()));
+    let expected: Arc<Mutex<Vec<bool>>> = Arc::new(Mutex::new((0..world).map(|r| r > rank).collect()));
     let (accepted_tx, mut accepted_rx) = mpsc::channel::<(u32, Connection)>(world.max(1));
     let acceptor = tokio::spawn(
-        accept_peers(
-            endpoint.clone(),
-            expected.clone(),
-            accepted_tx,
-            cfg.connect_timeout,
-        )
-        .instrument(tracing::debug_span!("acceptor", rank)),
+        accept_peers(endpoint.clone(), expected.clone(), accepted_tx, cfg.connect_timeout)
+            .instrument(tracing::debug_span!("acceptor", rank)),
     );
 
     let client = with_transport(mesh_client(identity, ca)?, cfg);
@@ -83,24 +65,13 @@ pub(crate) async fn form_mesh(
     for (peer, addr) in addrs.iter().enumerate().take(rank) {
         let (endpoint, client, addr) = (endpoint.clone(), client.clone(), *addr);
         let attempt = cfg.connect_timeout;
-        dials.spawn(async move {
-            (
-                peer,
-                dial(&endpoint, client, rank, peer, addr, deadline, attempt).await,
-            )
-        });
+        dials.spawn(async move { (peer, dial(&endpoint, client, rank, peer, addr, deadline, attempt).await) });
     }
 
     let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
     let mut missing = world.saturating_sub(1);
     let spawn_link = |peer: usize, conn: Connection| {
-        PeerLink::spawn(
-            rank as u32,
-            peer as u32,
-            conn,
-            lanes.clone(),
-            cfg.max_message_bytes,
-        )
+        PeerLink::spawn(rank as u32, peer as u32, conn, lanes.clone(), cfg.max_message_bytes)
     };
     while missing > 0 {
         tokio::select! {
@@ -154,9 +125,7 @@ async fn dial(
                     Ok(r) if r as usize == peer => Ok(conn),
                     Ok(r) => {
                         conn.close(CLOSE_REFUSED.into(), b"certificate names another rank");
-                        Err(format!(
-                            "rank {rank} dialled rank {peer} at {addr} but its certificate names rank {r}"
-                        ))
+                        Err(format!("rank {rank} dialled rank {peer} at {addr} but its certificate names rank {r}"))
                     }
                     Err(e) => Err(format!("rank {peer} at {addr}: {e}")),
                 };
@@ -168,9 +137,7 @@ async fn dial(
             }
             Ok(Err(e @ (ConnectionError::TimedOut | ConnectionError::Reset))) => e.to_string(),
             Ok(Err(e)) => {
-                return Err(format!(
-                    "rank {rank} could not authenticate rank {peer} at {addr}: {e}"
-                ));
+                return Err(format!("rank {rank} could not authenticate rank {peer} at {addr}: {e}"));
             }
             Err(_) => "no answer".to_string(),
         };

@@ -61,9 +61,7 @@ impl SeedNode {
     /// A fresh CA and join token are generated; [`token`](Self::token) returns the token to
     /// hand to workers.
     pub async fn bind(addr: SocketAddr, config: NexarConfig) -> Result<SeedNode, ClusterError> {
-        config
-            .validate()
-            .map_err(|e| ClusterError::Transport(TransportError::Tls(e.to_string())))?;
+        config.validate().map_err(|e| ClusterError::Transport(TransportError::Tls(e.to_string())))?;
         let world = config.world_size.ok_or(ClusterError::InvalidWorldSize(0))?;
         if world == 0 {
             return Err(ClusterError::InvalidWorldSize(0));
@@ -79,28 +77,15 @@ impl SeedNode {
             cluster_id: rand::random(),
             world,
             cfg: config,
-            slots: Mutex::new(Slots {
-                addrs: vec![None; world],
-                formed: false,
-            }),
+            slots: Mutex::new(Slots { addrs: vec![None; world], formed: false }),
             table: watch::channel(None).0,
             members: watch::channel(0).0,
         });
-        let local = endpoint.local_addr().map_err(|e| TransportError::Bind {
-            addr,
-            reason: e.to_string(),
-        })?;
+        let local = endpoint.local_addr().map_err(|e| TransportError::Bind { addr, reason: e.to_string() })?;
         tracing::info!(%local, world, "seed listening");
-        let accept = tokio::spawn(
-            accept_loop(endpoint.clone(), shared.clone())
-                .instrument(tracing::info_span!("seed", %local)),
-        );
-        Ok(SeedNode {
-            endpoint,
-            token,
-            shared,
-            accept,
-        })
+        let accept =
+            tokio::spawn(accept_loop(endpoint.clone(), shared.clone()).instrument(tracing::info_span!("seed", %local)));
+        Ok(SeedNode { endpoint, token, shared, accept })
     }
 
     /// The join token workers need.
@@ -110,9 +95,7 @@ impl SeedNode {
 
     /// The address the seed listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.endpoint
-            .local_addr()
-            .expect("a bound endpoint has an address")
+        self.endpoint.local_addr().expect("a bound endpoint has an address")
     }
 
     /// The number of workers the cluster waits for.
@@ -127,10 +110,7 @@ impl SeedNode {
         let table = rx
             .wait_for(|t| t.is_some())
             .await
-            .map_err(|_| ClusterError::Mesh {
-                rank: 0,
-                reason: "the seed stopped before the cluster formed".into(),
-            })?;
+            .map_err(|_| ClusterError::Mesh { rank: 0, reason: "the seed stopped before the cluster formed".into() })?;
         Ok(table.clone().unwrap_or_default())
     }
 
@@ -173,16 +153,9 @@ async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
 /// Everything a connection gets to do before it has proved knowledge of the token: complete
 /// the TLS handshake, open one stream, and send one small frame, all within the handshake
 /// timeout.
-async fn pre_auth(
-    incoming: quinn::Incoming,
-) -> Result<(Connection, SendStream, RecvStream, SeedRequest), String> {
-    let conn = incoming
-        .await
-        .map_err(|e| format!("handshake failed: {e}"))?;
-    let (send, mut recv) = conn
-        .accept_bi()
-        .await
-        .map_err(|e| format!("no join stream: {e}"))?;
+async fn pre_auth(incoming: quinn::Incoming) -> Result<(Connection, SendStream, RecvStream, SeedRequest), String> {
+    let conn = incoming.await.map_err(|e| format!("handshake failed: {e}"))?;
+    let (send, mut recv) = conn.accept_bi().await.map_err(|e| format!("no join stream: {e}"))?;
     let req = read_message::<SeedRequest>(&mut recv, MAX_JOIN_FRAME)
         .await
         .map_err(|e| {
@@ -200,12 +173,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
         Ok(r) => r?,
         Err(_) => return Err(format!("sent no valid join request within {limit:?}")),
     };
-    let SeedRequest::Join {
-        protocol,
-        secret,
-        csr_der,
-        listen_addr,
-    } = req;
+    let SeedRequest::Join { protocol, secret, csr_der, listen_addr } = req;
     if !shared.token.secret_matches(&secret) {
         return Err(reject(&conn, &mut send, "invalid join token".into()).await);
     }
@@ -213,21 +181,14 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
         return Err(reject(
             &conn,
             &mut send,
-            format!(
-                "protocol version {protocol} is not supported (seed speaks {PROTOCOL_VERSION})"
-            ),
+            format!("protocol version {protocol} is not supported (seed speaks {PROTOCOL_VERSION})"),
         )
         .await);
     }
     let mut listen: SocketAddr = match listen_addr.parse() {
         Ok(a) => a,
         Err(_) => {
-            return Err(reject(
-                &conn,
-                &mut send,
-                format!("listen address {listen_addr:?} does not parse"),
-            )
-            .await);
+            return Err(reject(&conn, &mut send, format!("listen address {listen_addr:?} does not parse")).await);
         }
     };
     if listen.ip().is_unspecified() {
@@ -237,10 +198,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
         return Err(reject(
             &conn,
             &mut send,
-            format!(
-                "the cluster is full or already formed (world size {})",
-                shared.world
-            ),
+            format!("the cluster is full or already formed (world size {})", shared.world),
         )
         .await);
     };
@@ -271,12 +229,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
 
 /// After the welcome: publish the table when it is complete, then stay connected until the
 /// worker leaves. A worker that leaves before the cluster forms frees its rank.
-async fn serve_member(
-    shared: &Shared,
-    conn: &Connection,
-    send: &mut SendStream,
-    rank: usize,
-) -> Result<(), String> {
+async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream, rank: usize) -> Result<(), String> {
     let mut table = shared.table.subscribe();
     let addrs = tokio::select! {
         formed = table.wait_for(|t| t.is_some()) => match formed {
@@ -288,13 +241,9 @@ async fn serve_member(
             return Err(format!("rank {rank} left before the cluster formed ({reason}); its rank is free again"));
         }
     };
-    let msg = SeedResponse::PeerTable {
-        cluster_id: shared.cluster_id,
-        addrs: addrs.iter().map(|a| a.to_string()).collect(),
-    };
-    write_message(send, &msg)
-        .await
-        .map_err(|e| format!("rank {rank} lost before the peer table: {e}"))?;
+    let msg =
+        SeedResponse::PeerTable { cluster_id: shared.cluster_id, addrs: addrs.iter().map(|a| a.to_string()).collect() };
+    write_message(send, &msg).await.map_err(|e| format!("rank {rank} lost before the peer table: {e}"))?;
     conn.closed().await;
     tracing::debug!(rank, "worker disconnected from the seed");
     Ok(())
@@ -310,10 +259,7 @@ fn claim_slot(shared: &Shared, addr: SocketAddr) -> Option<usize> {
     if slots.addrs.iter().all(Option::is_some) {
         slots.formed = true;
         let table: Vec<SocketAddr> = slots.addrs.iter().flatten().copied().collect();
-        tracing::info!(
-            world = table.len(),
-            "every worker has joined; publishing the peer table"
-        );
+        tracing::info!(world = table.len(), "every worker has joined; publishing the peer table");
         shared.table.send_replace(Some(table));
     }
     Some(rank)
@@ -328,13 +274,7 @@ fn release_slot(shared: &Shared, rank: usize) {
 
 /// Tells the worker why it was refused, gives the answer a moment to arrive, and closes.
 async fn reject(conn: &Connection, send: &mut SendStream, reason: String) -> String {
-    let _ = write_message(
-        send,
-        &SeedResponse::Reject {
-            reason: reason.clone(),
-        },
-    )
-    .await;
+    let _ = write_message(send, &SeedResponse::Reject { reason: reason.clone() }).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send.stopped()).await;
     conn.close(CLOSE_REJECTED.into(), reason.as_bytes());

@@ -30,10 +30,7 @@ pub struct JoinToken {
 impl JoinToken {
     /// Generates a token with a fresh random secret for the CA with this fingerprint.
     pub(crate) fn generate(ca_fingerprint: [u8; 32]) -> Self {
-        JoinToken {
-            secret: rand::random(),
-            ca_fingerprint,
-        }
+        JoinToken { secret: rand::random(), ca_fingerprint }
     }
 
     pub(crate) fn secret(&self) -> &[u8; SECRET_LEN] {
@@ -53,23 +50,14 @@ impl JoinToken {
 
 impl fmt::Display for JoinToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{PREFIX}.{}.{}",
-            hex::encode(self.secret),
-            hex::encode(self.ca_fingerprint)
-        )
+        write!(f, "{PREFIX}.{}.{}", hex::encode(self.secret), hex::encode(self.ca_fingerprint))
     }
 }
 
 impl fmt::Debug for JoinToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print the secret in logs.
-        write!(
-            f,
-            "JoinToken(ca {}…)",
-            &hex::encode(self.ca_fingerprint)[..16]
-        )
+        write!(f, "JoinToken(ca {}…)", &hex::encode(self.ca_fingerprint)[..16])
     }
 }
 
@@ -83,16 +71,10 @@ impl FromStr for JoinToken {
             return Err(bad("expected it to start with \"nexar1.\""));
         }
         let (Some(secret), Some(fp), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(bad(
-                "expected three dot-separated parts: nexar1.<secret>.<ca fingerprint>",
-            ));
+            return Err(bad("expected three dot-separated parts: nexar1.<secret>.<ca fingerprint>"));
         };
-        let mut out = JoinToken {
-            secret: [0; SECRET_LEN],
-            ca_fingerprint: [0; 32],
-        };
-        hex::decode_to_slice(secret, &mut out.secret)
-            .map_err(|_| bad("the secret must be 32 hexadecimal digits"))?;
+        let mut out = JoinToken { secret: [0; SECRET_LEN], ca_fingerprint: [0; 32] };
+        hex::decode_to_slice(secret, &mut out.secret).map_err(|_| bad("the secret must be 32 hexadecimal digits"))?;
         hex::decode_to_slice(fp, &mut out.ca_fingerprint)
             .map_err(|_| bad("the ca fingerprint must be 64 hexadecimal digits"))?;
         Ok(out)
@@ -112,13 +94,7 @@ mod tests {
         assert!(!t.secret_matches(&[0; SECRET_LEN]));
         assert!(!t.secret_matches(&t.secret()[..8]));
         assert!(!format!("{t:?}").contains(&hex::encode(t.secret())));
-        for bad in [
-            "",
-            "nexar2.00.00",
-            "nexar1.zz.00",
-            "nexar1.00112233445566778899aabbccddeeff",
-            "nexar1.a.b.c",
-        ] {
+        for bad in ["", "nexar2.00.00", "nexar1.zz.00", "nexar1.00112233445566778899aabbccddeeff", "nexar1.a.b.c"] {
             assert!(bad.parse::<JoinToken>().is_err(), "{bad}");
         }
     }

@@ -18,9 +18,8 @@ use crate::config::{ConfigError, NexarConfig};
 use crate::error::NexarError;
 use crate::proto::message::PeerMsg;
 use crate::transport::endpoint;
-use crate::transport::link::{
-    CLOSE_SHUTDOWN, Incoming, LaneReceivers, LaneSenders, PeerLink, lanes,
-};
+use crate::transport::link::{CLOSE_SHUTDOWN, Incoming, LaneReceivers, LaneSenders, PeerLink, lanes};
+use crate::transport::pool::BufferPool;
 use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
 
 /// Collective messages a rank may hold before it stops reading the raw lane.
@@ -59,6 +58,8 @@ pub(super) struct Inner {
     pub mailbox: Arc<Mailbox>,
     /// Collective messages waiting for their step, keyed by (communicator, source, sequence).
     pub coll: Arc<Mailbox>,
+    /// Reused send and scratch buffers.
+    pub pool: Arc<BufferPool>,
     pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     /// Peers that said goodbye, and a wake-up for whoever waits on them.
     goodbyes: (Mutex<Vec<bool>>, Notify),
@@ -98,10 +99,7 @@ impl NexarClient {
     }
 
     /// [`bootstrap_local`](Self::bootstrap_local) with an explicit configuration.
-    pub async fn bootstrap_local_with(
-        n: usize,
-        config: NexarConfig,
-    ) -> Result<Vec<NexarClient>, NexarError> {
+    pub async fn bootstrap_local_with(n: usize, config: NexarConfig) -> Result<Vec<NexarClient>, NexarError> {
         Ok(cluster::bootstrap_local(n, config).await?)
     }
 
@@ -118,11 +116,7 @@ impl NexarClient {
     /// println!("I am rank {} of {}", client.rank(), client.world_size());
     /// # Ok(()) }
     /// ```
-    pub async fn connect(
-        seed_addr: SocketAddr,
-        token: &str,
-        config: NexarConfig,
-    ) -> Result<NexarClient, NexarError> {
+    pub async fn connect(seed_addr: SocketAddr, token: &str, config: NexarConfig) -> Result<NexarClient, NexarError> {
         config.validate()?;
         let token: JoinToken = token.parse()?;
         let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
@@ -143,14 +137,8 @@ impl NexarClient {
     /// Joins using `NEXAR_SEED_ADDR`, `NEXAR_TOKEN` and the other `NEXAR_*` variables.
     pub async fn from_env() -> Result<NexarClient, NexarError> {
         let config = NexarConfig::from_env()?;
-        let seed = config.seed_addr.ok_or(ConfigError::Missing {
-            what: "the seed address",
-            var: "NEXAR_SEED_ADDR",
-        })?;
-        let token = config.token.clone().ok_or(ConfigError::Missing {
-            what: "the join token",
-            var: "NEXAR_TOKEN",
-        })?;
+        let seed = config.seed_addr.ok_or(ConfigError::Missing { what: "the seed address", var: "NEXAR_SEED_ADDR" })?;
+        let token = config.token.clone().ok_or(ConfigError::Missing { what: "the join token", var: "NEXAR_TOKEN" })?;
         Self::connect(seed, &token, config).await
     }
 
@@ -178,10 +166,7 @@ impl NexarClient {
         config.validate()?;
         let listen = *addrs.get(rank).ok_or(ClusterError::Mesh {
             rank,
-            reason: format!(
-                "rank {rank} is outside the {}-rank address list",
-                addrs.len()
-            ),
+            reason: format!("rank {rank} is outside the {}-rank address list", addrs.len()),
         })?;
         let ca = CertificateDer::from(ca_der.to_vec());
         let server = endpoint::server_with_transport(mesh_server(identity, &ca)?, &config);
@@ -203,43 +188,20 @@ impl NexarClient {
             Ok(bound) => {
                 return Err(ClusterError::Mesh {
                     rank,
-                    reason: format!(
-                        "this rank's certificate is bound to rank {bound}, not rank {rank}"
-                    ),
+                    reason: format!("this rank's certificate is bound to rank {bound}, not rank {rank}"),
                 });
             }
             Err(e) => return Err(e.into()),
         }
         let (senders, receivers) = lanes(cfg.lane_capacity);
-        let mesh = cluster::form_mesh(
-            &endpoint,
-            MeshSetup {
-                rank,
-                addrs,
-                identity,
-                ca,
-                cfg: &cfg,
-                lanes: senders.clone(),
-            },
-        )
-        .await?;
-        let LaneReceivers {
-            rpc_requests,
-            rpc_responses,
-            control,
-            data,
-            raw,
-        } = receivers;
-        let mailbox = Arc::new(Mailbox::new(
-            cfg.max_unmatched_messages,
-            cfg.max_unmatched_bytes,
-        ));
+        let mesh =
+            cluster::form_mesh(&endpoint, MeshSetup { rank, addrs, identity, ca, cfg: &cfg, lanes: senders.clone() })
+                .await?;
+        let LaneReceivers { rpc_requests, rpc_responses, control, data, raw } = receivers;
+        let mailbox = Arc::new(Mailbox::new(cfg.max_unmatched_messages, cfg.max_unmatched_bytes));
         // Collective messages are bounded by the schedules that send them; the limit only
         // stops a runaway peer.
-        let coll = Arc::new(Mailbox::new(
-            COLL_MAX_HELD,
-            cfg.max_unmatched_bytes.max(cfg.max_message_bytes),
-        ));
+        let coll = Arc::new(Mailbox::new(COLL_MAX_HELD, cfg.max_unmatched_bytes.max(cfg.max_message_bytes)));
         let world = addrs.len();
         let inner = Arc::new(Inner {
             rank,
@@ -249,6 +211,7 @@ impl NexarClient {
             self_lanes: senders,
             mailbox: mailbox.clone(),
             coll: coll.clone(),
+            pool: Arc::new(BufferPool::default()),
             pings: Mutex::new(HashMap::new()),
             goodbyes: (Mutex::new(vec![false; addrs.len()]), Notify::new()),
             tasks: Mutex::new(vec![mesh.acceptor]),
@@ -256,22 +219,12 @@ impl NexarClient {
             _spare: Mutex::new(Some((rpc_requests, rpc_responses))),
         });
         let span = tracing::debug_span!("rank", rank);
-        let dispatcher = tokio::spawn(
-            async move { mailbox.dispatch(data, p2p_entry).await }.instrument(span.clone()),
-        );
-        let coll_dispatcher = tokio::spawn(
-            async move { coll.dispatch(raw, coll_entry).await }.instrument(span.clone()),
-        );
+        let dispatcher = tokio::spawn(async move { mailbox.dispatch(data, p2p_entry).await }.instrument(span.clone()));
+        let coll_dispatcher =
+            tokio::spawn(async move { coll.dispatch(raw, coll_entry).await }.instrument(span.clone()));
         let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span));
-        inner
-            .tasks
-            .lock()
-            .expect("tasks lock")
-            .extend([dispatcher, coll_dispatcher, control]);
-        Ok(NexarClient {
-            inner,
-            comm: Arc::new(CommState::world(rank, world)),
-        })
+        inner.tasks.lock().expect("tasks lock").extend([dispatcher, coll_dispatcher, control]);
+        Ok(NexarClient { inner, comm: Arc::new(CommState::world(rank, world)) })
     }
 
     /// This rank in its communicator, in `0..world_size()`.
@@ -292,10 +245,7 @@ impl NexarClient {
 
     /// A handle on the same rank for another communicator.
     pub(super) fn with_comm(&self, comm: CommState) -> NexarClient {
-        NexarClient {
-            inner: self.inner.clone(),
-            comm: Arc::new(comm),
-        }
+        NexarClient { inner: self.inner.clone(), comm: Arc::new(comm) }
     }
 
     /// The configuration this rank runs with.
@@ -325,10 +275,11 @@ impl NexarClient {
             loop {
                 let notified = inner.goodbyes.1.notified();
                 let said = inner.goodbyes.0.lock().expect("goodbyes lock").clone();
-                let waiting = inner.links.iter().enumerate().any(|(p, l)| {
-                    l.as_ref()
-                        .is_some_and(|l| !said[p] && l.connection().close_reason().is_none())
-                });
+                let waiting = inner
+                    .links
+                    .iter()
+                    .enumerate()
+                    .any(|(p, l)| l.as_ref().is_some_and(|l| !said[p] && l.connection().close_reason().is_none()));
                 if !waiting {
                     return;
                 }
@@ -336,10 +287,7 @@ impl NexarClient {
                 let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
             }
         };
-        if tokio::time::timeout(inner.cfg.op_timeout, all_gone)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(inner.cfg.op_timeout, all_gone).await.is_err() {
             tracing::warn!(
                 rank = inner.rank,
                 "not every peer said goodbye within the operation timeout; closing anyway"
@@ -349,9 +297,7 @@ impl NexarClient {
         if let Some(seed) = &self.inner.seed {
             seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
         }
-        self.inner
-            .endpoint
-            .close(CLOSE_SHUTDOWN.into(), b"shutdown");
+        self.inner.endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 
@@ -403,11 +349,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
         let Some(inner) = inner.upgrade() else { return };
         match incoming.msg {
             PeerMsg::Ping { nonce } => {
-                if let Some(link) = inner
-                    .links
-                    .get(incoming.from as usize)
-                    .and_then(Option::as_ref)
-                {
+                if let Some(link) = inner.links.get(incoming.from as usize).and_then(Option::as_ref) {
                     let link_msg = PeerMsg::Pong { nonce };
                     if let Err(e) = link.send(&link_msg, None).await {
                         tracing::debug!(peer = incoming.from, error = %e, "could not answer a ping");
@@ -420,13 +362,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 }
             }
             PeerMsg::Goodbye => {
-                if let Some(flag) = inner
-                    .goodbyes
-                    .0
-                    .lock()
-                    .expect("goodbyes lock")
-                    .get_mut(incoming.from as usize)
-                {
+                if let Some(flag) = inner.goodbyes.0.lock().expect("goodbyes lock").get_mut(incoming.from as usize) {
                     *flag = true;
                 }
                 inner.goodbyes.1.notify_waiters();

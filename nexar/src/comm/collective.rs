@@ -123,10 +123,7 @@ impl CollectiveError {
     /// Whether this rank found the problem itself (and so must tell the others), as opposed
     /// to having been told by an abort.
     pub(super) fn is_local_origin(&self) -> bool {
-        !matches!(
-            self,
-            CollectiveError::Aborted { .. } | CollectiveError::Closed { .. }
-        )
+        !matches!(self, CollectiveError::Aborted { .. } | CollectiveError::Closed { .. })
     }
 }
 
@@ -148,11 +145,7 @@ impl<T: Element> Future for CollectiveHandle<T> {
         let (rank, op) = (self.rank, self.op);
         Pin::new(&mut self.task).poll(cx).map(|r| {
             r.unwrap_or_else(|e| {
-                Err(CollectiveError::Internal {
-                    rank,
-                    op,
-                    what: format!("collective task failed: {e}"),
-                })
+                Err(CollectiveError::Internal { rank, op, what: format!("collective task failed: {e}") })
             })
         })
     }
@@ -181,42 +174,23 @@ impl NexarClient {
         let (rank, op) = (self.rank(), call.kind.name());
         let count = call.count as usize;
         let algorithm = self.algorithm_for(call.kind, count.saturating_mul(T::DTYPE.size()));
-        let schedule = generate(
-            call.kind,
-            algorithm,
-            rank,
-            self.world_size(),
-            count,
-            T::DTYPE.size(),
-        )
-        .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
+        let schedule = generate(call.kind, algorithm, rank, self.world_size(), count, T::DTYPE.size())
+            .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
         tracing::trace!(rank, op, seq, %algorithm, steps = schedule.steps.len(), "collective");
         self.execute(seq, call, &schedule, data, input).await
     }
 
-    async fn collective<T: Element>(
-        &self,
-        call: CollCall,
-        data: &mut [T],
-        input: &[T],
-    ) -> Result<(), CollectiveError> {
+    async fn collective<T: Element>(&self, call: CollCall, data: &mut [T], input: &[T]) -> Result<(), CollectiveError> {
         if let Some(op) = call.op
             && !op.supports(T::DTYPE)
         {
-            let reason = ReduceError::Unsupported {
-                op,
-                dtype: T::DTYPE,
-            }
-            .to_string();
+            let reason = ReduceError::Unsupported { op, dtype: T::DTYPE }.to_string();
             return Err(self.fail_early(call, reason).await);
         }
         if let Some(root) = call.kind.root()
             && root >= self.world_size()
         {
-            let reason = format!(
-                "root {root} does not exist (world size {})",
-                self.world_size()
-            );
+            let reason = format!("root {root} does not exist (world size {})", self.world_size());
             return Err(self.fail_early(call, reason).await);
         }
         let seq = self.comm.next_seq();
@@ -224,12 +198,7 @@ impl NexarClient {
     }
 
     fn call(kind: Collective, op: Option<ReduceOp>, count: usize) -> CollCall {
-        CollCall {
-            kind,
-            op,
-            count: count as u64,
-            fingerprint: 0,
-        }
+        CollCall { kind, op, count: count as u64, fingerprint: 0 }
     }
 
     /// Reduces `buf` across all ranks with `op`; every rank ends with the result.
@@ -263,11 +232,7 @@ impl NexarClient {
     /// comm.broadcast(&mut weights, 0).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn broadcast<B: RecvBuf + ?Sized>(
-        &self,
-        buf: &mut B,
-        root: usize,
-    ) -> Result<(), CollectiveError> {
+    pub async fn broadcast<B: RecvBuf + ?Sized>(&self, buf: &mut B, root: usize) -> Result<(), CollectiveError> {
         let data = buf.elements_mut();
         let call = Self::call(Collective::Broadcast { root }, None, data.len());
         self.collective(call, data, &[]).await
@@ -338,12 +303,7 @@ impl NexarClient {
     /// comm.reduce_scatter(&full, &mut mine, Sum).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn reduce_scatter<S, R, O>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        op: O,
-    ) -> Result<(), CollectiveError>
+    pub async fn reduce_scatter<S, R, O>(&self, send: &S, recv: &mut R, op: O) -> Result<(), CollectiveError>
     where
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,
@@ -403,12 +363,7 @@ impl NexarClient {
     /// comm.gather(&[comm.rank() as u8], &mut all, 0).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn gather<S, R>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        root: usize,
-    ) -> Result<(), CollectiveError>
+    pub async fn gather<S, R>(&self, send: &S, recv: &mut R, root: usize) -> Result<(), CollectiveError>
     where
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,
@@ -437,12 +392,7 @@ impl NexarClient {
     /// comm.scatter(&work, &mut mine, 0).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn scatter<S, R>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        root: usize,
-    ) -> Result<(), CollectiveError>
+    pub async fn scatter<S, R>(&self, send: &S, recv: &mut R, root: usize) -> Result<(), CollectiveError>
     where
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,
@@ -524,11 +474,7 @@ impl NexarClient {
     /// let grads = pending.await?;
     /// # Ok(()) }
     /// ```
-    pub fn all_reduce_start<T: Element, O: Reduction<T>>(
-        &self,
-        buf: Buf<T>,
-        op: O,
-    ) -> CollectiveHandle<T> {
+    pub fn all_reduce_start<T: Element, O: Reduction<T>>(&self, buf: Buf<T>, op: O) -> CollectiveHandle<T> {
         let call = Self::call(Collective::AllReduce, Some(op.op()), buf.len());
         self.start(call, buf)
     }
@@ -555,23 +501,12 @@ impl NexarClient {
             if let Some(op) = call.op
                 && !op.supports(T::DTYPE)
             {
-                let reason = ReduceError::Unsupported {
-                    op,
-                    dtype: T::DTYPE,
-                }
-                .to_string();
-                let err = CollectiveError::InvalidArgument {
-                    rank: client.rank(),
-                    op: call.kind.name(),
-                    reason,
-                };
+                let reason = ReduceError::Unsupported { op, dtype: T::DTYPE }.to_string();
+                let err = CollectiveError::InvalidArgument { rank: client.rank(), op: call.kind.name(), reason };
                 super::exec::broadcast_abort(&client, seq, &err.to_string()).await;
                 return Err(err);
             }
-            client
-                .run_collective(seq, call, buf.as_mut_slice(), &[])
-                .await
-                .map(|()| buf)
+            client.run_collective(seq, call, buf.as_mut_slice(), &[]).await.map(|()| buf)
         });
         CollectiveHandle { task, rank, op }
     }
@@ -587,11 +522,7 @@ impl NexarClient {
     /// row.barrier().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn split(
-        &self,
-        color: Option<u32>,
-        key: u32,
-    ) -> Result<Option<NexarClient>, CollectiveError> {
+    pub async fn split(&self, color: Option<u32>, key: u32) -> Result<Option<NexarClient>, CollectiveError> {
         let world = self.world_size();
         let mine = [color.map_or(u64::MAX, u64::from), u64::from(key)];
         let mut all = vec![0u64; 2 * world];
@@ -599,22 +530,12 @@ impl NexarClient {
         let call = Self::call(Collective::AllGather, None, 2);
         self.run_collective(seq, call, &mut all, &mine).await?;
         let Some(color) = color else { return Ok(None) };
-        let mut group: Vec<(u64, usize)> = (0..world)
-            .filter(|r| all[2 * r] == u64::from(color))
-            .map(|r| (all[2 * r + 1], r))
-            .collect();
+        let mut group: Vec<(u64, usize)> =
+            (0..world).filter(|r| all[2 * r] == u64::from(color)).map(|r| (all[2 * r + 1], r)).collect();
         group.sort();
-        let me = group
-            .iter()
-            .position(|(_, r)| *r == self.rank())
-            .expect("this rank passed this color");
+        let me = group.iter().position(|(_, r)| *r == self.rank()).expect("this rank passed this color");
         let members = group.iter().map(|(_, r)| self.comm.members[*r]).collect();
-        let id = nexar_types::stable_id(&[
-            &self.comm.id.to_string(),
-            &seq.to_string(),
-            &color.to_string(),
-        ])
-        .max(1);
+        let id = nexar_types::stable_id(&[&self.comm.id.to_string(), &seq.to_string(), &color.to_string()]).max(1);
         Ok(Some(self.with_comm(CommState::new(id, members, me))))
     }
 }

@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use bytes::Bytes;
 use nexar_types::{Element, ReduceOp, reduce_slice};
 use tokio::sync::oneshot;
 
@@ -15,6 +14,7 @@ use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::PeerMsg;
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::transport::TransportError;
+use crate::transport::pool::pooled_copy;
 
 /// One collective call as this rank made it.
 #[derive(Clone, Copy, Debug)]
@@ -44,38 +44,17 @@ fn disagreement(ours: &CollCheck, theirs: &CollCheck, me: usize, peer: usize) ->
     let op_name = |c: u8| ReduceOp::from_wire(c).map_or("none", ReduceOp::name);
     let dtype_name = |c: u8| nexar_types::DType::from_wire(c).map_or("unknown", |d| d.name());
     if ours.kind != theirs.kind {
-        format!(
-            "rank {peer} called {} while rank {me} called {}",
-            name_of_code(theirs.kind),
-            name_of_code(ours.kind)
-        )
+        format!("rank {peer} called {} while rank {me} called {}", name_of_code(theirs.kind), name_of_code(ours.kind))
     } else if ours.count != theirs.count {
-        format!(
-            "rank {peer} passed {} elements, rank {me} passed {}",
-            theirs.count, ours.count
-        )
+        format!("rank {peer} passed {} elements, rank {me} passed {}", theirs.count, ours.count)
     } else if ours.dtype != theirs.dtype {
-        format!(
-            "rank {peer} passed {} elements, rank {me} passed {}",
-            dtype_name(theirs.dtype),
-            dtype_name(ours.dtype)
-        )
+        format!("rank {peer} passed {} elements, rank {me} passed {}", dtype_name(theirs.dtype), dtype_name(ours.dtype))
     } else if ours.op != theirs.op {
-        format!(
-            "rank {peer} reduces with {}, rank {me} with {}",
-            op_name(theirs.op),
-            op_name(ours.op)
-        )
+        format!("rank {peer} reduces with {}, rank {me} with {}", op_name(theirs.op), op_name(ours.op))
     } else if ours.root != theirs.root {
-        format!(
-            "rank {peer} named root {}, rank {me} named root {}",
-            theirs.root, ours.root
-        )
+        format!("rank {peer} named root {}, rank {me} named root {}", theirs.root, ours.root)
     } else {
-        format!(
-            "rank {peer} runs plan {:#018x}, rank {me} runs plan {:#018x}",
-            theirs.fingerprint, ours.fingerprint
-        )
+        format!("rank {peer} runs plan {:#018x}, rank {me} runs plan {:#018x}", theirs.fingerprint, ours.fingerprint)
     }
 }
 
@@ -107,26 +86,17 @@ fn local_pair<'a, T>(
 ) -> Option<(&'a [T], &'a mut [T])> {
     if src.slot != dst.slot || src.slot == Slot::Input {
         return match (src.slot, dst.slot) {
-            (Slot::Input, _) => Some((
-                input.get(src.offset..src.end())?,
-                view_mut(dst, data, scratch)?,
-            )),
-            (Slot::Data, Slot::Scratch) => Some((
-                data.get(src.offset..src.end())?,
-                scratch.get_mut(dst.offset..dst.end())?,
-            )),
-            (Slot::Scratch, Slot::Data) => Some((
-                scratch.get(src.offset..src.end())?,
-                data.get_mut(dst.offset..dst.end())?,
-            )),
+            (Slot::Input, _) => Some((input.get(src.offset..src.end())?, view_mut(dst, data, scratch)?)),
+            (Slot::Data, Slot::Scratch) => {
+                Some((data.get(src.offset..src.end())?, scratch.get_mut(dst.offset..dst.end())?))
+            }
+            (Slot::Scratch, Slot::Data) => {
+                Some((scratch.get(src.offset..src.end())?, data.get_mut(dst.offset..dst.end())?))
+            }
             _ => None,
         };
     }
-    let buf = if src.slot == Slot::Data {
-        data
-    } else {
-        scratch
-    };
+    let buf = if src.slot == Slot::Data { data } else { scratch };
     if src.end() <= dst.offset {
         let (lo, hi) = buf.split_at_mut(dst.offset);
         Some((lo.get(src.offset..src.end())?, hi.get_mut(..dst.len)?))
@@ -141,11 +111,7 @@ fn local_pair<'a, T>(
 /// Sends an abort for collective `seq` to every other member, and drops its stale messages here.
 pub(super) async fn broadcast_abort(client: &NexarClient, seq: u64, reason: &str) {
     client.inner.coll.abort(client.comm.id, seq, reason);
-    let msg = PeerMsg::Abort {
-        comm: client.comm.id,
-        seq,
-        reason: reason.to_string(),
-    };
+    let msg = PeerMsg::Abort { comm: client.comm.id, seq, reason: reason.to_string() };
     for peer in (0..client.world_size()).filter(|p| *p != client.rank()) {
         if let Some(link) = client.link(peer) {
             let _ = link.send_queued(&msg, None).await;
@@ -184,11 +150,7 @@ impl NexarClient {
         data: &mut [T],
         input: &[T],
     ) -> Result<(), CollectiveError> {
-        let mut guard = AbortOnDrop {
-            client: Some(self.clone()),
-            seq,
-            op: call.kind.name(),
-        };
+        let mut guard = AbortOnDrop { client: Some(self.clone()), seq, op: call.kind.name() };
         let result = self.run_steps(seq, call, schedule, data, input).await;
         guard.client = None;
         if let Err(e) = &result
@@ -203,11 +165,7 @@ impl NexarClient {
     /// (a bad argument on this rank), so they fail at once instead of waiting.
     pub(super) async fn fail_early(&self, call: CollCall, reason: String) -> CollectiveError {
         let seq = self.comm.next_seq();
-        let err = CollectiveError::InvalidArgument {
-            rank: self.rank(),
-            op: call.kind.name(),
-            reason,
-        };
+        let err = CollectiveError::InvalidArgument { rank: self.rank(), op: call.kind.name(), reason };
         broadcast_abort(self, seq, &err.to_string()).await;
         err
     }
@@ -225,19 +183,16 @@ impl NexarClient {
         let reduction = call.op.unwrap_or(ReduceOp::Sum);
         let limit = self.config().op_timeout;
         let deadline = Instant::now() + limit;
-        let internal = |what: &str| CollectiveError::Internal {
-            rank,
-            op,
-            what: what.to_string(),
-        };
-        let mut scratch = vec![T::zeroed(); schedule.scratch_len];
-        let mut incoming: Vec<T> = Vec::new();
+        let internal = |what: &str| CollectiveError::Internal { rank, op, what: what.to_string() };
+        let pool = &self.inner.pool;
+        let mut scratch_words = pool.take(schedule.scratch_len * size_of::<T>());
+        let scratch: &mut [T] = &mut bytemuck::cast_slice_mut(&mut scratch_words)[..schedule.scratch_len];
+        let mut incoming_words: Vec<u64> = Vec::new();
         let mut sends: Vec<(usize, oneshot::Receiver<Result<(), TransportError>>)> = Vec::new();
         for step in &schedule.steps {
             match *step {
                 Step::Send { to, src } => {
-                    let elems = view(src, data, input, &scratch)
-                        .ok_or_else(|| internal("send span out of bounds"))?;
+                    let elems = view(src, data, input, scratch).ok_or_else(|| internal("send span out of bounds"))?;
                     let msg = PeerMsg::Coll {
                         comm: self.comm.id,
                         seq,
@@ -249,29 +204,18 @@ impl NexarClient {
                         fingerprint: check.fingerprint,
                         len: elems.len() as u64,
                     };
-                    let payload = Bytes::copy_from_slice(bytemuck::cast_slice(elems));
+                    let payload = pooled_copy(pool, bytemuck::cast_slice(elems));
                     let link = self.link(to).ok_or(CollectiveError::Closed { rank, op })?;
                     let done = link
                         .send_queued(&msg, Some(payload))
                         .await
-                        .map_err(|source| CollectiveError::Transport {
-                            rank,
-                            op,
-                            peer: to,
-                            source,
-                        })?;
+                        .map_err(|source| CollectiveError::Transport { rank, op, peer: to, source })?;
                     sends.push((to, done));
                 }
                 Step::Recv { from, dst, reduce } => {
-                    let key = Key {
-                        comm: self.comm.id,
-                        src: self.comm.members[from] as u32,
-                        tag: seq,
-                    };
+                    let key = Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq };
                     let held = self.take_coll(key, from, op, deadline).await?;
-                    let theirs = held
-                        .check
-                        .ok_or_else(|| internal("collective message without a header"))?;
+                    let theirs = held.check.ok_or_else(|| internal("collective message without a header"))?;
                     if theirs != check {
                         return Err(CollectiveError::Mismatch {
                             rank,
@@ -291,52 +235,47 @@ impl NexarClient {
                             ),
                         });
                     }
-                    let out = view_mut(dst, data, &mut scratch)
-                        .ok_or_else(|| internal("receive span out of bounds"))?;
+                    let out = view_mut(dst, data, scratch).ok_or_else(|| internal("receive span out of bounds"))?;
                     if reduce {
-                        incoming.clear();
-                        incoming.resize(dst.len, T::zeroed());
-                        held.payload
-                            .copy_to(bytemuck::cast_slice_mut(&mut incoming));
-                        reduce_slice(reduction, out, &incoming)
-                            .map_err(|source| CollectiveError::Reduce { rank, op, source })?;
+                        let bytes = dst.len * size_of::<T>();
+                        if incoming_words.len() * 8 < bytes {
+                            pool.give(std::mem::replace(&mut incoming_words, pool.take(bytes)));
+                        }
+                        let incoming: &mut [T] = &mut bytemuck::cast_slice_mut(&mut incoming_words)[..dst.len];
+                        held.payload.copy_to(bytemuck::cast_slice_mut(incoming));
+                        reduce_slice(reduction, out, incoming).map_err(|source| CollectiveError::Reduce {
+                            rank,
+                            op,
+                            source,
+                        })?;
                     } else {
                         held.payload.copy_to(bytemuck::cast_slice_mut(out));
                     }
                 }
                 Step::Copy { src, dst } => {
-                    let (from, to) = local_pair(src, dst, data, input, &mut scratch)
-                        .ok_or_else(|| internal("copy spans"))?;
+                    let (from, to) =
+                        local_pair(src, dst, data, input, scratch).ok_or_else(|| internal("copy spans"))?;
                     to.copy_from_slice(from);
                 }
                 Step::Reduce { src, dst } => {
-                    let (from, to) = local_pair(src, dst, data, input, &mut scratch)
-                        .ok_or_else(|| internal("reduce spans"))?;
-                    reduce_slice(reduction, to, from)
-                        .map_err(|source| CollectiveError::Reduce { rank, op, source })?;
+                    let (from, to) =
+                        local_pair(src, dst, data, input, scratch).ok_or_else(|| internal("reduce spans"))?;
+                    reduce_slice(reduction, to, from).map_err(|source| CollectiveError::Reduce { rank, op, source })?;
                 }
             }
         }
+        pool.give(scratch_words);
+        pool.give(incoming_words);
         for (peer, done) in sends {
             let remaining = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(remaining, done).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(source))) => {
-                    return Err(CollectiveError::Transport {
-                        rank,
-                        op,
-                        peer,
-                        source,
-                    });
+                    return Err(CollectiveError::Transport { rank, op, peer, source });
                 }
                 Ok(Err(_)) => return Err(CollectiveError::Closed { rank, op }),
                 Err(_) => {
-                    return Err(CollectiveError::Timeout {
-                        rank,
-                        op,
-                        peer,
-                        after: limit,
-                    });
+                    return Err(CollectiveError::Timeout { rank, op, peer, after: limit });
                 }
             }
         }
@@ -360,6 +299,22 @@ impl NexarClient {
                 what: format!("{held} collective messages are held unread; a peer is running away"),
             },
         };
+        // Spin briefly before parking: waking a parked thread costs tens of microseconds here,
+        // more than a small message's flight. Yielding keeps this runtime's I/O driven, and the
+        // bound keeps bulk traffic from losing its core.
+        let spin = self.config().spin;
+        if !spin.is_zero() {
+            let until = Instant::now() + spin;
+            loop {
+                if let Some(held) = self.inner.coll.try_take(key).map_err(refused)? {
+                    return Ok(held);
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
         let pending = match self.inner.coll.take_or_wait(key).map_err(refused)? {
             Ok(held) => return Ok(held),
             Err(pending) => pending,
@@ -368,12 +323,7 @@ impl NexarClient {
         match tokio::time::timeout(remaining, pending.wait()).await {
             Ok(Ok(held)) => Ok(held),
             Ok(Err(r)) => Err(refused(r)),
-            Err(_) => Err(CollectiveError::Timeout {
-                rank,
-                op,
-                peer: from,
-                after: self.config().op_timeout,
-            }),
+            Err(_) => Err(CollectiveError::Timeout { rank, op, peer: from, after: self.config().op_timeout }),
         }
     }
 }

@@ -52,68 +52,23 @@ const ABORTED_MEMORY: usize = 4096;
 
 /// Turns a lane message into a mailbox entry (`None` for messages this mailbox ignores).
 pub(crate) fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
-    let PeerMsg::P2p {
-        comm,
-        tag,
-        dtype,
-        count,
-    } = incoming.msg
-    else {
+    let PeerMsg::P2p { comm, tag, dtype, count } = incoming.msg else {
         return None;
     };
     let dtype = DType::from_wire(dtype).ok()?;
-    Some((
-        Key {
-            comm,
-            src: incoming.from,
-            tag,
-        },
-        Held {
-            dtype,
-            count,
-            payload: incoming.payload,
-            check: None,
-        },
-    ))
+    Some((Key { comm, src: incoming.from, tag }, Held { dtype, count, payload: incoming.payload, check: None }))
 }
 
 /// Turns a collective message into a mailbox entry keyed by `(comm, src, seq)`.
 pub(crate) fn coll_entry(incoming: Incoming) -> Option<(Key, Held)> {
-    let PeerMsg::Coll {
-        comm,
-        seq,
-        kind,
-        op,
-        dtype,
-        root,
-        count,
-        fingerprint,
-        len,
-    } = incoming.msg
-    else {
+    let PeerMsg::Coll { comm, seq, kind, op, dtype, root, count, fingerprint, len } = incoming.msg else {
         return None;
     };
-    let check = CollCheck {
-        kind,
-        op,
-        dtype,
-        root,
-        count,
-        fingerprint,
-    };
+    let check = CollCheck { kind, op, dtype, root, count, fingerprint };
     let dtype = DType::from_wire(dtype).ok()?;
     Some((
-        Key {
-            comm,
-            src: incoming.from,
-            tag: seq,
-        },
-        Held {
-            dtype,
-            count: len,
-            payload: incoming.payload,
-            check: Some(check),
-        },
+        Key { comm, src: incoming.from, tag: seq },
+        Held { dtype, count: len, payload: incoming.payload, check: Some(check) },
     ))
 }
 
@@ -180,12 +135,7 @@ pub(crate) struct Mailbox {
 
 impl Mailbox {
     pub fn new(max_count: usize, max_bytes: u64) -> Self {
-        Mailbox {
-            state: Mutex::new(State::default()),
-            room: Notify::new(),
-            max_count,
-            max_bytes,
-        }
+        Mailbox { state: Mutex::new(State::default()), room: Notify::new(), max_count, max_bytes }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -200,11 +150,7 @@ impl Mailbox {
 
     /// Drains a lane into the mailbox until the lane closes; `entry` picks the messages and
     /// their keys.
-    pub async fn dispatch(
-        &self,
-        mut lane: mpsc::Receiver<Incoming>,
-        entry: fn(Incoming) -> Option<(Key, Held)>,
-    ) {
+    pub async fn dispatch(&self, mut lane: mpsc::Receiver<Incoming>, entry: fn(Incoming) -> Option<(Key, Held)>) {
         while let Some(incoming) = lane.recv().await {
             if let Some((key, held)) = entry(incoming) {
                 self.deliver(key, held).await;
@@ -246,20 +192,13 @@ impl Mailbox {
                 return;
             }
             let (count, bytes) = (st.count, st.bytes);
-            tracing::warn!(
-                held = count,
-                held_bytes = bytes,
-                "unmatched-message limit reached; pausing the data lane"
-            );
+            tracing::warn!(held = count, held_bytes = bytes, "unmatched-message limit reached; pausing the data lane");
             st.overflow = Some((key, msg));
             // Every waiting receive is for a key that is not held and cannot arrive while the
             // lane is paused: tell them now rather than let them time out.
             for (_, queue) in st.waiters.drain() {
                 for (_, tx) in queue {
-                    let _ = tx.send(Err(Refusal::Full {
-                        held: count,
-                        held_bytes: bytes,
-                    }));
+                    let _ = tx.send(Err(Refusal::Full { held: count, held_bytes: bytes }));
                 }
             }
         }
@@ -270,6 +209,19 @@ impl Mailbox {
             }
             notified.await;
         }
+    }
+
+    /// Takes the oldest message for `key` if one is there, without registering a waiter.
+    pub fn try_take(&self, key: Key) -> Result<Option<Held>, Refusal> {
+        let mut st = self.lock();
+        if let Some(msg) = st.pop(&key) {
+            self.refill(&mut st);
+            return Ok(Some(msg));
+        }
+        if let Some(reason) = st.aborted.get(&(key.comm, key.tag)) {
+            return Err(Refusal::Aborted(reason.clone()));
+        }
+        Ok(None)
     }
 
     /// Takes the oldest message for `key`, or registers a waiter for it.
@@ -284,11 +236,11 @@ impl Mailbox {
             self.room.notify_one();
             return Ok(Ok(msg));
         }
+        if let Some(reason) = st.aborted.get(&(key.comm, key.tag)) {
+            return Err(Refusal::Aborted(reason.clone()));
+        }
         if st.overflow.is_some() {
-            return Err(Refusal::Full {
-                held: st.count,
-                held_bytes: st.bytes,
-            });
+            return Err(Refusal::Full { held: st.count, held_bytes: st.bytes });
         }
         if st.closed {
             return Err(Refusal::Closed);
@@ -297,12 +249,7 @@ impl Mailbox {
         st.next_waiter += 1;
         let (tx, rx) = oneshot::channel();
         st.waiters.entry(key).or_default().push_back((id, tx));
-        Ok(Err(PendingRecv {
-            mailbox: self,
-            key,
-            id,
-            rx: Some(rx),
-        }))
+        Ok(Err(PendingRecv { mailbox: self, key, id, rx: Some(rx) }))
     }
 
     /// Moves the overflow message into the store once there is room.
@@ -401,20 +348,11 @@ mod tests {
     use bytes::Bytes;
 
     fn held(n: u8) -> Held {
-        Held {
-            dtype: DType::U8,
-            count: 1,
-            payload: Payload::from_bytes(Bytes::from(vec![n])),
-            check: None,
-        }
+        Held { dtype: DType::U8, count: 1, payload: Payload::from_bytes(Bytes::from(vec![n])), check: None }
     }
 
     fn key(tag: u64) -> Key {
-        Key {
-            comm: 0,
-            src: 1,
-            tag,
-        }
+        Key { comm: 0, src: 1, tag }
     }
 
     fn first_byte(h: &Held) -> u8 {
@@ -450,10 +388,7 @@ mod tests {
         while mb.lock().overflow.is_none() {
             tokio::task::yield_now().await;
         }
-        assert!(matches!(
-            mb.take_or_wait(key(9)),
-            Err(Refusal::Full { held: 2, .. })
-        ));
+        assert!(matches!(mb.take_or_wait(key(9)), Err(Refusal::Full { held: 2, .. })));
         // The parked message is still reachable by its own tag.
         match mb.take_or_wait(key(3)) {
             Ok(Ok(h)) => assert_eq!(first_byte(&h), 3),
@@ -469,20 +404,13 @@ mod tests {
     async fn an_abort_fails_waiters_drops_stale_messages_and_late_arrivals() {
         let mb = Mailbox::new(8, 1 << 20);
         mb.deliver(key(7), held(1)).await;
-        let other = Key {
-            comm: 0,
-            src: 2,
-            tag: 7,
-        };
+        let other = Key { comm: 0, src: 2, tag: 7 };
         let pending = match mb.take_or_wait(other) {
             Ok(Err(p)) => p,
             _ => panic!("nothing held for rank 2 yet"),
         };
         mb.abort(0, 7, "rank 3 saw a count mismatch");
-        assert_eq!(
-            pending.wait().await.unwrap_err(),
-            Refusal::Aborted("rank 3 saw a count mismatch".into())
-        );
+        assert_eq!(pending.wait().await.unwrap_err(), Refusal::Aborted("rank 3 saw a count mismatch".into()));
         assert_eq!(mb.held(), (0, 0));
         mb.deliver(key(7), held(2)).await;
         assert_eq!(mb.held(), (0, 0));

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use crate::transport::pool::pooled_copy;
 use nexar_types::{DType, Element, RecvBuf, SendBuf};
 
 use super::client::NexarClient;
@@ -142,12 +142,7 @@ impl PartialEq for TransportError {
 impl NexarClient {
     fn check_peer(&self, op: &'static str, peer: usize) -> Result<(), P2pError> {
         if peer >= self.world_size() {
-            return Err(P2pError::InvalidRank {
-                rank: self.rank(),
-                op,
-                peer,
-                world: self.world_size(),
-            });
+            return Err(P2pError::InvalidRank { rank: self.rank(), op, peer, world: self.world_size() });
         }
         Ok(())
     }
@@ -164,24 +159,13 @@ impl NexarClient {
     /// client.send(&[7u8; 16], 1, 43).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn send<B: SendBuf + ?Sized>(
-        &self,
-        data: &B,
-        dest: usize,
-        tag: u64,
-    ) -> Result<(), P2pError> {
+    pub async fn send<B: SendBuf + ?Sized>(&self, data: &B, dest: usize, tag: u64) -> Result<(), P2pError> {
         self.check_peer("send", dest)?;
         let elements = data.elements();
         let bytes = std::mem::size_of_val(elements) as u64;
         let limit = self.config().max_message_bytes;
         if bytes > limit {
-            return Err(P2pError::TooLarge {
-                rank: self.rank(),
-                dest,
-                tag,
-                bytes,
-                limit,
-            });
+            return Err(P2pError::TooLarge { rank: self.rank(), dest, tag, bytes, limit });
         }
         let msg = PeerMsg::P2p {
             comm: self.comm.id,
@@ -189,40 +173,22 @@ impl NexarClient {
             dtype: <B::Elem as Element>::DTYPE.to_wire(),
             count: elements.len() as u64,
         };
-        let payload = Bytes::copy_from_slice(bytemuck::cast_slice(elements));
+        let payload = pooled_copy(&self.inner.pool, bytemuck::cast_slice(elements));
         let after = self.config().op_timeout;
         let rank = self.rank();
-        let timeout = || P2pError::Timeout {
-            rank,
-            op: "send",
-            peer: dest,
-            tag,
-            after,
-        };
+        let timeout = || P2pError::Timeout { rank, op: "send", peer: dest, tag, after };
         if dest == rank {
-            let incoming = Incoming {
-                from: self.world_rank() as u32,
-                msg,
-                payload: Payload::from_bytes(payload),
-            };
-            return match tokio::time::timeout(after, self.inner.self_lanes.deliver(incoming)).await
-            {
+            let incoming = Incoming { from: self.world_rank() as u32, msg, payload: Payload::from_bytes(payload) };
+            return match tokio::time::timeout(after, self.inner.self_lanes.deliver(incoming)).await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(_)) => Err(P2pError::Closed { rank, op: "send" }),
                 Err(_) => Err(timeout()),
             };
         }
-        let link = self
-            .link(dest)
-            .ok_or(P2pError::Closed { rank, op: "send" })?;
+        let link = self.link(dest).ok_or(P2pError::Closed { rank, op: "send" })?;
         match tokio::time::timeout(after, link.send(&msg, Some(payload))).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(P2pError::Transport {
-                rank,
-                op: "send",
-                peer: dest,
-                source,
-            }),
+            Ok(Err(source)) => Err(P2pError::Transport { rank, op: "send", peer: dest, source }),
             Err(_) => Err(timeout()),
         }
     }
@@ -240,12 +206,7 @@ impl NexarClient {
     /// client.recv(&mut buf, 0, 42).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn recv<B: RecvBuf + ?Sized>(
-        &self,
-        buf: &mut B,
-        src: usize,
-        tag: u64,
-    ) -> Result<(), P2pError> {
+    pub async fn recv<B: RecvBuf + ?Sized>(&self, buf: &mut B, src: usize, tag: u64) -> Result<(), P2pError> {
         let out = buf.elements_mut();
         let expected = out.len() as u64;
         let key = self.p2p_key(src, tag)?;
@@ -255,24 +216,12 @@ impl NexarClient {
         if held.dtype != want {
             let got = held.dtype;
             self.inner.mailbox.put_back(key, held);
-            return Err(P2pError::DTypeMismatch {
-                rank,
-                src,
-                tag,
-                expected: want,
-                got,
-            });
+            return Err(P2pError::DTypeMismatch { rank, src, tag, expected: want, got });
         }
         if held.count != expected {
             let got = held.count;
             self.inner.mailbox.put_back(key, held);
-            return Err(P2pError::LengthMismatch {
-                rank,
-                src,
-                tag,
-                expected,
-                got,
-            });
+            return Err(P2pError::LengthMismatch { rank, src, tag, expected, got });
         }
         held.payload.copy_to(bytemuck::cast_slice_mut(out));
         Ok(())
@@ -292,13 +241,7 @@ impl NexarClient {
         if held.dtype != T::DTYPE {
             let got = held.dtype;
             self.inner.mailbox.put_back(key, held);
-            return Err(P2pError::DTypeMismatch {
-                rank: self.rank(),
-                src,
-                tag,
-                expected: T::DTYPE,
-                got,
-            });
+            return Err(P2pError::DTypeMismatch { rank: self.rank(), src, tag, expected: T::DTYPE, got });
         }
         // The router checked `count * size == payload length` before delivering.
         let mut out = vec![T::zeroed(); held.count as usize];
@@ -317,27 +260,19 @@ impl NexarClient {
     pub async fn ping(&self, peer: usize) -> Result<Duration, P2pError> {
         self.check_peer("ping", peer)?;
         let rank = self.rank();
-        let link = self
-            .link(peer)
-            .ok_or(P2pError::Closed { rank, op: "ping" })?;
+        let link = self.link(peer).ok_or(P2pError::Closed { rank, op: "ping" })?;
         let nonce: u64 = rand::random();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner
-            .pings
-            .lock()
-            .expect("pings lock")
-            .insert(nonce, tx);
+        self.inner.pings.lock().expect("pings lock").insert(nonce, tx);
         let start = std::time::Instant::now();
         let after = self.config().op_timeout;
         let result = tokio::time::timeout(after, async {
-            link.send(&PeerMsg::Ping { nonce }, None)
-                .await
-                .map_err(|source| P2pError::Transport {
-                    rank,
-                    op: "ping",
-                    peer,
-                    source,
-                })?;
+            link.send(&PeerMsg::Ping { nonce }, None).await.map_err(|source| P2pError::Transport {
+                rank,
+                op: "ping",
+                peer,
+                source,
+            })?;
             rx.await.map_err(|_| P2pError::Closed { rank, op: "ping" })
         })
         .await;
@@ -345,23 +280,13 @@ impl NexarClient {
         match result {
             Ok(Ok(())) => Ok(start.elapsed()),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(P2pError::Timeout {
-                rank,
-                op: "ping",
-                peer,
-                tag: 0,
-                after,
-            }),
+            Err(_) => Err(P2pError::Timeout { rank, op: "ping", peer, tag: 0, after }),
         }
     }
 
     fn p2p_key(&self, src: usize, tag: u64) -> Result<Key, P2pError> {
         self.check_peer("recv", src)?;
-        Ok(Key {
-            comm: self.comm.id,
-            src: self.comm.members[src] as u32,
-            tag,
-        })
+        Ok(Key { comm: self.comm.id, src: self.comm.members[src] as u32, tag })
     }
 
     async fn take(&self, key: Key, src: usize, op: &'static str) -> Result<Held, P2pError> {
@@ -386,13 +311,7 @@ impl NexarClient {
         match tokio::time::timeout(after, pending.wait()).await {
             Ok(Ok(held)) => Ok(held),
             Ok(Err(r)) => Err(refused(r)),
-            Err(_) => Err(P2pError::Timeout {
-                rank,
-                op,
-                peer: src,
-                tag,
-                after,
-            }),
+            Err(_) => Err(P2pError::Timeout { rank, op, peer: src, tag, after }),
         }
     }
 }

@@ -24,12 +24,7 @@ impl CommState {
     }
 
     pub fn new(id: u64, members: Vec<usize>, me: usize) -> Self {
-        CommState {
-            id,
-            members,
-            me,
-            seq: AtomicU64::new(0),
-        }
+        CommState { id, members, me, seq: AtomicU64::new(0) }
     }
 
     /// Takes the next sequence number. Every member calls collectives in the same order, so

@@ -14,21 +14,11 @@ fn pairs(root: usize) -> Vec<(Collective, Algorithm)> {
     use Algorithm::*;
     vec![
         (Collective::AllReduce, Ring),
-        (
-            Collective::AllReduce,
-            PipelinedRing {
-                segment_bytes: 4096,
-            },
-        ),
+        (Collective::AllReduce, PipelinedRing { segment_bytes: 4096 }),
         (Collective::AllReduce, HalvingDoubling),
         (Collective::AllReduce, RecursiveDoubling),
         (Collective::Broadcast { root }, BinomialTree),
-        (
-            Collective::Broadcast { root },
-            PipelinedChain {
-                segment_bytes: 4096,
-            },
-        ),
+        (Collective::Broadcast { root }, PipelinedChain { segment_bytes: 4096 }),
         (Collective::Reduce { root }, BinomialTree),
         (Collective::AllGather, Ring),
         (Collective::ReduceScatter, Ring),
@@ -65,12 +55,7 @@ fn fold<T: Element>(op: ReduceOp, parts: impl Iterator<Item = Vec<T>>) -> Vec<T>
 }
 
 /// What every rank's data buffer must hold afterwards.
-fn reference<T: Element>(
-    op: Collective,
-    red: ReduceOp,
-    before: &[SimRank<T>],
-    n: usize,
-) -> Vec<Vec<T>> {
+fn reference<T: Element>(op: Collective, red: ReduceOp, before: &[SimRank<T>], n: usize) -> Vec<Vec<T>> {
     let w = before.len();
     let data = |r: usize| before[r].data.clone();
     let input = |r: usize| before[r].input.clone();
@@ -113,11 +98,9 @@ fn check<T: Element>(
         })
         .collect();
     let want = reference(op, red, &ranks, n);
-    let schedules: Vec<_> = (0..w)
-        .map(|r| generate(op, algo, r, w, n, T::DTYPE.size()).expect("pair is supported"))
-        .collect();
-    simulate(&schedules, &mut ranks, red)
-        .unwrap_or_else(|e| panic!("{op:?} {algo} w={w} n={n}: {e}"));
+    let schedules: Vec<_> =
+        (0..w).map(|r| generate(op, algo, r, w, n, T::DTYPE.size()).expect("pair is supported")).collect();
+    simulate(&schedules, &mut ranks, red).unwrap_or_else(|e| panic!("{op:?} {algo} w={w} n={n}: {e}"));
     for (r, (got, want)) in ranks.iter().zip(&want).enumerate() {
         assert_eq!(got.data.len(), want.len());
         if let Some(i) = got.data.iter().zip(want).position(|(a, b)| !close(*a, *b)) {
@@ -143,8 +126,7 @@ fn small(r: usize, i: usize) -> f32 {
 }
 
 fn bits(r: usize, i: usize) -> i64 {
-    let x = (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        ^ (i as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let x = (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x as i64
 }
 
@@ -231,28 +213,9 @@ fn schedules_are_deterministic_and_move_the_expected_volume() {
     let (w, n) = (8, 8000);
     let ring = generate(Collective::AllReduce, Algorithm::Ring, 3, w, n, 4).unwrap();
     assert_eq!(ring.send_volume(), (2 * (w - 1), 2 * (w - 1) * n / w));
-    let hd = generate(
-        Collective::AllReduce,
-        Algorithm::HalvingDoubling,
-        3,
-        w,
-        n,
-        4,
-    )
-    .unwrap();
+    let hd = generate(Collective::AllReduce, Algorithm::HalvingDoubling, 3, w, n, 4).unwrap();
     assert_eq!(hd.send_volume(), (6, 2 * n * (w - 1) / w));
-    assert_eq!(
-        hd,
-        generate(
-            Collective::AllReduce,
-            Algorithm::HalvingDoubling,
-            3,
-            w,
-            n,
-            4
-        )
-        .unwrap()
-    );
+    assert_eq!(hd, generate(Collective::AllReduce, Algorithm::HalvingDoubling, 3, w, n, 4).unwrap());
     assert!(generate(Collective::AllReduce, Algorithm::Linear, 0, 2, 1, 4).is_err());
     assert_eq!(DType::F32.size(), 4);
 }

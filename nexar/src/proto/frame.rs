@@ -95,40 +95,21 @@ impl FrameHeader {
 
     /// Requires this header to be of `expected` kind.
     pub fn expect(self, expected: FrameKind) -> Result<Self, FrameError> {
-        if self.kind == expected {
-            Ok(self)
-        } else {
-            Err(FrameError::WrongKind {
-                expected,
-                got: self.kind,
-            })
-        }
+        if self.kind == expected { Ok(self) } else { Err(FrameError::WrongKind { expected, got: self.kind }) }
     }
 }
 
 /// A message frame (header and body) in one buffer.
 pub fn message_frame(body: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(HEADER_LEN + body.len());
-    out.put_slice(
-        &FrameHeader {
-            kind: FrameKind::Message,
-            len: body.len() as u64,
-        }
-        .encode(),
-    );
+    out.put_slice(&FrameHeader { kind: FrameKind::Message, len: body.len() as u64 }.encode());
     out.put_slice(body);
     out.freeze()
 }
 
 /// The header of a raw frame of `len` bytes.
 pub fn raw_header(len: u64) -> Bytes {
-    Bytes::copy_from_slice(
-        &FrameHeader {
-            kind: FrameKind::Raw,
-            len,
-        }
-        .encode(),
-    )
+    Bytes::copy_from_slice(&FrameHeader { kind: FrameKind::Raw, len }.encode())
 }
 
 #[cfg(test)]
@@ -138,30 +119,14 @@ mod tests {
 
     #[test]
     fn headers_round_trip_and_limits_hold() {
-        let h = FrameHeader {
-            kind: FrameKind::Raw,
-            len: 77,
-        };
+        let h = FrameHeader { kind: FrameKind::Raw, len: 77 };
         assert_eq!(FrameHeader::decode(&h.encode(), 100), Ok(h));
-        assert_eq!(
-            FrameHeader::decode(&h.encode(), 76),
-            Err(FrameError::TooLong { len: 77, limit: 76 })
-        );
-        let huge = FrameHeader {
-            kind: FrameKind::Message,
-            len: MAX_FRAME_LEN + 1,
-        }
-        .encode();
-        assert!(matches!(
-            FrameHeader::decode(&huge, u64::MAX),
-            Err(FrameError::TooLong { .. })
-        ));
+        assert_eq!(FrameHeader::decode(&h.encode(), 76), Err(FrameError::TooLong { len: 77, limit: 76 }));
+        let huge = FrameHeader { kind: FrameKind::Message, len: MAX_FRAME_LEN + 1 }.encode();
+        assert!(matches!(FrameHeader::decode(&huge, u64::MAX), Err(FrameError::TooLong { .. })));
         let mut junk = h.encode();
         junk[0] = 0x7f;
-        assert_eq!(
-            FrameHeader::decode(&junk, 100),
-            Err(FrameError::UnknownTag(0x7f))
-        );
+        assert_eq!(FrameHeader::decode(&junk, 100), Err(FrameError::UnknownTag(0x7f)));
         assert!(h.expect(FrameKind::Message).is_err());
     }
 

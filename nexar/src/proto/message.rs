@@ -127,9 +127,7 @@ impl PeerMsg {
     pub fn payload_len(&self) -> Option<u64> {
         match self.payload_elements() {
             Some((dtype, count)) => {
-                let size = nexar_types::DType::from_wire(dtype)
-                    .map(|d| d.size())
-                    .unwrap_or(1);
+                let size = nexar_types::DType::from_wire(dtype).map(|d| d.size()).unwrap_or(1);
                 count.checked_mul(size as u64)
             }
             None => Some(0),
@@ -142,10 +140,7 @@ impl PeerMsg {
         match self {
             PeerMsg::P2p { dtype, count, .. } => Some((*dtype, *count)),
             PeerMsg::Coll { dtype, len, .. } => Some((*dtype, *len)),
-            PeerMsg::Ping { .. }
-            | PeerMsg::Pong { .. }
-            | PeerMsg::Goodbye
-            | PeerMsg::Abort { .. } => None,
+            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } | PeerMsg::Goodbye | PeerMsg::Abort { .. } => None,
         }
     }
 }
@@ -162,13 +157,12 @@ where
 pub fn decode<M>(bytes: &[u8]) -> Result<M, FrameError>
 where
     M: Archive,
-    M::Archived: for<'a> rkyv::bytecheck::CheckBytes<HighValidator<'a, RkyvError>>
-        + Deserialize<M, HighDeserializer<RkyvError>>,
+    M::Archived:
+        for<'a> rkyv::bytecheck::CheckBytes<HighValidator<'a, RkyvError>> + Deserialize<M, HighDeserializer<RkyvError>>,
 {
     let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
     aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<M, RkyvError>(&aligned)
-        .map_err(|e| FrameError::InvalidMessage(e.to_string()))
+    rkyv::from_bytes::<M, RkyvError>(&aligned).map_err(|e| FrameError::InvalidMessage(e.to_string()))
 }
 
 #[cfg(test)]
@@ -185,20 +179,10 @@ mod tests {
             listen_addr: "127.0.0.1:5000".into(),
         };
         assert_eq!(decode::<SeedRequest>(&encode(&m).unwrap()).unwrap(), m);
-        let p = PeerMsg::P2p {
-            comm: 0,
-            tag: u64::MAX,
-            dtype: 1,
-            count: 3,
-        };
+        let p = PeerMsg::P2p { comm: 0, tag: u64::MAX, dtype: 1, count: 3 };
         assert_eq!(decode::<PeerMsg>(&encode(&p).unwrap()).unwrap(), p);
         assert_eq!(p.payload_len(), Some(12));
-        let overflow = PeerMsg::P2p {
-            comm: 0,
-            tag: 0,
-            dtype: 12,
-            count: u64::MAX,
-        };
+        let overflow = PeerMsg::P2p { comm: 0, tag: 0, dtype: 12, count: u64::MAX };
         assert_eq!(overflow.payload_len(), None);
     }
 

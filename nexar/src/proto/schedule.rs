@@ -127,20 +127,12 @@ impl Schedule {
 
     /// Appends a receive that overwrites.
     pub fn recv(&mut self, from: usize, dst: Span) {
-        self.steps.push(Step::Recv {
-            from,
-            dst,
-            reduce: false,
-        });
+        self.steps.push(Step::Recv { from, dst, reduce: false });
     }
 
     /// Appends a receive that reduces.
     pub fn recv_reduce(&mut self, from: usize, dst: Span) {
-        self.steps.push(Step::Recv {
-            from,
-            dst,
-            reduce: true,
-        });
+        self.steps.push(Step::Recv { from, dst, reduce: true });
     }
 
     /// Appends a local copy.
@@ -188,10 +180,7 @@ mod tests {
         }
         let s = Span::new(Slot::Data, 10, 25);
         let segs = s.segments(10);
-        assert_eq!(
-            segs.iter().map(|s| s.len).collect::<Vec<_>>(),
-            vec![10, 10, 5]
-        );
+        assert_eq!(segs.iter().map(|s| s.len).collect::<Vec<_>>(), vec![10, 10, 5]);
         assert_eq!(segs[2].end(), 35);
         assert_eq!(Span::new(Slot::Data, 3, 0).segments(4).len(), 1);
     }

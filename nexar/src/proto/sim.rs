@@ -66,11 +66,7 @@ fn slice<'a, T>(bufs: &'a SimRank<T>, scratch: &'a [T], span: Span) -> Option<&'
     buf.get(span.offset..span.end())
 }
 
-fn slice_mut<'a, T>(
-    bufs: &'a mut SimRank<T>,
-    scratch: &'a mut [T],
-    span: Span,
-) -> Option<&'a mut [T]> {
+fn slice_mut<'a, T>(bufs: &'a mut SimRank<T>, scratch: &'a mut [T], span: Span) -> Option<&'a mut [T]> {
     let buf: &mut [T] = match span.slot {
         Slot::Data => &mut bufs.data,
         Slot::Input => return None,
@@ -80,29 +76,18 @@ fn slice_mut<'a, T>(
 }
 
 /// Runs `schedules[r]` for every virtual rank `r` over `ranks[r]`, reducing with `op`.
-pub fn simulate<T: Element>(
-    schedules: &[Schedule],
-    ranks: &mut [SimRank<T>],
-    op: ReduceOp,
-) -> Result<(), SimError> {
+pub fn simulate<T: Element>(schedules: &[Schedule], ranks: &mut [SimRank<T>], op: ReduceOp) -> Result<(), SimError> {
     let w = schedules.len();
     let mut queues: Vec<VecDeque<Vec<T>>> = vec![VecDeque::new(); w * w];
     let mut pcs = vec![0usize; w];
-    let mut scratch: Vec<Vec<T>> = schedules
-        .iter()
-        .map(|s| vec![T::zeroed(); s.scratch_len])
-        .collect();
+    let mut scratch: Vec<Vec<T>> = schedules.iter().map(|s| vec![T::zeroed(); s.scratch_len]).collect();
     loop {
         let mut progress = false;
         for r in 0..w {
             let steps = &schedules[r].steps;
             while pcs[r] < steps.len() {
                 let at = pcs[r];
-                let invalid = |what: String| SimError::Invalid {
-                    rank: r,
-                    step: at,
-                    what,
-                };
+                let invalid = |what: String| SimError::Invalid { rank: r, step: at, what };
                 let oob = || invalid("span outside its buffer".into());
                 match steps[at] {
                     Step::Send { to, src } => {
@@ -138,9 +123,7 @@ pub fn simulate<T: Element>(
                         let operand = slice(&ranks[r], &scratch[r], src).ok_or_else(oob)?.to_vec();
                         let out = slice_mut(&mut ranks[r], &mut scratch[r], dst).ok_or_else(oob)?;
                         if operand.len() != out.len() {
-                            return Err(invalid(
-                                "local step with spans of different lengths".into(),
-                            ));
+                            return Err(invalid("local step with spans of different lengths".into()));
                         }
                         if matches!(steps[at], Step::Copy { .. }) {
                             out.copy_from_slice(&operand);
@@ -153,10 +136,8 @@ pub fn simulate<T: Element>(
                 progress = true;
             }
         }
-        let stuck: Vec<(usize, usize)> = (0..w)
-            .filter(|r| pcs[*r] < schedules[*r].steps.len())
-            .map(|r| (r, pcs[r]))
-            .collect();
+        let stuck: Vec<(usize, usize)> =
+            (0..w).filter(|r| pcs[*r] < schedules[*r].steps.len()).map(|r| (r, pcs[r])).collect();
         if stuck.is_empty() {
             break;
         }

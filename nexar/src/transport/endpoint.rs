@@ -27,9 +27,14 @@ pub fn transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
     let mut mtu = MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
-    let mut ack = AckFrequencyConfig::default();
-    ack.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD));
-    t.ack_frequency_config(Some(ack));
+    if std::env::var("NX_NOACK").is_err() {
+        let mut ack = AckFrequencyConfig::default();
+        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD));
+        t.ack_frequency_config(Some(ack));
+    }
+    if std::env::var("NX_MTU").is_ok() {
+        t.initial_mtu(MAX_UDP_PAYLOAD);
+    }
     Arc::new(t)
 }
 
@@ -40,8 +45,8 @@ pub fn bind(
     server: Option<quinn::ServerConfig>,
 ) -> Result<quinn::Endpoint, TransportError> {
     let fail = |reason: String| TransportError::Bind { addr, reason };
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
-        .map_err(|e| fail(e.to_string()))?;
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(|e| fail(e.to_string()))?;
     if addr.is_ipv6() {
         let _ = socket.set_only_v6(false);
     }
@@ -54,20 +59,13 @@ pub fn bind(
     }
     socket.bind(&addr.into()).map_err(|e| fail(e.to_string()))?;
     let mut endpoint_config = quinn::EndpointConfig::default();
-    endpoint_config
-        .max_udp_payload_size(MAX_UDP_PAYLOAD)
-        .map_err(|e| fail(e.to_string()))?;
+    endpoint_config.max_udp_payload_size(MAX_UDP_PAYLOAD).map_err(|e| fail(e.to_string()))?;
     let server = server.map(|mut s| {
         s.transport_config(transport_config(cfg));
         s
     });
-    quinn::Endpoint::new(
-        endpoint_config,
-        server,
-        socket.into(),
-        Arc::new(quinn::TokioRuntime),
-    )
-    .map_err(|e| fail(e.to_string()))
+    quinn::Endpoint::new(endpoint_config, server, socket.into(), Arc::new(quinn::TokioRuntime))
+        .map_err(|e| fail(e.to_string()))
 }
 
 /// Attaches the shared transport parameters to a client configuration.
@@ -77,10 +75,7 @@ pub fn with_transport(mut client: quinn::ClientConfig, cfg: &NexarConfig) -> qui
 }
 
 /// Attaches the shared transport parameters to a server configuration.
-pub fn server_with_transport(
-    mut server: quinn::ServerConfig,
-    cfg: &NexarConfig,
-) -> quinn::ServerConfig {
+pub fn server_with_transport(mut server: quinn::ServerConfig, cfg: &NexarConfig) -> quinn::ServerConfig {
     server.transport_config(transport_config(cfg));
     server
 }

@@ -22,10 +22,7 @@ fn closed(e: impl std::fmt::Display) -> ReadFrameError {
 }
 
 /// Reads a frame header; `Ok(None)` when the stream ends cleanly between frames.
-pub async fn read_header(
-    recv: &mut RecvStream,
-    limit: u64,
-) -> Result<Option<FrameHeader>, ReadFrameError> {
+pub async fn read_header(recv: &mut RecvStream, limit: u64) -> Result<Option<FrameHeader>, ReadFrameError> {
     let mut buf = [0u8; HEADER_LEN];
     match recv.read_exact(&mut buf).await {
         Ok(()) => Ok(Some(FrameHeader::decode(&buf, limit)?)),
@@ -36,10 +33,7 @@ pub async fn read_header(
 
 /// Reads a body of `len` bytes (already checked against a limit) into one buffer.
 pub async fn read_body(recv: &mut RecvStream, len: u64) -> Result<Vec<u8>, ReadFrameError> {
-    let len = usize::try_from(len).map_err(|_| FrameError::TooLong {
-        len,
-        limit: usize::MAX as u64,
-    })?;
+    let len = usize::try_from(len).map_err(|_| FrameError::TooLong { len, limit: usize::MAX as u64 })?;
     let mut body = vec![0u8; len];
     recv.read_exact(&mut body).await.map_err(closed)?;
     Ok(body)
@@ -87,10 +81,7 @@ impl Payload {
     /// A payload of one buffer.
     pub fn from_bytes(bytes: Bytes) -> Self {
         let len = bytes.len();
-        Payload {
-            chunks: vec![bytes],
-            len,
-        }
+        Payload { chunks: vec![bytes], len }
     }
 
     /// Total length in bytes.
@@ -117,10 +108,7 @@ impl Payload {
     /// Reads exactly `len` bytes (already checked against a limit) as chunks, without an extra
     /// copy.
     pub async fn read(recv: &mut RecvStream, len: u64) -> Result<Payload, ReadFrameError> {
-        let len = usize::try_from(len).map_err(|_| FrameError::TooLong {
-            len,
-            limit: usize::MAX as u64,
-        })?;
+        let len = usize::try_from(len).map_err(|_| FrameError::TooLong { len, limit: usize::MAX as u64 })?;
         let mut chunks = Vec::new();
         let mut got = 0usize;
         while got < len {
@@ -130,9 +118,7 @@ impl Payload {
                     chunks.push(chunk.bytes);
                 }
                 None => {
-                    return Err(closed(format!(
-                        "stream ended {got} bytes into a {len}-byte payload"
-                    )));
+                    return Err(closed(format!("stream ended {got} bytes into a {len}-byte payload")));
                 }
             }
         }

@@ -44,10 +44,7 @@ impl Lane {
         match msg {
             PeerMsg::P2p { .. } => Lane::Data,
             PeerMsg::Coll { .. } => Lane::Raw,
-            PeerMsg::Ping { .. }
-            | PeerMsg::Pong { .. }
-            | PeerMsg::Goodbye
-            | PeerMsg::Abort { .. } => Lane::Control,
+            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } | PeerMsg::Goodbye | PeerMsg::Abort { .. } => Lane::Control,
         }
     }
 }
@@ -92,16 +89,8 @@ pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
     let (d, rd) = mpsc::channel(capacity);
     let (e, re) = mpsc::channel(capacity);
     (
-        LaneSenders {
-            senders: [a, b, c, d, e],
-        },
-        LaneReceivers {
-            rpc_requests: ra,
-            rpc_responses: rb,
-            control: rc,
-            data: rd,
-            raw: re,
-        },
+        LaneSenders { senders: [a, b, c, d, e] },
+        LaneReceivers { rpc_requests: ra, rpc_responses: rb, control: rc, data: rd, raw: re },
     )
 }
 
@@ -110,19 +99,13 @@ impl LaneSenders {
     /// lane's consumer is gone (the rank is shutting down).
     pub async fn deliver(&self, incoming: Incoming) -> Result<(), Incoming> {
         let lane = Lane::of(&incoming.msg);
-        self.senders[lane as usize]
-            .send(incoming)
-            .await
-            .map_err(|e| e.0)
+        self.senders[lane as usize].send(incoming).await.map_err(|e| e.0)
     }
 }
 
 enum Outgoing {
     /// Frames to write, in order, as one unit.
-    Frames {
-        chunks: Vec<Bytes>,
-        done: oneshot::Sender<Result<(), TransportError>>,
-    },
+    Frames { chunks: Vec<Bytes>, done: oneshot::Sender<Result<(), TransportError>> },
     /// Finish the lane's stream and report once the peer has acknowledged all of it. A later
     /// message opens a new stream.
     Flush { done: oneshot::Sender<()> },
@@ -139,10 +122,7 @@ pub struct PeerLink {
 impl std::fmt::Debug for Outgoing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Outgoing::Frames { chunks, .. } => f
-                .debug_struct("Frames")
-                .field("chunks", &chunks.len())
-                .finish(),
+            Outgoing::Frames { chunks, .. } => f.debug_struct("Frames").field("chunks", &chunks.len()).finish(),
             Outgoing::Flush { .. } => f.write_str("Flush"),
         }
     }
@@ -156,13 +136,7 @@ impl PeerLink {
     /// Starts the writers and the router of a connection to `peer` (already authenticated as
     /// that rank). Received messages go to `lanes`; payloads longer than `max_payload` are a
     /// protocol violation.
-    pub fn spawn(
-        local: u32,
-        peer: u32,
-        conn: Connection,
-        lanes: LaneSenders,
-        max_payload: u64,
-    ) -> PeerLink {
+    pub fn spawn(local: u32, peer: u32, conn: Connection, lanes: LaneSenders, max_payload: u64) -> PeerLink {
         let writers = std::array::from_fn(|_| {
             let (tx, rx) = mpsc::channel::<Outgoing>(64);
             let span = tracing::debug_span!("writer", rank = local, peer);
@@ -171,11 +145,7 @@ impl PeerLink {
         });
         let span = tracing::debug_span!("router", rank = local, peer);
         tokio::spawn(route(conn.clone(), peer, lanes, max_payload).instrument(span));
-        PeerLink {
-            peer,
-            conn,
-            writers,
-        }
+        PeerLink { peer, conn, writers }
     }
 
     /// The peer's rank.
@@ -198,10 +168,7 @@ impl PeerLink {
     }
 
     fn writer_gone(&self) -> TransportError {
-        TransportError::ConnectionLost {
-            peer: peer_name(self.peer),
-            reason: "its writer has stopped".into(),
-        }
+        TransportError::ConnectionLost { peer: peer_name(self.peer), reason: "its writer has stopped".into() }
     }
 
     /// Queues `msg` (and its payload) on its lane and returns as soon as it is queued, with a
@@ -212,10 +179,8 @@ impl PeerLink {
         msg: &PeerMsg,
         payload: Option<Bytes>,
     ) -> Result<oneshot::Receiver<Result<(), TransportError>>, TransportError> {
-        let body = message::encode(msg).map_err(|error| TransportError::Protocol {
-            peer: peer_name(self.peer),
-            error,
-        })?;
+        let body =
+            message::encode(msg).map_err(|error| TransportError::Protocol { peer: peer_name(self.peer), error })?;
         let mut chunks = vec![message_frame(&body)];
         if let Some(p) = payload {
             chunks.push(raw_header(p.len() as u64));
@@ -276,10 +241,7 @@ async fn write_lane(conn: Connection, peer: u32, mut rx: mpsc::Receiver<Outgoing
             match conn.open_uni().await {
                 Ok(s) => stream = Some(s),
                 Err(e) => {
-                    let err = TransportError::ConnectionLost {
-                        peer: peer_name(peer),
-                        reason: e.to_string(),
-                    };
+                    let err = TransportError::ConnectionLost { peer: peer_name(peer), reason: e.to_string() };
                     broken = Some(err.clone());
                     let _ = done.send(Err(err));
                     continue;
@@ -287,13 +249,10 @@ async fn write_lane(conn: Connection, peer: u32, mut rx: mpsc::Receiver<Outgoing
             }
         }
         let s = stream.as_mut().expect("stream opened above");
-        let result =
-            s.write_all_chunks(&mut chunks)
-                .await
-                .map_err(|e| TransportError::ConnectionLost {
-                    peer: peer_name(peer),
-                    reason: e.to_string(),
-                });
+        let result = s
+            .write_all_chunks(&mut chunks)
+            .await
+            .map_err(|e| TransportError::ConnectionLost { peer: peer_name(peer), reason: e.to_string() });
         if let Err(e) = &result {
             broken = Some(e.clone());
         }
@@ -330,12 +289,7 @@ async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64
 
 /// Reads frames from one stream until it ends. Only protocol violations are errors; a stream
 /// that closes mid-frame because the connection went away ends quietly.
-async fn read_stream(
-    mut recv: RecvStream,
-    peer: u32,
-    lanes: &LaneSenders,
-    max_payload: u64,
-) -> Result<(), FrameError> {
+async fn read_stream(mut recv: RecvStream, peer: u32, lanes: &LaneSenders, max_payload: u64) -> Result<(), FrameError> {
     loop {
         let msg: PeerMsg = match next_message(&mut recv).await {
             Ok(Some(m)) => m,
@@ -346,16 +300,12 @@ async fn read_stream(
         let payload = match msg.payload_elements() {
             None => Payload::default(),
             Some((dtype, _)) => {
-                nexar_types::DType::from_wire(dtype)
-                    .map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
-                let expected = msg.payload_len().ok_or_else(|| {
-                    FrameError::InvalidMessage("payload length overflows 64 bits".into())
-                })?;
+                nexar_types::DType::from_wire(dtype).map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
+                let expected = msg
+                    .payload_len()
+                    .ok_or_else(|| FrameError::InvalidMessage("payload length overflows 64 bits".into()))?;
                 if expected > max_payload {
-                    return Err(FrameError::TooLong {
-                        len: expected,
-                        limit: max_payload,
-                    });
+                    return Err(FrameError::TooLong { len: expected, limit: max_payload });
                 }
                 match read_header(&mut recv, max_payload).await {
                     Ok(Some(h)) => {
@@ -377,15 +327,7 @@ async fn read_stream(
                 }
             }
         };
-        if lanes
-            .deliver(Incoming {
-                from: peer,
-                msg,
-                payload,
-            })
-            .await
-            .is_err()
-        {
+        if lanes.deliver(Incoming { from: peer, msg, payload }).await.is_err() {
             return Ok(());
         }
     }

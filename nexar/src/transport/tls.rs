@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, CertifiedIssuer,
-    DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, CertifiedIssuer, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -79,18 +79,13 @@ pub struct Identity {
 
 impl Clone for Identity {
     fn clone(&self) -> Self {
-        Identity {
-            chain: self.chain.clone(),
-            key: self.key.clone_key(),
-        }
+        Identity { chain: self.chain.clone(), key: self.key.clone_key() }
     }
 }
 
 impl std::fmt::Debug for Identity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Identity")
-            .field("chain_len", &self.chain.len())
-            .finish_non_exhaustive()
+        f.debug_struct("Identity").field("chain_len", &self.chain.len()).finish_non_exhaustive()
     }
 }
 
@@ -99,9 +94,7 @@ impl Identity {
     /// PKCS#8 private key.
     pub fn from_der(chain: Vec<Vec<u8>>, pkcs8_key: Vec<u8>) -> Result<Identity, TransportError> {
         if chain.is_empty() {
-            return Err(TransportError::Tls(
-                "an identity needs at least its own certificate".into(),
-            ));
+            return Err(TransportError::Tls("an identity needs at least its own certificate".into()));
         }
         Ok(Identity {
             chain: chain.into_iter().map(CertificateDer::from).collect(),
@@ -129,9 +122,7 @@ impl PendingIdentity {
     pub fn generate() -> Result<(Self, Vec<u8>), TransportError> {
         let key = KeyPair::generate().map_err(tls_err("generating a key"))?;
         let params = CertificateParams::new(Vec::<String>::new()).map_err(tls_err("csr params"))?;
-        let csr = params
-            .serialize_request(&key)
-            .map_err(tls_err("building the csr"))?;
+        let csr = params.serialize_request(&key).map_err(tls_err("building the csr"))?;
         Ok((PendingIdentity { key }, csr.der().to_vec()))
     }
 
@@ -153,19 +144,14 @@ impl ClusterCa {
     /// Generates a new CA with a fresh key.
     pub fn generate() -> Result<Self, TransportError> {
         let key = KeyPair::generate().map_err(tls_err("generating the ca key"))?;
-        let mut params =
-            CertificateParams::new(Vec::<String>::new()).map_err(tls_err("ca params"))?;
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(tls_err("ca params"))?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "nexar cluster ca");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let issuer =
-            CertifiedIssuer::self_signed(params, key).map_err(tls_err("self-signing the ca"))?;
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        let issuer = CertifiedIssuer::self_signed(params, key).map_err(tls_err("self-signing the ca"))?;
         Ok(ClusterCa { issuer })
     }
 
@@ -180,35 +166,23 @@ impl ClusterCa {
     }
 
     fn leaf_params(name: &str) -> Result<CertificateParams, TransportError> {
-        let mut params =
-            CertificateParams::new(vec![name.to_string()]).map_err(tls_err("leaf params"))?;
+        let mut params = CertificateParams::new(vec![name.to_string()]).map_err(tls_err("leaf params"))?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, name);
         params.distinguished_name = dn;
-        params.subject_alt_names = vec![SanType::DnsName(
-            name.try_into().map_err(tls_err("leaf name"))?,
-        )];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
+        params.subject_alt_names = vec![SanType::DnsName(name.try_into().map_err(tls_err("leaf name"))?)];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         Ok(params)
     }
 
     /// Signs a worker's request with a certificate bound to `rank`. Only the request's public
     /// key is used: names and extensions it asks for are ignored.
-    pub fn sign_csr(
-        &self,
-        csr_der: &[u8],
-        rank: u32,
-    ) -> Result<CertificateDer<'static>, TransportError> {
+    pub fn sign_csr(&self, csr_der: &[u8], rank: u32) -> Result<CertificateDer<'static>, TransportError> {
         let csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())
             .map_err(tls_err("invalid certificate signing request"))?;
         let params = Self::leaf_params(&rank_server_name(rank))?;
-        let cert = params
-            .signed_by(&csr.public_key, &self.issuer)
-            .map_err(tls_err("signing"))?;
+        let cert = params.signed_by(&csr.public_key, &self.issuer).map_err(tls_err("signing"))?;
         Ok(cert.der().clone())
     }
 
@@ -216,9 +190,7 @@ impl ClusterCa {
     /// and the ranks of an in-process cluster).
     pub fn issue(&self, name: &str) -> Result<Identity, TransportError> {
         let key = KeyPair::generate().map_err(tls_err("generating a key"))?;
-        let cert = Self::leaf_params(name)?
-            .signed_by(&key, &self.issuer)
-            .map_err(tls_err("signing"))?;
+        let cert = Self::leaf_params(name)?.signed_by(&key, &self.issuer).map_err(tls_err("signing"))?;
         Ok(Identity {
             chain: vec![cert.der().clone(), self.cert_der()],
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
@@ -228,9 +200,7 @@ impl ClusterCa {
 
 fn roots(ca_der: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TransportError> {
     let mut roots = RootCertStore::empty();
-    roots
-        .add(ca_der.clone())
-        .map_err(|e| TransportError::Tls(format!("bad ca certificate: {e}")))?;
+    roots.add(ca_der.clone()).map_err(|e| TransportError::Tls(format!("bad ca certificate: {e}")))?;
     Ok(Arc::new(roots))
 }
 
@@ -303,10 +273,7 @@ pub fn seed_client(ca_fingerprint: [u8; 32]) -> Result<quinn::ClientConfig, Tran
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(rustls_err("tls versions"))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedCaVerifier {
-            ca_fingerprint,
-            provider: provider(),
-        }))
+        .with_custom_certificate_verifier(Arc::new(PinnedCaVerifier { ca_fingerprint, provider: provider() }))
         .with_no_client_auth();
     tls.alpn_protocols = vec![SEED_ALPN.to_vec()];
     quic_client(tls)
@@ -329,22 +296,14 @@ impl ServerCertVerifier for PinnedCaVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let ca = intermediates
-            .iter()
-            .find(|c| fingerprint(c) == self.ca_fingerprint)
-            .ok_or_else(|| {
-                rustls::Error::General(
-                    "the seed's certificate is not from the CA named in the join token".into(),
-                )
-            })?;
+        let ca = intermediates.iter().find(|c| fingerprint(c) == self.ca_fingerprint).ok_or_else(|| {
+            rustls::Error::General("the seed's certificate is not from the CA named in the join token".into())
+        })?;
         let ca = CertificateDer::from(ca.to_vec());
         let roots = roots(&ca).map_err(|e| rustls::Error::General(e.to_string()))?;
-        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            roots,
-            self.provider.clone(),
-        )
-        .build()
-        .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, self.provider.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
         inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
     }
 
@@ -354,12 +313,7 @@ impl ServerCertVerifier for PinnedCaVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -368,18 +322,11 @@ impl ServerCertVerifier for PinnedCaVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 

@@ -47,11 +47,7 @@ pub fn ring(rank: usize, world: usize, count: usize, segment: usize) -> Schedule
 /// The power-of-two core of `world` ranks: `(p, rem)` with `p` the largest power of two not
 /// above `world` and `rem = world - p` ranks folded in.
 fn fold(world: usize) -> (usize, usize) {
-    let p = if world.is_power_of_two() {
-        world
-    } else {
-        world.next_power_of_two() / 2
-    };
+    let p = if world.is_power_of_two() { world } else { world.next_power_of_two() / 2 };
     (p, world - p)
 }
 
@@ -105,11 +101,7 @@ pub fn halving_doubling(rank: usize, world: usize, count: usize) -> Schedule {
         // Chunks [lo, hi) of p equal parts; halve until one chunk (index `me`) is ours.
         let span_of = |lo: usize, hi: usize| {
             let start = all.part(p, lo).offset;
-            let end = if hi == p {
-                all.end()
-            } else {
-                all.part(p, hi).offset
-            };
+            let end = if hi == p { all.end() } else { all.part(p, hi).offset };
             Span::new(Slot::Data, start, end - start)
         };
         let (mut lo, mut hi) = (0, p);

@@ -10,17 +10,11 @@ fn block(slot: Slot, count: usize, i: usize) -> Span {
 /// forwarding the block received in the step before.
 pub fn all_gather_ring(rank: usize, world: usize, count: usize) -> Schedule {
     let mut s = Schedule::new();
-    s.copy(
-        Span::new(Slot::Input, 0, count),
-        block(Slot::Data, count, rank),
-    );
+    s.copy(Span::new(Slot::Input, 0, count), block(Slot::Data, count, rank));
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     for k in 0..world.saturating_sub(1) {
         s.send(next, block(Slot::Data, count, (rank + world - k) % world));
-        s.recv(
-            prev,
-            block(Slot::Data, count, (rank + 2 * world - k - 1) % world),
-        );
+        s.recv(prev, block(Slot::Data, count, (rank + 2 * world - k - 1) % world));
     }
     s
 }
@@ -30,32 +24,17 @@ pub fn all_gather_ring(rank: usize, world: usize, count: usize) -> Schedule {
 pub fn reduce_scatter_ring(rank: usize, world: usize, count: usize) -> Schedule {
     let mut s = Schedule::new();
     if world == 1 {
-        s.copy(
-            Span::new(Slot::Input, 0, count),
-            Span::new(Slot::Data, 0, count),
-        );
+        s.copy(Span::new(Slot::Input, 0, count), Span::new(Slot::Data, 0, count));
         return s;
     }
     s.need_scratch(count * world);
-    s.copy(
-        Span::new(Slot::Input, 0, count * world),
-        Span::new(Slot::Scratch, 0, count * world),
-    );
+    s.copy(Span::new(Slot::Input, 0, count * world), Span::new(Slot::Scratch, 0, count * world));
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     for k in 0..world - 1 {
-        s.send(
-            next,
-            block(Slot::Scratch, count, (rank + 2 * world - k - 1) % world),
-        );
-        s.recv_reduce(
-            prev,
-            block(Slot::Scratch, count, (rank + 2 * world - k - 2) % world),
-        );
+        s.send(next, block(Slot::Scratch, count, (rank + 2 * world - k - 1) % world));
+        s.recv_reduce(prev, block(Slot::Scratch, count, (rank + 2 * world - k - 2) % world));
     }
-    s.copy(
-        block(Slot::Scratch, count, rank),
-        Span::new(Slot::Data, 0, count),
-    );
+    s.copy(block(Slot::Scratch, count, rank), Span::new(Slot::Data, 0, count));
     s
 }
 
@@ -63,10 +42,7 @@ pub fn reduce_scatter_ring(rank: usize, world: usize, count: usize) -> Schedule 
 /// pair exchanges exactly once and no rank is a hot spot.
 pub fn all_to_all_pairwise(rank: usize, world: usize, count: usize) -> Schedule {
     let mut s = Schedule::new();
-    s.copy(
-        block(Slot::Input, count, rank),
-        block(Slot::Data, count, rank),
-    );
+    s.copy(block(Slot::Input, count, rank), block(Slot::Data, count, rank));
     for k in 1..world {
         let (to, from) = ((rank + k) % world, (rank + world - k) % world);
         s.send(to, block(Slot::Input, count, to));

@@ -181,15 +181,11 @@ impl FromStr for Algorithm {
     fn from_str(s: &str) -> Result<Self, String> {
         Ok(match s {
             "ring" => Algorithm::Ring,
-            "pipelined_ring" => Algorithm::PipelinedRing {
-                segment_bytes: DEFAULT_SEGMENT_BYTES,
-            },
+            "pipelined_ring" => Algorithm::PipelinedRing { segment_bytes: DEFAULT_SEGMENT_BYTES },
             "halving_doubling" => Algorithm::HalvingDoubling,
             "recursive_doubling" => Algorithm::RecursiveDoubling,
             "binomial_tree" => Algorithm::BinomialTree,
-            "pipelined_chain" => Algorithm::PipelinedChain {
-                segment_bytes: DEFAULT_SEGMENT_BYTES,
-            },
+            "pipelined_chain" => Algorithm::PipelinedChain { segment_bytes: DEFAULT_SEGMENT_BYTES },
             "linear" => Algorithm::Linear,
             "pairwise" => Algorithm::Pairwise,
             "prefix_doubling" => Algorithm::PrefixDoubling,
@@ -213,21 +209,13 @@ pub const BROADCAST_TREE_BYTES: usize = 256 << 10;
 /// ranks. The one place where this choice is made; [`crate::NexarConfig`] can override it.
 pub fn select(op: Collective, bytes: usize, world: usize) -> Algorithm {
     match op {
-        Collective::AllReduce
-            if bytes <= ALLREDUCE_SMALL_BYTES || world == 2 && bytes <= ALLREDUCE_MEDIUM_BYTES =>
-        {
+        Collective::AllReduce if bytes <= ALLREDUCE_SMALL_BYTES || world == 2 && bytes <= ALLREDUCE_MEDIUM_BYTES => {
             Algorithm::RecursiveDoubling
         }
         Collective::AllReduce if bytes <= ALLREDUCE_MEDIUM_BYTES => Algorithm::HalvingDoubling,
-        Collective::AllReduce => Algorithm::PipelinedRing {
-            segment_bytes: DEFAULT_SEGMENT_BYTES,
-        },
-        Collective::Broadcast { .. } if bytes <= BROADCAST_TREE_BYTES || world <= 2 => {
-            Algorithm::BinomialTree
-        }
-        Collective::Broadcast { .. } => Algorithm::PipelinedChain {
-            segment_bytes: DEFAULT_SEGMENT_BYTES,
-        },
+        Collective::AllReduce => Algorithm::PipelinedRing { segment_bytes: DEFAULT_SEGMENT_BYTES },
+        Collective::Broadcast { .. } if bytes <= BROADCAST_TREE_BYTES || world <= 2 => Algorithm::BinomialTree,
+        Collective::Broadcast { .. } => Algorithm::PipelinedChain { segment_bytes: DEFAULT_SEGMENT_BYTES },
         Collective::Reduce { .. } => Algorithm::BinomialTree,
         Collective::AllGather | Collective::ReduceScatter => Algorithm::Ring,
         Collective::AllToAll => Algorithm::Pairwise,
@@ -259,47 +247,28 @@ pub fn generate(
     elem_size: usize,
 ) -> Result<Schedule, Unsupported> {
     let seg = |bytes: usize| (bytes / elem_size.max(1)).max(1);
-    let unsupported = || Unsupported {
-        algorithm,
-        op: op.name(),
-    };
+    let unsupported = || Unsupported { algorithm, op: op.name() };
     let mut s = match (op, algorithm) {
         (Collective::AllReduce, Algorithm::Ring) => allreduce::ring(rank, world, count, usize::MAX),
         (Collective::AllReduce, Algorithm::PipelinedRing { segment_bytes }) => {
             allreduce::ring(rank, world, count, seg(segment_bytes))
         }
-        (Collective::AllReduce, Algorithm::HalvingDoubling) => {
-            allreduce::halving_doubling(rank, world, count)
-        }
-        (Collective::AllReduce, Algorithm::RecursiveDoubling) => {
-            allreduce::recursive_doubling(rank, world, count)
-        }
+        (Collective::AllReduce, Algorithm::HalvingDoubling) => allreduce::halving_doubling(rank, world, count),
+        (Collective::AllReduce, Algorithm::RecursiveDoubling) => allreduce::recursive_doubling(rank, world, count),
         (Collective::Broadcast { root }, Algorithm::BinomialTree) => {
             rooted::broadcast_binomial(rank, world, count, root)
         }
         (Collective::Broadcast { root }, Algorithm::PipelinedChain { segment_bytes }) => {
             rooted::broadcast_chain(rank, world, count, root, seg(segment_bytes))
         }
-        (Collective::Reduce { root }, Algorithm::BinomialTree) => {
-            rooted::reduce_binomial(rank, world, count, root)
-        }
-        (Collective::Gather { root }, Algorithm::Linear) => {
-            rooted::gather_linear(rank, world, count, root)
-        }
-        (Collective::Scatter { root }, Algorithm::Linear) => {
-            rooted::scatter_linear(rank, world, count, root)
-        }
+        (Collective::Reduce { root }, Algorithm::BinomialTree) => rooted::reduce_binomial(rank, world, count, root),
+        (Collective::Gather { root }, Algorithm::Linear) => rooted::gather_linear(rank, world, count, root),
+        (Collective::Scatter { root }, Algorithm::Linear) => rooted::scatter_linear(rank, world, count, root),
         (Collective::AllGather, Algorithm::Ring) => blocks::all_gather_ring(rank, world, count),
-        (Collective::ReduceScatter, Algorithm::Ring) => {
-            blocks::reduce_scatter_ring(rank, world, count)
-        }
-        (Collective::AllToAll, Algorithm::Pairwise) => {
-            blocks::all_to_all_pairwise(rank, world, count)
-        }
+        (Collective::ReduceScatter, Algorithm::Ring) => blocks::reduce_scatter_ring(rank, world, count),
+        (Collective::AllToAll, Algorithm::Pairwise) => blocks::all_to_all_pairwise(rank, world, count),
         (Collective::Scan, Algorithm::PrefixDoubling) => scan::inclusive(rank, world, count),
-        (Collective::ExclusiveScan, Algorithm::PrefixDoubling) => {
-            scan::exclusive(rank, world, count)
-        }
+        (Collective::ExclusiveScan, Algorithm::PrefixDoubling) => scan::exclusive(rank, world, count),
         (Collective::Barrier, Algorithm::Dissemination) => barrier::dissemination(rank, world),
         (Collective::Barrier, Algorithm::TwoPhase) => barrier::two_phase(rank, world),
         _ => return Err(unsupported()),

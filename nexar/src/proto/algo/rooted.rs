@@ -39,13 +39,7 @@ pub fn broadcast_binomial(rank: usize, world: usize, count: usize, root: usize) 
 /// Pipelined chain broadcast: ranks form a chain from the root and each segment of at most
 /// `segment` elements is forwarded as soon as it arrives. For large messages: time approaches
 /// one buffer transfer regardless of `w`.
-pub fn broadcast_chain(
-    rank: usize,
-    world: usize,
-    count: usize,
-    root: usize,
-    segment: usize,
-) -> Schedule {
+pub fn broadcast_chain(rank: usize, world: usize, count: usize, root: usize, segment: usize) -> Schedule {
     let mut s = Schedule::new();
     let v = rel(rank, root, world);
     for seg in Span::new(Slot::Data, 0, count).segments(segment) {

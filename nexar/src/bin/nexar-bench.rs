@@ -1,0 +1,383 @@
+//! `nexar-bench`: collective benchmarks in the spirit of nccl-tests.
+//!
+//! ```text
+//! nexar-bench -b 4K -e 64M -f 4 --op allreduce --np 2          # ranks as separate processes
+//! nexar-bench -b 8 -e 1M --op barrier --np 4 --inproc           # ranks in one process
+//! ```
+//!
+//! Every size is checked once with known data (`#wrong` counts wrong elements), then timed
+//! over `-n` iterations after `-w` warm-ups. Time is the median over iterations of the slowest
+//! rank's time, as in the OpenMPI and Gloo baselines.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use nexar::prelude::*;
+use nexar::{CollectiveError, bf16, f16};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum Op {
+    Allreduce,
+    Broadcast,
+    Allgather,
+    ReduceScatter,
+    Alltoall,
+    Barrier,
+    Sendrecv,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Dt {
+    F32,
+    F64,
+    F16,
+    Bf16,
+    I32,
+    I64,
+    U8,
+}
+
+#[derive(Parser, Clone, Debug)]
+#[command(name = "nexar-bench", version, about = "nexar collective benchmarks (nccl-tests style)")]
+struct Args {
+    /// Smallest message size in bytes (K, M, G suffixes).
+    #[arg(short = 'b', long, default_value = "4K", value_parser = parse_size)]
+    min_bytes: usize,
+    /// Largest message size in bytes.
+    #[arg(short = 'e', long, default_value = "64M", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Multiply the size by this factor between steps.
+    #[arg(short = 'f', long, default_value_t = 4)]
+    factor: usize,
+    /// The operation.
+    #[arg(long, value_enum, default_value = "allreduce")]
+    op: Op,
+    /// Element type.
+    #[arg(short = 'd', long, value_enum, default_value = "f32")]
+    dtype: Dt,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long, default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long, default_value_t = 5)]
+    warmup: usize,
+    /// Number of ranks.
+    #[arg(long, default_value_t = 2)]
+    np: usize,
+    /// Run the ranks as tasks in this process instead of separate processes.
+    #[arg(long)]
+    inproc: bool,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "nexar-bench.json")]
+    json: String,
+    /// (internal) run as a worker of a multi-process benchmark.
+    #[arg(long, hide = true)]
+    worker: bool,
+    /// (internal) the seed a worker joins.
+    #[arg(long, hide = true)]
+    seed: Option<SocketAddr>,
+    /// (internal) the join token.
+    #[arg(long, hide = true)]
+    token: Option<String>,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits.parse::<usize>().map(|n| n * mult).map_err(|_| format!("not a size: {s}"))
+}
+
+/// One row of the results table.
+#[derive(Clone, Debug)]
+struct Row {
+    bytes: usize,
+    count: usize,
+    time_us: f64,
+    algbw: f64,
+    busbw: f64,
+    wrong: u64,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NEXAR_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if args.worker {
+        let seed = args.seed.ok_or("worker needs --seed")?;
+        let token = args.token.clone().ok_or("worker needs --token")?;
+        let cfg = NexarConfig { listen_addr: "127.0.0.1:0".parse()?, ..NexarConfig::from_env()? };
+        let comm = NexarClient::connect(seed, &token, cfg).await?;
+        let rows = run_all(&comm, &args).await?;
+        let mut peak = [peak_rss_kib()];
+        comm.all_reduce(&mut peak, Max).await?;
+        if comm.rank() == 0 {
+            report(&args, &rows, peak[0])?;
+        }
+        comm.shutdown().await;
+        return Ok(());
+    }
+    if args.inproc {
+        return inproc(args);
+    }
+    launch(args).await
+}
+
+fn inproc(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async {
+        let ranks = NexarClient::bootstrap_local(args.np).await?;
+        let mut tasks = Vec::new();
+        for c in ranks {
+            let args = args.clone();
+            tasks.push(tokio::spawn(async move {
+                let rows = run_all(&c, &args).await;
+                (c, rows)
+            }));
+        }
+        let mut done = Vec::new();
+        for t in tasks {
+            let (c, rows) = t.await?;
+            let rows = rows?;
+            if c.rank() == 0 {
+                report(&args, &rows, peak_rss_kib())?;
+            }
+            done.push(c);
+        }
+        for c in &done {
+            let c = c.clone();
+            tokio::spawn(async move { c.shutdown().await });
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+}
+
+/// Starts a seed in this process and `np` worker processes of this binary.
+async fn launch(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = NexarConfig { world_size: Some(args.np), ..NexarConfig::from_env()? };
+    let seed = SeedNode::bind("127.0.0.1:0".parse()?, cfg).await?;
+    let me = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for _ in 0..args.np {
+        let mut cmd = tokio::process::Command::new(&me);
+        cmd.args(std::env::args().skip(1))
+            .args(["--worker", "--seed", &seed.local_addr().to_string(), "--token", &seed.token().to_string()])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        children.push(cmd.spawn()?);
+    }
+    let mut ok = true;
+    for mut child in children {
+        let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+        while let Some(line) = lines.next_line().await? {
+            println!("{line}");
+        }
+        ok &= child.wait().await?.success();
+    }
+    if !ok {
+        return Err("a benchmark process failed".into());
+    }
+    Ok(())
+}
+
+fn sizes(args: &Args) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut s = args.min_bytes.max(1);
+    while s <= args.max_bytes {
+        out.push(s);
+        s = s.saturating_mul(args.factor.max(2));
+    }
+    out
+}
+
+async fn run_all(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, CollectiveError> {
+    let sizes = if args.op == Op::Barrier { vec![0] } else { sizes(args) };
+    let mut rows = Vec::new();
+    for bytes in sizes {
+        let row = match args.dtype {
+            Dt::F32 => run_size::<f32>(comm, args, bytes).await?,
+            Dt::F64 => run_size::<f64>(comm, args, bytes).await?,
+            Dt::F16 => run_size::<f16>(comm, args, bytes).await?,
+            Dt::Bf16 => run_size::<bf16>(comm, args, bytes).await?,
+            Dt::I32 => run_size::<i32>(comm, args, bytes).await?,
+            Dt::I64 => run_size::<i64>(comm, args, bytes).await?,
+            Dt::U8 => run_size::<u8>(comm, args, bytes).await?,
+        };
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Small integers are exact in every element type, so results compare exactly.
+fn val<T: Element + FromSmall>(rank: usize, i: usize) -> T {
+    T::from_small(((rank * 7 + i * 3) % 5) as u8)
+}
+
+trait FromSmall {
+    fn from_small(v: u8) -> Self;
+}
+macro_rules! from_small {
+    ($($t:ty => $e:expr),*) => {$(impl FromSmall for $t { fn from_small(v: u8) -> Self { let f: fn(u8) -> $t = $e; f(v) } })*};
+}
+from_small!(f32 => |v| v as f32, f64 => |v| v as f64, f16 => |v| f16::from_f32(v as f32), bf16 => |v| bf16::from_f32(v as f32),
+    i32 => |v| v as i32, i64 => |v| v as i64, u8 => |v| v);
+
+trait Summable: Element + FromSmall {
+    fn add(self, other: Self) -> Self;
+}
+macro_rules! summable {
+    ($($t:ty),*) => {$(impl Summable for $t { fn add(self, o: Self) -> Self { self + o } })*};
+}
+summable!(f32, f64, f16, bf16, i32, i64);
+impl Summable for u8 {
+    fn add(self, o: Self) -> Self {
+        self.wrapping_add(o)
+    }
+}
+
+async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
+    let (r, w) = (comm.rank(), comm.world_size());
+    match op {
+        Op::Allreduce => comm.all_reduce(recv, ReduceOp::Sum).await,
+        Op::Broadcast => comm.broadcast(recv, 0).await,
+        Op::Allgather => comm.all_gather(send, recv).await,
+        Op::ReduceScatter => comm.reduce_scatter(send, recv, ReduceOp::Sum).await,
+        Op::Alltoall => comm.all_to_all(send, recv).await,
+        Op::Barrier => comm.barrier().await,
+        Op::Sendrecv => {
+            let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
+            let (s, v) = tokio::join!(comm.send(send, next, 0), comm.recv(recv, prev, 0));
+            s.and(v).map_err(|e| CollectiveError::Internal { rank: r, op: "sendrecv", what: e.to_string() })
+        }
+    }
+}
+
+/// Buffer lengths `(send, recv)` for a message of `count` elements.
+fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
+    match op {
+        Op::Allgather => (count / w, count / w * w),
+        Op::ReduceScatter => (count / w * w, count / w),
+        Op::Alltoall => (count / w * w, count / w * w),
+        Op::Allreduce | Op::Broadcast => (0, count),
+        Op::Sendrecv => (count, count),
+        Op::Barrier => (0, 0),
+    }
+}
+
+/// Elements that differ from what `op` must produce, given inputs from `val`.
+fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -> u64 {
+    let expect = |i: usize| -> T {
+        match op {
+            Op::Allreduce => (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i))),
+            Op::Broadcast => val(0, i),
+            Op::Allgather => val(i / send_len.max(1), i % send_len.max(1)),
+            Op::ReduceScatter => (1..w).fold(val::<T>(0, r * recv.len() + i), |a, q| a.add(val(q, r * recv.len() + i))),
+            Op::Alltoall => {
+                let block = recv.len() / w;
+                val(i / block.max(1), r * block + i % block.max(1))
+            }
+            Op::Sendrecv => val((r + w - 1) % w, i),
+            Op::Barrier => T::zeroed(),
+        }
+    };
+    recv.iter().enumerate().filter(|(i, v)| bytemuck::bytes_of(*v) != bytemuck::bytes_of(&expect(*i))).count() as u64
+}
+
+async fn run_size<T: Summable>(comm: &NexarClient, args: &Args, bytes: usize) -> Result<Row, CollectiveError> {
+    let (r, w) = (comm.rank(), comm.world_size());
+    let count = bytes / size_of::<T>();
+    let (send_len, recv_len) = lengths(args.op, count, w);
+    // Check once with known data.
+    let send: Vec<T> = (0..send_len).map(|i| val(r, i)).collect();
+    let mut recv: Vec<T> =
+        (0..recv_len).map(|i| if args.op == Op::Broadcast && r != 0 { T::zeroed() } else { val(r, i) }).collect();
+    one(comm, args.op, &send, &mut recv).await?;
+    let mut wrong_here = [wrong(args.op, r, w, send_len, &recv)];
+    comm.all_reduce(&mut wrong_here, Sum).await?;
+    // Time with zeros (no growth, no denormals), in the same buffers.
+    let mut send = send;
+    send.fill(T::zeroed());
+    recv.fill(T::zeroed());
+    for _ in 0..args.warmup {
+        one(comm, args.op, &send, &mut recv).await?;
+    }
+    comm.barrier().await?;
+    let mut times = Vec::with_capacity(args.iters);
+    for _ in 0..args.iters.max(1) {
+        let start = Instant::now();
+        one(comm, args.op, &send, &mut recv).await?;
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    // The slowest rank's time for each iteration, then the median over iterations.
+    comm.all_reduce(&mut times, Max).await?;
+    times.sort_by(f64::total_cmp);
+    let time_us = times[times.len() / 2];
+    let moved = (recv_len.max(send_len) * size_of::<T>()) as f64;
+    let algbw = if time_us > 0.0 { moved / time_us / 1e3 } else { 0.0 };
+    let factor = match args.op {
+        Op::Allreduce => 2.0 * (w as f64 - 1.0) / w as f64,
+        Op::Allgather | Op::ReduceScatter | Op::Alltoall => (w as f64 - 1.0) / w as f64,
+        _ => 1.0,
+    };
+    Ok(Row {
+        bytes: moved as usize,
+        count: recv_len.max(send_len),
+        time_us,
+        algbw,
+        busbw: algbw * factor,
+        wrong: wrong_here[0],
+    })
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l.to_string()))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let mode = if args.inproc { "one process" } else { "separate processes" };
+    println!(
+        "# nexar-bench: {:?} {:?}, {} ranks ({mode}, QUIC + TLS on loopback), {} iterations after {} warm-ups",
+        args.op, args.dtype, args.np, args.iters, args.warmup
+    );
+    println!(
+        "#{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}",
+        "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+    );
+    let mut json = String::from("[\n");
+    for (i, r) in rows.iter().enumerate() {
+        println!(
+            " {:>12} {:>12} {:>12.1} {:>10.3} {:>10.3} {:>8}",
+            r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong
+        );
+        json.push_str(&format!(
+            "  {{\"op\": \"{:?}\", \"dtype\": \"{:?}\", \"np\": {}, \"bytes\": {}, \"count\": {}, \"time_us\": {:.3}, \"algbw_gbps\": {:.4}, \"busbw_gbps\": {:.4}, \"wrong\": {}}}{}\n",
+            args.op, args.dtype, args.np, r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong, if i + 1 < rows.len() { "," } else { "" }
+        ));
+    }
+    json.push(']');
+    let whose = if args.inproc { "the process" } else { "the largest rank process" };
+    println!("# peak RSS of {whose}: {} MiB", peak_kib / 1024);
+    std::fs::File::create(&args.json)?.write_all(json.as_bytes())?;
+    println!("# results written to {}", args.json);
+    let total_wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    if total_wrong > 0 {
+        return Err(format!("{total_wrong} wrong elements").into());
+    }
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! A pool of reusable buffers, so that sending and receiving do not allocate (and fault in
+//! fresh pages) per message.
+//!
+//! Buffers are `Vec<u64>` (8-byte aligned, so any element type can be viewed in them) in
+//! power-of-two size classes. A buffer taken from the pool keeps whatever it held before: it is
+//! meant to be overwritten, and is never zero-filled again.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use crossbeam_queue::ArrayQueue;
+
+/// Buffers kept per size class.
+const PER_CLASS: usize = 8;
+/// Largest pooled buffer: 2^24 words (128 MiB); larger ones are allocated and freed directly.
+const MAX_CLASS: usize = 24;
+
+/// A lock-free pool of aligned buffers.
+#[derive(Debug)]
+pub struct BufferPool {
+    classes: Vec<ArrayQueue<Vec<u64>>>,
+}
+
+impl Default for BufferPool {
+    fn default() -> Self {
+        BufferPool { classes: (0..=MAX_CLASS).map(|_| ArrayQueue::new(PER_CLASS)).collect() }
+    }
+}
+
+fn class_of(words: usize) -> usize {
+    words.max(1).next_power_of_two().trailing_zeros() as usize
+}
+
+impl BufferPool {
+    /// A buffer of at least `bytes` bytes. Its contents are unspecified.
+    pub fn take(&self, bytes: usize) -> Vec<u64> {
+        let words = bytes.div_ceil(8);
+        let class = class_of(words);
+        if let Some(v) = self.classes.get(class).and_then(ArrayQueue::pop) {
+            return v;
+        }
+        // A fresh buffer's pages are zero and mapped lazily by the OS: no fill pass.
+        vec![0u64; if class <= MAX_CLASS { 1 << class } else { words }]
+    }
+
+    /// Returns a buffer for reuse (dropped if its class is full or it is not pooled).
+    pub fn give(&self, v: Vec<u64>) {
+        let words = v.len();
+        if words.is_power_of_two() {
+            let class = words.trailing_zeros() as usize;
+            if let Some(q) = self.classes.get(class) {
+                let _ = q.push(v);
+            }
+        }
+    }
+}
+
+/// Bytes backed by a pooled buffer; the buffer goes back to the pool when the last reference
+/// is dropped (after QUIC has sent and no longer needs it).
+struct PooledBytes {
+    buf: Vec<u64>,
+    len: usize,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for PooledBytes {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.buf)[..self.len]
+    }
+}
+
+impl Drop for PooledBytes {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
+    }
+}
+
+/// Copies `data` into a pooled buffer and returns it as `Bytes`.
+pub fn pooled_copy(pool: &Arc<BufferPool>, data: &[u8]) -> Bytes {
+    let mut buf = pool.take(data.len());
+    bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[..data.len()].copy_from_slice(data);
+    Bytes::from_owner(PooledBytes { buf, len: data.len(), pool: pool.clone() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_reused_and_bytes_return_them() {
+        let pool = Arc::new(BufferPool::default());
+        let b = pooled_copy(&pool, &[1, 2, 3]);
+        assert_eq!(&b[..], &[1, 2, 3]);
+        let ptr = b.as_ptr();
+        drop(b);
+        let again = pooled_copy(&pool, &[9; 5]);
+        assert_eq!(again.as_ptr(), ptr);
+        assert_eq!(&again[..], &[9; 5]);
+        let big = pool.take(1000);
+        assert!(big.len() * 8 >= 1000);
+        pool.give(big);
+    }
+}
