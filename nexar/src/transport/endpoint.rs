@@ -27,14 +27,9 @@ pub fn transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
     let mut mtu = MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
-    if std::env::var("NX_NOACK").is_err() {
-        let mut ack = AckFrequencyConfig::default();
-        ack.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD));
-        t.ack_frequency_config(Some(ack));
-    }
-    if std::env::var("NX_MTU").is_ok() {
-        t.initial_mtu(MAX_UDP_PAYLOAD);
-    }
+    let mut ack = AckFrequencyConfig::default();
+    ack.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD));
+    t.ack_frequency_config(Some(ack));
     Arc::new(t)
 }
 
