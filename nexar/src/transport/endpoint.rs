@@ -13,6 +13,8 @@ use crate::config::NexarConfig;
 pub const MAX_UDP_PAYLOAD: u16 = 6500;
 /// Streams a peer may open towards us at once (one per lane and direction is what we use).
 const MAX_STREAMS: u32 = 256;
+/// Initial congestion window in bytes.
+const INITIAL_WINDOW: u64 = 1 << 20;
 /// Acknowledge every 16 ack-eliciting packets instead of every 2.
 const ACK_ELICITING_THRESHOLD: u32 = 16;
 
@@ -27,6 +29,11 @@ pub fn transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
     let mut mtu = MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
+    // Cluster links are LAN or loopback: start with a window that covers a typical collective
+    // message instead of ramping up from 14 KB for every new connection.
+    let mut cubic = quinn::congestion::CubicConfig::default();
+    cubic.initial_window(INITIAL_WINDOW);
+    t.congestion_controller_factory(Arc::new(cubic));
     let mut ack = AckFrequencyConfig::default();
     ack.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD));
     t.ack_frequency_config(Some(ack));

@@ -214,6 +214,17 @@ impl PeerLink {
 
     /// Closes the connection with `code`.
     pub fn close(&self, code: u32, reason: &str) {
+        let stats = self.conn.stats();
+        tracing::debug!(
+            peer = self.peer,
+            rtt = ?self.conn.rtt(),
+            cwnd = stats.path.cwnd,
+            mtu = stats.path.current_mtu,
+            lost_packets = stats.path.lost_packets,
+            congestion_events = stats.path.congestion_events,
+            sent_packets = stats.path.sent_packets,
+            "closing connection"
+        );
         self.conn.close(code.into(), reason.as_bytes());
     }
 }
