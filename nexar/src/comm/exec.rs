@@ -187,7 +187,6 @@ impl NexarClient {
         let pool = &self.inner.pool;
         let mut scratch_words = pool.take(schedule.scratch_len * size_of::<T>());
         let scratch: &mut [T] = &mut bytemuck::cast_slice_mut(&mut scratch_words)[..schedule.scratch_len];
-        let mut incoming_words: Vec<u64> = Vec::new();
         let mut sends: Vec<(usize, oneshot::Receiver<Result<(), TransportError>>)> = Vec::new();
         for step in &schedule.steps {
             match *step {
@@ -237,17 +236,14 @@ impl NexarClient {
                     }
                     let out = view_mut(dst, data, scratch).ok_or_else(|| internal("receive span out of bounds"))?;
                     if reduce {
-                        let bytes = dst.len * size_of::<T>();
-                        if incoming_words.len() * 8 < bytes {
-                            pool.give(std::mem::replace(&mut incoming_words, pool.take(bytes)));
-                        }
-                        let incoming: &mut [T] = &mut bytemuck::cast_slice_mut(&mut incoming_words)[..dst.len];
-                        held.payload.copy_to(bytemuck::cast_slice_mut(incoming));
-                        reduce_slice(reduction, out, incoming).map_err(|source| CollectiveError::Reduce {
-                            rank,
-                            op,
-                            source,
-                        })?;
+                        let mut at = 0;
+                        held.payload
+                            .for_each_block::<T, _>(|block| {
+                                let acc = &mut out[at..at + block.len()];
+                                at += block.len();
+                                reduce_slice(reduction, acc, block)
+                            })
+                            .map_err(|source| CollectiveError::Reduce { rank, op, source })?;
                     } else {
                         held.payload.copy_to(bytemuck::cast_slice_mut(out));
                     }
@@ -265,7 +261,6 @@ impl NexarClient {
             }
         }
         pool.give(scratch_words);
-        pool.give(incoming_words);
         for (peer, done) in sends {
             let remaining = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(remaining, done).await {
