@@ -85,8 +85,10 @@ pub struct NexarConfig {
     pub lane_capacity: usize,
     /// UDP socket send and receive buffer size in bytes (`NEXAR_SOCKET_BUFFER_BYTES`).
     pub socket_buffer_bytes: usize,
-    /// How long a waiting collective polls before it parks its thread (`NEXAR_SPIN_US`,
-    /// microseconds; 0 never spins).
+    /// How long a waiting receive or collective step keeps polling before it parks its thread
+    /// (`NEXAR_SPIN_US`, microseconds, default 1000; 0 never spins). Waking a parked thread
+    /// costs tens of microseconds, more than a small message takes; set 0 when ranks
+    /// oversubscribe the cores.
     pub spin: Duration,
     /// Pins the allreduce algorithm (`NEXAR_ALLREDUCE_ALGORITHM`: `ring`, `pipelined_ring`,
     /// `halving_doubling`, `recursive_doubling`); `None` lets the size table choose.
@@ -116,7 +118,7 @@ impl Default for NexarConfig {
             max_unmatched_bytes: 1 << 30,
             lane_capacity: 256,
             socket_buffer_bytes: 8 << 20,
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(1000),
             allreduce_algorithm: None,
             broadcast_algorithm: None,
             barrier_algorithm: None,

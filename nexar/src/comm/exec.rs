@@ -294,21 +294,8 @@ impl NexarClient {
                 what: format!("{held} collective messages are held unread; a peer is running away"),
             },
         };
-        // Spin briefly before parking: waking a parked thread costs tens of microseconds here,
-        // more than a small message's flight. Yielding keeps this runtime's I/O driven, and the
-        // bound keeps bulk traffic from losing its core.
-        let spin = self.config().spin;
-        if !spin.is_zero() {
-            let until = Instant::now() + spin;
-            loop {
-                if let Some(held) = self.inner.coll.try_take(key).map_err(refused)? {
-                    return Ok(held);
-                }
-                if Instant::now() >= until {
-                    break;
-                }
-                tokio::task::yield_now().await;
-            }
+        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, self.config().spin).await.map_err(refused)? {
+            return Ok(held);
         }
         let pending = match self.inner.coll.take_or_wait(key).map_err(refused)? {
             Ok(held) => return Ok(held),

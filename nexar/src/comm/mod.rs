@@ -5,6 +5,7 @@ mod collective;
 mod exec;
 mod mailbox;
 mod p2p;
+mod spin;
 mod state;
 
 pub use client::NexarClient;

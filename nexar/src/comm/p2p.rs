@@ -303,6 +303,11 @@ impl NexarClient {
             },
             Refusal::Closed | Refusal::Aborted(_) => P2pError::Closed { rank, op },
         };
+        if let Some(held) =
+            super::spin::spin_take(&self.inner.mailbox, key, self.config().spin).await.map_err(refused)?
+        {
+            return Ok(held);
+        }
         let pending = match self.inner.mailbox.take_or_wait(key).map_err(refused)? {
             Ok(held) => return Ok(held),
             Err(pending) => pending,
