@@ -11,14 +11,14 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::mailbox::{Mailbox, coll_entry, p2p_entry};
 use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
 use crate::config::{ConfigError, NexarConfig};
 use crate::error::NexarError;
 use crate::proto::message::PeerMsg;
 use crate::transport::endpoint;
-use crate::transport::link::{CLOSE_SHUTDOWN, Incoming, LaneReceivers, LaneSenders, PeerLink, lanes};
+use crate::transport::link::{CLOSE_SHUTDOWN, DirectSink, Incoming, Lane, LaneReceivers, LaneSenders, PeerLink, lanes};
+use crate::transport::mailbox::{Mailbox, coll_entry, p2p_entry};
 use crate::transport::pool::BufferPool;
 use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
 
@@ -193,15 +193,19 @@ impl NexarClient {
             }
             Err(e) => return Err(e.into()),
         }
-        let (senders, receivers) = lanes(cfg.lane_capacity);
-        let mesh =
-            cluster::form_mesh(&endpoint, MeshSetup { rank, addrs, identity, ca, cfg: &cfg, lanes: senders.clone() })
-                .await?;
-        let LaneReceivers { rpc_requests, rpc_responses, control, data, raw } = receivers;
         let mailbox = Arc::new(Mailbox::new(cfg.max_unmatched_messages, cfg.max_unmatched_bytes));
         // Collective messages are bounded by the schedules that send them; the limit only
         // stops a runaway peer.
         let coll = Arc::new(Mailbox::new(COLL_MAX_HELD, cfg.max_unmatched_bytes.max(cfg.max_message_bytes)));
+        let (senders, receivers) = lanes(cfg.lane_capacity);
+        let senders = senders
+            .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
+            .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
+        let mesh =
+            cluster::form_mesh(&endpoint, MeshSetup { rank, addrs, identity, ca, cfg: &cfg, lanes: senders.clone() })
+                .await?;
+        // The data and raw lanes go straight into the mailboxes; their queues stay unused.
+        let LaneReceivers { rpc_requests, rpc_responses, control, .. } = receivers;
         let world = addrs.len();
         let inner = Arc::new(Inner {
             rank,
@@ -209,8 +213,8 @@ impl NexarClient {
             endpoint,
             links: mesh.links,
             self_lanes: senders,
-            mailbox: mailbox.clone(),
-            coll: coll.clone(),
+            mailbox,
+            coll,
             pool: Arc::new(BufferPool::default()),
             pings: Mutex::new(HashMap::new()),
             goodbyes: (Mutex::new(vec![false; addrs.len()]), Notify::new()),
@@ -219,11 +223,8 @@ impl NexarClient {
             _spare: Mutex::new(Some((rpc_requests, rpc_responses))),
         });
         let span = tracing::debug_span!("rank", rank);
-        let dispatcher = tokio::spawn(async move { mailbox.dispatch(data, p2p_entry).await }.instrument(span.clone()));
-        let coll_dispatcher =
-            tokio::spawn(async move { coll.dispatch(raw, coll_entry).await }.instrument(span.clone()));
         let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span));
-        inner.tasks.lock().expect("tasks lock").extend([dispatcher, coll_dispatcher, control]);
+        inner.tasks.lock().expect("tasks lock").push(control);
         Ok(NexarClient { inner, comm: Arc::new(CommState::world(rank, world)) })
     }
 
@@ -294,6 +295,8 @@ impl NexarClient {
             );
         }
         close_links(&inner.links, FLUSH_LIMIT).await;
+        inner.mailbox.close();
+        inner.coll.close();
         if let Some(seed) = &self.inner.seed {
             seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
         }

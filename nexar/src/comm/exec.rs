@@ -9,11 +9,11 @@ use tokio::sync::oneshot;
 
 use super::client::NexarClient;
 use super::collective::CollectiveError;
-use super::mailbox::{CollCheck, Key, Refusal};
 use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::PeerMsg;
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::transport::TransportError;
+use crate::transport::mailbox::{CollCheck, Key, Refusal};
 use crate::transport::pool::pooled_copy;
 
 /// One collective call as this rank made it.
@@ -283,7 +283,7 @@ impl NexarClient {
         from: usize,
         op: &'static str,
         deadline: Instant,
-    ) -> Result<super::mailbox::Held, CollectiveError> {
+    ) -> Result<crate::transport::mailbox::Held, CollectiveError> {
         let rank = self.rank();
         let refused = |r: Refusal| match r {
             Refusal::Aborted(reason) => CollectiveError::Aborted { rank, op, reason },

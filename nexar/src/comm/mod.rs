@@ -3,7 +3,6 @@
 mod client;
 mod collective;
 mod exec;
-mod mailbox;
 mod p2p;
 mod spin;
 mod state;

@@ -9,11 +9,11 @@ use crate::transport::pool::pooled_copy;
 use nexar_types::{DType, Element, RecvBuf, SendBuf};
 
 use super::client::NexarClient;
-use super::mailbox::{Held, Key, Refusal};
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;
 use crate::transport::framed::Payload;
 use crate::transport::link::Incoming;
+use crate::transport::mailbox::{Held, Key, Refusal};
 
 /// Failures of `send` and `recv`. Each names the rank that reports it, the operation and what
 /// was expected.

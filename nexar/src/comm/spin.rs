@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::mailbox::{Held, Key, Mailbox, Refusal};
+use crate::transport::mailbox::{Held, Key, Mailbox, Refusal};
 
 /// Polls `mailbox` for `key` for up to `limit`, yielding between polls so this runtime keeps
 /// driving its I/O (the message we wait for arrives through it). `Ok(None)` when nothing came.

@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::TransportError;
 use super::framed::{Payload, ReadFrameError, read_body, read_header};
+use super::mailbox::{Held, Key, Mailbox};
 use crate::proto::frame::{FrameError, FrameKind, MAX_CONTROL_FRAME, message_frame, raw_header};
 use crate::proto::message::{self, PeerMsg};
 
@@ -61,9 +62,24 @@ pub struct Incoming {
 }
 
 /// The sending halves of a rank's lanes, shared by the routers of all its links.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LaneSenders {
     senders: [mpsc::Sender<Incoming>; Lane::COUNT],
+    direct: [Option<DirectSink>; Lane::COUNT],
+}
+
+impl std::fmt::Debug for LaneSenders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaneSenders").finish_non_exhaustive()
+    }
+}
+
+/// A lane whose messages go straight from the router into a matching store, without a queue
+/// and a task hop in between (the latency path of point-to-point and collectives).
+#[derive(Clone)]
+pub(crate) struct DirectSink {
+    pub mailbox: std::sync::Arc<Mailbox>,
+    pub entry: fn(Incoming) -> Option<(Key, Held)>,
 }
 
 /// The receiving halves of a rank's lanes, taken by the layers that consume them.
@@ -89,16 +105,28 @@ pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
     let (d, rd) = mpsc::channel(capacity);
     let (e, re) = mpsc::channel(capacity);
     (
-        LaneSenders { senders: [a, b, c, d, e] },
+        LaneSenders { senders: [a, b, c, d, e], direct: Default::default() },
         LaneReceivers { rpc_requests: ra, rpc_responses: rb, control: rc, data: rd, raw: re },
     )
 }
 
 impl LaneSenders {
+    /// Sends `lane`'s messages straight into `sink` instead of its queue.
+    pub(crate) fn with_direct(mut self, lane: Lane, sink: DirectSink) -> Self {
+        self.direct[lane as usize] = Some(sink);
+        self
+    }
+
     /// Queues a message on its lane, waiting while the lane is full. Fails only when the
     /// lane's consumer is gone (the rank is shutting down).
     pub async fn deliver(&self, incoming: Incoming) -> Result<(), Incoming> {
         let lane = Lane::of(&incoming.msg);
+        if let Some(sink) = &self.direct[lane as usize] {
+            if let Some((key, held)) = (sink.entry)(incoming) {
+                sink.mailbox.deliver(key, held).await;
+            }
+            return Ok(());
+        }
         self.senders[lane as usize].send(incoming).await.map_err(|e| e.0)
     }
 }

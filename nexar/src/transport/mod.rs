@@ -4,6 +4,7 @@
 pub mod endpoint;
 pub mod framed;
 pub mod link;
+pub mod mailbox;
 pub mod pool;
 pub mod tls;
 

@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use nexar_types::DType;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 use crate::proto::message::PeerMsg;
 use crate::transport::framed::Payload;
@@ -148,14 +148,8 @@ impl Mailbox {
         st.count == 0 || (st.count < self.max_count && st.bytes + len <= self.max_bytes)
     }
 
-    /// Drains a lane into the mailbox until the lane closes; `entry` picks the messages and
-    /// their keys.
-    pub async fn dispatch(&self, mut lane: mpsc::Receiver<Incoming>, entry: fn(Incoming) -> Option<(Key, Held)>) {
-        while let Some(incoming) = lane.recv().await {
-            if let Some((key, held)) = entry(incoming) {
-                self.deliver(key, held).await;
-            }
-        }
+    /// Fails every waiting receive and every later one: the rank is shutting down.
+    pub fn close(&self) {
         let mut st = self.lock();
         st.closed = true;
         for (_, queue) in st.waiters.drain() {
