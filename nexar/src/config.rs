@@ -86,10 +86,11 @@ pub struct NexarConfig {
     /// UDP socket send and receive buffer size in bytes (`NEXAR_SOCKET_BUFFER_BYTES`).
     pub socket_buffer_bytes: usize,
     /// How long a waiting receive or collective step keeps polling before it parks its thread
-    /// (`NEXAR_SPIN_US`, microseconds, default 1000; 0 never spins). Waking a parked thread
-    /// costs tens of microseconds, more than a small message takes; set 0 when ranks
-    /// oversubscribe the cores.
-    pub spin: Duration,
+    /// (`NEXAR_SPIN_US`, microseconds; 0 never spins). `None` (the default) spins up to 1 ms
+    /// when this host runs no more ranks than it has cores, and never when ranks oversubscribe
+    /// the cores. Waking a parked thread costs tens of microseconds, more than a small message
+    /// takes.
+    pub spin: Option<Duration>,
     /// Pins the allreduce algorithm (`NEXAR_ALLREDUCE_ALGORITHM`: `ring`, `pipelined_ring`,
     /// `halving_doubling`, `recursive_doubling`); `None` lets the size table choose.
     pub allreduce_algorithm: Option<Algorithm>,
@@ -118,7 +119,7 @@ impl Default for NexarConfig {
             max_unmatched_bytes: 1 << 30,
             lane_capacity: 256,
             socket_buffer_bytes: 8 << 20,
-            spin: Duration::from_micros(1000),
+            spin: None,
             allreduce_algorithm: None,
             broadcast_algorithm: None,
             barrier_algorithm: None,
@@ -210,7 +211,7 @@ impl NexarConfig {
             if us > 1_000_000 {
                 return Err(invalid(var, &v, "at most 1000000 (one second)"));
             }
-            c.spin = Duration::from_micros(us);
+            c.spin = Some(Duration::from_micros(us));
         }
         for (var, slot, allowed) in [
             (

@@ -25,6 +25,9 @@ use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
 /// Collective messages a rank may hold before it stops reading the raw lane.
 const COLL_MAX_HELD: usize = 1 << 16;
 
+/// Spin limit when the host has a core per rank.
+const DEFAULT_SPIN: Duration = Duration::from_millis(1);
+
 /// How long closing waits for peers to acknowledge what was sent.
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
@@ -60,6 +63,8 @@ pub(super) struct Inner {
     pub coll: Arc<Mailbox>,
     /// Reused send and scratch buffers.
     pub pool: Arc<BufferPool>,
+    /// How long receives poll before parking (see `NexarConfig::spin`).
+    pub spin: Duration,
     pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     /// Peers that said goodbye, and a wake-up for whoever waits on them.
     goodbyes: (Mutex<Vec<bool>>, Notify),
@@ -207,6 +212,7 @@ impl NexarClient {
         // The data and raw lanes go straight into the mailboxes; their queues stay unused.
         let LaneReceivers { rpc_requests, rpc_responses, control, .. } = receivers;
         let world = addrs.len();
+        let spin = cfg.spin.unwrap_or_else(|| default_spin(addrs, rank));
         let inner = Arc::new(Inner {
             rank,
             cfg,
@@ -216,6 +222,7 @@ impl NexarClient {
             mailbox,
             coll,
             pool: Arc::new(BufferPool::default()),
+            spin,
             pings: Mutex::new(HashMap::new()),
             goodbyes: (Mutex::new(vec![false; addrs.len()]), Notify::new()),
             tasks: Mutex::new(vec![mesh.acceptor]),
@@ -309,6 +316,18 @@ impl NexarClient {
         let world = *self.comm.members.get(peer)?;
         self.inner.links.get(world).and_then(Option::as_ref)
     }
+}
+
+/// Spin up to 1 ms while this host runs no more ranks than it has cores; spinning ranks that
+/// share cores only steal them from each other.
+fn default_spin(addrs: &[SocketAddr], rank: usize) -> Duration {
+    let here = addrs[rank].ip();
+    let same_host = |a: &SocketAddr| a.ip() == here || (a.ip().is_loopback() && here.is_loopback());
+    let local_ranks = addrs.iter().filter(|a| same_host(a)).count();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let spin = if local_ranks <= cores { DEFAULT_SPIN } else { Duration::ZERO };
+    tracing::debug!(rank, local_ranks, cores, ?spin, "receive spin");
+    spin
 }
 
 async fn close_links(links: &[Option<PeerLink>], limit: Duration) {

@@ -294,7 +294,7 @@ impl NexarClient {
                 what: format!("{held} collective messages are held unread; a peer is running away"),
             },
         };
-        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, self.config().spin).await.map_err(refused)? {
+        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, self.inner.spin).await.map_err(refused)? {
             return Ok(held);
         }
         let pending = match self.inner.coll.take_or_wait(key).map_err(refused)? {

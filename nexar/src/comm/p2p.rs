@@ -303,9 +303,7 @@ impl NexarClient {
             },
             Refusal::Closed | Refusal::Aborted(_) => P2pError::Closed { rank, op },
         };
-        if let Some(held) =
-            super::spin::spin_take(&self.inner.mailbox, key, self.config().spin).await.map_err(refused)?
-        {
+        if let Some(held) = super::spin::spin_take(&self.inner.mailbox, key, self.inner.spin).await.map_err(refused)? {
             return Ok(held);
         }
         let pending = match self.inner.mailbox.take_or_wait(key).map_err(refused)? {
