@@ -351,6 +351,9 @@ async fn non_blocking_collectives_own_their_buffers() {
             // Forgetting a handle is sound: the collective still completes with the peers.
             let forgotten = c.all_reduce_start(Buf::from_vec(vec![1i32; 4]), Sum);
             std::mem::forget(forgotten);
+            // A bad root is refused on every rank, through the handle too.
+            let bad = c.broadcast_start(Buf::from_vec(vec![0u8; 4]), 9).await.unwrap_err();
+            assert!(bad.to_string().contains("root 9 does not exist"), "{bad}");
             assert_eq!(first.await.unwrap().as_slice(), &[3.0; 1000][..]);
             assert_eq!(second.await.unwrap().as_slice(), &[2; 10][..]);
             let mut after = [1u8];

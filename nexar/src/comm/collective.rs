@@ -180,20 +180,26 @@ impl NexarClient {
         self.execute(seq, call, &schedule, data, input).await
     }
 
-    async fn collective<T: Element>(&self, call: CollCall, data: &mut [T], input: &[T]) -> Result<(), CollectiveError> {
+    /// What is wrong with this rank's own call, found before anything is sent.
+    fn bad_call<T: Element>(&self, call: &CollCall) -> Option<String> {
         if let Some(op) = call.op
             && !op.supports(T::DTYPE)
         {
-            let reason = ReduceError::Unsupported { op, dtype: T::DTYPE }.to_string();
-            return Err(self.fail_early(call, reason).await);
+            return Some(ReduceError::Unsupported { op, dtype: T::DTYPE }.to_string());
         }
-        if let Some(root) = call.kind.root()
-            && root >= self.world_size()
-        {
-            let reason = format!("root {root} does not exist (world size {})", self.world_size());
-            return Err(self.fail_early(call, reason).await);
+        match call.kind.root() {
+            Some(root) if root >= self.world_size() => {
+                Some(format!("root {root} does not exist (world size {})", self.world_size()))
+            }
+            _ => None,
         }
+    }
+
+    async fn collective<T: Element>(&self, call: CollCall, data: &mut [T], input: &[T]) -> Result<(), CollectiveError> {
         let seq = self.comm.next_seq();
+        if let Some(reason) = self.bad_call::<T>(&call) {
+            return Err(self.fail_seq(seq, call, reason).await);
+        }
         self.run_collective(seq, call, data, input).await
     }
 
@@ -498,13 +504,8 @@ impl NexarClient {
         let seq = self.comm.next_seq();
         let (rank, op) = (self.rank(), call.kind.name());
         let task = tokio::spawn(async move {
-            if let Some(op) = call.op
-                && !op.supports(T::DTYPE)
-            {
-                let reason = ReduceError::Unsupported { op, dtype: T::DTYPE }.to_string();
-                let err = CollectiveError::InvalidArgument { rank: client.rank(), op: call.kind.name(), reason };
-                super::exec::broadcast_abort(&client, seq, &err.to_string()).await;
-                return Err(err);
+            if let Some(reason) = client.bad_call::<T>(&call) {
+                return Err(client.fail_seq(seq, call, reason).await);
             }
             client.run_collective(seq, call, buf.as_mut_slice(), &[]).await.map(|()| buf)
         });

@@ -165,6 +165,11 @@ impl NexarClient {
     /// (a bad argument on this rank), so they fail at once instead of waiting.
     pub(super) async fn fail_early(&self, call: CollCall, reason: String) -> CollectiveError {
         let seq = self.comm.next_seq();
+        self.fail_seq(seq, call, reason).await
+    }
+
+    /// Fails collective `seq` on this rank with `reason` and tells every peer.
+    pub(super) async fn fail_seq(&self, seq: u64, call: CollCall, reason: String) -> CollectiveError {
         let err = CollectiveError::InvalidArgument { rank: self.rank(), op: call.kind.name(), reason };
         broadcast_abort(self, seq, &err.to_string()).await;
         err
