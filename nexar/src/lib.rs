@@ -26,6 +26,7 @@ pub mod comm;
 pub mod config;
 mod error;
 pub mod proto;
+mod sync;
 pub mod transport;
 
 pub use cluster::{ClusterError, JoinToken, SeedNode};

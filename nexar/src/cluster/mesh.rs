@@ -186,7 +186,7 @@ async fn accept_peers(
                     }
                 };
                 let admit = {
-                    let mut exp = expected.lock().expect("expected-peers lock");
+                    let mut exp = crate::sync::lock(&expected);
                     match exp.get_mut(peer as usize) {
                         Some(slot) if *slot => {
                             *slot = false;

@@ -33,6 +33,7 @@ const CLOSE_REJECTED: u32 = 1;
 /// ```
 pub struct SeedNode {
     endpoint: quinn::Endpoint,
+    local: SocketAddr,
     token: JoinToken,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
@@ -85,7 +86,7 @@ impl SeedNode {
         tracing::info!(%local, world, "seed listening");
         let accept =
             tokio::spawn(accept_loop(endpoint.clone(), shared.clone()).instrument(tracing::info_span!("seed", %local)));
-        Ok(SeedNode { endpoint, token, shared, accept })
+        Ok(SeedNode { endpoint, local, token, shared, accept })
     }
 
     /// The join token workers need.
@@ -95,7 +96,7 @@ impl SeedNode {
 
     /// The address the seed listens on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.endpoint.local_addr().expect("a bound endpoint has an address")
+        self.local
     }
 
     /// The number of workers the cluster waits for.
@@ -250,7 +251,7 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
 }
 
 fn claim_slot(shared: &Shared, addr: SocketAddr) -> Option<usize> {
-    let mut slots = shared.slots.lock().expect("seed slots lock");
+    let mut slots = crate::sync::lock(&shared.slots);
     if slots.formed {
         return None;
     }
@@ -266,7 +267,7 @@ fn claim_slot(shared: &Shared, addr: SocketAddr) -> Option<usize> {
 }
 
 fn release_slot(shared: &Shared, rank: usize) {
-    let mut slots = shared.slots.lock().expect("seed slots lock");
+    let mut slots = crate::sync::lock(&shared.slots);
     if !slots.formed {
         slots.addrs[rank] = None;
     }

@@ -231,7 +231,7 @@ impl NexarClient {
         });
         let span = tracing::debug_span!("rank", rank);
         let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span));
-        inner.tasks.lock().expect("tasks lock").push(control);
+        crate::sync::lock(&inner.tasks).push(control);
         Ok(NexarClient { inner, comm: Arc::new(CommState::world(rank, world)) })
     }
 
@@ -282,7 +282,7 @@ impl NexarClient {
         let all_gone = async {
             loop {
                 let notified = inner.goodbyes.1.notified();
-                let said = inner.goodbyes.0.lock().expect("goodbyes lock").clone();
+                let said = crate::sync::lock(&inner.goodbyes.0).clone();
                 let waiting = inner
                     .links
                     .iter()
@@ -379,12 +379,12 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 }
             }
             PeerMsg::Pong { nonce } => {
-                if let Some(tx) = inner.pings.lock().expect("pings lock").remove(&nonce) {
+                if let Some(tx) = crate::sync::lock(&inner.pings).remove(&nonce) {
                     let _ = tx.send(());
                 }
             }
             PeerMsg::Goodbye => {
-                if let Some(flag) = inner.goodbyes.0.lock().expect("goodbyes lock").get_mut(incoming.from as usize) {
+                if let Some(flag) = crate::sync::lock(&inner.goodbyes.0).get_mut(incoming.from as usize) {
                     *flag = true;
                 }
                 inner.goodbyes.1.notify_waiters();

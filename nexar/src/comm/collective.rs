@@ -534,7 +534,11 @@ impl NexarClient {
         let mut group: Vec<(u64, usize)> =
             (0..world).filter(|r| all[2 * r] == u64::from(color)).map(|r| (all[2 * r + 1], r)).collect();
         group.sort();
-        let me = group.iter().position(|(_, r)| *r == self.rank()).expect("this rank passed this color");
+        let me = group.iter().position(|(_, r)| *r == self.rank()).ok_or_else(|| CollectiveError::Internal {
+            rank: self.rank(),
+            op: "split",
+            what: "this rank is missing from its own color group".into(),
+        })?;
         let members = group.iter().map(|(_, r)| self.comm.members[*r]).collect();
         let id = nexar_types::stable_id(&[&self.comm.id.to_string(), &seq.to_string(), &color.to_string()]).max(1);
         Ok(Some(self.with_comm(CommState::new(id, members, me))))

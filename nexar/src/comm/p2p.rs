@@ -263,7 +263,7 @@ impl NexarClient {
         let link = self.link(peer).ok_or(P2pError::Closed { rank, op: "ping" })?;
         let nonce: u64 = rand::random();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner.pings.lock().expect("pings lock").insert(nonce, tx);
+        crate::sync::lock(&self.inner.pings).insert(nonce, tx);
         let start = std::time::Instant::now();
         let after = self.config().op_timeout;
         let result = tokio::time::timeout(after, async {
@@ -276,7 +276,7 @@ impl NexarClient {
             rx.await.map_err(|_| P2pError::Closed { rank, op: "ping" })
         })
         .await;
-        self.inner.pings.lock().expect("pings lock").remove(&nonce);
+        crate::sync::lock(&self.inner.pings).remove(&nonce);
         match result {
             Ok(Ok(())) => Ok(start.elapsed()),
             Ok(Err(e)) => Err(e),

@@ -139,9 +139,7 @@ impl Mailbox {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding this lock cannot leave the state half-updated in a way that
-        // loses messages, so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     fn has_room(&self, st: &State, len: u64) -> bool {
