@@ -1,6 +1,37 @@
-//! Procedural macros of nexar.
+//! Procedural macros of nexar: `#[nexar::rpc]` (and, later, `#[nexar::collective_plan]`).
 //!
-//! `#[nexar::rpc]` and `#[nexar::collective_plan]` arrive with the typed-DSL work; this crate is a
-//! member of the workspace now so that the layout is fixed and the re-exports in `nexar` exist.
+//! Generated code names the runtime through `::nexar::__private` (override with
+//! `#[nexar::rpc(crate = "path::to::nexar")]`). On a mistake the macro re-emits the user's item
+//! together with one spanned error, so the rest of the crate still type-checks (tokio's habit).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+use proc_macro::TokenStream;
+
+mod rpc;
+
+/// Turns a function into a remote endpoint with a stable id and a typed client stub.
+///
+/// ```ignore
+/// #[nexar::rpc]
+/// async fn load_shard(id: u32, offset: u64) -> Result<Vec<u8>, ShardError> { ... }
+///
+/// let bytes = load_shard::call(&client, peer, 7, 0).await??;
+/// let everyone = load_shard::call_all(&client, 7, 0).await;
+/// ```
+///
+/// The id hashes the module path, the name and the signature, so renaming the module or
+/// changing the signature changes it and moving code around does not; `#[nexar::rpc(id = 42)]`
+/// pins it. Arguments and the result must be rkyv-serialisable.
+#[proc_macro_attribute]
+pub fn rpc(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item2 = proc_macro2::TokenStream::from(item);
+    match rpc::expand(attr.into(), item2.clone()) {
+        Ok(out) => out.into(),
+        Err(err) => {
+            let mut out = item2;
+            out.extend(err.to_compile_error());
+            out.into()
+        }
+    }
+}

@@ -59,6 +59,9 @@ pub enum ClusterError {
         /// The limit.
         after: Duration,
     },
+    /// Two `#[nexar::rpc]` functions share an id (or the registry is otherwise unusable).
+    #[error("the rpc registry is invalid: {0}")]
+    RpcRegistry(String),
     /// The transport failed underneath.
     #[error(transparent)]
     Transport(#[from] TransportError),

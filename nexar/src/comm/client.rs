@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
 use rustls::pki_types::CertificateDer;
+use std::sync::atomic::AtomicU64;
+
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -16,7 +18,9 @@ use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
 use crate::config::{ConfigError, NexarConfig};
 use crate::error::NexarError;
 use crate::proto::message::PeerMsg;
+use crate::rpc::{Registry, serve_requests, serve_responses};
 use crate::transport::endpoint;
+use crate::transport::framed::Payload;
 use crate::transport::link::{CLOSE_SHUTDOWN, DirectSink, Incoming, Lane, LaneReceivers, LaneSenders, PeerLink, lanes};
 use crate::transport::mailbox::{Mailbox, coll_entry, p2p_entry};
 use crate::transport::pool::BufferPool;
@@ -46,12 +50,12 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 /// ```
 #[derive(Clone)]
 pub struct NexarClient {
-    pub(super) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     /// The communicator this handle speaks for: the world, or a group made by `split`.
-    pub(super) comm: Arc<CommState>,
+    pub(crate) comm: Arc<CommState>,
 }
 
-pub(super) struct Inner {
+pub(crate) struct Inner {
     pub rank: usize,
     pub cfg: NexarConfig,
     pub endpoint: Endpoint,
@@ -70,12 +74,15 @@ pub(super) struct Inner {
     goodbyes: (Mutex<Vec<bool>>, Notify),
     tasks: Mutex<Vec<JoinHandle<()>>>,
     seed: Option<Connection>,
-    /// Lanes no layer consumes yet (RPC, collectives); held so their queues exist.
-    _spare: Mutex<Option<SpareLanes>>,
+    /// The RPC functions linked into this program.
+    pub registry: Arc<Registry>,
+    /// Calls waiting for their response, by request id.
+    pub rpc_pending: Mutex<HashMap<u64, oneshot::Sender<(u8, Payload)>>>,
+    /// The next request id.
+    pub next_req: AtomicU64,
+    /// What each peer said it serves: function id → signature hash.
+    pub peer_registries: Mutex<Vec<Option<HashMap<u64, u64>>>>,
 }
-
-/// The RPC-request and RPC-response lanes, waiting for the layer that will read them.
-type SpareLanes = (mpsc::Receiver<Incoming>, mpsc::Receiver<Incoming>);
 
 impl std::fmt::Debug for NexarClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -198,6 +205,7 @@ impl NexarClient {
             }
             Err(e) => return Err(e.into()),
         }
+        let registry = Arc::new(Registry::collect().map_err(ClusterError::RpcRegistry)?);
         let mailbox = Arc::new(Mailbox::new(cfg.max_unmatched_messages, cfg.max_unmatched_bytes));
         // Collective messages are bounded by the schedules that send them; the limit only
         // stops a runaway peer.
@@ -227,11 +235,23 @@ impl NexarClient {
             goodbyes: (Mutex::new(vec![false; addrs.len()]), Notify::new()),
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,
-            _spare: Mutex::new(Some((rpc_requests, rpc_responses))),
+            registry: registry.clone(),
+            rpc_pending: Mutex::new(HashMap::new()),
+            next_req: AtomicU64::new(0),
+            peer_registries: Mutex::new(vec![None; world]),
         });
         let span = tracing::debug_span!("rank", rank);
-        let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span));
-        crate::sync::lock(&inner.tasks).push(control);
+        let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span.clone()));
+        let requests = tokio::spawn(serve_requests(Arc::downgrade(&inner), rpc_requests).instrument(span.clone()));
+        let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span));
+        crate::sync::lock(&inner.tasks).extend([control, requests, responses]);
+        // Tell every peer what this rank serves, so a call to a missing function fails at once.
+        let announce = PeerMsg::Registry { entries: registry.entries() };
+        for link in inner.links.iter().flatten() {
+            if let Err(e) = link.send_queued(&announce, None).await {
+                tracing::debug!(peer = link.peer(), error = %e, "could not announce the rpc registry");
+            }
+        }
         Ok(NexarClient { inner, comm: Arc::new(CommState::world(rank, world)) })
     }
 
@@ -312,7 +332,7 @@ impl NexarClient {
     }
 
     /// The link to `peer` (a rank of this communicator).
-    pub(super) fn link(&self, peer: usize) -> Option<&PeerLink> {
+    pub(crate) fn link(&self, peer: usize) -> Option<&PeerLink> {
         let world = *self.comm.members.get(peer)?;
         self.inner.links.get(world).and_then(Option::as_ref)
     }
@@ -393,7 +413,12 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 tracing::debug!(from = incoming.from, comm, seq, %reason, "a peer aborted a collective");
                 inner.coll.abort(comm, seq, &reason);
             }
-            PeerMsg::P2p { .. } | PeerMsg::Coll { .. } => {}
+            PeerMsg::Registry { entries } => {
+                if let Some(slot) = crate::sync::lock(&inner.peer_registries).get_mut(incoming.from as usize) {
+                    *slot = Some(entries.into_iter().collect());
+                }
+            }
+            PeerMsg::P2p { .. } | PeerMsg::Coll { .. } | PeerMsg::RpcRequest { .. } | PeerMsg::RpcResponse { .. } => {}
         }
     }
 }

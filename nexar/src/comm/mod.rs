@@ -7,6 +7,7 @@ mod p2p;
 mod spin;
 mod state;
 
+pub(crate) use client::Inner;
 pub use client::NexarClient;
 pub use collective::{CollectiveError, CollectiveHandle};
 pub use p2p::P2pError;

@@ -110,6 +110,32 @@ pub enum PeerMsg {
         /// Elements in this message.
         len: u64,
     },
+    /// An RPC request; a raw frame of `len` bytes (the rkyv-encoded arguments) follows.
+    RpcRequest {
+        /// Caller-chosen id, echoed in the response.
+        req: u64,
+        /// The function id.
+        func: u64,
+        /// Hash of the function's signature as the caller knows it.
+        sig: u64,
+        /// Bytes of arguments.
+        len: u64,
+    },
+    /// An RPC response; a raw frame of `len` bytes follows (the encoded result, or an error
+    /// text for a non-zero status).
+    RpcResponse {
+        /// The request's id.
+        req: u64,
+        /// 0 ok; see `rpc::Status` for the others.
+        status: u8,
+        /// Bytes of body.
+        len: u64,
+    },
+    /// The RPC functions a rank serves: `(function id, signature hash)`, sent once the mesh forms.
+    Registry {
+        /// Every registered function.
+        entries: Vec<(u64, u64)>,
+    },
     /// A rank gave up on a collective (it saw a disagreement, timed out, or was cancelled):
     /// every rank in it stops waiting and reports `reason`.
     Abort {
@@ -140,7 +166,14 @@ impl PeerMsg {
         match self {
             PeerMsg::P2p { dtype, count, .. } => Some((*dtype, *count)),
             PeerMsg::Coll { dtype, len, .. } => Some((*dtype, *len)),
-            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } | PeerMsg::Goodbye | PeerMsg::Abort { .. } => None,
+            PeerMsg::RpcRequest { len, .. } | PeerMsg::RpcResponse { len, .. } => {
+                Some((nexar_types::DType::U8.to_wire(), *len))
+            }
+            PeerMsg::Ping { .. }
+            | PeerMsg::Pong { .. }
+            | PeerMsg::Goodbye
+            | PeerMsg::Abort { .. }
+            | PeerMsg::Registry { .. } => None,
         }
     }
 }

@@ -45,7 +45,13 @@ impl Lane {
         match msg {
             PeerMsg::P2p { .. } => Lane::Data,
             PeerMsg::Coll { .. } => Lane::Raw,
-            PeerMsg::Ping { .. } | PeerMsg::Pong { .. } | PeerMsg::Goodbye | PeerMsg::Abort { .. } => Lane::Control,
+            PeerMsg::RpcRequest { .. } => Lane::RpcRequests,
+            PeerMsg::RpcResponse { .. } => Lane::RpcResponses,
+            PeerMsg::Ping { .. }
+            | PeerMsg::Pong { .. }
+            | PeerMsg::Goodbye
+            | PeerMsg::Abort { .. }
+            | PeerMsg::Registry { .. } => Lane::Control,
         }
     }
 }

@@ -1,0 +1,191 @@
+//! Expansion of `#[nexar::rpc]`: parse and check the function, then generate the endpoint module.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{FnArg, ItemFn, LitInt, LitStr, Pat, Path, ReturnType, Type};
+
+/// What the attribute's arguments say.
+struct Options {
+    id: Option<LitInt>,
+    krate: Path,
+}
+
+fn parse_options(attr: TokenStream) -> syn::Result<Options> {
+    let mut opts = Options { id: None, krate: syn::parse_quote!(::nexar) };
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("id") {
+            let lit: LitInt = meta.value()?.parse()?;
+            lit.base10_parse::<u64>()?;
+            opts.id = Some(lit);
+            Ok(())
+        } else if meta.path.is_ident("crate") {
+            let lit: LitStr = meta.value()?.parse()?;
+            opts.krate = lit.parse()?;
+            Ok(())
+        } else {
+            Err(meta.error("unknown `#[nexar::rpc]` option; expected `id = <u64>` or `crate = \"path\"`"))
+        }
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
+    Ok(opts)
+}
+
+/// The function's arguments as `(name, type)`, refusing what an endpoint cannot have.
+fn arguments(func: &ItemFn) -> syn::Result<Vec<(syn::Ident, Type)>> {
+    if let Some(receiver) = func.sig.receiver() {
+        return Err(syn::Error::new(
+            receiver.span(),
+            "`#[nexar::rpc]` cannot be used on a method with `self`: make it a free function and pass the state it needs as arguments",
+        ));
+    }
+    if !func.sig.generics.params.is_empty() || func.sig.generics.where_clause.is_some() {
+        return Err(syn::Error::new(
+            func.sig.generics.span(),
+            "`#[nexar::rpc]` functions cannot be generic: an endpoint has one concrete signature (write one function per type)",
+        ));
+    }
+    if let Some(v) = &func.sig.variadic {
+        return Err(syn::Error::new(v.span(), "`#[nexar::rpc]` functions cannot be variadic"));
+    }
+    func.sig
+        .inputs
+        .iter()
+        .map(|arg| match arg {
+            FnArg::Typed(pat) => match &*pat.pat {
+                Pat::Ident(ident) if ident.by_ref.is_none() && ident.subpat.is_none() => {
+                    Ok((ident.ident.clone(), (*pat.ty).clone()))
+                }
+                other => Err(syn::Error::new(
+                    other.span(),
+                    "`#[nexar::rpc]` arguments need plain names (`id: u32`), not patterns",
+                )),
+            },
+            FnArg::Receiver(r) => Err(syn::Error::new(r.span(), "`#[nexar::rpc]` cannot take `self`")),
+        })
+        .collect()
+}
+
+/// Signature text used in the id: the argument and result types as written, with all
+/// whitespace removed so the text (and the id) does not depend on how tokens are printed.
+fn signature_text(types: &[Type], ret: &Type) -> String {
+    let compact = |t: &Type| quote!(#t).to_string().split_whitespace().collect::<String>();
+    let args: Vec<String> = types.iter().map(compact).collect();
+    format!("fn({})->{}", args.join(","), compact(ret))
+}
+
+pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+    let opts = parse_options(attr)?;
+    let func: ItemFn = syn::parse2(item)
+        .map_err(|e| syn::Error::new(e.span(), "`#[nexar::rpc]` goes on a function (`async fn` or `fn`)"))?;
+    let args = arguments(&func)?;
+    let krate = &opts.krate;
+    let name = &func.sig.ident;
+    let vis = &func.vis;
+    let names: Vec<&syn::Ident> = args.iter().map(|(n, _)| n).collect();
+    let types: Vec<&Type> = args.iter().map(|(_, t)| t).collect();
+    let ret: Type = match &func.sig.output {
+        ReturnType::Default => syn::parse_quote!(()),
+        ReturnType::Type(_, ty) => (**ty).clone(),
+    };
+    let signature = signature_text(&args.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(), &ret);
+    let id = match &opts.id {
+        Some(lit) => quote!(#lit),
+        None => quote!(#krate::__private::stable_id(&[NAME, SIGNATURE])),
+    };
+    let call_await = if func.sig.asyncness.is_some() { quote!(.await) } else { quote!() };
+    // Every use of a user type is spanned at that type, so a type that cannot travel gives one
+    // error, at the user's token, with the RpcValue message.
+    let codec = |what: TokenStream| quote!(#what.map_err(|what| #krate::RpcError::Codec { rank: client.rank(), peer, name: NAME, what }));
+    let encode_each =
+        args.iter().map(|(n, ty)| quote_spanned! {ty.span()=> #krate::__private::encode_part::<#ty>(&#n)? });
+    let encode_args = codec(quote!((|| #krate::__private::encode_parts(::std::vec![ #( #encode_each ),* ]))()));
+    let decode_ret = quote_spanned! {ret.span()=> #krate::__private::decode::<#ret>(&reply) };
+    let decode_reply = codec(decode_ret);
+    let count = args.len();
+    let decode_each = args.iter().map(|(n, ty)| {
+        quote_spanned! {ty.span()=> let #n: #ty = #krate::__private::decode::<#ty>(&parts.next().unwrap_or_default())?; }
+    });
+    let encode_ret = quote_spanned! {ret.span()=> #krate::__private::encode_part::<#ret>(&out) };
+    let handle = format_ident!("__nexar_rpc_handle");
+    let doc = format!(
+        "RPC endpoint of [`{name}`](fn@{name}): `{name}::call(&client, peer, ..)` runs it on rank `peer`, `{name}::call_all` on every rank."
+    );
+    let _ = Span::call_site();
+    Ok(quote! {
+        #func
+
+        #[doc = #doc]
+        #[allow(non_camel_case_types, non_snake_case, dead_code, clippy::unused_unit)]
+        #vis mod #name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            /// Path of the function (this module is named after it, so its path ends in the name).
+            pub const NAME: &str = module_path!();
+            /// The signature the id is derived from.
+            pub const SIGNATURE: &str = #signature;
+            /// The function's stable id.
+            pub const ID: u64 = #id;
+            /// Hash of [`SIGNATURE`], compared by the serving rank.
+            pub const SIG_HASH: u64 = #krate::__private::stable_id(&[SIGNATURE]);
+
+            /// Runs the function on rank `peer` and returns its result.
+            pub async fn call(
+                client: &#krate::NexarClient,
+                peer: usize,
+                #( #names: #types ),*
+            ) -> ::core::result::Result<#ret, #krate::RpcError> {
+                let args = #encode_args?;
+                let reply = client.__rpc_call(peer, ID, SIG_HASH, NAME, SIGNATURE, args).await?;
+                #decode_reply
+            }
+
+            /// Runs the function on every rank (this one included), concurrently; results by rank.
+            pub async fn call_all(
+                client: &#krate::NexarClient,
+                #( #names: #types ),*
+            ) -> ::std::vec::Vec<::core::result::Result<#ret, #krate::RpcError>> {
+                let world = client.world_size();
+                let peer = client.rank();
+                let args = match #encode_args {
+                    Ok(args) => args,
+                    Err(e) => return (0..world).map(|_| Err(e.clone())).collect(),
+                };
+                let mut calls = ::std::vec::Vec::with_capacity(world);
+                for peer in 0..world {
+                    let (client, args) = (client.clone(), args.clone());
+                    calls.push(#krate::__private::spawn(async move {
+                        let reply = client.__rpc_call(peer, ID, SIG_HASH, NAME, SIGNATURE, args).await?;
+                        #decode_reply
+                    }));
+                }
+                let mut out = ::std::vec::Vec::with_capacity(world);
+                for (peer, call) in calls.into_iter().enumerate() {
+                    out.push(#krate::__private::join(call, client.rank(), peer, NAME).await);
+                }
+                out
+            }
+
+            fn #handle(body: ::std::vec::Vec<u8>) -> #krate::__private::HandlerFuture {
+                ::std::boxed::Box::pin(async move {
+                    #[allow(unused_mut, unused_variables)]
+                    let mut parts = #krate::__private::decode_parts(&body, #count)?;
+                    #( #decode_each )*
+                    let out: #ret = super::#name( #( #names ),* ) #call_await;
+                    #encode_ret
+                })
+            }
+
+            #krate::__private::inventory::submit! {
+                #krate::__private::RpcHandler {
+                    id: ID,
+                    sig_hash: SIG_HASH,
+                    name: NAME,
+                    signature: SIGNATURE,
+                    handle: #handle,
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,69 @@
+//! The serving side: every client answers RPC requests by itself, one task per request, so a
+//! slow or panicking handler never stops the others.
+
+use std::sync::Weak;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::Status;
+use crate::comm::Inner;
+use crate::proto::message::PeerMsg;
+use crate::transport::link::Incoming;
+
+/// Text of a panic payload.
+pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic".to_string()
+    }
+}
+
+/// Runs the handler for `func` on `body`: `(status, reply bytes)`.
+pub(crate) async fn run_handler(registry: &super::Registry, func: u64, sig: u64, body: Vec<u8>) -> (Status, Vec<u8>) {
+    match registry.get(func) {
+        None => (Status::Unknown, Vec::new()),
+        Some(h) if h.sig_hash != sig => (Status::Signature, h.signature.as_bytes().to_vec()),
+        Some(h) => match tokio::spawn((h.handle)(body)).await {
+            Ok(Ok(bytes)) => (Status::Ok, bytes),
+            Ok(Err(text)) => (Status::Codec, text.into_bytes()),
+            Err(e) if e.is_panic() => (Status::Panicked, panic_text(e.into_panic()).into_bytes()),
+            Err(e) => (Status::Panicked, e.to_string().into_bytes()),
+        },
+    }
+}
+
+/// Answers the requests that arrive on the `rpc_requests` lane.
+pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<Incoming>) {
+    while let Some(incoming) = lane.recv().await {
+        let PeerMsg::RpcRequest { req, func, sig, .. } = incoming.msg else { continue };
+        let Some(registry) = inner.upgrade().map(|i| i.registry.clone()) else { return };
+        let mut body = vec![0u8; incoming.payload.len()];
+        incoming.payload.copy_to(&mut body);
+        let (inner, from) = (inner.clone(), incoming.from as usize);
+        tokio::spawn(async move {
+            let (status, reply) = run_handler(&registry, func, sig, body).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let msg = PeerMsg::RpcResponse { req, status: status as u8, len: reply.len() as u64 };
+            if let Some(link) = inner.links.get(from).and_then(Option::as_ref)
+                && let Err(e) = link.send(&msg, Some(Bytes::from(reply))).await
+            {
+                tracing::debug!(peer = from, error = %e, "could not answer an rpc");
+            }
+        });
+    }
+}
+
+/// Hands the responses that arrive on the `rpc_responses` lane to the waiting calls.
+pub(crate) async fn serve_responses(inner: Weak<Inner>, mut lane: mpsc::Receiver<Incoming>) {
+    while let Some(incoming) = lane.recv().await {
+        let PeerMsg::RpcResponse { req, status, .. } = incoming.msg else { continue };
+        let Some(inner) = inner.upgrade() else { return };
+        if let Some(tx) = crate::sync::lock(&inner.rpc_pending).remove(&req) {
+            let _ = tx.send((status, incoming.payload));
+        }
+    }
+}
