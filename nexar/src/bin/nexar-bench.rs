@@ -29,6 +29,72 @@ enum Op {
     Alltoall,
     Barrier,
     Sendrecv,
+    /// `#[nexar::rpc]` echo calls from rank 0 to rank 1: latency, and calls/s with 64 in flight.
+    Rpc,
+}
+
+/// The benchmark's RPC endpoint.
+#[nexar::rpc]
+fn echo(payload: Vec<u8>) -> Vec<u8> {
+    payload
+}
+
+/// Calls kept in flight for the RPC throughput figure.
+const RPC_IN_FLIGHT: usize = 64;
+
+async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, CollectiveError> {
+    let fail = |e: nexar::RpcError| CollectiveError::Internal { rank: comm.rank(), op: "rpc", what: e.to_string() };
+    let mut rows = Vec::new();
+    for bytes in sizes(args) {
+        let mut row = Row { bytes, count: 1, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong: 0 };
+        if comm.rank() == 0 && comm.world_size() > 1 {
+            let payload = vec![7u8; bytes];
+            let back = echo::call(comm, 1, payload.clone()).await.map_err(fail)?;
+            row.wrong = u64::from(back != payload);
+            for _ in 0..args.warmup {
+                echo::call(comm, 1, payload.clone()).await.map_err(fail)?;
+            }
+            let mut times = Vec::with_capacity(args.iters);
+            for _ in 0..args.iters.max(1) {
+                let start = Instant::now();
+                echo::call(comm, 1, payload.clone()).await.map_err(fail)?;
+                times.push(start.elapsed().as_secs_f64() * 1e6);
+            }
+            times.sort_by(f64::total_cmp);
+            row.time_us = times[times.len() / 2];
+            let total = (args.iters * 100).max(2_000);
+            let start = Instant::now();
+            let mut flight: tokio::task::JoinSet<Result<(), nexar::RpcError>> = tokio::task::JoinSet::new();
+            for i in 0..total {
+                if flight.len() >= RPC_IN_FLIGHT
+                    && let Some(done) = flight.join_next().await
+                {
+                    done.map_err(|e| {
+                        fail(nexar::RpcError::Codec { rank: 0, peer: 1, name: "echo", what: e.to_string() })
+                    })?
+                    .map_err(fail)?;
+                }
+                let (c, p) = (comm.clone(), payload.clone());
+                let _ = i;
+                flight.spawn(async move { echo::call(&c, 1, p).await.map(|_| ()) });
+            }
+            while let Some(done) = flight.join_next().await {
+                done.map_err(|e| fail(nexar::RpcError::Codec { rank: 0, peer: 1, name: "echo", what: e.to_string() }))?
+                    .map_err(fail)?;
+            }
+            let secs = start.elapsed().as_secs_f64();
+            row.count = total;
+            row.algbw = (total * bytes) as f64 / secs / 1e9;
+            println!(
+                "# rpc {bytes} B: {:.0} calls/s with {RPC_IN_FLIGHT} in flight; {:.1} us per call alone",
+                total as f64 / secs,
+                row.time_us
+            );
+        }
+        comm.barrier().await?;
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -203,6 +269,9 @@ fn sizes(args: &Args) -> Vec<usize> {
 }
 
 async fn run_all(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, CollectiveError> {
+    if args.op == Op::Rpc {
+        return run_rpc(comm, args).await;
+    }
     let sizes = if args.op == Op::Barrier { vec![0] } else { sizes(args) };
     let mut rows = Vec::new();
     for bytes in sizes {
@@ -255,7 +324,7 @@ async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]
         Op::Allgather => comm.all_gather(send, recv).await,
         Op::ReduceScatter => comm.reduce_scatter(send, recv, ReduceOp::Sum).await,
         Op::Alltoall => comm.all_to_all(send, recv).await,
-        Op::Barrier => comm.barrier().await,
+        Op::Barrier | Op::Rpc => comm.barrier().await,
         Op::Sendrecv => {
             let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
             let (s, v) = tokio::join!(comm.send(send, next, 0), comm.recv(recv, prev, 0));
@@ -272,7 +341,7 @@ fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
         Op::Alltoall => (count / w * w, count / w * w),
         Op::Allreduce | Op::Broadcast => (0, count),
         Op::Sendrecv => (count, count),
-        Op::Barrier => (0, 0),
+        Op::Barrier | Op::Rpc => (0, 0),
     }
 }
 
@@ -289,7 +358,7 @@ fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -
                 val(i / block.max(1), r * block + i % block.max(1))
             }
             Op::Sendrecv => val((r + w - 1) % w, i),
-            Op::Barrier => T::zeroed(),
+            Op::Barrier | Op::Rpc => T::zeroed(),
         }
     };
     recv.iter().enumerate().filter(|(i, v)| bytemuck::bytes_of(*v) != bytemuck::bytes_of(&expect(*i))).count() as u64
