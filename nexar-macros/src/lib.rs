@@ -8,6 +8,7 @@
 
 use proc_macro::TokenStream;
 
+mod plan;
 mod rpc;
 
 /// Turns a function into a remote endpoint with a stable id and a typed client stub.
@@ -27,6 +28,36 @@ mod rpc;
 pub fn rpc(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = proc_macro2::TokenStream::from(item);
     match rpc::expand(attr.into(), item2.clone()) {
+        Ok(out) => out.into(),
+        Err(err) => {
+            let mut out = item2;
+            out.extend(err.to_compile_error());
+            out.into()
+        }
+    }
+}
+
+/// Composes collectives into one fused plan.
+///
+/// ```ignore
+/// #[nexar::collective_plan]
+/// async fn step(comm: &NexarClient, w1: &mut Buf<f32>, w2: &mut Buf<f32>, lr: &mut Buf<f32>) {
+///     all_reduce(w1, Sum);      // w1 and w2 travel as one flat bucket
+///     all_reduce(w2, Sum);
+///     broadcast(lr, 0);
+/// }
+///
+/// step(&comm, &mut w1, &mut w2, &mut lr).await?;
+/// println!("{}", step::explain(&w1, &w2, &lr, comm.world_size()));
+/// ```
+///
+/// Allreduces of one element type and reduction (and broadcasts of one element type and root)
+/// are flattened into contiguous buckets under `bucket_bytes` (default 32 MiB); independent
+/// buckets run concurrently. The function returns `Result<(), nexar::CollectiveError>`.
+#[proc_macro_attribute]
+pub fn collective_plan(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item2 = proc_macro2::TokenStream::from(item);
+    match plan::expand(attr.into(), item2.clone()) {
         Ok(out) => out.into(),
         Err(err) => {
             let mut out = item2;

@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod comm;
 pub mod config;
 mod error;
+pub mod plan;
 pub mod proto;
 pub mod rpc;
 mod sync;
@@ -34,7 +35,7 @@ pub use cluster::{ClusterError, JoinToken, SeedNode};
 pub use comm::{CollectiveError, CollectiveHandle, NexarClient, P2pError};
 pub use config::{ConfigError, NexarConfig};
 pub use error::NexarError;
-pub use nexar_macros::rpc;
+pub use nexar_macros::{collective_plan, rpc};
 pub use nexar_types::{
     BitAnd, BitOr, BitXor, Buf, DType, Element, Host, Max, MemorySpace, Min, Prod, RecvBuf, ReduceError, ReduceOp,
     Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash, stable_id,
@@ -51,6 +52,26 @@ pub mod __private {
     pub use ::rkyv;
     pub use nexar_types::stable_id;
 
+    pub use crate::plan::{PlanBuffer, PlanCache, PlanRun, PlanSpec, Statement};
+
+    /// The reduction types, for plan checks.
+    pub mod ops {
+        pub use nexar_types::{BitAnd, BitOr, BitXor, Max, Min, Prod, Sum};
+    }
+
+    /// Default bucket cap of a collective plan.
+    pub const DEFAULT_BUCKET_BYTES: usize = 32 << 20;
+
+    /// Compile-time check that `op` reduces the buffer's elements.
+    pub fn check_reduction<T: nexar_types::Element, O: nexar_types::Reduction<T>>(_: &nexar_types::Buf<T>, _: O) {}
+
+    /// Compile-time check that two plan buffers hold one element type.
+    pub fn check_same_dtype<T: nexar_types::Element>(_: &nexar_types::Buf<T>, _: &nexar_types::Buf<T>) {}
+
+    /// Shape of a plan buffer.
+    pub fn shape_of<T: nexar_types::Element>(b: &nexar_types::Buf<T>) -> (nexar_types::DType, usize) {
+        (T::DTYPE, b.len())
+    }
     pub use crate::rpc::{HandlerFuture, RpcHandler};
 
     use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
@@ -138,7 +159,7 @@ pub mod __private {
 /// The everyday names: `use nexar::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        BitAnd, BitOr, BitXor, Buf, DType, Element, Max, Min, NexarClient, NexarConfig, NexarError, Prod, ReduceOp,
-        SeedNode, Sum,
+        BitAnd, BitOr, BitXor, Buf, CollectiveError, DType, Element, Max, Min, NexarClient, NexarConfig, NexarError,
+        Prod, ReduceOp, RpcError, SeedNode, Sum,
     };
 }

@@ -271,8 +271,15 @@ impl NexarClient {
         self.inner.rank
     }
 
+    /// A private communicator with the same members for one run of a collective plan that
+    /// took sequence number `seq` here: its traffic cannot mix with anything else.
+    pub(crate) fn plan_view(&self, seq: u64) -> NexarClient {
+        let id = nexar_types::stable_id(&["plan", &self.comm.id.to_string(), &seq.to_string()]).max(1);
+        self.with_comm(CommState::new(id, self.comm.members.clone(), self.comm.me))
+    }
+
     /// A handle on the same rank for another communicator.
-    pub(super) fn with_comm(&self, comm: CommState) -> NexarClient {
+    pub(crate) fn with_comm(&self, comm: CommState) -> NexarClient {
         NexarClient { inner: self.inner.clone(), comm: Arc::new(comm) }
     }
 

@@ -164,7 +164,7 @@ impl NexarClient {
     }
 
     /// Plans and runs one collective with sequence number `seq`.
-    async fn run_collective<T: Element>(
+    pub(crate) async fn run_collective<T: Element>(
         &self,
         seq: u64,
         call: CollCall,

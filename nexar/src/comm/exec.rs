@@ -109,7 +109,7 @@ fn local_pair<'a, T>(
 }
 
 /// Sends an abort for collective `seq` to every other member, and drops its stale messages here.
-pub(super) async fn broadcast_abort(client: &NexarClient, seq: u64, reason: &str) {
+pub(crate) async fn broadcast_abort(client: &NexarClient, seq: u64, reason: &str) {
     client.inner.coll.abort(client.comm.id, seq, reason);
     let msg = PeerMsg::Abort { comm: client.comm.id, seq, reason: reason.to_string() };
     for peer in (0..client.world_size()).filter(|p| *p != client.rank()) {
@@ -169,7 +169,7 @@ impl NexarClient {
     }
 
     /// Fails collective `seq` on this rank with `reason` and tells every peer.
-    pub(super) async fn fail_seq(&self, seq: u64, call: CollCall, reason: String) -> CollectiveError {
+    pub(crate) async fn fail_seq(&self, seq: u64, call: CollCall, reason: String) -> CollectiveError {
         let err = CollectiveError::InvalidArgument { rank: self.rank(), op: call.kind.name(), reason };
         broadcast_abort(self, seq, &err.to_string()).await;
         err

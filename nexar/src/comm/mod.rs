@@ -10,4 +10,5 @@ mod state;
 pub(crate) use client::Inner;
 pub use client::NexarClient;
 pub use collective::{CollectiveError, CollectiveHandle};
+pub(crate) use exec::{CollCall, broadcast_abort};
 pub use p2p::P2pError;

@@ -1,0 +1,294 @@
+//! Running a plan: flatten each bucket into pooled staging memory, run the phase's collectives
+//! concurrently (one sequence number each, taken in the same order on every rank), copy back.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use nexar_types::{DType, Element, bf16, f16};
+
+use super::{Layout, PlanBuffer, PlanCache, PlanSpec, Shape, Statement, Unit};
+use crate::comm::{CollCall, CollectiveError, NexarClient};
+use crate::proto::algo::Collective;
+
+/// A plan argument: read-only (send buffers) or writable.
+pub enum PlanArg<'a> {
+    /// A buffer the plan only reads.
+    Read(&'a dyn PlanBuffer),
+    /// A buffer the plan writes.
+    Write(&'a mut dyn PlanBuffer),
+}
+
+impl PlanArg<'_> {
+    fn shape(&self) -> Shape {
+        match self {
+            PlanArg::Read(b) => (b.dtype(), b.elems()),
+            PlanArg::Write(b) => (b.dtype(), b.elems()),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            PlanArg::Read(b) => b.bytes(),
+            PlanArg::Write(b) => b.bytes(),
+        }
+    }
+}
+
+/// One execution of a plan over its buffers (built by the code `#[nexar::collective_plan]`
+/// generates).
+pub struct PlanRun<'a> {
+    spec: &'static PlanSpec,
+    cache: &'static PlanCache,
+    args: Vec<PlanArg<'a>>,
+}
+
+type UnitFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<(usize, PlanArg<'a>)>, CollectiveError>> + Send + 'a>>;
+
+/// Runs `$body` with `$t` bound to the element type of `$dtype`.
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            DType::F16 => {
+                type $t = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $t = bf16;
+                $body
+            }
+            DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DType::U16 => {
+                type $t = u16;
+                $body
+            }
+            DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DType::U64 => {
+                type $t = u64;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs the units of a phase concurrently. Returns at the first failure: the other units are
+/// dropped, which tells their peers they were cancelled.
+async fn join_all<'a>(mut futures: Vec<UnitFuture<'a>>) -> Result<Vec<Vec<(usize, PlanArg<'a>)>>, CollectiveError> {
+    let mut out: Vec<Option<Vec<(usize, PlanArg<'a>)>>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(Ok(v)) => *slot = Some(v),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { Poll::Pending } else { Poll::Ready(Ok(())) }
+    })
+    .await?;
+    Ok(out.into_iter().flatten().collect())
+}
+
+fn typed<'b, T: Element>(bytes: &'b [u8], rank: usize, op: &'static str) -> Result<&'b [T], CollectiveError> {
+    bytemuck::try_cast_slice(bytes).map_err(|e| CollectiveError::Internal { rank, op, what: e.to_string() })
+}
+
+fn typed_mut<'b, T: Element>(
+    bytes: &'b mut [u8],
+    rank: usize,
+    op: &'static str,
+) -> Result<&'b mut [T], CollectiveError> {
+    bytemuck::try_cast_slice_mut(bytes).map_err(|e| CollectiveError::Internal { rank, op, what: e.to_string() })
+}
+
+impl<'a> PlanRun<'a> {
+    /// Starts a run of `spec`; add the plan function's buffers in parameter order.
+    pub fn new(spec: &'static PlanSpec, cache: &'static PlanCache) -> Self {
+        PlanRun { spec, cache, args: Vec::new() }
+    }
+
+    /// Adds a buffer the plan only reads.
+    pub fn read(mut self, buf: &'a dyn PlanBuffer) -> Self {
+        self.args.push(PlanArg::Read(buf));
+        self
+    }
+
+    /// Adds a buffer the plan writes.
+    pub fn write(mut self, buf: &'a mut dyn PlanBuffer) -> Self {
+        self.args.push(PlanArg::Write(buf));
+        self
+    }
+
+    /// Runs the plan on `comm`.
+    ///
+    /// The whole run takes one sequence number of `comm` (so ranks stay in step even when they
+    /// run different plans) and runs its collectives on a private communicator derived from it.
+    /// If any of them fails, every other collective of the run is aborted on every rank.
+    pub async fn run(self, comm: &NexarClient) -> Result<(), CollectiveError> {
+        let shapes: Vec<Shape> = self.args.iter().map(PlanArg::shape).collect();
+        let layout: std::sync::Arc<Layout> = self.cache.layout(self.spec, &shapes);
+        let run = comm.plan_view(comm.comm.next_seq());
+        let units: u64 = layout.phases.iter().map(|p| p.len() as u64).sum();
+        let result = self.run_layout(&run, &layout).await;
+        if let Err(e) = &result {
+            let reason = e.to_string();
+            for seq in 0..units {
+                crate::comm::broadcast_abort(&run, seq, &reason).await;
+            }
+        }
+        result
+    }
+
+    async fn run_layout(self, comm: &NexarClient, layout: &Layout) -> Result<(), CollectiveError> {
+        let mut slots: Vec<Option<PlanArg<'a>>> = self.args.into_iter().map(Some).collect();
+        for phase in &layout.phases {
+            let mut futures: Vec<UnitFuture<'a>> = Vec::with_capacity(phase.len());
+            for unit in phase {
+                // Sequence numbers in unit order: the same on every rank running this plan.
+                let seq = comm.comm.next_seq();
+                let taken: Vec<(usize, PlanArg<'a>)> = unit_buffers(unit)
+                    .into_iter()
+                    .filter_map(|i| slots.get_mut(i).and_then(Option::take).map(|a| (i, a)))
+                    .collect();
+                futures.push(Box::pin(run_unit(comm.clone(), self.spec.fingerprint, unit.clone(), seq, taken)));
+            }
+            for args in join_all(futures).await? {
+                for (i, a) in args {
+                    slots[i] = Some(a);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unit_buffers(unit: &Unit) -> Vec<usize> {
+    match unit {
+        Unit::Bucket { members, .. } => members.clone(),
+        Unit::Single(st) => st.buffers(),
+    }
+}
+
+async fn run_unit<'a>(
+    comm: NexarClient,
+    fingerprint: u64,
+    unit: Unit,
+    seq: u64,
+    mut args: Vec<(usize, PlanArg<'a>)>,
+) -> Result<Vec<(usize, PlanArg<'a>)>, CollectiveError> {
+    let rank = comm.rank();
+    match unit {
+        Unit::Bucket { kind, op, dtype, elems, .. } => {
+            let name = kind.name();
+            let bytes = elems * dtype.size();
+            let pool = comm.inner.pool.clone();
+            let mut staging = pool.take(bytes);
+            {
+                let flat = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut staging)[..bytes];
+                let mut at = 0;
+                for (_, a) in &args {
+                    let b = a.bytes();
+                    flat[at..at + b.len()].copy_from_slice(b);
+                    at += b.len();
+                }
+            }
+            let call = CollCall { kind, op, count: elems as u64, fingerprint };
+            let flat = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut staging)[..bytes];
+            with_dtype!(dtype, T => {
+                let data = typed_mut::<T>(flat, rank, name)?;
+                comm.run_collective::<T>(seq, call, data, &[]).await?;
+            });
+            let flat = &bytemuck::cast_slice::<u64, u8>(&staging)[..bytes];
+            let mut at = 0;
+            for (_, a) in args.iter_mut() {
+                if let PlanArg::Write(b) = a {
+                    let out = b.bytes_mut();
+                    let n = out.len();
+                    out.copy_from_slice(&flat[at..at + n]);
+                    at += n;
+                }
+            }
+            pool.give(staging);
+            Ok(args)
+        }
+        Unit::Single(Statement::Barrier) => {
+            let call = CollCall { kind: Collective::Barrier, op: None, count: 0, fingerprint };
+            comm.run_collective::<u8>(seq, call, &mut [], &[]).await?;
+            Ok(args)
+        }
+        Unit::Single(st) => {
+            let (kind, op) = match st {
+                Statement::ReduceScatter { op, .. } => (Collective::ReduceScatter, Some(op)),
+                _ => (Collective::AllGather, None),
+            };
+            let name = kind.name();
+            let (send_i, recv_i) = match st {
+                Statement::ReduceScatter { send, recv, .. } | Statement::AllGather { send, recv } => (send, recv),
+                _ => (usize::MAX, usize::MAX),
+            };
+            let mut take = |i: usize| args.iter().position(|(j, _)| *j == i).map(|p| args.swap_remove(p).1);
+            let (Some(send), Some(mut recv)) = (take(send_i), take(recv_i)) else {
+                return Err(CollectiveError::Internal { rank, op: name, what: "plan buffers missing".into() });
+            };
+            let (send_shape, recv_shape) = (send.shape(), recv.shape());
+            let world = comm.world_size();
+            let (block, fits) = match kind {
+                Collective::ReduceScatter => (recv_shape.1, send_shape.1 == recv_shape.1 * world),
+                _ => (send_shape.1, recv_shape.1 == send_shape.1 * world),
+            };
+            let call = CollCall { kind, op, count: block as u64, fingerprint };
+            if !fits || send_shape.0 != recv_shape.0 {
+                let reason = format!(
+                    "{name} buffers of {} and {} elements do not fit {world} ranks",
+                    send_shape.1, recv_shape.1
+                );
+                return Err(comm.fail_seq(seq, call, reason).await);
+            }
+            let PlanArg::Write(out) = &mut recv else {
+                return Err(CollectiveError::Internal { rank, op: name, what: "receive buffer is read-only".into() });
+            };
+            // Plan buffers are `Buf<T>`s, so their bytes are aligned for `T`.
+            with_dtype!(send_shape.0, T => {
+                let input = typed::<T>(send.bytes(), rank, name)?;
+                let data = typed_mut::<T>(out.bytes_mut(), rank, name)?;
+                comm.run_collective::<T>(seq, call, data, input).await?;
+            });
+            args.push((send_i, send));
+            args.push((recv_i, recv));
+            Ok(args)
+        }
+    }
+}
