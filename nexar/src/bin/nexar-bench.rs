@@ -31,6 +31,84 @@ enum Op {
     Sendrecv,
     /// `#[nexar::rpc]` echo calls from rank 0 to rank 1: latency, and calls/s with 64 in flight.
     Rpc,
+    /// A fused plan of 100 allreduces of 10,000 f32 against 100 separate allreduces.
+    Plan,
+}
+
+const PLAN_TENSORS: usize = 100;
+const PLAN_TENSOR_LEN: usize = 10_000;
+
+const fn plan_statements() -> [nexar::__private::Statement; PLAN_TENSORS] {
+    let mut s = [nexar::__private::Statement::Barrier; PLAN_TENSORS];
+    let mut i = 0;
+    while i < PLAN_TENSORS {
+        s[i] = nexar::__private::Statement::AllReduce { buf: i, op: ReduceOp::Sum };
+        i += 1;
+    }
+    s
+}
+
+static PLAN_STATEMENTS: [nexar::__private::Statement; PLAN_TENSORS] = plan_statements();
+static PLAN: nexar::__private::PlanSpec = nexar::__private::PlanSpec {
+    name: "nexar-bench::plan",
+    fingerprint: 0x6e65_7861_7270_6c6e,
+    statements: &PLAN_STATEMENTS,
+    bucket_bytes: nexar::__private::DEFAULT_BUCKET_BYTES,
+};
+static PLAN_CACHE: nexar::__private::PlanCache = nexar::__private::PlanCache::new();
+
+/// The benchmark's plan over `tensors`, one allreduce statement per tensor.
+fn fused(tensors: &mut [Buf<f32>]) -> nexar::__private::PlanRun<'_> {
+    let mut run = nexar::__private::PlanRun::new(&PLAN, &PLAN_CACHE);
+    for t in tensors.iter_mut() {
+        run = run.write(t);
+    }
+    run
+}
+
+async fn run_plan(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, CollectiveError> {
+    let r = comm.rank();
+    let w = comm.world_size() as f64;
+    let mut tensors: Vec<Buf<f32>> =
+        (0..PLAN_TENSORS).map(|t| Buf::from_vec(vec![(r + t) as f32; PLAN_TENSOR_LEN])).collect();
+    fused(&mut tensors).run(comm).await?;
+    let want = |t: usize| (0..comm.world_size()).map(|q| (q + t) as f32).sum::<f32>();
+    let wrong =
+        tensors.iter().enumerate().map(|(t, b)| b.iter().filter(|v| **v != want(t)).count() as u64).sum::<u64>();
+    let mut rows = Vec::new();
+    for mode in ["fused plan", "separate calls"] {
+        for t in tensors.iter_mut() {
+            t.fill(0.0);
+        }
+        let mut times = Vec::new();
+        for i in 0..args.warmup + args.iters.max(1) {
+            comm.barrier().await?;
+            let start = Instant::now();
+            if mode == "fused plan" {
+                fused(&mut tensors).run(comm).await?;
+            } else {
+                for t in tensors.iter_mut() {
+                    comm.all_reduce(t, Sum).await?;
+                }
+            }
+            if i >= args.warmup {
+                times.push(start.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        comm.all_reduce(&mut times, Max).await?;
+        times.sort_by(f64::total_cmp);
+        let time_us = times[times.len() / 2];
+        let bytes = PLAN_TENSORS * PLAN_TENSOR_LEN * 4;
+        let algbw = bytes as f64 / time_us / 1e3;
+        if r == 0 {
+            println!("# {mode}: {PLAN_TENSORS} allreduces of {PLAN_TENSOR_LEN} f32 in {time_us:.1} us");
+        }
+        rows.push(Row { bytes, count: PLAN_TENSORS, time_us, algbw, busbw: algbw * 2.0 * (w - 1.0) / w, wrong });
+    }
+    if r == 0 {
+        println!("# fused plan speed-up over separate calls: {:.1}x", rows[1].time_us / rows[0].time_us);
+    }
+    Ok(rows)
 }
 
 /// The benchmark's RPC endpoint.
@@ -272,6 +350,9 @@ async fn run_all(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
     if args.op == Op::Rpc {
         return run_rpc(comm, args).await;
     }
+    if args.op == Op::Plan {
+        return run_plan(comm, args).await;
+    }
     let sizes = if args.op == Op::Barrier { vec![0] } else { sizes(args) };
     let mut rows = Vec::new();
     for bytes in sizes {
@@ -324,7 +405,7 @@ async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]
         Op::Allgather => comm.all_gather(send, recv).await,
         Op::ReduceScatter => comm.reduce_scatter(send, recv, ReduceOp::Sum).await,
         Op::Alltoall => comm.all_to_all(send, recv).await,
-        Op::Barrier | Op::Rpc => comm.barrier().await,
+        Op::Barrier | Op::Rpc | Op::Plan => comm.barrier().await,
         Op::Sendrecv => {
             let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
             let (s, v) = tokio::join!(comm.send(send, next, 0), comm.recv(recv, prev, 0));
@@ -341,7 +422,7 @@ fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
         Op::Alltoall => (count / w * w, count / w * w),
         Op::Allreduce | Op::Broadcast => (0, count),
         Op::Sendrecv => (count, count),
-        Op::Barrier | Op::Rpc => (0, 0),
+        Op::Barrier | Op::Rpc | Op::Plan => (0, 0),
     }
 }
 
@@ -358,7 +439,7 @@ fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -
                 val(i / block.max(1), r * block + i % block.max(1))
             }
             Op::Sendrecv => val((r + w - 1) % w, i),
-            Op::Barrier | Op::Rpc => T::zeroed(),
+            Op::Barrier | Op::Rpc | Op::Plan => T::zeroed(),
         }
     };
     recv.iter().enumerate().filter(|(i, v)| bytemuck::bytes_of(*v) != bytemuck::bytes_of(&expect(*i))).count() as u64
