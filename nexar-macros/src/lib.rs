@@ -12,8 +12,9 @@ mod plan;
 mod rpc;
 
 /// Turns a function into a remote endpoint with a stable id and a typed client stub.
+/// (Use it as `#[nexar::rpc]`; the runnable examples are in `nexar`'s docs and `examples/rpc.rs`.)
 ///
-/// ```ignore
+/// ```text
 /// #[nexar::rpc]
 /// async fn load_shard(id: u32, offset: u64) -> Result<Vec<u8>, ShardError> { ... }
 ///
@@ -38,8 +39,9 @@ pub fn rpc(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Composes collectives into one fused plan.
+/// (Use it as `#[nexar::collective_plan]`; see `examples/plan.rs` for a runnable program.)
 ///
-/// ```ignore
+/// ```text
 /// #[nexar::collective_plan]
 /// async fn step(comm: &NexarClient, w1: &mut Buf<f32>, w2: &mut Buf<f32>, lr: &mut Buf<f32>) {
 ///     all_reduce(w1, Sum);      // w1 and w2 travel as one flat bucket

@@ -22,6 +22,12 @@ impl Drop for Pending<'_> {
     }
 }
 
+fn body_of((status, payload): (u8, Payload)) -> (u8, Vec<u8>) {
+    let mut body = vec![0u8; payload.len()];
+    payload.copy_to(&mut body);
+    (status, body)
+}
+
 impl NexarClient {
     /// Calls function `func` (signature hash `sig`) on `peer` with encoded `args`; returns the
     /// encoded result. Used by the stubs `#[nexar::rpc]` generates.
@@ -84,12 +90,20 @@ impl NexarClient {
         let msg = PeerMsg::RpcRequest { req, func, sig, len: args.len() as u64 };
         link.send_queued(&msg, Some(args)).await.map_err(|e| lost(e.to_string()))?;
         let after = self.config().op_timeout;
+        let mut rx = rx;
+        // Spin-then-park, as receives do: a thread wake-up costs more than a short call.
+        let until = std::time::Instant::now() + self.inner.spin;
+        while std::time::Instant::now() < until {
+            match rx.try_recv() {
+                Ok(reply) => return Ok(body_of(reply)),
+                Err(oneshot::error::TryRecvError::Empty) => tokio::task::yield_now().await,
+                Err(oneshot::error::TryRecvError::Closed) => return Err(lost("the client is shutting down".into())),
+            }
+        }
         tokio::select! {
             reply = rx => {
-                let (status, payload) = reply.map_err(|_| lost("the client is shutting down".into()))?;
-                let mut body = vec![0u8; payload.len()];
-                payload.copy_to(&mut body);
-                Ok((status, body))
+                let reply = reply.map_err(|_| lost("the client is shutting down".into()))?;
+                Ok(body_of(reply))
             }
             reason = link.connection().closed() => Err(lost(reason.to_string())),
             _ = tokio::time::sleep(after) => Err(RpcError::Timeout { rank, peer, name, after }),

@@ -1,12 +1,20 @@
 //! Remote procedure calls: the registry that `#[nexar::rpc]` fills, the typed errors a caller
 //! sees, the server that every client runs by itself, and the calling side.
 //!
-//! ```ignore
+//! ```no_run
 //! #[nexar::rpc]
-//! async fn load_shard(id: u32, offset: u64) -> Result<Vec<u8>, ShardError> { ... }
+//! async fn load_shard(id: u32, offset: u64) -> Result<Vec<u8>, String> {
+//!     if id < 100 { Ok(vec![id as u8; offset as usize]) } else { Err(format!("no shard {id}")) }
+//! }
 //!
-//! let bytes = load_shard::call(&client, peer, 7, 0).await??;
+//! # async fn run(client: nexar::NexarClient) -> Result<(), Box<dyn std::error::Error>> {
+//! let bytes = load_shard::call(&client, 1, 7, 0).await??;
+//! # Ok(()) }
+//! # fn main() {}
 //! ```
+//!
+//! The attribute goes on module-level functions (the stub module it generates calls the
+//! function through `super::`).
 
 mod call;
 mod serve;
