@@ -29,6 +29,9 @@ use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
 /// Collective messages a rank may hold before it stops reading the raw lane.
 const COLL_MAX_HELD: usize = 1 << 16;
 
+/// QUIC close code of `abort`.
+const CLOSE_ABORT: u32 = 4;
+
 /// Spin limit when the host has a core per rank.
 const DEFAULT_SPIN: Duration = Duration::from_millis(1);
 
@@ -245,6 +248,21 @@ impl NexarClient {
         let requests = tokio::spawn(serve_requests(Arc::downgrade(&inner), rpc_requests).instrument(span.clone()));
         let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span));
         crate::sync::lock(&inner.tasks).extend([control, requests, responses]);
+        // When a peer's connection ends (it crashed and went silent past the idle timeout, called
+        // `abort`, or left), receives and collective steps waiting on it fail at once, naming it.
+        for link in inner.links.iter().flatten() {
+            let (weak, conn, peer) = (Arc::downgrade(&inner), link.connection().clone(), link.peer());
+            let watcher = tokio::spawn(async move {
+                let reason = conn.closed().await;
+                if let Some(inner) = weak.upgrade() {
+                    let why = format!("its connection ended ({reason})");
+                    tracing::debug!(peer, %why, "peer gone");
+                    inner.mailbox.source_gone(peer, &why);
+                    inner.coll.source_gone(peer, &why);
+                }
+            });
+            crate::sync::lock(&inner.tasks).push(watcher);
+        }
         // Tell every peer what this rank serves, so a call to a missing function fails at once.
         let announce = PeerMsg::Registry { entries: registry.entries() };
         for link in inner.links.iter().flatten() {
@@ -269,6 +287,25 @@ impl NexarClient {
     /// This rank's number in the whole cluster.
     pub fn world_rank(&self) -> usize {
         self.inner.rank
+    }
+
+    /// Leaves the cluster at once, like `MPI_Abort`: closes every connection with `reason`
+    /// without flushing or waiting for anyone. Peers' pending receives and collectives that
+    /// involve this rank fail promptly with an error naming it and quoting `reason`. Use it when
+    /// this rank cannot go on; [`shutdown`](Self::shutdown) is the orderly way out.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// comm.abort("out of memory while loading shard 7");
+    /// # }
+    /// ```
+    pub fn abort(&self, reason: &str) {
+        for link in self.inner.links.iter().flatten() {
+            link.close(CLOSE_ABORT, reason);
+        }
+        self.inner.endpoint.close(CLOSE_ABORT.into(), reason.as_bytes());
+        self.inner.mailbox.close();
+        self.inner.coll.close();
     }
 
     /// A private communicator with the same members for one run of a collective plan that

@@ -87,6 +87,18 @@ pub enum CollectiveError {
         /// The limit (NEXAR_OP_TIMEOUT_MS).
         after: Duration,
     },
+    /// A peer this collective needs is gone (crashed, aborted or left).
+    #[error("rank {rank} {op}: rank {peer} is gone: {reason}")]
+    PeerGone {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The rank that is gone.
+        peer: usize,
+        /// How its connection ended.
+        reason: String,
+    },
     /// The connection to a peer failed.
     #[error("rank {rank} {op}(peer {peer}): {source}")]
     Transport {

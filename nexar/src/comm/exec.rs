@@ -292,6 +292,7 @@ impl NexarClient {
         let rank = self.rank();
         let refused = |r: Refusal| match r {
             Refusal::Aborted(reason) => CollectiveError::Aborted { rank, op, reason },
+            Refusal::SourceGone(reason) => CollectiveError::PeerGone { rank, op, peer: from, reason },
             Refusal::Closed => CollectiveError::Closed { rank, op },
             Refusal::Full { held, .. } => CollectiveError::Internal {
                 rank,

@@ -123,6 +123,18 @@ pub enum P2pError {
         /// What the transport reported.
         source: TransportError,
     },
+    /// The peer is gone (crashed, aborted or left); messages it sent before are still received.
+    #[error("rank {rank} {op}: rank {peer} is gone: {reason}")]
+    PeerGone {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The rank that is gone.
+        peer: usize,
+        /// How its connection ended.
+        reason: String,
+    },
     /// This rank is shutting down.
     #[error("rank {rank} {op}: the client is shut down")]
     Closed {
@@ -302,6 +314,7 @@ impl NexarClient {
                 limit: self.config().max_unmatched_messages,
             },
             Refusal::Closed | Refusal::Aborted(_) => P2pError::Closed { rank, op },
+            Refusal::SourceGone(reason) => P2pError::PeerGone { rank, op, peer: src, reason },
         };
         if let Some(held) = super::spin::spin_take(&self.inner.mailbox, key, self.inner.spin).await.map_err(refused)? {
             return Ok(held);

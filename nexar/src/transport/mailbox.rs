@@ -81,6 +81,8 @@ pub(crate) enum Refusal {
     Closed,
     /// The collective with this `(comm, tag)` was aborted, for this reason.
     Aborted(String),
+    /// The sender's connection is gone (it crashed, aborted or left); nothing more will come.
+    SourceGone(String),
 }
 
 type Waiter = (u64, oneshot::Sender<Result<Held, Refusal>>);
@@ -98,6 +100,8 @@ struct State {
     closed: bool,
     aborted: HashMap<(u64, u64), String>,
     aborted_order: VecDeque<(u64, u64)>,
+    /// Senders whose connection is gone, with the reason.
+    gone: HashMap<u32, String>,
 }
 
 impl State {
@@ -213,6 +217,9 @@ impl Mailbox {
         if let Some(reason) = st.aborted.get(&(key.comm, key.tag)) {
             return Err(Refusal::Aborted(reason.clone()));
         }
+        if let Some(reason) = st.gone.get(&key.src) {
+            return Err(Refusal::SourceGone(reason.clone()));
+        }
         Ok(None)
     }
 
@@ -230,6 +237,9 @@ impl Mailbox {
         }
         if let Some(reason) = st.aborted.get(&(key.comm, key.tag)) {
             return Err(Refusal::Aborted(reason.clone()));
+        }
+        if let Some(reason) = st.gone.get(&key.src) {
+            return Err(Refusal::SourceGone(reason.clone()));
         }
         if st.overflow.is_some() {
             return Err(Refusal::Full { held: st.count, held_bytes: st.bytes });
@@ -285,6 +295,19 @@ impl Mailbox {
             self.room.notify_one();
         }
         self.refill(&mut st);
+    }
+
+    /// Records that nothing more will come from `src`: receives waiting on it fail now, later
+    /// ones fail at once, and messages it sent before are still delivered.
+    pub fn source_gone(&self, src: u32, reason: &str) {
+        let mut st = self.lock();
+        st.gone.insert(src, reason.to_string());
+        let keys: Vec<Key> = st.waiters.keys().copied().filter(|k| k.src == src).collect();
+        for k in keys {
+            for (_, tx) in st.waiters.remove(&k).unwrap_or_default() {
+                let _ = tx.send(Err(Refusal::SourceGone(reason.to_string())));
+            }
+        }
     }
 
     /// Returns a message that was taken but not consumed to the front of its queue.
@@ -410,6 +433,20 @@ mod tests {
         // Other tags are untouched.
         mb.deliver(key(8), held(3)).await;
         assert!(matches!(mb.take_or_wait(key(8)), Ok(Ok(_))));
+    }
+
+    #[tokio::test]
+    async fn a_gone_source_fails_its_receives_but_keeps_what_it_sent() {
+        let mb = Mailbox::new(8, 1 << 20);
+        mb.deliver(key(1), held(11)).await;
+        let pending = match mb.take_or_wait(key(2)) {
+            Ok(Err(p)) => p,
+            _ => panic!("nothing held for tag 2"),
+        };
+        mb.source_gone(1, "connection lost");
+        assert_eq!(pending.wait().await.unwrap_err(), Refusal::SourceGone("connection lost".into()));
+        assert!(matches!(mb.take_or_wait(key(1)), Ok(Ok(_))), "what it sent before is delivered");
+        assert!(matches!(mb.take_or_wait(key(1)), Err(Refusal::SourceGone(_))));
     }
 
     #[tokio::test]
