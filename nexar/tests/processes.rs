@@ -128,5 +128,53 @@ async fn the_benchmark_runs_every_operation_across_processes_and_checks_results(
         let written = std::fs::read_to_string(&json).unwrap();
         assert!(written.trim_start().starts_with('[') && written.contains("\"wrong\": 0"), "{written}");
     }
+    // The same tool with its ranks in one process.
+    let out = Command::new(env!("CARGO_BIN_EXE_nexar-bench"))
+        .args(["--inproc", "-b", "1K", "-e", "64K", "-f", "8", "--np", "3", "-n", "3", "-w", "1", "--json"])
+        .arg(dir.join("inproc.json"))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("one process"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_worker_process_mid_allreduce_fails_the_others_naming_it() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let mut seed = start_seed(3).await;
+        let spawn_worker = || {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_nexar-bench"));
+            cmd.args(["--worker", "--seed", &seed.addr, "--token", &seed.token])
+                .args(["-b", "4M", "-e", "4M", "--op", "allreduce", "-n", "1000000", "-w", "0", "--json", "/dev/null"])
+                .env("NEXAR_IDLE_TIMEOUT_MS", "2000")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            cmd.spawn().expect("spawn a bench worker")
+        };
+        let mut workers: Vec<_> = (0..3).map(|_| spawn_worker()).collect();
+        // Let the cluster form and the allreduce loop run.
+        while seed.lines.next_line().await.unwrap().is_some_and(|l| !l.starts_with("formed")) {}
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut victim = workers.remove(1);
+        victim.start_kill().unwrap(); // SIGKILL: no goodbye, no close frame
+        let killed_at = std::time::Instant::now();
+        victim.wait().await.unwrap();
+        for w in workers {
+            let out = w.wait_with_output().await.unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "a survivor finished an allreduce with a dead member:\n{stderr}");
+            assert!(killed_at.elapsed() < Duration::from_secs(30), "survivors took {:?}", killed_at.elapsed());
+            assert!(stderr.contains("is gone") || stderr.contains("aborted"), "{stderr}");
+        }
+    })
+    .await
+    .expect("test timed out");
 }
