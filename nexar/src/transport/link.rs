@@ -282,18 +282,18 @@ async fn write_lane(conn: Connection, peer: u32, mut rx: mpsc::Receiver<Outgoing
             let _ = done.send(Err(e.clone()));
             continue;
         }
-        if stream.is_none() {
-            match conn.open_uni().await {
-                Ok(s) => stream = Some(s),
+        let s = match &mut stream {
+            Some(s) => s,
+            None => match conn.open_uni().await {
+                Ok(s) => stream.insert(s),
                 Err(e) => {
                     let err = TransportError::ConnectionLost { peer: peer_name(peer), reason: e.to_string() };
                     broken = Some(err.clone());
                     let _ = done.send(Err(err));
                     continue;
                 }
-            }
-        }
-        let s = stream.as_mut().expect("stream opened above");
+            },
+        };
         let result = s
             .write_all_chunks(&mut chunks)
             .await
