@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::proto::algo::Algorithm;
+use crate::transport::chaos::NetChaos;
 
 /// An environment variable held a value nexar cannot use.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -99,6 +100,63 @@ pub struct NexarConfig {
     pub broadcast_algorithm: Option<Algorithm>,
     /// Pins the barrier algorithm (`NEXAR_BARRIER_ALGORITHM`: `dissemination`, `two_phase`).
     pub barrier_algorithm: Option<Algorithm>,
+    /// How often a rank sends each peer a heartbeat on the control lane
+    /// (`NEXAR_HEARTBEAT_INTERVAL_MS`, default 1 s).
+    pub heartbeat_interval: Duration,
+    /// A peer heard nothing from for this long is declared dead (`NEXAR_HEARTBEAT_TIMEOUT_MS`,
+    /// default 5 s): its connection is cut, every pending operation that involves it fails
+    /// naming it, and [`failure_watch`](crate::NexarClient::failure_watch) reports it. Must be
+    /// longer than the heartbeat interval.
+    pub heartbeat_timeout: Duration,
+    /// What a rank does when a peer fails (`NEXAR_RECOVERY_POLICY`: `manual`, `automatic`,
+    /// `abort`; default `manual`).
+    pub recovery_policy: RecoveryPolicy,
+    /// Fewest ranks a rebuilt communicator may have (`NEXAR_MIN_WORLD_SIZE`, default 1): a
+    /// rebuild that would leave fewer fails instead.
+    pub min_world_size: usize,
+    /// Most ranks a cluster may grow to (`NEXAR_MAX_WORLD_SIZE`, default unlimited): the seed
+    /// refuses joins beyond it.
+    pub max_world_size: Option<usize>,
+    /// Faults to inject into this rank's datagrams, for testing how an application copes with
+    /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
+    /// `None` (the default) injects none.
+    pub chaos: Option<NetChaos>,
+}
+
+/// What a rank does when it sees a peer fail.
+///
+/// In every policy the operations that involve the failed peer return errors naming it, and
+/// [`failure_watch`](crate::NexarClient::failure_watch) reports the failure.
+///
+/// ```
+/// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_RECOVERY_POLICY").then(|| "abort".into())).unwrap();
+/// assert_eq!(cfg.recovery_policy, nexar::RecoveryPolicy::Abort);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecoveryPolicy {
+    /// The application decides: it calls [`recover`](crate::NexarClient::recover) (or
+    /// [`rebuild_excluding`](crate::NexarClient::rebuild_excluding)) on the survivors.
+    #[default]
+    Manual,
+    /// The runtime agrees on the failure set and rebuilds the world communicator by itself;
+    /// the application takes the rebuilt communicator from
+    /// [`FailureWatch::rebuilt`](crate::FailureWatch::rebuilt).
+    Automatic,
+    /// Like `MPI_ERRORS_ARE_FATAL`: the first failure aborts this rank too, so every rank
+    /// stops promptly.
+    Abort,
+}
+
+impl FromStr for RecoveryPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "manual" => Ok(RecoveryPolicy::Manual),
+            "automatic" | "auto" => Ok(RecoveryPolicy::Automatic),
+            "abort" => Ok(RecoveryPolicy::Abort),
+            _ => Err("expected manual, automatic or abort".into()),
+        }
+    }
 }
 
 impl Default for NexarConfig {
@@ -123,6 +181,12 @@ impl Default for NexarConfig {
             allreduce_algorithm: None,
             broadcast_algorithm: None,
             barrier_algorithm: None,
+            heartbeat_interval: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(5),
+            recovery_policy: RecoveryPolicy::Manual,
+            min_world_size: 1,
+            max_world_size: None,
+            chaos: None,
         }
     }
 }
@@ -177,6 +241,8 @@ impl NexarConfig {
             ("NEXAR_HANDSHAKE_TIMEOUT_MS", &mut c.handshake_timeout),
             ("NEXAR_OP_TIMEOUT_MS", &mut c.op_timeout),
             ("NEXAR_IDLE_TIMEOUT_MS", &mut c.idle_timeout),
+            ("NEXAR_HEARTBEAT_INTERVAL_MS", &mut c.heartbeat_interval),
+            ("NEXAR_HEARTBEAT_TIMEOUT_MS", &mut c.heartbeat_timeout),
         ] {
             if let Some(v) = lookup(var) {
                 let ms: u64 = parse(var, &v)?;
@@ -229,6 +295,32 @@ impl NexarConfig {
                 *slot = Some(parse(var, &v)?);
             }
         }
+        if let Some((var, v)) = get("NEXAR_RECOVERY_POLICY") {
+            c.recovery_policy = parse(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_MIN_WORLD_SIZE") {
+            c.min_world_size = positive(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_MAX_WORLD_SIZE") {
+            c.max_world_size = Some(positive(var, &v)?);
+        }
+        let mut chaos = NetChaos::default();
+        for (var, slot) in [("NEXAR_CHAOS_LOSS", &mut chaos.loss), ("NEXAR_CHAOS_REORDER", &mut chaos.reorder)] {
+            if let Some(v) = lookup(var) {
+                let p: f64 = parse(var, &v)?;
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(invalid(var, &v, "expected a probability from 0.0 to 1.0"));
+                }
+                *slot = p;
+            }
+        }
+        if let Some((var, v)) = get("NEXAR_CHAOS_DELAY_MS") {
+            chaos.delay = Duration::from_millis(parse(var, &v)?);
+        }
+        if chaos != NetChaos::default() {
+            c.chaos = Some(chaos);
+        }
+        c.validate()?;
         Ok(c)
     }
 
@@ -246,6 +338,25 @@ impl NexarConfig {
                 var: "NEXAR_LANE_CAPACITY",
                 value: "0".into(),
                 reason: "a lane needs room for at least one message".into(),
+            });
+        }
+        if self.heartbeat_timeout <= self.heartbeat_interval || self.heartbeat_interval.is_zero() {
+            return Err(ConfigError::InvalidVar {
+                var: "NEXAR_HEARTBEAT_TIMEOUT_MS",
+                value: self.heartbeat_timeout.as_millis().to_string(),
+                reason: format!(
+                    "must be longer than the heartbeat interval ({} ms, NEXAR_HEARTBEAT_INTERVAL_MS), which must be positive",
+                    self.heartbeat_interval.as_millis()
+                ),
+            });
+        }
+        if let Some(max) = self.max_world_size
+            && max < self.min_world_size
+        {
+            return Err(ConfigError::InvalidVar {
+                var: "NEXAR_MAX_WORLD_SIZE",
+                value: max.to_string(),
+                reason: format!("smaller than the minimum world size {} (NEXAR_MIN_WORLD_SIZE)", self.min_world_size),
             });
         }
         Ok(())
@@ -307,8 +418,16 @@ mod tests {
             ("NEXAR_MAX_UNMATCHED_MESSAGES", "7"),
             ("NEXAR_MAX_UNMATCHED_BYTES", "1GiB"),
             ("NEXAR_LANE_CAPACITY", "3"),
+            ("NEXAR_HEARTBEAT_INTERVAL_MS", "100"),
+            ("NEXAR_HEARTBEAT_TIMEOUT_MS", "700"),
+            ("NEXAR_RECOVERY_POLICY", "automatic"),
+            ("NEXAR_MIN_WORLD_SIZE", "2"),
+            ("NEXAR_MAX_WORLD_SIZE", "16"),
         ])
         .unwrap();
+        assert_eq!(c.heartbeat_timeout, Duration::from_millis(700));
+        assert_eq!(c.recovery_policy, RecoveryPolicy::Automatic);
+        assert_eq!((c.min_world_size, c.max_world_size), (2, Some(16)));
         assert_eq!(c.world_size, Some(8));
         assert_eq!(c.seed_addr, Some("10.1.2.3:7000".parse().unwrap()));
         assert_eq!(c.op_timeout, Duration::from_millis(2500));
@@ -332,6 +451,10 @@ mod tests {
             ("NEXAR_SOCKET_BUFFER_BYTES", "lots"),
             ("NEXAR_ALLREDUCE_ALGORITHM", "binomial_tree"),
             ("NEXAR_BARRIER_ALGORITHM", "fast"),
+            ("NEXAR_RECOVERY_POLICY", "pray"),
+            ("NEXAR_HEARTBEAT_TIMEOUT_MS", "500"),
+            ("NEXAR_MIN_WORLD_SIZE", "0"),
+            ("NEXAR_CHAOS_LOSS", "1.5"),
         ] {
             let err = with(&[(var, val)]).unwrap_err();
             assert!(err.to_string().contains(var), "{var}={val}: {err}");

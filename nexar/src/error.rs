@@ -28,4 +28,7 @@ pub enum NexarError {
     /// Collectives.
     #[error(transparent)]
     Collective(#[from] crate::CollectiveError),
+    /// Failure agreement and rebuilds.
+    #[error(transparent)]
+    Recovery(#[from] crate::RecoveryError),
 }

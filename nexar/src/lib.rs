@@ -32,8 +32,8 @@ mod sync;
 pub mod transport;
 
 pub use cluster::{ClusterError, JoinToken, SeedNode};
-pub use comm::{CollectiveError, CollectiveHandle, NexarClient, P2pError};
-pub use config::{ConfigError, NexarConfig};
+pub use comm::{CollectiveError, CollectiveHandle, FailureWatch, NexarClient, P2pError, PeerFailure, RecoveryError};
+pub use config::{ConfigError, NexarConfig, RecoveryPolicy};
 pub use error::NexarError;
 pub use nexar_macros::{collective_plan, rpc};
 pub use nexar_types::{
@@ -160,6 +160,6 @@ pub mod __private {
 pub mod prelude {
     pub use crate::{
         BitAnd, BitOr, BitXor, Buf, CollectiveError, DType, Element, Max, Min, NexarClient, NexarConfig, NexarError,
-        Prod, ReduceOp, RpcError, SeedNode, Sum,
+        Prod, RecoveryError, RecoveryPolicy, ReduceOp, RpcError, SeedNode, Sum,
     };
 }

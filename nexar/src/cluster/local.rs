@@ -9,19 +9,22 @@ use crate::config::NexarConfig;
 use crate::transport::endpoint::{bind, server_with_transport};
 use crate::transport::tls::{ClusterCa, mesh_server, rank_server_name};
 
-/// Forms an `n`-rank cluster inside this process.
-pub(crate) async fn bootstrap_local(n: usize, cfg: NexarConfig) -> Result<Vec<NexarClient>, ClusterError> {
+/// Forms a cluster inside this process with one rank per configuration.
+pub(crate) async fn bootstrap_local(cfgs: Vec<NexarConfig>) -> Result<Vec<NexarClient>, ClusterError> {
+    let n = cfgs.len();
     if n == 0 {
         return Err(ClusterError::InvalidWorldSize(0));
     }
-    cfg.validate().map_err(|e| ClusterError::Mesh { rank: 0, reason: e.to_string() })?;
+    for (rank, cfg) in cfgs.iter().enumerate() {
+        cfg.validate().map_err(|e| ClusterError::Mesh { rank, reason: e.to_string() })?;
+    }
     let ca = ClusterCa::generate()?;
     let ca_der = ca.cert_der();
     let mut ranks = Vec::with_capacity(n);
-    for rank in 0..n {
+    for (rank, cfg) in cfgs.iter().enumerate() {
         let identity = ca.issue(&rank_server_name(rank as u32))?;
-        let server = server_with_transport(mesh_server(&identity, &ca_der)?, &cfg);
-        let endpoint = bind(SocketAddr::from(([127, 0, 0, 1], 0)), &cfg, Some(server))?;
+        let server = server_with_transport(mesh_server(&identity, &ca_der)?, cfg);
+        let endpoint = bind(SocketAddr::from(([127, 0, 0, 1], 0)), cfg, Some(server))?;
         ranks.push((endpoint, identity));
     }
     let addrs: Vec<SocketAddr> = ranks
@@ -30,8 +33,8 @@ pub(crate) async fn bootstrap_local(n: usize, cfg: NexarConfig) -> Result<Vec<Ne
         .collect::<Result<_, _>>()
         .map_err(|e| ClusterError::Mesh { rank: 0, reason: e.to_string() })?;
     let mut tasks = tokio::task::JoinSet::new();
-    for (rank, (endpoint, identity)) in ranks.into_iter().enumerate() {
-        let (addrs, ca_der, cfg) = (addrs.clone(), ca_der.clone(), cfg.clone());
+    for (rank, ((endpoint, identity), cfg)) in ranks.into_iter().zip(cfgs).enumerate() {
+        let (addrs, ca_der) = (addrs.clone(), ca_der.clone());
         tasks.spawn(async move {
             NexarClient::from_parts(rank, endpoint, &addrs, &identity, &ca_der, cfg, None).await.map(|c| (rank, c))
         });

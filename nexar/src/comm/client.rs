@@ -13,15 +13,17 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use super::health::{Health, monitor, recover_automatically};
 use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
-use crate::config::{ConfigError, NexarConfig};
+use crate::config::{ConfigError, NexarConfig, RecoveryPolicy};
 use crate::error::NexarError;
 use crate::proto::message::PeerMsg;
 use crate::rpc::{Registry, serve_requests, serve_responses};
 use crate::transport::endpoint;
 use crate::transport::framed::Payload;
 use crate::transport::link::{CLOSE_SHUTDOWN, DirectSink, Incoming, Lane, LaneReceivers, LaneSenders, PeerLink, lanes};
+use crate::transport::liveness::Liveness;
 use crate::transport::mailbox::{Mailbox, coll_entry, p2p_entry};
 use crate::transport::pool::BufferPool;
 use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
@@ -85,6 +87,8 @@ pub(crate) struct Inner {
     pub next_req: AtomicU64,
     /// What each peer said it serves: function id → signature hash.
     pub peer_registries: Mutex<Vec<Option<HashMap<u64, u64>>>>,
+    /// Which peers are alive.
+    pub health: Health,
 }
 
 impl std::fmt::Debug for NexarClient {
@@ -115,7 +119,22 @@ impl NexarClient {
 
     /// [`bootstrap_local`](Self::bootstrap_local) with an explicit configuration.
     pub async fn bootstrap_local_with(n: usize, config: NexarConfig) -> Result<Vec<NexarClient>, NexarError> {
-        Ok(cluster::bootstrap_local(n, config).await?)
+        Ok(cluster::bootstrap_local(vec![config; n]).await?)
+    }
+
+    /// Like [`bootstrap_local_with`](Self::bootstrap_local_with), with a configuration per
+    /// rank (index = rank): say, one rank on a lossy network for a resilience test.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// use nexar::transport::chaos::NetChaos;
+    /// let mut cfgs = vec![nexar::NexarConfig::default(); 3];
+    /// cfgs[2].chaos = Some(NetChaos { loss: 0.05, ..Default::default() });
+    /// let ranks = nexar::NexarClient::bootstrap_local_each(cfgs).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn bootstrap_local_each(configs: Vec<NexarConfig>) -> Result<Vec<NexarClient>, NexarError> {
+        Ok(cluster::bootstrap_local(configs).await?)
     }
 
     /// Joins a cluster through the seed at `seed_addr` with the token the seed printed.
@@ -214,7 +233,9 @@ impl NexarClient {
         // stops a runaway peer.
         let coll = Arc::new(Mailbox::new(COLL_MAX_HELD, cfg.max_unmatched_bytes.max(cfg.max_message_bytes)));
         let (senders, receivers) = lanes(cfg.lane_capacity);
+        let liveness = Arc::new(Liveness::new(addrs.len()));
         let senders = senders
+            .with_liveness(liveness.clone())
             .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
             .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
         let mesh =
@@ -242,23 +263,29 @@ impl NexarClient {
             rpc_pending: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(0),
             peer_registries: Mutex::new(vec![None; world]),
+            health: Health::new(liveness),
         });
+        let world_comm = Arc::new(CommState::world(rank, world));
         let span = tracing::debug_span!("rank", rank);
         let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span.clone()));
         let requests = tokio::spawn(serve_requests(Arc::downgrade(&inner), rpc_requests).instrument(span.clone()));
-        let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span));
-        crate::sync::lock(&inner.tasks).extend([control, requests, responses]);
-        // When a peer's connection ends (it crashed and went silent past the idle timeout, called
-        // `abort`, or left), receives and collective steps waiting on it fail at once, naming it.
+        let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span.clone()));
+        let (interval, timeout) = (inner.cfg.heartbeat_interval, inner.cfg.heartbeat_timeout);
+        let health = tokio::spawn(monitor(Arc::downgrade(&inner), interval, timeout).instrument(span.clone()));
+        crate::sync::lock(&inner.tasks).extend([control, requests, responses, health]);
+        if inner.cfg.recovery_policy == RecoveryPolicy::Automatic {
+            let task = tokio::spawn(recover_automatically(Arc::downgrade(&inner), world_comm.clone()));
+            crate::sync::lock(&inner.tasks).push(task);
+        }
+        // When a peer's connection ends (it crashed, called `abort`, was declared dead, or left),
+        // receives and collective steps waiting on it fail at once, naming it.
         for link in inner.links.iter().flatten() {
             let (weak, conn, peer) = (Arc::downgrade(&inner), link.connection().clone(), link.peer());
             let watcher = tokio::spawn(async move {
                 let reason = conn.closed().await;
                 if let Some(inner) = weak.upgrade() {
-                    let why = format!("its connection ended ({reason})");
-                    tracing::debug!(peer, %why, "peer gone");
-                    inner.mailbox.source_gone(peer, &why);
-                    inner.coll.source_gone(peer, &why);
+                    tracing::debug!(peer, %reason, "peer connection ended");
+                    inner.connection_ended(peer as usize, &reason);
                 }
             });
             crate::sync::lock(&inner.tasks).push(watcher);
@@ -270,7 +297,7 @@ impl NexarClient {
                 tracing::debug!(peer = link.peer(), error = %e, "could not announce the rpc registry");
             }
         }
-        Ok(NexarClient { inner, comm: Arc::new(CommState::world(rank, world)) })
+        Ok(NexarClient { inner, comm: world_comm })
     }
 
     /// This rank in its communicator, in `0..world_size()`.
@@ -300,12 +327,7 @@ impl NexarClient {
     /// # }
     /// ```
     pub fn abort(&self, reason: &str) {
-        for link in self.inner.links.iter().flatten() {
-            link.close(CLOSE_ABORT, reason);
-        }
-        self.inner.endpoint.close(CLOSE_ABORT.into(), reason.as_bytes());
-        self.inner.mailbox.close();
-        self.inner.coll.close();
+        self.inner.abort_all(reason);
     }
 
     /// A private communicator with the same members for one run of a collective plan that
@@ -337,6 +359,7 @@ impl NexarClient {
     /// of this client stop working too.
     pub async fn shutdown(&self) {
         let inner = &self.inner;
+        inner.health.begin_shutdown();
         for link in inner.links.iter().flatten() {
             link.flush(FLUSH_LIMIT).await;
             if let Err(e) = link.send(&PeerMsg::Goodbye, None).await {
@@ -404,6 +427,19 @@ async fn close_links(links: &[Option<PeerLink>], limit: Duration) {
     }
 }
 
+impl Inner {
+    /// Closes every connection at once with `reason` (see [`NexarClient::abort`]).
+    pub(crate) fn abort_all(&self, reason: &str) {
+        self.health.begin_shutdown();
+        for link in self.links.iter().flatten() {
+            link.close(CLOSE_ABORT, reason);
+        }
+        self.endpoint.close(CLOSE_ABORT.into(), reason.as_bytes());
+        self.mailbox.close();
+        self.coll.close();
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         for task in self.tasks.get_mut().map(std::mem::take).unwrap_or_default() {
@@ -448,6 +484,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 }
             }
             PeerMsg::Goodbye => {
+                inner.health.said_goodbye(incoming.from as usize);
                 if let Some(flag) = crate::sync::lock(&inner.goodbyes.0).get_mut(incoming.from as usize) {
                     *flag = true;
                 }
@@ -462,7 +499,19 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                     *slot = Some(entries.into_iter().collect());
                 }
             }
-            PeerMsg::P2p { .. } | PeerMsg::Coll { .. } | PeerMsg::RpcRequest { .. } | PeerMsg::RpcResponse { .. } => {}
+            PeerMsg::Suspect { rank, reason } => {
+                let (from, rank) = (incoming.from as usize, rank as usize);
+                if rank == inner.rank {
+                    inner.excluded_by(from, &reason);
+                } else {
+                    inner.peer_failed(rank, format!("rank {from} declared it dead: {reason}"), true, false);
+                }
+            }
+            PeerMsg::P2p { .. }
+            | PeerMsg::Coll { .. }
+            | PeerMsg::RpcRequest { .. }
+            | PeerMsg::RpcResponse { .. }
+            | PeerMsg::Heartbeat => {}
         }
     }
 }

@@ -3,7 +3,9 @@
 mod client;
 mod collective;
 mod exec;
+mod health;
 mod p2p;
+mod recovery;
 mod spin;
 mod state;
 
@@ -11,4 +13,6 @@ pub(crate) use client::Inner;
 pub use client::NexarClient;
 pub use collective::{CollectiveError, CollectiveHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
+pub use health::{FailureWatch, PeerFailure};
 pub use p2p::P2pError;
+pub use recovery::RecoveryError;

@@ -16,6 +16,8 @@ pub(crate) struct CommState {
     pub me: usize,
     /// Sequence number of the next collective (64 bits: never wraps in practice).
     seq: AtomicU64,
+    /// Number of the next failure agreement on this communicator.
+    recoveries: AtomicU64,
 }
 
 impl CommState {
@@ -24,13 +26,18 @@ impl CommState {
     }
 
     pub fn new(id: u64, members: Vec<usize>, me: usize) -> Self {
-        CommState { id, members, me, seq: AtomicU64::new(0) }
+        CommState { id, members, me, seq: AtomicU64::new(0), recoveries: AtomicU64::new(0) }
     }
 
     /// Takes the next sequence number. Every member calls collectives in the same order, so
     /// every member gets the same number for the same call.
     pub fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes the number of the next failure agreement (survivors call them in the same order).
+    pub fn next_recovery(&self) -> u64 {
+        self.recoveries.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Moves the counter (for tests of very long-running communicators).

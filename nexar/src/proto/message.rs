@@ -146,6 +146,17 @@ pub enum PeerMsg {
         /// Why, as the reporting rank put it.
         reason: String,
     },
+    /// "I am alive": sent on the control lane every heartbeat interval. Any message counts as
+    /// a sign of life; heartbeats keep an idle link judged alive.
+    Heartbeat,
+    /// The sender has declared rank `rank` (a world rank) dead and cut its connection; the
+    /// receiver does the same, so every survivor sees the same failures promptly.
+    Suspect {
+        /// The world rank declared dead.
+        rank: u32,
+        /// Why, as the declaring rank put it.
+        reason: String,
+    },
 }
 
 impl PeerMsg {
@@ -173,7 +184,9 @@ impl PeerMsg {
             | PeerMsg::Pong { .. }
             | PeerMsg::Goodbye
             | PeerMsg::Abort { .. }
-            | PeerMsg::Registry { .. } => None,
+            | PeerMsg::Registry { .. }
+            | PeerMsg::Heartbeat
+            | PeerMsg::Suspect { .. } => None,
         }
     }
 }
@@ -234,6 +247,22 @@ mod tests {
             let i = flip % bytes.len();
             bytes[i] ^= xor;
             let _ = decode::<SeedResponse>(&bytes);
+        }
+
+        #[test]
+        fn mutated_peer_messages_never_panic_the_decoder(which in 0usize..4, flip in 0usize..64, xor in 1u8..=255) {
+            let m = [
+                PeerMsg::Suspect { rank: 3, reason: "no heartbeat for 5s".into() },
+                PeerMsg::Heartbeat,
+                PeerMsg::Abort { comm: 1, seq: 2, reason: "count mismatch".into() },
+                PeerMsg::Coll { comm: 1, seq: 2, kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, len: 5 },
+            ];
+            let mut bytes = encode(&m[which]).unwrap().to_vec();
+            let i = flip % bytes.len();
+            bytes[i] ^= xor;
+            if let Ok(msg) = decode::<PeerMsg>(&bytes) {
+                let _ = msg.payload_len();
+            }
         }
     }
 }

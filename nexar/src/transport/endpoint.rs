@@ -66,8 +66,13 @@ pub fn bind(
         s.transport_config(transport_config(cfg));
         s
     });
-    quinn::Endpoint::new(endpoint_config, server, socket.into(), Arc::new(quinn::TokioRuntime))
-        .map_err(|e| fail(e.to_string()))
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let socket = quinn::Runtime::wrap_udp_socket(&*runtime, socket.into()).map_err(|e| fail(e.to_string()))?;
+    let socket = match &cfg.chaos {
+        Some(chaos) => super::chaos::ChaosSocket::wrap(socket, chaos.clone()),
+        None => socket,
+    };
+    quinn::Endpoint::new_with_abstract_socket(endpoint_config, server, socket, runtime).map_err(|e| fail(e.to_string()))
 }
 
 /// Attaches the shared transport parameters to a client configuration.

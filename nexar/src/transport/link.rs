@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::TransportError;
 use super::framed::{Payload, ReadFrameError, read_body, read_header};
+use super::liveness::Liveness;
 use super::mailbox::{Held, Key, Mailbox};
 use crate::proto::frame::{FrameError, FrameKind, MAX_CONTROL_FRAME, message_frame, raw_header};
 use crate::proto::message::{self, PeerMsg};
@@ -51,7 +52,9 @@ impl Lane {
             | PeerMsg::Pong { .. }
             | PeerMsg::Goodbye
             | PeerMsg::Abort { .. }
-            | PeerMsg::Registry { .. } => Lane::Control,
+            | PeerMsg::Registry { .. }
+            | PeerMsg::Heartbeat
+            | PeerMsg::Suspect { .. } => Lane::Control,
         }
     }
 }
@@ -72,6 +75,7 @@ pub struct Incoming {
 pub struct LaneSenders {
     senders: [mpsc::Sender<Incoming>; Lane::COUNT],
     direct: [Option<DirectSink>; Lane::COUNT],
+    liveness: Option<std::sync::Arc<Liveness>>,
 }
 
 impl std::fmt::Debug for LaneSenders {
@@ -111,7 +115,7 @@ pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
     let (d, rd) = mpsc::channel(capacity);
     let (e, re) = mpsc::channel(capacity);
     (
-        LaneSenders { senders: [a, b, c, d, e], direct: Default::default() },
+        LaneSenders { senders: [a, b, c, d, e], direct: Default::default(), liveness: None },
         LaneReceivers { rpc_requests: ra, rpc_responses: rb, control: rc, data: rd, raw: re },
     )
 }
@@ -123,9 +127,22 @@ impl LaneSenders {
         self
     }
 
+    /// Records every delivered message in `liveness` as a sign of life from its sender.
+    pub(crate) fn with_liveness(mut self, liveness: std::sync::Arc<Liveness>) -> Self {
+        self.liveness = Some(liveness);
+        self
+    }
+
     /// Queues a message on its lane, waiting while the lane is full. Fails only when the
-    /// lane's consumer is gone (the rank is shutting down).
+    /// lane's consumer is gone (the rank is shutting down). Heartbeats are consumed here: they
+    /// only say the sender is alive.
     pub async fn deliver(&self, incoming: Incoming) -> Result<(), Incoming> {
+        if let Some(liveness) = &self.liveness {
+            liveness.heard(incoming.from);
+        }
+        if matches!(incoming.msg, PeerMsg::Heartbeat) {
+            return Ok(());
+        }
         let lane = Lane::of(&incoming.msg);
         if let Some(sink) = &self.direct[lane as usize] {
             if let Some((key, held)) = (sink.entry)(incoming) {
@@ -171,10 +188,12 @@ impl PeerLink {
     /// that rank). Received messages go to `lanes`; payloads longer than `max_payload` are a
     /// protocol violation.
     pub fn spawn(local: u32, peer: u32, conn: Connection, lanes: LaneSenders, max_payload: u64) -> PeerLink {
-        let writers = std::array::from_fn(|_| {
+        let writers = std::array::from_fn(|lane| {
             let (tx, rx) = mpsc::channel::<Outgoing>(64);
             let span = tracing::debug_span!("writer", rank = local, peer);
-            tokio::spawn(write_lane(conn.clone(), peer, rx).instrument(span));
+            // Control traffic (heartbeats, aborts, failure reports) goes out ahead of bulk data.
+            let priority = if lane == Lane::Control as usize { 1 } else { 0 };
+            tokio::spawn(write_lane(conn.clone(), peer, priority, rx).instrument(span));
             tx
         });
         let span = tracing::debug_span!("router", rank = local, peer);
@@ -228,6 +247,15 @@ impl PeerLink {
         Ok(wait)
     }
 
+    /// Queues `msg` on its lane only if there is room right now; never waits. For messages
+    /// that are worthless when late, such as heartbeats. Returns whether it was queued.
+    pub fn try_send(&self, msg: &PeerMsg) -> bool {
+        let Ok(body) = message::encode(msg) else { return false };
+        let (done, _) = oneshot::channel();
+        let chunks = vec![message_frame(&body)];
+        self.writers[Lane::of(msg) as usize].try_send(Outgoing::Frames { chunks, done }).is_ok()
+    }
+
     /// Finishes every lane's stream and waits until the peer has acknowledged all data sent
     /// so far (at most `limit`).
     pub async fn flush(&self, limit: std::time::Duration) {
@@ -263,7 +291,7 @@ impl PeerLink {
     }
 }
 
-async fn write_lane(conn: Connection, peer: u32, mut rx: mpsc::Receiver<Outgoing>) {
+async fn write_lane(conn: Connection, peer: u32, priority: i32, mut rx: mpsc::Receiver<Outgoing>) {
     let mut stream: Option<quinn::SendStream> = None;
     let mut broken: Option<TransportError> = None;
     while let Some(out) = rx.recv().await {
@@ -285,7 +313,10 @@ async fn write_lane(conn: Connection, peer: u32, mut rx: mpsc::Receiver<Outgoing
         let s = match &mut stream {
             Some(s) => s,
             None => match conn.open_uni().await {
-                Ok(s) => stream.insert(s),
+                Ok(s) => {
+                    let _ = s.set_priority(priority);
+                    stream.insert(s)
+                }
                 Err(e) => {
                     let err = TransportError::ConnectionLost { peer: peer_name(peer), reason: e.to_string() };
                     broken = Some(err.clone());

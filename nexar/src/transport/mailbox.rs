@@ -161,6 +161,11 @@ impl Mailbox {
         }
     }
 
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     pub(crate) async fn deliver(&self, key: Key, mut msg: Held) {
         {
             let mut st = self.lock();

@@ -1,9 +1,11 @@
 //! QUIC transport: endpoints, TLS and certificates, framed streams, and per-peer links with
 //! their router and lanes.
 
+pub mod chaos;
 pub mod endpoint;
 pub mod framed;
 pub mod link;
+pub(crate) mod liveness;
 pub mod mailbox;
 pub mod pool;
 pub mod tls;

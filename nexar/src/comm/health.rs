@@ -1,0 +1,412 @@
+//! Failure detection: heartbeats, the verdict that a peer is dead, and how the rest of the rank
+//! learns of it ([`FailureWatch`], failed receives, gossip to the other survivors).
+//!
+//! A peer is declared dead when its connection ends without a goodbye, when nothing at all
+//! (heartbeat or any other message) has come from it for `heartbeat_timeout`, when another
+//! rank reports it dead, or when the application says so
+//! ([`report_failure`](NexarClient::report_failure)). Every survivor then cuts its connection
+//! to the dead rank, so a rank that was only slow or partitioned away learns that it has been
+//! excluded instead of carrying on with a different view of the cluster.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use quinn::ConnectionError;
+use tokio::sync::watch;
+
+use super::client::{Inner, NexarClient};
+use super::recovery::RecoveryError;
+use super::state::CommState;
+use crate::config::RecoveryPolicy;
+use crate::proto::message::PeerMsg;
+use crate::transport::liveness::Liveness;
+
+/// QUIC close code a rank uses when it cuts a peer it has declared dead.
+pub(crate) const CLOSE_DECLARED_DEAD: u32 = 5;
+
+/// The longest gap between two liveness checks.
+const MAX_CHECK_PERIOD: Duration = Duration::from_millis(250);
+
+/// A peer this rank considers dead.
+///
+/// ```no_run
+/// # async fn run(comm: nexar::NexarClient) {
+/// let mut failures = comm.failure_watch();
+/// if let Some(f) = failures.next().await {
+///     eprintln!("rank {} failed: {}", f.rank, f.reason);
+/// }
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerFailure {
+    /// The failed rank, numbered in the whole cluster (see
+    /// [`world_rank`](NexarClient::world_rank)).
+    pub rank: usize,
+    /// How this rank learned of it, in words.
+    pub reason: String,
+    /// When this rank declared it dead.
+    pub detected_at: Instant,
+}
+
+/// How many automatic rebuilds have finished, and the latest one's outcome.
+type Rebuilds = (u64, Option<Result<Arc<CommState>, RecoveryError>>);
+
+#[derive(Default)]
+struct Verdicts {
+    dead: BTreeMap<usize, PeerFailure>,
+    /// Peers that said goodbye: their silence is not a failure.
+    left: Vec<usize>,
+    /// Set when another rank declared this one dead: the reason.
+    excluded: Option<String>,
+}
+
+/// One rank's view of which peers are alive.
+pub(crate) struct Health {
+    pub liveness: Arc<Liveness>,
+    verdicts: Mutex<Verdicts>,
+    events: watch::Sender<Vec<PeerFailure>>,
+    /// Results of automatic rebuilds, numbered.
+    rebuilt: watch::Sender<Rebuilds>,
+    shutting_down: AtomicBool,
+}
+
+impl Health {
+    pub fn new(liveness: Arc<Liveness>) -> Self {
+        Health {
+            liveness,
+            verdicts: Mutex::new(Verdicts::default()),
+            events: watch::channel(Vec::new()).0,
+            rebuilt: watch::channel((0, None)).0,
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Verdicts> {
+        crate::sync::lock(&self.verdicts)
+    }
+
+    /// Whether `peer` (a world rank) has been declared dead.
+    pub fn is_dead(&self, peer: usize) -> bool {
+        self.lock().dead.contains_key(&peer)
+    }
+
+    /// Every world rank declared dead so far.
+    pub fn dead(&self) -> Vec<usize> {
+        self.lock().dead.keys().copied().collect()
+    }
+
+    /// Why this rank was excluded by the others, if it was.
+    pub fn excluded(&self) -> Option<String> {
+        self.lock().excluded.clone()
+    }
+
+    /// From now on, silence and closed connections are the orderly end of the cluster.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    pub fn said_goodbye(&self, peer: usize) {
+        self.lock().left.push(peer);
+    }
+}
+
+impl Inner {
+    /// Declares world rank `peer` dead for `reason`: pending and later receives from it fail,
+    /// its connection is cut (when `cut`), the other peers are told (when `gossip`), the
+    /// application's watchers are woken, and the recovery policy applies. Idempotent.
+    pub(crate) fn peer_failed(&self, peer: usize, reason: String, cut: bool, gossip: bool) {
+        if peer == self.rank || peer >= self.links.len() {
+            return;
+        }
+        let failure = PeerFailure { rank: peer, reason: reason.clone(), detected_at: Instant::now() };
+        {
+            let mut v = self.health.lock();
+            if v.dead.contains_key(&peer) {
+                return;
+            }
+            v.dead.insert(peer, failure.clone());
+        }
+        tracing::warn!(rank = self.rank, peer, %reason, "peer declared dead");
+        self.mailbox.source_gone(peer as u32, &reason);
+        self.coll.source_gone(peer as u32, &reason);
+        if cut && let Some(link) = self.links[peer].as_ref() {
+            link.close(CLOSE_DECLARED_DEAD, &format!("rank {} declared rank {peer} dead: {reason}", self.rank));
+        }
+        if gossip {
+            let msg = PeerMsg::Suspect { rank: peer as u32, reason };
+            for link in self.links.iter().flatten().filter(|l| !self.health.is_dead(l.peer() as usize)) {
+                if !link.try_send(&msg) {
+                    tracing::debug!(peer = link.peer(), "control lane full; the failure report waits for the next one");
+                }
+            }
+        }
+        self.health.events.send_modify(|all| all.push(failure.clone()));
+        if self.cfg.recovery_policy == RecoveryPolicy::Abort {
+            self.abort_all(&format!("rank {peer} failed ({}); recovery policy is abort", failure.reason));
+        }
+    }
+
+    /// Records that another rank declared this one dead.
+    pub(crate) fn excluded_by(&self, by: usize, reason: &str) {
+        let why = format!("rank {by} declared rank {} dead: {reason}", self.rank);
+        {
+            let mut v = self.health.lock();
+            if v.excluded.is_none() {
+                tracing::warn!(rank = self.rank, %why, "this rank was excluded from the cluster");
+                v.excluded = Some(why.clone());
+            }
+        }
+        // Nothing more comes from the rank that cut us; it is not a failure to report on.
+        self.mailbox.source_gone(by as u32, &why);
+        self.coll.source_gone(by as u32, &why);
+        self.health.events.send_modify(|_| {});
+    }
+
+    /// Judges how a peer's connection ended.
+    pub(crate) fn connection_ended(&self, peer: usize, reason: &ConnectionError) {
+        let orderly = self.health.shutting_down.load(Ordering::Relaxed) || self.health.lock().left.contains(&peer);
+        let why = format!("its connection ended ({reason})");
+        if orderly {
+            self.mailbox.source_gone(peer as u32, &why);
+            self.coll.source_gone(peer as u32, &why);
+            return;
+        }
+        match reason {
+            ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_DECLARED_DEAD.into() => {
+                self.excluded_by(peer, &String::from_utf8_lossy(&close.reason));
+            }
+            // We cut it ourselves: it is already declared.
+            ConnectionError::LocallyClosed => {}
+            _ => self.peer_failed(peer, why, false, true),
+        }
+    }
+}
+
+/// Sends heartbeats and declares silent peers dead, until the rank is gone.
+pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Duration) {
+    let mut tick = tokio::time::interval(interval.min(MAX_CHECK_PERIOD));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_beat: Option<Instant> = None;
+    // Silence is counted from the moment the mesh is up, not from when this rank started.
+    if let Some(inner) = inner.upgrade() {
+        for link in inner.links.iter().flatten() {
+            inner.health.liveness.heard(link.peer());
+        }
+    }
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.health.shutting_down.load(Ordering::Relaxed) {
+            return;
+        }
+        if last_beat.is_none_or(|t| t.elapsed() >= interval) {
+            last_beat = Some(Instant::now());
+            for link in inner.links.iter().flatten() {
+                // A full control lane is itself traffic the peer will count as life.
+                let _ = link.try_send(&PeerMsg::Heartbeat);
+            }
+        }
+        for link in inner.links.iter().flatten() {
+            let peer = link.peer() as usize;
+            let silent = inner.health.liveness.silent_for(peer);
+            if silent > timeout && !inner.health.is_dead(peer) && !inner.health.lock().left.contains(&peer) {
+                let reason = format!(
+                    "nothing heard from it for {:.1} s (heartbeat timeout {} ms, NEXAR_HEARTBEAT_TIMEOUT_MS)",
+                    silent.as_secs_f64(),
+                    timeout.as_millis()
+                );
+                inner.peer_failed(peer, reason, true, true);
+            }
+        }
+    }
+}
+
+/// Under [`RecoveryPolicy::Automatic`]: after each failure, agree and rebuild the current
+/// communicator (the world first, then each rebuilt one) and publish the result.
+pub(crate) async fn recover_automatically(inner: Weak<Inner>, mut current: Arc<CommState>) {
+    let Some(mut events) = inner.upgrade().map(|i| i.health.events.subscribe()) else { return };
+    loop {
+        if events.changed().await.is_err() {
+            return;
+        }
+        let Some(strong) = inner.upgrade() else { return };
+        let dead = strong.health.dead();
+        if !current.members.iter().any(|m| dead.contains(m)) && strong.health.excluded().is_none() {
+            continue;
+        }
+        // Let reports of simultaneous failures arrive, so one rebuild covers them all.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        events.borrow_and_update();
+        let client = NexarClient { inner: strong.clone(), comm: current.clone() };
+        let result = client.recover().await.map(|c| c.comm);
+        if let Ok(comm) = &result {
+            current = comm.clone();
+        }
+        let stop = result.is_err();
+        strong.health.rebuilt.send_modify(|(n, slot)| {
+            *n += 1;
+            *slot = Some(result);
+        });
+        if stop {
+            return;
+        }
+    }
+}
+
+/// The failures a rank has seen, in the order it saw them, and (under the automatic recovery
+/// policy) the communicators rebuilt after them. Made by
+/// [`NexarClient::failure_watch`].
+///
+/// ```no_run
+/// # async fn run(comm: nexar::NexarClient) {
+/// let mut watch = comm.failure_watch();
+/// tokio::spawn(async move {
+///     while let Some(f) = watch.next().await {
+///         eprintln!("lost rank {}: {}", f.rank, f.reason);
+///     }
+/// });
+/// # }
+/// ```
+pub struct FailureWatch {
+    inner: Arc<Inner>,
+    events: watch::Receiver<Vec<PeerFailure>>,
+    seen: usize,
+    rebuilt: watch::Receiver<Rebuilds>,
+    rebuilds_seen: u64,
+}
+
+impl std::fmt::Debug for FailureWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailureWatch").field("seen", &self.seen).finish_non_exhaustive()
+    }
+}
+
+impl FailureWatch {
+    /// The next failure this watch has not reported yet, waiting for one. `None` once this
+    /// rank has shut down or been excluded by the others (see
+    /// [`excluded`](Self::excluded)).
+    pub async fn next(&mut self) -> Option<PeerFailure> {
+        loop {
+            {
+                let all = self.events.borrow_and_update();
+                if let Some(f) = all.get(self.seen) {
+                    self.seen += 1;
+                    return Some(f.clone());
+                }
+            }
+            if self.inner.health.excluded().is_some() || self.inner.mailbox.is_closed() {
+                return None;
+            }
+            // Re-check now and then: shutting down sends no event.
+            let woke = tokio::time::timeout(Duration::from_millis(500), self.events.changed()).await;
+            if matches!(woke, Ok(Err(_))) {
+                return None;
+            }
+        }
+    }
+
+    /// Every failure seen so far, oldest first.
+    pub fn failures(&self) -> Vec<PeerFailure> {
+        self.events.borrow().clone()
+    }
+
+    /// Why the other ranks excluded this one, if they did.
+    pub fn excluded(&self) -> Option<String> {
+        self.inner.health.excluded()
+    }
+
+    /// Under [`RecoveryPolicy::Automatic`]: waits for the next communicator the runtime
+    /// rebuilds after a failure (one finished after the previous call, or after this watch
+    /// was made), and returns it or why the rebuild failed. Under the other policies nothing
+    /// is rebuilt automatically, so this waits until the rank shuts down.
+    pub async fn rebuilt(&mut self) -> Result<NexarClient, RecoveryError> {
+        loop {
+            {
+                let latest = self.rebuilt.borrow_and_update();
+                if latest.0 > self.rebuilds_seen
+                    && let Some(result) = latest.1.clone()
+                {
+                    self.rebuilds_seen = latest.0;
+                    return result.map(|comm| NexarClient { inner: self.inner.clone(), comm });
+                }
+            }
+            if self.inner.mailbox.is_closed() {
+                return Err(RecoveryError::Closed { rank: self.inner.rank });
+            }
+            let woke = tokio::time::timeout(Duration::from_millis(500), self.rebuilt.changed()).await;
+            if matches!(woke, Ok(Err(_))) {
+                return Err(RecoveryError::Closed { rank: self.inner.rank });
+            }
+        }
+    }
+}
+
+impl NexarClient {
+    /// A watch on the failures this rank sees from now on (and those it already saw).
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) {
+    /// let watch = comm.failure_watch();
+    /// for f in watch.failures() {
+    ///     println!("rank {} is dead: {}", f.rank, f.reason);
+    /// }
+    /// # }
+    /// ```
+    pub fn failure_watch(&self) -> FailureWatch {
+        let rebuilt = self.inner.health.rebuilt.subscribe();
+        let rebuilds_seen = rebuilt.borrow().0;
+        FailureWatch {
+            inner: self.inner.clone(),
+            events: self.inner.health.events.subscribe(),
+            seen: 0,
+            rebuilt,
+            rebuilds_seen,
+        }
+    }
+
+    /// Ranks of this communicator that this rank has declared dead.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// if !comm.failed_ranks().is_empty() {
+    ///     eprintln!("lost {:?}; call recover()", comm.failed_ranks());
+    /// }
+    /// # }
+    /// ```
+    pub fn failed_ranks(&self) -> Vec<usize> {
+        let dead = self.inner.health.dead();
+        self.comm.members.iter().enumerate().filter(|(_, w)| dead.contains(w)).map(|(r, _)| r).collect()
+    }
+
+    /// Declares rank `peer` of this communicator dead on the application's word (say, it
+    /// stopped making progress): its connection is cut, the other ranks are told and do the
+    /// same, and operations involving it fail. The next [`recover`](Self::recover) leaves it
+    /// out.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// comm.report_failure(3, "no progress for 10 minutes")?;
+    /// let survivors = comm.recover().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn report_failure(&self, peer: usize, reason: &str) -> Result<(), RecoveryError> {
+        let invalid =
+            |reason: String| RecoveryError::InvalidArgument { rank: self.rank(), op: "report_failure", reason };
+        let world_peer =
+            *self.comm.members.get(peer).ok_or_else(|| {
+                invalid(format!("rank {peer} is outside this {}-rank communicator", self.world_size()))
+            })?;
+        if world_peer == self.inner.rank {
+            return Err(invalid("a rank cannot report itself failed; call abort() to leave".into()));
+        }
+        self.inner.peer_failed(
+            world_peer,
+            format!("reported by the application on rank {}: {reason}", self.inner.rank),
+            true,
+            true,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! Agreeing on the failure set and rebuilding a communicator without the failed ranks.
+//!
+//! The agreement runs on point-to-point messages of a private communicator made for it. The
+//! lowest-numbered rank not in the failure set coordinates: every other survivor sends it the
+//! ranks it believes failed, the coordinator takes the union (adding any rank that fails while
+//! it waits), and sends the decision to everyone. A survivor whose coordinator fails moves on
+//! to the next lowest rank with the coordinator added to its set; a rank that already decided
+//! answers late proposals with its decision. Every survivor therefore leaves with the same set,
+//! which contains every failure any survivor reported, and builds the same communicator from
+//! it: the remaining members, in their old order, numbered densely from 0.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use super::client::NexarClient;
+use super::p2p::P2pError;
+use super::state::CommState;
+
+/// Tag of a survivor's proposal on the agreement communicator.
+const TAG_PROPOSE: u64 = 1;
+/// Tag of the coordinator's decision.
+const TAG_DECIDE: u64 = 2;
+
+/// Failures of agreement and rebuild. Each names the reporting rank.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// The caller's arguments are wrong.
+    #[error("rank {rank} {op}: {reason}")]
+    InvalidArgument {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The survivors left this rank out (another rank declared it dead, or it was named in
+    /// `rebuild_excluding`). It is no longer a member; it should exit.
+    #[error("rank {rank} was excluded from the rebuilt communicator: {reason}")]
+    Excluded {
+        /// The rank reporting (the excluded one).
+        rank: usize,
+        /// Why.
+        reason: String,
+    },
+    /// Fewer ranks survive than `min_world_size` allows.
+    #[error("rank {rank} rebuild: only {survivors} ranks survive, fewer than the minimum {min} (NEXAR_MIN_WORLD_SIZE)")]
+    TooFew {
+        /// The rank reporting.
+        rank: usize,
+        /// Ranks left after the failures.
+        survivors: usize,
+        /// The configured minimum.
+        min: usize,
+    },
+    /// A peer sent an agreement message that breaks the protocol.
+    #[error("rank {rank} agreement: rank {peer} sent an invalid failure set: {what}")]
+    Protocol {
+        /// The rank reporting.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// What was wrong.
+        what: String,
+    },
+    /// This rank is shutting down.
+    #[error("rank {rank} agreement: the client is shut down")]
+    Closed {
+        /// The rank reporting.
+        rank: usize,
+    },
+}
+
+impl NexarClient {
+    /// Agrees with the other survivors on which ranks of this communicator have failed and
+    /// returns a new communicator without them, with dense ranks (the survivors in their old
+    /// order, numbered from 0). Every survivor must call it; ranks declared dead need not. The
+    /// old communicator stays as it was (its collectives with failed ranks keep failing).
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn step(comm: NexarClient, grads: &mut [f32]) -> Result<NexarClient, NexarError> {
+    /// match comm.all_reduce(grads, Sum).await {
+    ///     Ok(()) => Ok(comm),
+    ///     Err(e) => {
+    ///         eprintln!("{e}; rebuilding");
+    ///         Ok(comm.recover().await?)
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub async fn recover(&self) -> Result<NexarClient, RecoveryError> {
+        self.rebuild_excluding(&[]).await
+    }
+
+    /// Like [`recover`](Self::recover), also leaving out `ranks` (ranks of this communicator):
+    /// a way to shrink by choice. A rank named here that calls it gets
+    /// [`RecoveryError::Excluded`]. The agreed set is the union of what every survivor names
+    /// and every failure any of them has seen.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// // Retire the last rank.
+    /// match comm.rebuild_excluding(&[comm.world_size() - 1]).await {
+    ///     Ok(smaller) => assert_eq!(smaller.world_size(), comm.world_size() - 1),
+    ///     Err(nexar::RecoveryError::Excluded { .. }) => return Ok(()), // this was the last rank
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn rebuild_excluding(&self, ranks: &[usize]) -> Result<NexarClient, RecoveryError> {
+        let (epoch, failed) = self.agree(ranks, "rebuild_excluding").await?;
+        let members: Vec<usize> =
+            self.comm.members.iter().enumerate().filter(|(r, _)| !failed.contains(r)).map(|(_, w)| *w).collect();
+        let min = self.config().min_world_size;
+        if members.len() < min {
+            return Err(RecoveryError::TooFew { rank: self.rank(), survivors: members.len(), min });
+        }
+        let me = members.iter().position(|w| *w == self.inner.rank).ok_or_else(|| RecoveryError::Excluded {
+            rank: self.rank(),
+            reason: "the agreed failure set contains this rank".into(),
+        })?;
+        let set: Vec<String> = failed.iter().map(ToString::to_string).collect();
+        let id = nexar_types::stable_id(&["rebuilt", &self.comm.id.to_string(), &epoch.to_string(), &set.join(",")]);
+        tracing::info!(rank = self.rank(), ?failed, new_world = members.len(), "communicator rebuilt");
+        Ok(self.with_comm(CommState::new(id.max(1), members, me)))
+    }
+
+    /// Agrees with the other survivors on the failed ranks of this communicator, adding
+    /// `also` to this rank's proposal, and returns the agreed set (ranks of this communicator,
+    /// ascending). Every survivor must call it.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let failed = comm.agree_failures(&[]).await?;
+    /// println!("the survivors agree that {failed:?} failed");
+    /// # Ok(()) }
+    /// ```
+    pub async fn agree_failures(&self, also: &[usize]) -> Result<Vec<usize>, RecoveryError> {
+        Ok(self.agree(also, "agree_failures").await?.1.into_iter().collect())
+    }
+
+    /// The agreement protocol (see the module docs). Returns the agreement's number on this
+    /// communicator and the agreed set.
+    async fn agree(&self, also: &[usize], op: &'static str) -> Result<(u64, BTreeSet<usize>), RecoveryError> {
+        let (me, world) = (self.rank(), self.world_size());
+        if let Some(bad) = also.iter().find(|r| **r >= world) {
+            let reason = format!("rank {bad} is outside this {world}-rank communicator");
+            return Err(RecoveryError::InvalidArgument { rank: me, op, reason });
+        }
+        self.check_not_excluded()?;
+        let epoch = self.comm.next_recovery();
+        let id = nexar_types::stable_id(&["agree", &self.comm.id.to_string(), &epoch.to_string()]).max(1);
+        let view = self.with_comm(CommState::new(id, self.comm.members.clone(), me));
+        let mut set: BTreeSet<usize> = also.iter().copied().chain(self.failed_ranks()).collect();
+        let decided = loop {
+            self.check_not_excluded()?;
+            let Some(coordinator) = (0..world).find(|r| !set.contains(r)) else { break set };
+            if coordinator == me {
+                break self.coordinate(&view, set).await?;
+            }
+            if view.send(&encode(&set), coordinator, TAG_PROPOSE).await.is_err() {
+                set.insert(coordinator);
+                continue;
+            }
+            match view.recv_vec::<u32>(coordinator, TAG_DECIDE).await {
+                Ok(decision) => break decode(&decision, world, coordinator, me)?,
+                Err(P2pError::Closed { .. }) => return Err(RecoveryError::Closed { rank: me }),
+                Err(e) => {
+                    tracing::debug!(rank = me, coordinator, error = %e, "agreement coordinator lost; moving on");
+                    set.insert(coordinator);
+                }
+            }
+        };
+        self.check_not_excluded()?;
+        if decided.contains(&me) {
+            let reason = "the survivors agreed to leave it out".to_string();
+            return Err(RecoveryError::Excluded { rank: me, reason });
+        }
+        linger(view, decided.clone(), self.config().heartbeat_timeout * 2);
+        Ok((epoch, decided))
+    }
+
+    /// Collects every other survivor's proposal, then sends everyone the union.
+    async fn coordinate(&self, view: &NexarClient, mut set: BTreeSet<usize>) -> Result<BTreeSet<usize>, RecoveryError> {
+        let (me, world) = (self.rank(), self.world_size());
+        let mut waits = JoinSet::new();
+        let mut pending = HashMap::new();
+        for peer in (0..world).filter(|r| *r != me && !set.contains(r)) {
+            let view = view.clone();
+            let handle = waits.spawn(async move { (peer, view.recv_vec::<u32>(peer, TAG_PROPOSE).await) });
+            pending.insert(peer, handle);
+        }
+        while !pending.is_empty() {
+            let Some(joined) = waits.join_next().await else { break };
+            let Ok((peer, result)) = joined else { continue };
+            if pending.remove(&peer).is_none() {
+                continue;
+            }
+            match result {
+                Ok(proposal) => set.extend(decode(&proposal, world, peer, me)?),
+                Err(P2pError::Closed { .. }) => return Err(RecoveryError::Closed { rank: me }),
+                Err(e) => {
+                    tracing::debug!(rank = me, peer, error = %e, "no proposal; counting it failed");
+                    set.insert(peer);
+                }
+            }
+            // Stop waiting for ranks someone else reported failed.
+            pending.retain(|peer, handle| {
+                let keep = !set.contains(peer);
+                if !keep {
+                    handle.abort();
+                }
+                keep
+            });
+        }
+        waits.abort_all();
+        announce(view, &set).await;
+        Ok(set)
+    }
+
+    fn check_not_excluded(&self) -> Result<(), RecoveryError> {
+        match self.inner.health.excluded() {
+            Some(reason) => Err(RecoveryError::Excluded { rank: self.rank(), reason }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Sends the decision to every other member still connected (excluded ones learn from it).
+async fn announce(view: &NexarClient, set: &BTreeSet<usize>) {
+    let decision = encode(set);
+    let mut sends = JoinSet::new();
+    for peer in (0..view.world_size()).filter(|r| *r != view.rank()) {
+        if view.link(peer).is_some_and(|l| l.connection().close_reason().is_none()) {
+            let (view, decision) = (view.clone(), decision.clone());
+            sends.spawn(async move { view.send(&decision, peer, TAG_DECIDE).await });
+        }
+    }
+    while sends.join_next().await.is_some() {}
+}
+
+/// After deciding, answers for a while any proposal that reaches this rank late (its sender's
+/// coordinator failed before telling it), so every survivor leaves with the same decision.
+fn linger(view: NexarClient, decided: BTreeSet<usize>, limit: Duration) {
+    let decision = encode(&decided);
+    for peer in (0..view.world_size()).filter(|r| *r != view.rank() && !decided.contains(r)) {
+        let (view, decision) = (view.clone(), decision.clone());
+        tokio::spawn(async move {
+            if let Ok(Ok(_)) = tokio::time::timeout(limit, view.recv_vec::<u32>(peer, TAG_PROPOSE)).await {
+                let _ = view.send(&decision, peer, TAG_DECIDE).await;
+            }
+        });
+    }
+}
+
+fn encode(set: &BTreeSet<usize>) -> Vec<u32> {
+    set.iter().map(|r| *r as u32).collect()
+}
+
+/// Validates a failure set received from `peer`.
+fn decode(ranks: &[u32], world: usize, peer: usize, me: usize) -> Result<BTreeSet<usize>, RecoveryError> {
+    if ranks.len() > world {
+        let what = format!("{} ranks in a {world}-rank communicator", ranks.len());
+        return Err(RecoveryError::Protocol { rank: me, peer, what });
+    }
+    ranks
+        .iter()
+        .map(|r| match *r as usize {
+            r if r < world => Ok(r),
+            r => Err(RecoveryError::Protocol {
+                rank: me,
+                peer,
+                what: format!("rank {r} in a {world}-rank communicator"),
+            }),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn received_sets_are_validated() {
+        assert_eq!(decode(&[0, 2], 3, 1, 0).unwrap().into_iter().collect::<Vec<_>>(), vec![0, 2]);
+        assert!(decode(&[5], 3, 1, 0).unwrap_err().to_string().contains("rank 5 in a 3-rank"));
+        assert!(decode(&[0, 0, 0, 0], 3, 1, 0).is_err());
+    }
+}
