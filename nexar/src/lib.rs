@@ -32,7 +32,9 @@ mod sync;
 pub mod transport;
 
 pub use cluster::{ClusterError, JoinToken, SeedNode};
-pub use comm::{CollectiveError, CollectiveHandle, FailureWatch, NexarClient, P2pError, PeerFailure, RecoveryError};
+pub use comm::{
+    CollectiveError, CollectiveHandle, FailureWatch, LinkStats, NexarClient, P2pError, PeerFailure, RecoveryError,
+};
 pub use config::{ConfigError, NexarConfig, RecoveryPolicy};
 pub use error::NexarError;
 pub use nexar_macros::{collective_plan, rpc};

@@ -181,3 +181,52 @@ async fn killing_a_worker_process_mid_allreduce_fails_the_others_naming_it() {
     .await
     .expect("test timed out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survivors_of_a_killed_worker_detect_it_rebuild_and_carry_on() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let mut seed = start_seed(4).await;
+        let spawn_worker = || {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_nexar-bench"));
+            cmd.args(["--worker", "--seed", &seed.addr, "--token", &seed.token])
+                .args(["--op", "soak", "--seconds", "8", "--survive", "-e", "256K"])
+                .env("NEXAR_HEARTBEAT_TIMEOUT_MS", "2000")
+                .env("NEXAR_HEARTBEAT_INTERVAL_MS", "200")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            cmd.spawn().expect("spawn a soak worker")
+        };
+        let mut workers: Vec<_> = (0..4).map(|_| spawn_worker()).collect();
+        while seed.lines.next_line().await.unwrap().is_some_and(|l| !l.starts_with("formed")) {}
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut victim = workers.remove(2);
+        victim.start_kill().unwrap(); // SIGKILL: no goodbye, no close frame
+        let killed_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+        victim.wait().await.unwrap();
+        let mut finished = 0;
+        for w in workers {
+            let out = w.wait_with_output().await.unwrap();
+            let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "a survivor failed:\n{stdout}\n{stderr}");
+            println!("survivor (killed at unix ms {killed_ms}):\n{stdout}");
+            assert!(stdout.contains("# recovered:") && stdout.contains("of 3;"), "{stdout}\n{stderr}");
+            let detected: u128 = stdout
+                .lines()
+                .find_map(|l| l.split("detected_unix_ms=").nth(1))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no detection time reported:\n{stdout}"));
+            // Heartbeat timeout 2 s; the slack is for a loaded machine, far below QUIC's 30 s.
+            assert!(
+                detected.saturating_sub(killed_ms) < 2000 + 4000,
+                "detected {} ms after the kill",
+                detected - killed_ms
+            );
+            finished += usize::from(stdout.contains("# soak done"));
+        }
+        assert_eq!(finished, 1, "the rebuilt communicator's rank 0 reports the end of the soak");
+    })
+    .await
+    .expect("test timed out");
+}

@@ -91,6 +91,19 @@ pub(crate) struct Inner {
     pub health: Health,
 }
 
+/// Counters of one peer link, from [`NexarClient::link_stats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Smoothed round-trip time.
+    pub rtt: Duration,
+    /// Datagrams sent on the path.
+    pub sent_packets: u64,
+    /// Datagrams QUIC judged lost (and sent again).
+    pub lost_packets: u64,
+    /// Current congestion window in bytes.
+    pub congestion_window: u64,
+}
+
 impl std::fmt::Debug for NexarClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NexarClient")
@@ -340,6 +353,28 @@ impl NexarClient {
     /// A handle on the same rank for another communicator.
     pub(crate) fn with_comm(&self, comm: CommState) -> NexarClient {
         NexarClient { inner: self.inner.clone(), comm: Arc::new(comm) }
+    }
+
+    /// Counters of the QUIC path to rank `peer` of this communicator (`None` for this rank
+    /// itself or a rank outside it): round-trip time, datagrams sent and lost, congestion
+    /// window. Useful to tell a slow network from a slow peer.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// if let Some(s) = comm.link_stats(1) {
+    ///     println!("rtt {:?}, {} of {} datagrams lost", s.rtt, s.lost_packets, s.sent_packets);
+    /// }
+    /// # }
+    /// ```
+    pub fn link_stats(&self, peer: usize) -> Option<LinkStats> {
+        let conn = self.link(peer)?.connection();
+        let path = conn.stats().path;
+        Some(LinkStats {
+            rtt: conn.rtt(),
+            sent_packets: path.sent_packets,
+            lost_packets: path.lost_packets,
+            congestion_window: path.cwnd,
+        })
     }
 
     /// The configuration this rank runs with.

@@ -10,7 +10,7 @@ mod spin;
 mod state;
 
 pub(crate) use client::Inner;
-pub use client::NexarClient;
+pub use client::{LinkStats, NexarClient};
 pub use collective::{CollectiveError, CollectiveHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
 pub use health::{FailureWatch, PeerFailure};

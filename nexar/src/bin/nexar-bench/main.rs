@@ -9,6 +9,8 @@
 //! over `-n` iterations after `-w` warm-ups. Time is the median over iterations of the slowest
 //! rank's time, as in the OpenMPI and Gloo baselines.
 
+mod soak;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -33,6 +35,9 @@ enum Op {
     Rpc,
     /// A fused plan of 100 allreduces of 10,000 f32 against 100 separate allreduces.
     Plan,
+    /// Mixed collectives, RPC and point-to-point with random sizes (up to `-e`) for
+    /// `--seconds`, every result checked: throughput and resident memory over time.
+    Soak,
 }
 
 const PLAN_TENSORS: usize = 100;
@@ -219,6 +224,13 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "nexar-bench.json")]
     json: String,
+    /// How long the soak runs, in seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Soak: when a rank fails, agree, rebuild without it and carry on (reporting detection
+    /// and rebuild times) instead of stopping.
+    #[arg(long)]
+    survive: bool,
     /// (internal) run as a worker of a multi-process benchmark.
     #[arg(long, hide = true)]
     worker: bool,
@@ -283,6 +295,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let token = args.token.clone().ok_or("worker needs --token")?;
         let cfg = NexarConfig { listen_addr: "127.0.0.1:0".parse()?, ..NexarConfig::from_env()? };
         let comm = NexarClient::connect(seed, &token, cfg).await?;
+        if args.op == Op::Soak {
+            return Ok(soak::run(comm, args).await?);
+        }
         let rows = run_all(&comm, &args).await?;
         let mut peak = [peak_rss_kib()];
         comm.all_reduce(&mut peak, Max).await?;
@@ -300,6 +315,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
 async fn inproc(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let ranks = NexarClient::bootstrap_local(args.np).await?;
+    if args.op == Op::Soak {
+        let runs: Vec<_> = ranks.into_iter().map(|c| tokio::spawn(soak::run(c, args.clone()))).collect();
+        for r in runs {
+            r.await??;
+        }
+        return Ok(());
+    }
     let mut tasks = Vec::new();
     for c in ranks {
         let args = args.clone();
@@ -421,7 +443,7 @@ async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]
         Op::Allgather => comm.all_gather(send, recv).await,
         Op::ReduceScatter => comm.reduce_scatter(send, recv, ReduceOp::Sum).await,
         Op::Alltoall => comm.all_to_all(send, recv).await,
-        Op::Barrier | Op::Rpc | Op::Plan => comm.barrier().await,
+        Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => comm.barrier().await,
         Op::Sendrecv => {
             let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
             let (s, v) = tokio::join!(comm.send(send, next, 0), comm.recv(recv, prev, 0));
@@ -438,7 +460,7 @@ fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
         Op::Alltoall => (count / w * w, count / w * w),
         Op::Allreduce | Op::Broadcast => (0, count),
         Op::Sendrecv => (count, count),
-        Op::Barrier | Op::Rpc | Op::Plan => (0, 0),
+        Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => (0, 0),
     }
 }
 
@@ -455,7 +477,7 @@ fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -
                 val(i / block.max(1), r * block + i % block.max(1))
             }
             Op::Sendrecv => val((r + w - 1) % w, i),
-            Op::Barrier | Op::Rpc | Op::Plan => T::zeroed(),
+            Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => T::zeroed(),
         }
     };
     recv.iter().enumerate().filter(|(i, v)| bytemuck::bytes_of(*v) != bytemuck::bytes_of(&expect(*i))).count() as u64
