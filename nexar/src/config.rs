@@ -114,9 +114,10 @@ pub struct NexarConfig {
     /// Fewest ranks a rebuilt communicator may have (`NEXAR_MIN_WORLD_SIZE`, default 1): a
     /// rebuild that would leave fewer fails instead.
     pub min_world_size: usize,
-    /// Most ranks a cluster may grow to (`NEXAR_MAX_WORLD_SIZE`, default unlimited): the seed
-    /// refuses joins beyond it.
-    pub max_world_size: Option<usize>,
+    /// Most ranks a cluster may hold, counting every rank that ever joined it
+    /// (`NEXAR_MAX_WORLD_SIZE`, default 1024): the seed refuses joins beyond it, and each
+    /// rank keeps room for that many peers.
+    pub max_world_size: usize,
     /// Faults to inject into this rank's datagrams, for testing how an application copes with
     /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
     /// `None` (the default) injects none.
@@ -185,7 +186,7 @@ impl Default for NexarConfig {
             heartbeat_timeout: Duration::from_secs(5),
             recovery_policy: RecoveryPolicy::Manual,
             min_world_size: 1,
-            max_world_size: None,
+            max_world_size: 1024,
             chaos: None,
         }
     }
@@ -302,7 +303,7 @@ impl NexarConfig {
             c.min_world_size = positive(var, &v)?;
         }
         if let Some((var, v)) = get("NEXAR_MAX_WORLD_SIZE") {
-            c.max_world_size = Some(positive(var, &v)?);
+            c.max_world_size = positive(var, &v)?;
         }
         let mut chaos = NetChaos::default();
         for (var, slot) in [("NEXAR_CHAOS_LOSS", &mut chaos.loss), ("NEXAR_CHAOS_REORDER", &mut chaos.reorder)] {
@@ -350,13 +351,14 @@ impl NexarConfig {
                 ),
             });
         }
-        if let Some(max) = self.max_world_size
-            && max < self.min_world_size
-        {
+        if self.max_world_size < self.min_world_size.max(self.world_size.unwrap_or(1)) {
             return Err(ConfigError::InvalidVar {
                 var: "NEXAR_MAX_WORLD_SIZE",
-                value: max.to_string(),
-                reason: format!("smaller than the minimum world size {} (NEXAR_MIN_WORLD_SIZE)", self.min_world_size),
+                value: self.max_world_size.to_string(),
+                reason: format!(
+                    "smaller than the minimum world size {} (NEXAR_MIN_WORLD_SIZE) or the world size {:?}",
+                    self.min_world_size, self.world_size
+                ),
             });
         }
         Ok(())
@@ -427,7 +429,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.heartbeat_timeout, Duration::from_millis(700));
         assert_eq!(c.recovery_policy, RecoveryPolicy::Automatic);
-        assert_eq!((c.min_world_size, c.max_world_size), (2, Some(16)));
+        assert_eq!((c.min_world_size, c.max_world_size), (2, 16));
         assert_eq!(c.world_size, Some(8));
         assert_eq!(c.seed_addr, Some("10.1.2.3:7000".parse().unwrap()));
         assert_eq!(c.op_timeout, Duration::from_millis(2500));

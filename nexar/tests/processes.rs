@@ -1,5 +1,6 @@
 //! A seed and worker **processes** (the `nexar` binary) form a mesh over loopback and exchange
-//! typed messages; a worker process with a wrong token is refused.
+//! typed messages; a worker process with a wrong token is refused; a worker process joins the
+//! running cluster and the communicator grows; killed workers are detected and survived.
 
 mod common;
 
@@ -20,8 +21,13 @@ struct Seed {
 }
 
 async fn start_seed(world: usize) -> Seed {
+    start_seed_with(world, &[]).await
+}
+
+async fn start_seed_with(world: usize, env: &[(&str, &str)]) -> Seed {
     let mut child = Command::new(NEXAR)
         .args(["seed", "--bind", "127.0.0.1:0", "--world-size", &world.to_string(), "--exit-when-done"])
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -226,6 +232,63 @@ async fn survivors_of_a_killed_worker_detect_it_rebuild_and_carry_on() {
             finished += usize::from(stdout.contains("# soak done"));
         }
         assert_eq!(finished, 1, "the rebuilt communicator's rank 0 reports the end of the soak");
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_joins_the_running_cluster_and_the_communicator_grows() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let mut seed = start_seed_with(2, &[("NEXAR_MAX_WORLD_SIZE", "3")]).await;
+        let members: Vec<_> = (0..2)
+            .map(|_| {
+                let mut cmd = worker(&seed.addr, &seed.token, &["--grow", "1"]);
+                cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+                cmd.spawn().expect("spawn a member")
+            })
+            .collect();
+        while seed.lines.next_line().await.unwrap().is_some_and(|l| !l.starts_with("formed")) {}
+
+        // Joining a running cluster still takes the token's secret.
+        let mut wrong = seed.token.clone();
+        let flip = if wrong.as_bytes()[7] == b'0' { "1" } else { "0" };
+        wrong.replace_range(7..8, flip);
+        let out = worker(&seed.addr, &wrong, &["--join-running"]).output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("invalid join token"), "{stderr}");
+
+        let mut joiner = worker(&seed.addr, &seed.token, &["--join-running"]);
+        let mut joiner = joiner.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut joiner_lines = BufReader::new(joiner.stdout.take().unwrap()).lines();
+        let first = joiner_lines.next_line().await.unwrap().unwrap_or_default();
+        assert!(first.starts_with("world rank 2: joined"), "{first}");
+
+        // The cluster is now at NEXAR_MAX_WORLD_SIZE: one more is refused.
+        let out = worker(&seed.addr, &seed.token, &["--join-running"]).output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("maximum size of 3 ranks"), "{stderr}");
+
+        let mut passed = Vec::new();
+        for m in members {
+            let out = m.wait_with_output().await.unwrap();
+            let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "member failed:\n{stdout}\n{stderr}");
+            passed.extend(stdout.lines().filter(|l| l.contains("mesh check passed")).map(str::to_string));
+        }
+        let mut rest = Vec::new();
+        while let Some(l) = joiner_lines.next_line().await.unwrap() {
+            rest.push(l);
+        }
+        let status = joiner.wait().await.unwrap();
+        assert!(status.success(), "joiner failed: {rest:?}");
+        passed.extend(rest.into_iter().filter(|l| l.contains("mesh check passed")));
+        passed.sort();
+        // Members checked the 2-rank world and then the grown one; the joiner the grown one.
+        assert_eq!(passed.len(), 3, "{passed:?}");
+        for (rank, line) in passed.iter().enumerate() {
+            assert!(line.starts_with(&format!("rank {rank}/3: mesh check passed")), "{line}");
+        }
     })
     .await
     .expect("test timed out");

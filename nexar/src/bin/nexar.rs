@@ -48,6 +48,14 @@ enum Command {
         /// Also exchange one message of this many MiB with every peer.
         #[arg(long, default_value_t = 0)]
         big_mib: usize,
+        /// After the check, wait for this many more workers to join the running cluster,
+        /// grow the communicator by them, and check it again.
+        #[arg(long, default_value_t = 0)]
+        grow: usize,
+        /// This worker joins a cluster that is already running: wait to be admitted by the
+        /// members' `--grow`, then check the grown communicator.
+        #[arg(long)]
+        join_running: bool,
     },
 }
 
@@ -93,17 +101,32 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             Ok(())
         }
-        Command::Check { seed, token, listen, big_mib } => {
+        Command::Check { seed, token, listen, big_mib, grow, join_running } => {
             if let Some(l) = listen {
                 cfg.listen_addr = l;
             }
             let seed = seed.or(cfg.seed_addr).ok_or("give --seed or set NEXAR_SEED_ADDR")?;
             let token = token.or(cfg.token.clone()).ok_or("give --token or set NEXAR_TOKEN")?;
             let start = Instant::now();
-            let client = NexarClient::connect(seed, &token, cfg).await?;
+            let joined = NexarClient::connect(seed, &token, cfg).await?;
+            println!(
+                "world rank {}: joined in {:?}, listening on {:?}",
+                joined.world_rank(),
+                start.elapsed(),
+                joined.local_addr()
+            );
+            let mut client = if join_running { joined.admitted().await? } else { joined };
+            let mut checked = check_mesh(&client, big_mib).await?;
+            if grow > 0 {
+                client = client.rebuild_adding(grow).await?;
+                checked += check_mesh(&client, big_mib).await?;
+            }
             let (rank, world) = (client.rank(), client.world_size());
-            println!("rank {rank}/{world}: joined in {:?}, listening on {:?}", start.elapsed(), client.local_addr());
-            let checked = check_mesh(&client, big_mib).await?;
+            let mut sum = [rank as u64];
+            client.all_reduce(&mut sum, nexar::Sum).await?;
+            if sum[0] != (world * (world - 1) / 2) as u64 {
+                return Err(format!("rank {rank}/{world}: allreduce gave {}", sum[0]).into());
+            }
             for peer in (0..world).filter(|p| *p != rank) {
                 let rtt = client.ping(peer).await?;
                 println!("rank {rank}/{world}: ping rank {peer}: {rtt:?}");

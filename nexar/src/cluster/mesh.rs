@@ -29,12 +29,25 @@ pub(crate) struct MeshSetup<'a> {
     pub ca: &'a CertificateDer<'static>,
     pub cfg: &'a NexarConfig,
     pub lanes: LaneSenders,
+    /// World ranks this rank keeps room for (ranks above the initial world may join later).
+    pub capacity: usize,
+    /// Whether ranks beyond the initial world may dial in later: true for clusters formed by
+    /// a seed, whose certificate for a new rank is its admission; false for static and
+    /// in-process clusters, whose membership is fixed.
+    pub elastic: bool,
 }
 
-/// A formed mesh: one link per other rank, and the task that keeps refusing strangers.
+/// A formed mesh: one link per other rank, the task that keeps accepting (ranks that join
+/// later) and refusing strangers, and the connections it accepts from now on.
 pub(crate) struct Mesh {
     pub links: Vec<Option<PeerLink>>,
     pub acceptor: JoinHandle<()>,
+    pub late: mpsc::Receiver<(u32, Connection)>,
+}
+
+/// Whether a peer-table entry stands for a rank that has left (the seed lists no address).
+pub(crate) fn is_absent(addr: &SocketAddr) -> bool {
+    addr.port() == 0
 }
 
 /// The rank an authenticated connection's client certificate is bound to.
@@ -48,13 +61,18 @@ fn peer_rank(conn: &Connection) -> Result<u32, String> {
 /// Connects `setup.rank` to every other rank. Returns once all `world - 1` links are up, or
 /// fails naming the ranks that are missing when `cfg.mesh_timeout` runs out.
 pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Result<Mesh, ClusterError> {
-    let MeshSetup { rank, addrs, identity, ca, cfg, lanes } = setup;
+    let MeshSetup { rank, addrs, identity, ca, cfg, lanes, capacity, elastic } = setup;
     let world = addrs.len();
     let deadline = Instant::now() + cfg.mesh_timeout;
     let mesh_err = |reason: String| ClusterError::Mesh { rank, reason };
 
-    let expected: Arc<Mutex<Vec<bool>>> = Arc::new(Mutex::new((0..world).map(|r| r > rank).collect()));
-    let (accepted_tx, mut accepted_rx) = mpsc::channel::<(u32, Connection)>(world.max(1));
+    // Every higher rank dials us: those of the initial world now, later joiners any time.
+    let expect = |r: usize| match addrs.get(r) {
+        Some(a) => r > rank && !is_absent(a),
+        None => elastic,
+    };
+    let expected: Arc<Mutex<Vec<bool>>> = Arc::new(Mutex::new((0..capacity.max(world)).map(expect).collect()));
+    let (accepted_tx, mut accepted_rx) = mpsc::channel::<(u32, Connection)>(world.max(16));
     let acceptor = tokio::spawn(
         accept_peers(endpoint.clone(), expected.clone(), accepted_tx, cfg.connect_timeout)
             .instrument(tracing::debug_span!("acceptor", rank)),
@@ -62,14 +80,15 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
 
     let client = with_transport(mesh_client(identity, ca)?, cfg);
     let mut dials = JoinSet::new();
-    for (peer, addr) in addrs.iter().enumerate().take(rank) {
+    for (peer, addr) in addrs.iter().enumerate().take(rank).filter(|(_, a)| !is_absent(a)) {
         let (endpoint, client, addr) = (endpoint.clone(), client.clone(), *addr);
         let attempt = cfg.connect_timeout;
         dials.spawn(async move { (peer, dial(&endpoint, client, rank, peer, addr, deadline, attempt).await) });
     }
 
     let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
-    let mut missing = world.saturating_sub(1);
+    let mut early = Vec::new();
+    let mut missing = addrs.iter().enumerate().filter(|(p, a)| *p != rank && !is_absent(a)).count();
     let spawn_link = |peer: usize, conn: Connection| {
         PeerLink::spawn(rank as u32, peer as u32, conn, lanes.clone(), cfg.max_message_bytes)
     };
@@ -82,15 +101,20 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
                 missing -= 1;
             }
             Some((peer, conn)) = accepted_rx.recv() => {
-                links[peer as usize] = Some(spawn_link(peer as usize, conn));
-                missing -= 1;
+                if (peer as usize) < world {
+                    links[peer as usize] = Some(spawn_link(peer as usize, conn));
+                    missing -= 1;
+                } else {
+                    // A rank that joined after the table was made: it dialled early.
+                    early.push((peer, conn));
+                }
             }
             _ = tokio::time::sleep_until(deadline) => {
                 acceptor.abort();
                 let absent: Vec<String> = links
                     .iter()
                     .enumerate()
-                    .filter(|(p, l)| *p != rank && l.is_none())
+                    .filter(|(p, l)| *p != rank && l.is_none() && !is_absent(&addrs[*p]))
                     .map(|(p, _)| format!("rank {p} at {}", addrs[p]))
                     .collect();
                 return Err(mesh_err(format!("no connection within {:?} from {}", cfg.mesh_timeout, absent.join(", "))));
@@ -98,7 +122,21 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
         }
     }
     tracing::info!(rank, world, "mesh formed");
-    Ok(Mesh { links, acceptor })
+    // Hand connections from late joiners that arrived during formation to the same queue.
+    let (late_tx, late) = mpsc::channel(16);
+    tokio::spawn(async move {
+        for c in early {
+            if late_tx.send(c).await.is_err() {
+                return;
+            }
+        }
+        while let Some(c) = accepted_rx.recv().await {
+            if late_tx.send(c).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(Mesh { links, acceptor, late })
 }
 
 /// Dials `peer`, retrying while it is not yet accepting, until `deadline`. A peer that presents

@@ -51,8 +51,16 @@ struct Shared {
 }
 
 struct Slots {
+    /// Where each rank listens; `None` for a rank not joined yet (before formation) or gone.
     addrs: Vec<Option<SocketAddr>>,
     formed: bool,
+}
+
+impl Slots {
+    /// The peer table as it stands: ranks that left are listed with port 0.
+    fn table(&self) -> Vec<SocketAddr> {
+        self.addrs.iter().map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))).collect()
+    }
 }
 
 impl SeedNode {
@@ -195,13 +203,9 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     if listen.ip().is_unspecified() {
         listen.set_ip(remote.ip());
     }
-    let Some(rank) = claim_slot(shared, listen) else {
-        return Err(reject(
-            &conn,
-            &mut send,
-            format!("the cluster is full or already formed (world size {})", shared.world),
-        )
-        .await);
+    let (rank, world) = match claim_slot(shared, listen) {
+        Ok(r) => r,
+        Err(reason) => return Err(reject(&conn, &mut send, reason).await),
     };
     let cert = match shared.ca.sign_csr(&csr_der, rank as u32) {
         Ok(c) => c,
@@ -213,7 +217,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     let welcome = SeedResponse::Welcome {
         cluster_id: shared.cluster_id,
         rank: rank as u32,
-        world_size: shared.world as u32,
+        world_size: world as u32,
         cert_der: cert.to_vec(),
         ca_der: shared.ca.cert_der().to_vec(),
     };
@@ -234,7 +238,8 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
     let mut table = shared.table.subscribe();
     let addrs = tokio::select! {
         formed = table.wait_for(|t| t.is_some()) => match formed {
-            Ok(t) => t.clone().unwrap_or_default(),
+            // A worker that joins the running cluster gets the table as it is now.
+            Ok(_) => crate::sync::lock(&shared.slots).table(),
             Err(_) => return Err("seed stopping".to_string()),
         },
         reason = conn.closed() => {
@@ -247,15 +252,27 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
     write_message(send, &msg).await.map_err(|e| format!("rank {rank} lost before the peer table: {e}"))?;
     conn.closed().await;
     tracing::debug!(rank, "worker disconnected from the seed");
+    release_slot(shared, rank);
     Ok(())
 }
 
-fn claim_slot(shared: &Shared, addr: SocketAddr) -> Option<usize> {
+/// Gives a joining worker its rank: a free one while the cluster forms, a new one after (up to
+/// `max_world_size` ranks ever). Returns the rank and the world size it joins.
+fn claim_slot(shared: &Shared, addr: SocketAddr) -> Result<(usize, usize), String> {
     let mut slots = crate::sync::lock(&shared.slots);
     if slots.formed {
-        return None;
+        let max = shared.cfg.max_world_size;
+        if slots.addrs.len() >= max {
+            return Err(format!("the cluster has reached its maximum size of {max} ranks (NEXAR_MAX_WORLD_SIZE)"));
+        }
+        slots.addrs.push(Some(addr));
+        let rank = slots.addrs.len() - 1;
+        tracing::info!(rank, "a worker joins the running cluster");
+        return Ok((rank, slots.addrs.len()));
     }
-    let rank = slots.addrs.iter().position(Option::is_none)?;
+    let Some(rank) = slots.addrs.iter().position(Option::is_none) else {
+        return Err(format!("the cluster is full (world size {})", shared.world));
+    };
     slots.addrs[rank] = Some(addr);
     if slots.addrs.iter().all(Option::is_some) {
         slots.formed = true;
@@ -263,14 +280,13 @@ fn claim_slot(shared: &Shared, addr: SocketAddr) -> Option<usize> {
         tracing::info!(world = table.len(), "every worker has joined; publishing the peer table");
         shared.table.send_replace(Some(table));
     }
-    Some(rank)
+    Ok((rank, shared.world))
 }
 
+/// Frees the rank of a worker that left: before formation another worker may take it; after,
+/// the number stays used and later joiners do not dial it.
 fn release_slot(shared: &Shared, rank: usize) {
-    let mut slots = crate::sync::lock(&shared.slots);
-    if !slots.formed {
-        slots.addrs[rank] = None;
-    }
+    crate::sync::lock(&shared.slots).addrs[rank] = None;
 }
 
 /// Tells the worker why it was refused, gives the answer a moment to arrive, and closes.

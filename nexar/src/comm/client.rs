@@ -23,6 +23,7 @@ use crate::rpc::{Registry, serve_requests, serve_responses};
 use crate::transport::endpoint;
 use crate::transport::framed::Payload;
 use crate::transport::link::{CLOSE_SHUTDOWN, DirectSink, Incoming, Lane, LaneReceivers, LaneSenders, PeerLink, lanes};
+use crate::transport::links::Links;
 use crate::transport::liveness::Liveness;
 use crate::transport::mailbox::{Mailbox, coll_entry, p2p_entry};
 use crate::transport::pool::BufferPool;
@@ -64,7 +65,7 @@ pub(crate) struct Inner {
     pub rank: usize,
     pub cfg: NexarConfig,
     pub endpoint: Endpoint,
-    pub links: Vec<Option<PeerLink>>,
+    pub links: Links,
     pub self_lanes: LaneSenders,
     /// Point-to-point messages waiting for their `recv`.
     pub mailbox: Arc<Mailbox>,
@@ -75,8 +76,8 @@ pub(crate) struct Inner {
     /// How long receives poll before parking (see `NexarConfig::spin`).
     pub spin: Duration,
     pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
-    /// Peers that said goodbye, and a wake-up for whoever waits on them.
-    goodbyes: (Mutex<Vec<bool>>, Notify),
+    /// Wakes whoever waits for peers' goodbyes.
+    goodbyes: Notify,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     seed: Option<Connection>,
     /// The RPC functions linked into this program.
@@ -89,6 +90,13 @@ pub(crate) struct Inner {
     pub peer_registries: Mutex<Vec<Option<HashMap<u64, u64>>>>,
     /// Which peers are alive.
     pub health: Health,
+    /// Woken whenever a rank that joined later connects.
+    pub joined: Notify,
+    /// World ranks that joined the running cluster and connected to this rank, in order.
+    pub late_joiners: Mutex<Vec<usize>>,
+    /// The communicator this rank was admitted to after joining a running cluster, if any:
+    /// `(id, members)`.
+    pub admission: tokio::sync::watch::Sender<Option<(u64, Vec<usize>)>>,
 }
 
 /// Counters of one peer link, from [`NexarClient::link_stats`].
@@ -246,14 +254,17 @@ impl NexarClient {
         // stops a runaway peer.
         let coll = Arc::new(Mailbox::new(COLL_MAX_HELD, cfg.max_unmatched_bytes.max(cfg.max_message_bytes)));
         let (senders, receivers) = lanes(cfg.lane_capacity);
-        let liveness = Arc::new(Liveness::new(addrs.len()));
+        // Room for ranks that join the running cluster later.
+        let capacity = cfg.max_world_size.max(addrs.len());
+        let liveness = Arc::new(Liveness::new(capacity));
         let senders = senders
             .with_liveness(liveness.clone())
             .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
             .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
-        let mesh =
-            cluster::form_mesh(&endpoint, MeshSetup { rank, addrs, identity, ca, cfg: &cfg, lanes: senders.clone() })
-                .await?;
+        let elastic = seed.is_some();
+        let setup = MeshSetup { rank, addrs, identity, ca, cfg: &cfg, lanes: senders.clone(), capacity, elastic };
+        let mesh = cluster::form_mesh(&endpoint, setup).await?;
+        let mut late = mesh.late;
         // The data and raw lanes go straight into the mailboxes; their queues stay unused.
         let LaneReceivers { rpc_requests, rpc_responses, control, .. } = receivers;
         let world = addrs.len();
@@ -262,21 +273,24 @@ impl NexarClient {
             rank,
             cfg,
             endpoint,
-            links: mesh.links,
+            links: Links::new(capacity, mesh.links),
             self_lanes: senders,
             mailbox,
             coll,
             pool: Arc::new(BufferPool::default()),
             spin,
             pings: Mutex::new(HashMap::new()),
-            goodbyes: (Mutex::new(vec![false; addrs.len()]), Notify::new()),
+            goodbyes: Notify::new(),
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,
             registry: registry.clone(),
             rpc_pending: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(0),
-            peer_registries: Mutex::new(vec![None; world]),
+            peer_registries: Mutex::new(vec![None; capacity]),
             health: Health::new(liveness),
+            joined: Notify::new(),
+            late_joiners: Mutex::new(Vec::new()),
+            admission: tokio::sync::watch::channel(None).0,
         });
         let world_comm = Arc::new(CommState::world(rank, world));
         let span = tracing::debug_span!("rank", rank);
@@ -290,26 +304,37 @@ impl NexarClient {
             let task = tokio::spawn(recover_automatically(Arc::downgrade(&inner), world_comm.clone()));
             crate::sync::lock(&inner.tasks).push(task);
         }
-        // When a peer's connection ends (it crashed, called `abort`, was declared dead, or left),
-        // receives and collective steps waiting on it fail at once, naming it.
-        for link in inner.links.iter().flatten() {
-            let (weak, conn, peer) = (Arc::downgrade(&inner), link.connection().clone(), link.peer());
-            let watcher = tokio::spawn(async move {
-                let reason = conn.closed().await;
-                if let Some(inner) = weak.upgrade() {
-                    tracing::debug!(peer, %reason, "peer connection ended");
-                    inner.connection_ended(peer as usize, &reason);
+        for link in inner.links.iter() {
+            inner.welcome_link(link).await;
+        }
+        // Workers that join the running cluster later dial in here.
+        let weak = Arc::downgrade(&inner);
+        let joiners = tokio::spawn(
+            async move {
+                while let Some((peer, conn)) = late.recv().await {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let link = PeerLink::spawn(
+                        inner.rank as u32,
+                        peer,
+                        conn,
+                        inner.self_lanes.clone(),
+                        inner.cfg.max_message_bytes,
+                    );
+                    match inner.links.install(peer as usize, link) {
+                        Ok(link) => {
+                            tracing::info!(peer, "a rank that joined the running cluster connected");
+                            inner.health.liveness.heard(peer);
+                            inner.welcome_link(link).await;
+                            crate::sync::lock(&inner.late_joiners).push(peer as usize);
+                            inner.joined.notify_waiters();
+                        }
+                        Err(link) => link.close(CLOSE_SHUTDOWN, "this rank already has a link to that rank"),
+                    }
                 }
-            });
-            crate::sync::lock(&inner.tasks).push(watcher);
-        }
-        // Tell every peer what this rank serves, so a call to a missing function fails at once.
-        let announce = PeerMsg::Registry { entries: registry.entries() };
-        for link in inner.links.iter().flatten() {
-            if let Err(e) = link.send_queued(&announce, None).await {
-                tracing::debug!(peer = link.peer(), error = %e, "could not announce the rpc registry");
             }
-        }
+            .instrument(span),
+        );
+        crate::sync::lock(&inner.tasks).push(joiners);
         Ok(NexarClient { inner, comm: world_comm })
     }
 
@@ -395,7 +420,7 @@ impl NexarClient {
     pub async fn shutdown(&self) {
         let inner = &self.inner;
         inner.health.begin_shutdown();
-        for link in inner.links.iter().flatten() {
+        for link in inner.links.iter() {
             link.flush(FLUSH_LIMIT).await;
             if let Err(e) = link.send(&PeerMsg::Goodbye, None).await {
                 tracing::debug!(peer = link.peer(), error = %e, "could not say goodbye");
@@ -403,13 +428,11 @@ impl NexarClient {
         }
         let all_gone = async {
             loop {
-                let notified = inner.goodbyes.1.notified();
-                let said = crate::sync::lock(&inner.goodbyes.0).clone();
+                let notified = inner.goodbyes.notified();
                 let waiting = inner
                     .links
                     .iter()
-                    .enumerate()
-                    .any(|(p, l)| l.as_ref().is_some_and(|l| !said[p] && l.connection().close_reason().is_none()));
+                    .any(|l| !inner.health.has_left(l.peer() as usize) && l.connection().close_reason().is_none());
                 if !waiting {
                     return;
                 }
@@ -436,7 +459,7 @@ impl NexarClient {
     /// The link to `peer` (a rank of this communicator).
     pub(crate) fn link(&self, peer: usize) -> Option<&PeerLink> {
         let world = *self.comm.members.get(peer)?;
-        self.inner.links.get(world).and_then(Option::as_ref)
+        self.inner.links.get(world)
     }
 }
 
@@ -452,21 +475,40 @@ fn default_spin(addrs: &[SocketAddr], rank: usize) -> Duration {
     spin
 }
 
-async fn close_links(links: &[Option<PeerLink>], limit: Duration) {
-    let flushes = links.iter().flatten().map(|l| l.flush(limit));
+async fn close_links(links: &Links, limit: Duration) {
+    let flushes = links.iter().map(|l| l.flush(limit));
     for f in flushes.collect::<Vec<_>>() {
         f.await;
     }
-    for link in links.iter().flatten() {
+    for link in links.iter() {
         link.close(CLOSE_SHUTDOWN, "shutdown");
     }
 }
 
 impl Inner {
+    /// Starts watching a new link (when its connection ends, receives and collective steps
+    /// waiting on that peer fail at once, naming it) and tells the peer which RPC functions
+    /// this rank serves, so a call to a missing function fails at once.
+    async fn welcome_link(self: &Arc<Self>, link: &PeerLink) {
+        let (weak, conn, peer) = (Arc::downgrade(self), link.connection().clone(), link.peer());
+        let watcher = tokio::spawn(async move {
+            let reason = conn.closed().await;
+            if let Some(inner) = weak.upgrade() {
+                tracing::debug!(peer, %reason, "peer connection ended");
+                inner.connection_ended(peer as usize, &reason);
+            }
+        });
+        crate::sync::lock(&self.tasks).push(watcher);
+        let announce = PeerMsg::Registry { entries: self.registry.entries() };
+        if let Err(e) = link.send_queued(&announce, None).await {
+            tracing::debug!(peer, error = %e, "could not announce the rpc registry");
+        }
+    }
+
     /// Closes every connection at once with `reason` (see [`NexarClient::abort`]).
     pub(crate) fn abort_all(&self, reason: &str) {
         self.health.begin_shutdown();
-        for link in self.links.iter().flatten() {
+        for link in self.links.iter() {
             link.close(CLOSE_ABORT, reason);
         }
         self.endpoint.close(CLOSE_ABORT.into(), reason.as_bytes());
@@ -506,7 +548,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
         let Some(inner) = inner.upgrade() else { return };
         match incoming.msg {
             PeerMsg::Ping { nonce } => {
-                if let Some(link) = inner.links.get(incoming.from as usize).and_then(Option::as_ref) {
+                if let Some(link) = inner.links.get(incoming.from as usize) {
                     let link_msg = PeerMsg::Pong { nonce };
                     if let Err(e) = link.send(&link_msg, None).await {
                         tracing::debug!(peer = incoming.from, error = %e, "could not answer a ping");
@@ -520,10 +562,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
             }
             PeerMsg::Goodbye => {
                 inner.health.said_goodbye(incoming.from as usize);
-                if let Some(flag) = crate::sync::lock(&inner.goodbyes.0).get_mut(incoming.from as usize) {
-                    *flag = true;
-                }
-                inner.goodbyes.1.notify_waiters();
+                inner.goodbyes.notify_waiters();
             }
             PeerMsg::Abort { comm, seq, reason } => {
                 tracing::debug!(from = incoming.from, comm, seq, %reason, "a peer aborted a collective");
@@ -532,6 +571,20 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
             PeerMsg::Registry { entries } => {
                 if let Some(slot) = crate::sync::lock(&inner.peer_registries).get_mut(incoming.from as usize) {
                     *slot = Some(entries.into_iter().collect());
+                }
+            }
+            PeerMsg::Admit { comm, members } => {
+                let members: Vec<usize> = members.into_iter().map(|m| m as usize).collect();
+                if members.len() <= inner.links.capacity() && members.contains(&inner.rank) {
+                    tracing::info!(
+                        from = incoming.from,
+                        comm,
+                        world = members.len(),
+                        "admitted to a grown communicator"
+                    );
+                    inner.admission.send_replace(Some((comm, members)));
+                } else {
+                    tracing::warn!(from = incoming.from, "ignored an admission that does not name this rank");
                 }
             }
             PeerMsg::Suspect { rank, reason } => {

@@ -110,6 +110,11 @@ impl Health {
     pub fn said_goodbye(&self, peer: usize) {
         self.lock().left.push(peer);
     }
+
+    /// Whether `peer` said goodbye.
+    pub fn has_left(&self, peer: usize) -> bool {
+        self.lock().left.contains(&peer)
+    }
 }
 
 impl Inner {
@@ -117,7 +122,7 @@ impl Inner {
     /// its connection is cut (when `cut`), the other peers are told (when `gossip`), the
     /// application's watchers are woken, and the recovery policy applies. Idempotent.
     pub(crate) fn peer_failed(&self, peer: usize, reason: String, cut: bool, gossip: bool) {
-        if peer == self.rank || peer >= self.links.len() {
+        if peer == self.rank || peer >= self.links.capacity() {
             return;
         }
         let failure = PeerFailure { rank: peer, reason: reason.clone(), detected_at: Instant::now() };
@@ -131,12 +136,12 @@ impl Inner {
         tracing::warn!(rank = self.rank, peer, %reason, "peer declared dead");
         self.mailbox.source_gone(peer as u32, &reason);
         self.coll.source_gone(peer as u32, &reason);
-        if cut && let Some(link) = self.links[peer].as_ref() {
+        if cut && let Some(link) = self.links.get(peer) {
             link.close(CLOSE_DECLARED_DEAD, &format!("rank {} declared rank {peer} dead: {reason}", self.rank));
         }
         if gossip {
             let msg = PeerMsg::Suspect { rank: peer as u32, reason };
-            for link in self.links.iter().flatten().filter(|l| !self.health.is_dead(l.peer() as usize)) {
+            for link in self.links.iter().filter(|l| !self.health.is_dead(l.peer() as usize)) {
                 if !link.try_send(&msg) {
                     tracing::debug!(peer = link.peer(), "control lane full; the failure report waits for the next one");
                 }
@@ -166,7 +171,7 @@ impl Inner {
 
     /// Judges how a peer's connection ended.
     pub(crate) fn connection_ended(&self, peer: usize, reason: &ConnectionError) {
-        let orderly = self.health.shutting_down.load(Ordering::Relaxed) || self.health.lock().left.contains(&peer);
+        let orderly = self.health.shutting_down.load(Ordering::Relaxed) || self.health.has_left(peer);
         let why = format!("its connection ended ({reason})");
         if orderly {
             self.mailbox.source_gone(peer as u32, &why);
@@ -191,7 +196,7 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
     let mut last_beat: Option<Instant> = None;
     // Silence is counted from the moment the mesh is up, not from when this rank started.
     if let Some(inner) = inner.upgrade() {
-        for link in inner.links.iter().flatten() {
+        for link in inner.links.iter() {
             inner.health.liveness.heard(link.peer());
         }
     }
@@ -203,15 +208,15 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
         }
         if last_beat.is_none_or(|t| t.elapsed() >= interval) {
             last_beat = Some(Instant::now());
-            for link in inner.links.iter().flatten() {
+            for link in inner.links.iter() {
                 // A full control lane is itself traffic the peer will count as life.
                 let _ = link.try_send(&PeerMsg::Heartbeat);
             }
         }
-        for link in inner.links.iter().flatten() {
+        for link in inner.links.iter() {
             let peer = link.peer() as usize;
             let silent = inner.health.liveness.silent_for(peer);
-            if silent > timeout && !inner.health.is_dead(peer) && !inner.health.lock().left.contains(&peer) {
+            if silent > timeout && !inner.health.is_dead(peer) && !inner.health.has_left(peer) {
                 let reason = format!(
                     "nothing heard from it for {:.1} s (heartbeat timeout {} ms, NEXAR_HEARTBEAT_TIMEOUT_MS)",
                     silent.as_secs_f64(),

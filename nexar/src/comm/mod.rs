@@ -3,6 +3,7 @@
 mod client;
 mod collective;
 mod exec;
+mod grow;
 mod health;
 mod p2p;
 mod recovery;

@@ -21,7 +21,7 @@ use super::state::CommState;
 /// Tag of a survivor's proposal on the agreement communicator.
 const TAG_PROPOSE: u64 = 1;
 /// Tag of the coordinator's decision.
-const TAG_DECIDE: u64 = 2;
+pub(super) const TAG_DECIDE: u64 = 2;
 
 /// Failures of agreement and rebuild. Each names the reporting rank.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -64,6 +64,18 @@ pub enum RecoveryError {
         peer: usize,
         /// What was wrong.
         what: String,
+    },
+    /// A wait ran past its limit.
+    #[error("rank {rank} {op}: {what} did not happen within {after:?}")]
+    Timeout {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// What was waited for.
+        what: String,
+        /// The limit.
+        after: Duration,
     },
     /// This rank is shutting down.
     #[error("rank {rank} agreement: the client is shut down")]
@@ -221,7 +233,7 @@ impl NexarClient {
         Ok(set)
     }
 
-    fn check_not_excluded(&self) -> Result<(), RecoveryError> {
+    pub(super) fn check_not_excluded(&self) -> Result<(), RecoveryError> {
         match self.inner.health.excluded() {
             Some(reason) => Err(RecoveryError::Excluded { rank: self.rank(), reason }),
             None => Ok(()),

@@ -149,6 +149,14 @@ pub enum PeerMsg {
     /// "I am alive": sent on the control lane every heartbeat interval. Any message counts as
     /// a sign of life; heartbeats keep an idle link judged alive.
     Heartbeat,
+    /// The sender admits the receiver, a rank that joined the running cluster, to a grown
+    /// communicator.
+    Admit {
+        /// The new communicator's id.
+        comm: u64,
+        /// Its members (world ranks), in communicator-rank order.
+        members: Vec<u32>,
+    },
     /// The sender has declared rank `rank` (a world rank) dead and cut its connection; the
     /// receiver does the same, so every survivor sees the same failures promptly.
     Suspect {
@@ -186,6 +194,7 @@ impl PeerMsg {
             | PeerMsg::Abort { .. }
             | PeerMsg::Registry { .. }
             | PeerMsg::Heartbeat
+            | PeerMsg::Admit { .. }
             | PeerMsg::Suspect { .. } => None,
         }
     }

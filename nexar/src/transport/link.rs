@@ -54,6 +54,7 @@ impl Lane {
             | PeerMsg::Abort { .. }
             | PeerMsg::Registry { .. }
             | PeerMsg::Heartbeat
+            | PeerMsg::Admit { .. }
             | PeerMsg::Suspect { .. } => Lane::Control,
         }
     }

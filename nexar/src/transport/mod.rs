@@ -5,6 +5,7 @@ pub mod chaos;
 pub mod endpoint;
 pub mod framed;
 pub mod link;
+pub(crate) mod links;
 pub(crate) mod liveness;
 pub mod mailbox;
 pub mod pool;
