@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::proto::algo::Algorithm;
+use crate::proto::topology::Topology;
 use crate::transport::chaos::NetChaos;
 
 /// An environment variable held a value nexar cannot use.
@@ -118,6 +119,10 @@ pub struct NexarConfig {
     /// (`NEXAR_MAX_WORLD_SIZE`, default 1024): the seed refuses joins beyond it, and each
     /// rank keeps room for that many peers.
     pub max_world_size: usize,
+    /// Which ranks connect directly (`NEXAR_TOPOLOGY`: `full_mesh`, the default;
+    /// `k_regular:K`; `hypercube`). Messages between ranks without a direct connection are
+    /// relayed along shortest paths, around dead ranks. Every rank must use the same.
+    pub topology: Topology,
     /// Faults to inject into this rank's datagrams, for testing how an application copes with
     /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
     /// `None` (the default) injects none.
@@ -188,6 +193,7 @@ impl Default for NexarConfig {
             min_world_size: 1,
             max_world_size: 1024,
             chaos: None,
+            topology: Topology::FullMesh,
         }
     }
 }
@@ -298,6 +304,9 @@ impl NexarConfig {
         }
         if let Some((var, v)) = get("NEXAR_RECOVERY_POLICY") {
             c.recovery_policy = parse(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_TOPOLOGY") {
+            c.topology = parse(var, &v)?;
         }
         if let Some((var, v)) = get("NEXAR_MIN_WORLD_SIZE") {
             c.min_world_size = positive(var, &v)?;
@@ -457,6 +466,7 @@ mod tests {
             ("NEXAR_HEARTBEAT_TIMEOUT_MS", "500"),
             ("NEXAR_MIN_WORLD_SIZE", "0"),
             ("NEXAR_CHAOS_LOSS", "1.5"),
+            ("NEXAR_TOPOLOGY", "k_regular:x"),
         ] {
             let err = with(&[(var, val)]).unwrap_err();
             assert!(err.to_string().contains(var), "{var}={val}: {err}");

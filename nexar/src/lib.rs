@@ -43,6 +43,7 @@ pub use nexar_types::{
     Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash, stable_id,
 };
 pub use proto::algo::Algorithm;
+pub use proto::topology::Topology;
 pub use rpc::RpcError;
 pub use transport::TransportError;
 

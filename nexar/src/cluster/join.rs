@@ -27,6 +27,8 @@ pub(crate) struct Joined {
     pub identity: Identity,
     pub ca: CertificateDer<'static>,
     pub seed: Connection,
+    /// The cluster was already running when this worker joined.
+    pub running: bool,
 }
 
 /// Joins the cluster through the seed at `seed_addr`. `endpoint` is the worker's own endpoint:
@@ -67,9 +69,9 @@ pub(crate) async fn join(
     .await?
     .map_err(|e| proto(e.to_string()))?
     .ok_or_else(|| proto("the seed closed the join stream without an answer".into()))?;
-    let (rank, world, cluster_id, cert_der, ca_der) = match welcome {
-        SeedResponse::Welcome { rank, world_size, cluster_id, cert_der, ca_der } => {
-            (rank, world_size, cluster_id, cert_der, ca_der)
+    let (rank, world, cluster_id, cert_der, ca_der, running) = match welcome {
+        SeedResponse::Welcome { rank, world_size, cluster_id, cert_der, ca_der, running } => {
+            (rank, world_size, cluster_id, cert_der, ca_der, running)
         }
         SeedResponse::Reject { reason } => {
             return Err(ClusterError::JoinRejected { seed: seed_addr, reason });
@@ -106,7 +108,7 @@ pub(crate) async fn join(
         .iter()
         .map(|a| a.parse::<SocketAddr>().map_err(|_| proto(format!("peer address {a:?} does not parse"))))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Joined { rank: rank as usize, addrs, identity, ca, seed })
+    Ok(Joined { rank: rank as usize, addrs, identity, ca, seed, running })
 }
 
 async fn timed<F: std::future::Future>(

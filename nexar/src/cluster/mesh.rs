@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use super::ClusterError;
 use crate::config::NexarConfig;
+use crate::proto::topology::Topology;
 use crate::transport::endpoint::with_transport;
 use crate::transport::link::{LaneSenders, PeerLink};
 use crate::transport::tls::{Identity, mesh_client, rank_from_cert, rank_server_name};
@@ -35,6 +36,8 @@ pub(crate) struct MeshSetup<'a> {
     /// a seed, whose certificate for a new rank is its admission; false for static and
     /// in-process clusters, whose membership is fixed.
     pub elastic: bool,
+    /// Which ranks of the initial world connect directly.
+    pub topology: Topology,
 }
 
 /// A formed mesh: one link per other rank, the task that keeps accepting (ranks that join
@@ -61,14 +64,16 @@ fn peer_rank(conn: &Connection) -> Result<u32, String> {
 /// Connects `setup.rank` to every other rank. Returns once all `world - 1` links are up, or
 /// fails naming the ranks that are missing when `cfg.mesh_timeout` runs out.
 pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Result<Mesh, ClusterError> {
-    let MeshSetup { rank, addrs, identity, ca, cfg, lanes, capacity, elastic } = setup;
+    let MeshSetup { rank, addrs, identity, ca, cfg, lanes, capacity, elastic, topology } = setup;
     let world = addrs.len();
     let deadline = Instant::now() + cfg.mesh_timeout;
     let mesh_err = |reason: String| ClusterError::Mesh { rank, reason };
 
     // Every higher rank dials us: those of the initial world now, later joiners any time.
+    let neighbors = topology.neighbors(rank, world);
+    let linked = |r: usize, a: &SocketAddr| neighbors.contains(&r) && !is_absent(a);
     let expect = |r: usize| match addrs.get(r) {
-        Some(a) => r > rank && !is_absent(a),
+        Some(a) => r > rank && linked(r, a),
         None => elastic,
     };
     let expected: Arc<Mutex<Vec<bool>>> = Arc::new(Mutex::new((0..capacity.max(world)).map(expect).collect()));
@@ -80,7 +85,7 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
 
     let client = with_transport(mesh_client(identity, ca)?, cfg);
     let mut dials = JoinSet::new();
-    for (peer, addr) in addrs.iter().enumerate().take(rank).filter(|(_, a)| !is_absent(a)) {
+    for (peer, addr) in addrs.iter().enumerate().take(rank).filter(|(p, a)| linked(*p, a)) {
         let (endpoint, client, addr) = (endpoint.clone(), client.clone(), *addr);
         let attempt = cfg.connect_timeout;
         dials.spawn(async move { (peer, dial(&endpoint, client, rank, peer, addr, deadline, attempt).await) });
@@ -88,7 +93,7 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
 
     let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
     let mut early = Vec::new();
-    let mut missing = addrs.iter().enumerate().filter(|(p, a)| *p != rank && !is_absent(a)).count();
+    let mut missing = addrs.iter().enumerate().filter(|(p, a)| linked(*p, a)).count();
     let spawn_link = |peer: usize, conn: Connection| {
         PeerLink::spawn(rank as u32, peer as u32, conn, lanes.clone(), cfg.max_message_bytes)
     };
@@ -114,7 +119,7 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
                 let absent: Vec<String> = links
                     .iter()
                     .enumerate()
-                    .filter(|(p, l)| *p != rank && l.is_none() && !is_absent(&addrs[*p]))
+                    .filter(|(p, l)| l.is_none() && linked(*p, &addrs[*p]))
                     .map(|(p, _)| format!("rank {p} at {}", addrs[p]))
                     .collect();
                 return Err(mesh_err(format!("no connection within {:?} from {}", cfg.mesh_timeout, absent.join(", "))));

@@ -203,7 +203,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     if listen.ip().is_unspecified() {
         listen.set_ip(remote.ip());
     }
-    let (rank, world) = match claim_slot(shared, listen) {
+    let (rank, world, running) = match claim_slot(shared, listen) {
         Ok(r) => r,
         Err(reason) => return Err(reject(&conn, &mut send, reason).await),
     };
@@ -220,6 +220,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
         world_size: world as u32,
         cert_der: cert.to_vec(),
         ca_der: shared.ca.cert_der().to_vec(),
+        running,
     };
     if let Err(e) = write_message(&mut send, &welcome).await {
         release_slot(shared, rank);
@@ -257,8 +258,9 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
 }
 
 /// Gives a joining worker its rank: a free one while the cluster forms, a new one after (up to
-/// `max_world_size` ranks ever). Returns the rank and the world size it joins.
-fn claim_slot(shared: &Shared, addr: SocketAddr) -> Result<(usize, usize), String> {
+/// `max_world_size` ranks ever). Returns the rank, the world size it joins, and whether the
+/// cluster is already running.
+fn claim_slot(shared: &Shared, addr: SocketAddr) -> Result<(usize, usize, bool), String> {
     let mut slots = crate::sync::lock(&shared.slots);
     if slots.formed {
         let max = shared.cfg.max_world_size;
@@ -268,7 +270,7 @@ fn claim_slot(shared: &Shared, addr: SocketAddr) -> Result<(usize, usize), Strin
         slots.addrs.push(Some(addr));
         let rank = slots.addrs.len() - 1;
         tracing::info!(rank, "a worker joins the running cluster");
-        return Ok((rank, slots.addrs.len()));
+        return Ok((rank, slots.addrs.len(), true));
     }
     let Some(rank) = slots.addrs.iter().position(Option::is_none) else {
         return Err(format!("the cluster is full (world size {})", shared.world));
@@ -280,7 +282,7 @@ fn claim_slot(shared: &Shared, addr: SocketAddr) -> Result<(usize, usize), Strin
         tracing::info!(world = table.len(), "every worker has joined; publishing the peer table");
         shared.table.send_replace(Some(table));
     }
-    Ok((rank, shared.world))
+    Ok((rank, shared.world, false))
 }
 
 /// Frees the rank of a worker that left: before formation another worker may take it; after,

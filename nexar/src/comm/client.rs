@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::health::{Health, monitor, recover_automatically};
+use super::route::{Route, RouteCache, forward, route_cache};
 use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
 use crate::config::{ConfigError, NexarConfig, RecoveryPolicy};
@@ -22,7 +23,9 @@ use crate::proto::message::PeerMsg;
 use crate::rpc::{Registry, serve_requests, serve_responses};
 use crate::transport::endpoint;
 use crate::transport::framed::Payload;
-use crate::transport::link::{CLOSE_SHUTDOWN, DirectSink, Incoming, Lane, LaneReceivers, LaneSenders, PeerLink, lanes};
+use crate::transport::link::{
+    CLOSE_SHUTDOWN, DirectSink, Incoming, Lane, LaneReceivers, LaneSenders, PeerLink, RelayHook, lanes,
+};
 use crate::transport::links::Links;
 use crate::transport::liveness::Liveness;
 use crate::transport::mailbox::{Mailbox, coll_entry, p2p_entry};
@@ -92,6 +95,10 @@ pub(crate) struct Inner {
     pub health: Health,
     /// Woken whenever a rank that joined later connects.
     pub joined: Notify,
+    /// The world size the cluster formed with (the topology is laid over it).
+    pub initial_world: usize,
+    /// Next hops to ranks without a direct link.
+    pub routes: Mutex<RouteCache>,
     /// World ranks that joined the running cluster and connected to this rank, in order.
     pub late_joiners: Mutex<Vec<usize>>,
     /// The communicator this rank was admitted to after joining a running cluster, if any:
@@ -176,6 +183,12 @@ impl NexarClient {
         let token: JoinToken = token.parse()?;
         let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
         let joined = cluster::join(&endpoint, seed_addr, &token, &config).await?;
+        let mut config = config;
+        if joined.running {
+            // A late joiner connects to every live rank, whatever the topology: the others
+            // route to it over that direct link.
+            config.topology = crate::proto::topology::Topology::FullMesh;
+        }
         let client = Self::from_parts(
             joined.rank,
             endpoint,
@@ -257,12 +270,17 @@ impl NexarClient {
         // Room for ranks that join the running cluster later.
         let capacity = cfg.max_world_size.max(addrs.len());
         let liveness = Arc::new(Liveness::new(capacity));
+        let (forward_tx, forward_rx) = mpsc::channel(cfg.lane_capacity);
+        let hook = RelayHook { local: rank as u32, forward: forward_tx, max_payload: cfg.max_message_bytes };
         let senders = senders
             .with_liveness(liveness.clone())
+            .with_relay(hook)
             .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
             .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
         let elastic = seed.is_some();
-        let setup = MeshSetup { rank, addrs, identity, ca, cfg: &cfg, lanes: senders.clone(), capacity, elastic };
+        let topology = cfg.topology;
+        let setup =
+            MeshSetup { rank, addrs, identity, ca, cfg: &cfg, lanes: senders.clone(), capacity, elastic, topology };
         let mesh = cluster::form_mesh(&endpoint, setup).await?;
         let mut late = mesh.late;
         // The data and raw lanes go straight into the mailboxes; their queues stay unused.
@@ -289,6 +307,8 @@ impl NexarClient {
             peer_registries: Mutex::new(vec![None; capacity]),
             health: Health::new(liveness),
             joined: Notify::new(),
+            initial_world: addrs.len(),
+            routes: route_cache(),
             late_joiners: Mutex::new(Vec::new()),
             admission: tokio::sync::watch::channel(None).0,
         });
@@ -299,7 +319,8 @@ impl NexarClient {
         let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span.clone()));
         let (interval, timeout) = (inner.cfg.heartbeat_interval, inner.cfg.heartbeat_timeout);
         let health = tokio::spawn(monitor(Arc::downgrade(&inner), interval, timeout).instrument(span.clone()));
-        crate::sync::lock(&inner.tasks).extend([control, requests, responses, health]);
+        let relays = tokio::spawn(forward(Arc::downgrade(&inner), forward_rx).instrument(span.clone()));
+        crate::sync::lock(&inner.tasks).extend([control, requests, responses, health, relays]);
         if inner.cfg.recovery_policy == RecoveryPolicy::Automatic {
             let task = tokio::spawn(recover_automatically(Arc::downgrade(&inner), world_comm.clone()));
             crate::sync::lock(&inner.tasks).push(task);
@@ -392,7 +413,8 @@ impl NexarClient {
     /// # }
     /// ```
     pub fn link_stats(&self, peer: usize) -> Option<LinkStats> {
-        let conn = self.link(peer)?.connection();
+        let route = self.link(peer)?;
+        let conn = route.first_hop().connection();
         let path = conn.stats().path;
         Some(LinkStats {
             rtt: conn.rtt(),
@@ -400,6 +422,18 @@ impl NexarClient {
             lost_packets: path.lost_packets,
             congestion_window: path.cwnd,
         })
+    }
+
+    /// The world ranks this rank holds a direct connection to (all others on a full mesh;
+    /// its neighbours on a sparse [`Topology`](crate::Topology)).
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// println!("rank {} talks directly to {:?}", comm.world_rank(), comm.connected_peers());
+    /// # }
+    /// ```
+    pub fn connected_peers(&self) -> Vec<usize> {
+        self.inner.links.iter().map(|l| l.peer() as usize).collect()
     }
 
     /// The configuration this rank runs with.
@@ -456,10 +490,10 @@ impl NexarClient {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 
-    /// The link to `peer` (a rank of this communicator).
-    pub(crate) fn link(&self, peer: usize) -> Option<&PeerLink> {
+    /// The route to `peer` (a rank of this communicator).
+    pub(crate) fn link(&self, peer: usize) -> Option<Route<'_>> {
         let world = *self.comm.members.get(peer)?;
-        self.inner.links.get(world)
+        self.inner.route(world)
     }
 }
 
@@ -548,7 +582,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
         let Some(inner) = inner.upgrade() else { return };
         match incoming.msg {
             PeerMsg::Ping { nonce } => {
-                if let Some(link) = inner.links.get(incoming.from as usize) {
+                if let Some(link) = inner.route(incoming.from as usize) {
                     let link_msg = PeerMsg::Pong { nonce };
                     if let Err(e) = link.send(&link_msg, None).await {
                         tracing::debug!(peer = incoming.from, error = %e, "could not answer a ping");
@@ -592,14 +626,16 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 if rank == inner.rank {
                     inner.excluded_by(from, &reason);
                 } else {
-                    inner.peer_failed(rank, format!("rank {from} declared it dead: {reason}"), true, false);
+                    // Passed on, so the news floods sparse topologies too (each rank once).
+                    inner.peer_failed(rank, format!("rank {from} declared it dead: {reason}"), true, true);
                 }
             }
             PeerMsg::P2p { .. }
             | PeerMsg::Coll { .. }
             | PeerMsg::RpcRequest { .. }
             | PeerMsg::RpcResponse { .. }
-            | PeerMsg::Heartbeat => {}
+            | PeerMsg::Heartbeat
+            | PeerMsg::Relay { .. } => {}
         }
     }
 }

@@ -62,7 +62,7 @@ impl NexarClient {
             while sends.join_next().await.is_some() {}
             let admit = PeerMsg::Admit { comm: id.max(1), members: members.iter().map(|m| *m as u32).collect() };
             for j in &joiners {
-                if let Some(link) = self.inner.links.get(*j)
+                if let Some(link) = self.inner.route(*j)
                     && let Err(e) = link.send(&admit, None).await
                 {
                     tracing::warn!(rank, joiner = j, error = %e, "could not admit a joined rank");
@@ -174,11 +174,8 @@ impl NexarClient {
         let start = Instant::now();
         loop {
             let notified = self.inner.joined.notified();
-            let missing: Vec<usize> = members
-                .iter()
-                .copied()
-                .filter(|m| *m != self.inner.rank && self.inner.links.get(*m).is_none())
-                .collect();
+            let missing: Vec<usize> =
+                members.iter().copied().filter(|m| *m != self.inner.rank && self.inner.route(*m).is_none()).collect();
             if missing.is_empty() {
                 return Ok(());
             }

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use super::client::{Inner, NexarClient};
 use super::recovery::RecoveryError;
+use super::route::Route;
 use super::state::CommState;
 use crate::config::RecoveryPolicy;
 use crate::proto::message::PeerMsg;
@@ -150,6 +151,29 @@ impl Inner {
         self.health.events.send_modify(|all| all.push(failure.clone()));
         if self.cfg.recovery_policy == RecoveryPolicy::Abort {
             self.abort_all(&format!("rank {peer} failed ({}); recovery policy is abort", failure.reason));
+        }
+    }
+
+    /// Resolves, with the reason, once world rank `peer` is declared dead.
+    pub(crate) async fn wait_dead(&self, peer: usize) -> String {
+        let mut events = self.health.events.subscribe();
+        loop {
+            let reason = events.borrow_and_update().iter().find(|f| f.rank == peer).map(|f| f.reason.clone());
+            if let Some(reason) = reason {
+                return reason;
+            }
+            if events.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Resolves, with the reason, once `route` can no longer deliver: its direct connection
+    /// closed, or its relayed destination was declared dead.
+    pub(crate) async fn route_lost(&self, route: &Route<'_>) -> String {
+        match route {
+            Route::Direct(link) => link.connection().closed().await.to_string(),
+            Route::Relay { dst, .. } => self.wait_dead(*dst as usize).await,
         }
     }
 

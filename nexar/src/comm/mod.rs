@@ -7,6 +7,7 @@ mod grow;
 mod health;
 mod p2p;
 mod recovery;
+mod route;
 mod spin;
 mod state;
 

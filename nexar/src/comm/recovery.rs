@@ -246,7 +246,7 @@ async fn announce(view: &NexarClient, set: &BTreeSet<usize>) {
     let decision = encode(set);
     let mut sends = JoinSet::new();
     for peer in (0..view.world_size()).filter(|r| *r != view.rank()) {
-        if view.link(peer).is_some_and(|l| l.connection().close_reason().is_none()) {
+        if view.link(peer).is_some_and(|r| r.first_hop().connection().close_reason().is_none()) {
             let (view, decision) = (view.clone(), decision.clone());
             sends.spawn(async move { view.send(&decision, peer, TAG_DECIDE).await });
         }

@@ -46,6 +46,9 @@ pub enum SeedResponse {
         cert_der: Vec<u8>,
         /// The cluster CA's certificate (DER).
         ca_der: Vec<u8>,
+        /// The cluster was already running: the worker joins it late, connects to every live
+        /// rank, and waits to be admitted to a communicator.
+        running: bool,
     },
     /// Every worker has joined: where each rank listens, indexed by rank.
     PeerTable {
@@ -149,6 +152,21 @@ pub enum PeerMsg {
     /// "I am alive": sent on the control lane every heartbeat interval. Any message counts as
     /// a sign of life; heartbeats keep an idle link judged alive.
     Heartbeat,
+    /// A message on its way between two ranks without a direct connection: a raw frame of
+    /// `len` bytes follows, holding the carried message's frame and, when it has one, its raw
+    /// frame. Relays forward it on the carried message's lane.
+    Relay {
+        /// The world rank that sent the carried message.
+        src: u32,
+        /// The world rank it is for.
+        dst: u32,
+        /// The carried message's lane.
+        lane: u8,
+        /// Relays passed so far (a message that has passed too many is dropped).
+        hops: u8,
+        /// Bytes that follow.
+        len: u64,
+    },
     /// The sender admits the receiver, a rank that joined the running cluster, to a grown
     /// communicator.
     Admit {
@@ -185,7 +203,7 @@ impl PeerMsg {
         match self {
             PeerMsg::P2p { dtype, count, .. } => Some((*dtype, *count)),
             PeerMsg::Coll { dtype, len, .. } => Some((*dtype, *len)),
-            PeerMsg::RpcRequest { len, .. } | PeerMsg::RpcResponse { len, .. } => {
+            PeerMsg::RpcRequest { len, .. } | PeerMsg::RpcResponse { len, .. } | PeerMsg::Relay { len, .. } => {
                 Some((nexar_types::DType::U8.to_wire(), *len))
             }
             PeerMsg::Ping { .. }

@@ -5,8 +5,10 @@
 pub mod algo;
 pub mod frame;
 pub mod message;
+pub mod relay;
 pub mod schedule;
 pub mod sim;
+pub mod topology;
 
 #[cfg(test)]
 mod algo_tests;

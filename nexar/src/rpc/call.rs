@@ -105,7 +105,7 @@ impl NexarClient {
                 let reply = reply.map_err(|_| lost("the client is shutting down".into()))?;
                 Ok(body_of(reply))
             }
-            reason = link.connection().closed() => Err(lost(reason.to_string())),
+            reason = self.inner.route_lost(&link) => Err(lost(reason)),
             _ = tokio::time::sleep(after) => Err(RpcError::Timeout { rank, peer, name, after }),
         }
     }

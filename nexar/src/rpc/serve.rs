@@ -48,7 +48,7 @@ pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<
             let (status, reply) = run_handler(&registry, func, sig, body).await;
             let Some(inner) = inner.upgrade() else { return };
             let msg = PeerMsg::RpcResponse { req, status: status as u8, len: reply.len() as u64 };
-            if let Some(link) = inner.links.get(from)
+            if let Some(link) = inner.route(from)
                 && let Err(e) = link.send(&msg, Some(Bytes::from(reply))).await
             {
                 tracing::debug!(peer = from, error = %e, "could not answer an rpc");

@@ -97,6 +97,11 @@ impl Payload {
         self.len == 0
     }
 
+    /// The payload's chunks, in order (for passing it on without a copy).
+    pub fn chunks(&self) -> &[Bytes] {
+        &self.chunks
+    }
+
     /// Copies the payload into `dst`, which must be exactly [`len`](Self::len) bytes.
     pub fn copy_to(&self, dst: &mut [u8]) {
         debug_assert_eq!(dst.len(), self.len);

@@ -56,7 +56,13 @@ impl Lane {
             | PeerMsg::Heartbeat
             | PeerMsg::Admit { .. }
             | PeerMsg::Suspect { .. } => Lane::Control,
+            PeerMsg::Relay { lane, .. } => Lane::from_code(*lane).unwrap_or(Lane::Control),
         }
+    }
+
+    /// The lane with wire code `code`.
+    pub fn from_code(code: u8) -> Option<Lane> {
+        [Lane::RpcRequests, Lane::RpcResponses, Lane::Control, Lane::Data, Lane::Raw].get(usize::from(code)).copied()
     }
 }
 
@@ -77,6 +83,19 @@ pub struct LaneSenders {
     senders: [mpsc::Sender<Incoming>; Lane::COUNT],
     direct: [Option<DirectSink>; Lane::COUNT],
     liveness: Option<std::sync::Arc<Liveness>>,
+    relay: Option<RelayHook>,
+}
+
+/// Where relayed messages go: those for this rank are unpacked and delivered, the others are
+/// handed to the forwarder.
+#[derive(Clone)]
+pub(crate) struct RelayHook {
+    /// This rank.
+    pub local: u32,
+    /// The forwarder's queue.
+    pub forward: mpsc::Sender<Incoming>,
+    /// Largest payload a carried message may have.
+    pub max_payload: u64,
 }
 
 impl std::fmt::Debug for LaneSenders {
@@ -116,7 +135,7 @@ pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
     let (d, rd) = mpsc::channel(capacity);
     let (e, re) = mpsc::channel(capacity);
     (
-        LaneSenders { senders: [a, b, c, d, e], direct: Default::default(), liveness: None },
+        LaneSenders { senders: [a, b, c, d, e], direct: Default::default(), liveness: None, relay: None },
         LaneReceivers { rpc_requests: ra, rpc_responses: rb, control: rc, data: rd, raw: re },
     )
 }
@@ -134,9 +153,16 @@ impl LaneSenders {
         self
     }
 
+    /// Unpacks relayed messages addressed to this rank and forwards the others.
+    pub(crate) fn with_relay(mut self, hook: RelayHook) -> Self {
+        self.relay = Some(hook);
+        self
+    }
+
     /// Queues a message on its lane, waiting while the lane is full. Fails only when the
     /// lane's consumer is gone (the rank is shutting down). Heartbeats are consumed here: they
-    /// only say the sender is alive.
+    /// only say the sender is alive. Relay envelopes are opened (when addressed here) or
+    /// forwarded.
     pub async fn deliver(&self, incoming: Incoming) -> Result<(), Incoming> {
         if let Some(liveness) = &self.liveness {
             liveness.heard(incoming.from);
@@ -144,6 +170,24 @@ impl LaneSenders {
         if matches!(incoming.msg, PeerMsg::Heartbeat) {
             return Ok(());
         }
+        let incoming = match (&incoming.msg, &self.relay) {
+            (PeerMsg::Relay { src, dst, .. }, Some(hook)) if *dst == hook.local => {
+                let (src, via) = (*src, incoming.from);
+                match unpack_relayed(&incoming, hook.max_payload) {
+                    Ok(inner) => inner,
+                    Err(error) => {
+                        tracing::warn!(src, via, %error, "dropped a malformed relayed message");
+                        return Ok(());
+                    }
+                }
+            }
+            (PeerMsg::Relay { .. }, Some(hook)) => return hook.forward.send(incoming).await.map_err(|e| e.0),
+            (PeerMsg::Relay { .. }, None) => {
+                tracing::warn!(from = incoming.from, "dropped a relayed message: this rank does not relay");
+                return Ok(());
+            }
+            _ => incoming,
+        };
         let lane = Lane::of(&incoming.msg);
         if let Some(sink) = &self.direct[lane as usize] {
             if let Some((key, held)) = (sink.entry)(incoming) {
@@ -153,6 +197,19 @@ impl LaneSenders {
         }
         self.senders[lane as usize].send(incoming).await.map_err(|e| e.0)
     }
+}
+
+/// Opens a relay envelope addressed to this rank: the carried message, from its original
+/// sender.
+fn unpack_relayed(envelope: &Incoming, max_payload: u64) -> Result<Incoming, FrameError> {
+    let PeerMsg::Relay { src, .. } = envelope.msg else {
+        return Err(FrameError::InvalidMessage("not a relay envelope".into()));
+    };
+    let mut body = vec![0u8; envelope.payload.len()];
+    envelope.payload.copy_to(&mut body);
+    let (msg, range) = crate::proto::relay::unpack(&body, max_payload)?;
+    let payload = Payload::from_bytes(Bytes::from(body).slice(range));
+    Ok(Incoming { from: src, msg, payload })
 }
 
 enum Outgoing {
@@ -233,12 +290,22 @@ impl PeerLink {
         msg: &PeerMsg,
         payload: Option<Bytes>,
     ) -> Result<oneshot::Receiver<Result<(), TransportError>>, TransportError> {
+        self.send_queued_parts(msg, payload.into_iter().collect()).await
+    }
+
+    /// Like [`send_queued`](Self::send_queued), with a payload given as parts sent one after
+    /// the other (their total length is the payload's).
+    pub async fn send_queued_parts(
+        &self,
+        msg: &PeerMsg,
+        parts: Vec<Bytes>,
+    ) -> Result<oneshot::Receiver<Result<(), TransportError>>, TransportError> {
         let body =
             message::encode(msg).map_err(|error| TransportError::Protocol { peer: peer_name(self.peer), error })?;
         let mut chunks = vec![message_frame(&body)];
-        if let Some(p) = payload {
-            chunks.push(raw_header(p.len() as u64));
-            chunks.push(p);
+        if msg.payload_elements().is_some() {
+            chunks.push(raw_header(parts.iter().map(|p| p.len() as u64).sum()));
+            chunks.extend(parts);
         }
         let (done, wait) = oneshot::channel();
         self.writers[Lane::of(msg) as usize]
@@ -374,6 +441,11 @@ async fn read_stream(mut recv: RecvStream, peer: u32, lanes: &LaneSenders, max_p
             Err(ReadFrameError::Closed(_)) => return Ok(()),
             Err(ReadFrameError::Frame(e)) => return Err(e),
         };
+        if let PeerMsg::Relay { lane, hops, .. } = msg
+            && (Lane::from_code(lane).is_none() || hops > crate::proto::relay::MAX_HOPS)
+        {
+            return Err(FrameError::InvalidMessage(format!("relay envelope with lane {lane} after {hops} hops")));
+        }
         let payload = match msg.payload_elements() {
             None => Payload::default(),
             Some((dtype, _)) => {

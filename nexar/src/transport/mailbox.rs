@@ -240,6 +240,10 @@ impl Mailbox {
             self.room.notify_one();
             return Ok(Ok(msg));
         }
+        // This rank shutting down says more than any one peer being gone.
+        if st.closed {
+            return Err(Refusal::Closed);
+        }
         if let Some(reason) = st.aborted.get(&(key.comm, key.tag)) {
             return Err(Refusal::Aborted(reason.clone()));
         }
@@ -248,9 +252,6 @@ impl Mailbox {
         }
         if st.overflow.is_some() {
             return Err(Refusal::Full { held: st.count, held_bytes: st.bytes });
-        }
-        if st.closed {
-            return Err(Refusal::Closed);
         }
         let id = st.next_waiter;
         st.next_waiter += 1;

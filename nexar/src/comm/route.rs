@@ -1,0 +1,133 @@
+//! How a message reaches a rank: over the direct link when there is one, otherwise in a relay
+//! envelope through the neighbour that starts a shortest path over live ranks (sparse
+//! topologies). Routes are recomputed whenever a rank is declared dead, so traffic flows
+//! around a dead relay.
+
+use std::sync::{Mutex, Weak};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use super::client::Inner;
+use crate::proto::message::PeerMsg;
+use crate::proto::relay::{self, MAX_HOPS};
+use crate::proto::topology::Topology;
+use crate::transport::TransportError;
+use crate::transport::link::{Incoming, Lane, PeerLink};
+
+/// The way to one peer.
+pub(crate) enum Route<'a> {
+    /// A direct link.
+    Direct(&'a PeerLink),
+    /// Through `via`, in an envelope from `src` to `dst`.
+    Relay { via: &'a PeerLink, src: u32, dst: u32 },
+}
+
+impl Route<'_> {
+    /// Sends `msg` (and its payload), returning once it is handed to QUIC.
+    pub async fn send(&self, msg: &PeerMsg, payload: Option<Bytes>) -> Result<(), TransportError> {
+        let wait = self.send_queued(msg, payload).await?;
+        wait.await.map_err(|_| self.lost("its writer has stopped"))?
+    }
+
+    /// Queues `msg` (and its payload) on the first hop; see [`PeerLink::send_queued`].
+    pub async fn send_queued(
+        &self,
+        msg: &PeerMsg,
+        payload: Option<Bytes>,
+    ) -> Result<oneshot::Receiver<Result<(), TransportError>>, TransportError> {
+        match *self {
+            Route::Direct(link) => link.send_queued(msg, payload).await,
+            Route::Relay { via, src, dst } => {
+                let parts = relay::pack(msg, payload)
+                    .map_err(|error| TransportError::Protocol { peer: format!("rank {dst}"), error })?;
+                let len = parts.iter().map(|p| p.len() as u64).sum();
+                let envelope = PeerMsg::Relay { src, dst, lane: Lane::of(msg) as u8, hops: 0, len };
+                via.send_queued_parts(&envelope, parts).await
+            }
+        }
+    }
+
+    /// The first hop's link.
+    pub fn first_hop(&self) -> &PeerLink {
+        match self {
+            Route::Direct(link) | Route::Relay { via: link, .. } => link,
+        }
+    }
+
+    fn lost(&self, reason: &str) -> TransportError {
+        let peer = match self {
+            Route::Direct(l) => format!("rank {}", l.peer()),
+            Route::Relay { dst, via, .. } => format!("rank {dst} (via rank {})", via.peer()),
+        };
+        TransportError::ConnectionLost { peer, reason: reason.into() }
+    }
+}
+
+/// Next hops by destination, valid while the number of dead ranks stays the same.
+#[derive(Default)]
+pub(crate) struct RouteCache {
+    dead_seen: Option<usize>,
+    hops: Vec<Option<usize>>,
+}
+
+impl Inner {
+    /// The route to world rank `peer`: its direct link, or (on sparse topologies) a relay.
+    pub(crate) fn route(&self, peer: usize) -> Option<Route<'_>> {
+        if let Some(link) = self.links.get(peer) {
+            return Some(Route::Direct(link));
+        }
+        if self.cfg.topology == Topology::FullMesh {
+            return None;
+        }
+        let hop = self.next_hop(peer)?;
+        Some(Route::Relay { via: self.links.get(hop)?, src: self.rank as u32, dst: peer as u32 })
+    }
+
+    /// The neighbour that starts a shortest path to `peer` over live ranks.
+    fn next_hop(&self, peer: usize) -> Option<usize> {
+        let dead = self.health.dead();
+        let mut cache = crate::sync::lock(&self.routes);
+        if cache.dead_seen != Some(dead.len()) {
+            let (me, world, topology) = (self.rank, self.initial_world, self.cfg.topology);
+            let nodes = self.links.capacity();
+            let adjacent = |x: usize| -> Vec<usize> {
+                if x == me {
+                    self.links.iter().map(|l| l.peer() as usize).collect()
+                } else if x < world {
+                    topology.neighbors(x, world)
+                } else {
+                    Vec::new()
+                }
+            };
+            cache.hops = Topology::next_hops(me, nodes, adjacent, |x| dead.binary_search(&x).is_ok());
+            cache.dead_seen = Some(dead.len());
+        }
+        cache.hops.get(peer).copied().flatten()
+    }
+}
+
+/// Passes on relay envelopes addressed to other ranks, one hop further each time.
+pub(crate) async fn forward(inner: Weak<Inner>, mut envelopes: mpsc::Receiver<Incoming>) {
+    while let Some(incoming) = envelopes.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        let PeerMsg::Relay { src, dst, lane, hops, len } = incoming.msg else { continue };
+        if hops >= MAX_HOPS || inner.health.is_dead(dst as usize) {
+            tracing::debug!(src, dst, hops, "dropped a relayed message: too many hops or a dead destination");
+            continue;
+        }
+        let Some(route) = inner.route(dst as usize) else {
+            tracing::debug!(src, dst, "dropped a relayed message: no route");
+            continue;
+        };
+        let envelope = PeerMsg::Relay { src, dst, lane, hops: hops + 1, len };
+        if let Err(e) = route.first_hop().send_queued_parts(&envelope, incoming.payload.chunks().to_vec()).await {
+            tracing::debug!(src, dst, error = %e, "could not forward a relayed message");
+        }
+    }
+}
+
+/// The route cache of a new rank.
+pub(crate) fn route_cache() -> Mutex<RouteCache> {
+    Mutex::new(RouteCache::default())
+}
