@@ -367,3 +367,49 @@ async fn non_blocking_collectives_own_their_buffers() {
     .await
     .expect("test timed out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_collective_has_a_non_blocking_form() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let out = on_ranks(4, |c| async move {
+            let (r, w) = (c.rank(), c.world_size());
+            // Started in one order, awaited in another: the start order is the call order.
+            let gather = c.all_gather_start(Buf::from_vec(vec![r as u32; 2]), Buf::zeros(2 * w));
+            let scatter_send = if r == 1 { Buf::from_vec((0..w as u64).collect()) } else { Buf::zeros(0) };
+            let scatter = c.scatter_start(scatter_send, Buf::zeros(1), 1);
+            let rs = c.reduce_scatter_start(Buf::from_vec(vec![1i64; 3 * w]), Buf::zeros(3), Sum);
+            let a2a = c.all_to_all_start(Buf::from_vec((0..w).map(|q| (r * 10 + q) as u16).collect()), Buf::zeros(w));
+            let g = c.gather_start(Buf::from_vec(vec![r as u8]), Buf::zeros(if r == 0 { w } else { 0 }), 0);
+            let red = c.reduce_start(Buf::from_vec(vec![r as i32]), Max, 3);
+            let scan = c.scan_start(Buf::from_vec(vec![1u32]), Sum);
+            let xscan = c.exclusive_scan_start(Buf::from_vec(vec![2u32]), Sum);
+            let bad = c.all_gather_start(Buf::from_vec(vec![0u8; 2]), Buf::zeros(3));
+            assert_eq!(xscan.await.unwrap()[0], if r == 0 { 2 } else { 2 * r as u32 });
+            assert_eq!(scan.await.unwrap()[0], r as u32 + 1);
+            let red = red.await.unwrap();
+            if r == 3 {
+                assert_eq!(red[0], 3);
+            }
+            let (_, g) = g.await.unwrap();
+            if r == 0 {
+                assert_eq!(g.as_slice(), (0..w as u8).collect::<Vec<_>>().as_slice());
+            }
+            let (_, a2a) = a2a.await.unwrap();
+            assert_eq!(a2a.as_slice(), (0..w).map(|q| (q * 10 + r) as u16).collect::<Vec<_>>().as_slice());
+            let (_, rs) = rs.await.unwrap();
+            assert_eq!(rs.as_slice(), &[w as i64; 3][..]);
+            let (_, mine) = scatter.await.unwrap();
+            assert_eq!(mine[0], r as u64);
+            let (sent, all) = gather.await.unwrap();
+            assert_eq!(sent.as_slice(), &[r as u32; 2][..]);
+            assert_eq!(all.as_slice(), (0..w as u32).flat_map(|q| [q, q]).collect::<Vec<_>>().as_slice());
+            let err = bad.await.unwrap_err();
+            assert!(err.to_string().contains("recv holds 3 elements"), "{err}");
+            c
+        })
+        .await;
+        shutdown_all(out).await;
+    })
+    .await
+    .expect("test timed out");
+}

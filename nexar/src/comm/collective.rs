@@ -145,14 +145,28 @@ impl CollectiveError {
 /// the operation still completes with the other ranks (nobody is left waiting), and the buffer
 /// is freed when it does.
 #[must_use = "a collective handle does nothing unless awaited (the operation still runs)"]
-pub struct CollectiveHandle<T: Element> {
-    task: JoinHandle<Result<Buf<T>, CollectiveError>>,
+pub struct CollectiveHandle<T: Element, Out = Buf<T>> {
+    task: JoinHandle<Result<Out, CollectiveError>>,
     rank: usize,
     op: &'static str,
+    _elem: std::marker::PhantomData<fn() -> T>,
 }
 
-impl<T: Element> Future for CollectiveHandle<T> {
-    type Output = Result<Buf<T>, CollectiveError>;
+/// A two-buffer collective running in the background; `.await` it to get `(send, recv)` back.
+pub type ExchangeHandle<T> = CollectiveHandle<T, (Buf<T>, Buf<T>)>;
+
+/// The collectives with a send and a receive buffer.
+#[derive(Clone, Copy)]
+enum Exchange {
+    AllGather,
+    ReduceScatter(ReduceOp),
+    AllToAll,
+    Gather(usize),
+    Scatter(usize),
+}
+
+impl<T: Element, Out> Future for CollectiveHandle<T, Out> {
+    type Output = Result<Out, CollectiveError>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let (rank, op) = (self.rank, self.op);
         Pin::new(&mut self.task).poll(cx).map(|r| {
@@ -281,6 +295,41 @@ impl NexarClient {
         block.checked_mul(self.world_size())
     }
 
+    /// The call a two-buffer collective makes, and what is wrong with this rank's buffer
+    /// lengths, if anything.
+    fn plan_exchange(&self, x: Exchange, send: usize, recv: usize) -> (CollCall, Option<String>) {
+        let world = self.world_size();
+        let expect = |what: &str, have: usize, other: &str, per: usize| {
+            format!("{what} holds {have} elements, expected {other} ({per}) × world size ({world})")
+        };
+        match x {
+            Exchange::AllGather => {
+                let bad = (self.blocks(send) != Some(recv)).then(|| expect("recv", recv, "send", send));
+                (Self::call(Collective::AllGather, None, send), bad)
+            }
+            Exchange::ReduceScatter(op) => {
+                let bad = (self.blocks(recv) != Some(send)).then(|| expect("send", send, "recv", recv));
+                (Self::call(Collective::ReduceScatter, Some(op), recv), bad)
+            }
+            Exchange::AllToAll => {
+                let bad = (send != recv || send % world != 0).then(|| {
+                    format!("send ({send}) and recv ({recv}) must be equal and a multiple of the world size ({world})")
+                });
+                (Self::call(Collective::AllToAll, None, send / world), bad)
+            }
+            Exchange::Gather(root) => {
+                let bad = (self.rank() == root && self.blocks(send) != Some(recv))
+                    .then(|| expect("the root's recv", recv, "send", send));
+                (Self::call(Collective::Gather { root }, None, send), bad)
+            }
+            Exchange::Scatter(root) => {
+                let bad = (self.rank() == root && self.blocks(recv) != Some(send))
+                    .then(|| expect("the root's send", send, "recv", recv));
+                (Self::call(Collective::Scatter { root }, None, recv), bad)
+            }
+        }
+    }
+
     /// Every rank's `send` block, concatenated in rank order into every rank's `recv`
     /// (`recv.len() == send.len() * world_size()`). Ring algorithm.
     ///
@@ -297,14 +346,8 @@ impl NexarClient {
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
         let (input, data) = (send.elements(), recv.elements_mut());
-        let call = Self::call(Collective::AllGather, None, input.len());
-        if self.blocks(input.len()) != Some(data.len()) {
-            let reason = format!(
-                "recv holds {} elements, expected send ({}) × world size ({})",
-                data.len(),
-                input.len(),
-                self.world_size()
-            );
+        let (call, bad) = self.plan_exchange(Exchange::AllGather, input.len(), data.len());
+        if let Some(reason) = bad {
             return Err(self.fail_early(call, reason).await);
         }
         self.collective(call, data, input).await
@@ -328,14 +371,8 @@ impl NexarClient {
         O: Reduction<S::Elem>,
     {
         let (input, data) = (send.elements(), recv.elements_mut());
-        let call = Self::call(Collective::ReduceScatter, Some(op.op()), data.len());
-        if self.blocks(data.len()) != Some(input.len()) {
-            let reason = format!(
-                "send holds {} elements, expected recv ({}) × world size ({})",
-                input.len(),
-                data.len(),
-                self.world_size()
-            );
+        let (call, bad) = self.plan_exchange(Exchange::ReduceScatter(op.op()), input.len(), data.len());
+        if let Some(reason) = bad {
             return Err(self.fail_early(call, reason).await);
         }
         self.collective(call, data, input).await
@@ -357,15 +394,8 @@ impl NexarClient {
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
         let (input, data) = (send.elements(), recv.elements_mut());
-        let world = self.world_size();
-        let block = input.len() / world;
-        let call = Self::call(Collective::AllToAll, None, block);
-        if input.len() != data.len() || input.len() % world != 0 {
-            let reason = format!(
-                "send ({}) and recv ({}) must be equal and a multiple of the world size ({world})",
-                input.len(),
-                data.len()
-            );
+        let (call, bad) = self.plan_exchange(Exchange::AllToAll, input.len(), data.len());
+        if let Some(reason) = bad {
             return Err(self.fail_early(call, reason).await);
         }
         self.collective(call, data, input).await
@@ -387,14 +417,8 @@ impl NexarClient {
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
         let (input, data) = (send.elements(), recv.elements_mut());
-        let call = Self::call(Collective::Gather { root }, None, input.len());
-        if self.rank() == root && self.blocks(input.len()) != Some(data.len()) {
-            let reason = format!(
-                "the root's recv holds {} elements, expected send ({}) × world size ({})",
-                data.len(),
-                input.len(),
-                self.world_size()
-            );
+        let (call, bad) = self.plan_exchange(Exchange::Gather(root), input.len(), data.len());
+        if let Some(reason) = bad {
             return Err(self.fail_early(call, reason).await);
         }
         self.collective(call, data, input).await
@@ -416,14 +440,8 @@ impl NexarClient {
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
         let (input, data) = (send.elements(), recv.elements_mut());
-        let call = Self::call(Collective::Scatter { root }, None, data.len());
-        if self.rank() == root && self.blocks(data.len()) != Some(input.len()) {
-            let reason = format!(
-                "the root's send holds {} elements, expected recv ({}) × world size ({})",
-                input.len(),
-                data.len(),
-                self.world_size()
-            );
+        let (call, bad) = self.plan_exchange(Exchange::Scatter(root), input.len(), data.len());
+        if let Some(reason) = bad {
             return Err(self.fail_early(call, reason).await);
         }
         self.collective(call, data, input).await
@@ -509,6 +527,115 @@ impl NexarClient {
         self.start(call, buf)
     }
 
+    /// Starts a reduce in the background; see [`all_reduce_start`](Self::all_reduce_start).
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let total = comm.reduce_start(Buf::from_vec(vec![1u64; 8]), Sum, 0).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_start<T: Element, O: Reduction<T>>(&self, buf: Buf<T>, op: O, root: usize) -> CollectiveHandle<T> {
+        let call = Self::call(Collective::Reduce { root }, Some(op.op()), buf.len());
+        self.start(call, buf)
+    }
+
+    /// Starts an inclusive scan in the background; see [`scan`](Self::scan).
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let prefix = comm.scan_start(Buf::from_vec(vec![1u32]), Sum).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn scan_start<T: Element, O: Reduction<T>>(&self, buf: Buf<T>, op: O) -> CollectiveHandle<T> {
+        let call = Self::call(Collective::Scan, Some(op.op()), buf.len());
+        self.start(call, buf)
+    }
+
+    /// Starts an exclusive scan in the background; see [`exclusive_scan`](Self::exclusive_scan).
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let offset = comm.exclusive_scan_start(Buf::from_vec(vec![100u64]), Sum).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn exclusive_scan_start<T: Element, O: Reduction<T>>(&self, buf: Buf<T>, op: O) -> CollectiveHandle<T> {
+        let call = Self::call(Collective::ExclusiveScan, Some(op.op()), buf.len());
+        self.start(call, buf)
+    }
+
+    /// Starts an all-gather in the background; the handle gives back `(send, recv)`.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let w = comm.world_size();
+    /// let (_, all) = comm.all_gather_start(Buf::from_vec(vec![1u32; 4]), Buf::zeros(4 * w)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_gather_start<T: Element>(&self, send: Buf<T>, recv: Buf<T>) -> ExchangeHandle<T> {
+        self.start_exchange(Exchange::AllGather, send, recv)
+    }
+
+    /// Starts a reduce-scatter in the background; the handle gives back `(send, recv)`.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let w = comm.world_size();
+    /// let (_, mine) = comm.reduce_scatter_start(Buf::from_vec(vec![1i64; 2 * w]), Buf::zeros(2), Sum).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_scatter_start<T: Element, O: Reduction<T>>(
+        &self,
+        send: Buf<T>,
+        recv: Buf<T>,
+        op: O,
+    ) -> ExchangeHandle<T> {
+        self.start_exchange(Exchange::ReduceScatter(op.op()), send, recv)
+    }
+
+    /// Starts an all-to-all in the background; the handle gives back `(send, recv)`.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let n = 2 * comm.world_size();
+    /// let (_, back) = comm.all_to_all_start(Buf::from_vec(vec![7u16; n]), Buf::zeros(n)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_to_all_start<T: Element>(&self, send: Buf<T>, recv: Buf<T>) -> ExchangeHandle<T> {
+        self.start_exchange(Exchange::AllToAll, send, recv)
+    }
+
+    /// Starts a gather to `root` in the background; the handle gives back `(send, recv)`.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let recv = if comm.rank() == 0 { Buf::zeros(comm.world_size()) } else { Buf::zeros(0) };
+    /// let (_, all) = comm.gather_start(Buf::from_vec(vec![comm.rank() as u8]), recv, 0).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn gather_start<T: Element>(&self, send: Buf<T>, recv: Buf<T>, root: usize) -> ExchangeHandle<T> {
+        self.start_exchange(Exchange::Gather(root), send, recv)
+    }
+
+    /// Starts a scatter from `root` in the background; the handle gives back `(send, recv)`.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+    /// let send = if comm.rank() == 0 { Buf::from_vec(vec![5u32; comm.world_size()]) } else { Buf::zeros(0) };
+    /// let (_, mine) = comm.scatter_start(send, Buf::zeros(1), 0).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn scatter_start<T: Element>(&self, send: Buf<T>, recv: Buf<T>, root: usize) -> ExchangeHandle<T> {
+        self.start_exchange(Exchange::Scatter(root), send, recv)
+    }
+
     /// Takes the sequence number now (so the call order is the order of `start` calls) and
     /// runs the collective in a task that owns the buffer.
     fn start<T: Element>(&self, call: CollCall, mut buf: Buf<T>) -> CollectiveHandle<T> {
@@ -521,7 +648,22 @@ impl NexarClient {
             }
             client.run_collective(seq, call, buf.as_mut_slice(), &[]).await.map(|()| buf)
         });
-        CollectiveHandle { task, rank, op }
+        CollectiveHandle { task, rank, op, _elem: std::marker::PhantomData }
+    }
+
+    /// [`start`](Self::start) for collectives with a send and a receive buffer.
+    fn start_exchange<T: Element>(&self, x: Exchange, send: Buf<T>, mut recv: Buf<T>) -> ExchangeHandle<T> {
+        let client = self.clone();
+        let seq = self.comm.next_seq();
+        let (call, bad) = self.plan_exchange(x, send.len(), recv.len());
+        let (rank, op) = (self.rank(), call.kind.name());
+        let task = tokio::spawn(async move {
+            if let Some(reason) = bad.or_else(|| client.bad_call::<T>(&call)) {
+                return Err(client.fail_seq(seq, call, reason).await);
+            }
+            client.run_collective(seq, call, recv.as_mut_slice(), send.as_slice()).await.map(|()| (send, recv))
+        });
+        CollectiveHandle { task, rank, op, _elem: std::marker::PhantomData }
     }
 
     /// Splits this communicator: ranks that pass the same `color` form a new communicator,

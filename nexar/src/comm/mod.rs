@@ -13,7 +13,7 @@ mod state;
 
 pub(crate) use client::Inner;
 pub use client::{LinkStats, NexarClient};
-pub use collective::{CollectiveError, CollectiveHandle};
+pub use collective::{CollectiveError, CollectiveHandle, ExchangeHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
 pub use health::{FailureWatch, PeerFailure};
 pub use p2p::P2pError;
