@@ -312,7 +312,7 @@ impl NexarClient {
                 (Self::call(Collective::ReduceScatter, Some(op), recv), bad)
             }
             Exchange::AllToAll => {
-                let bad = (send != recv || send % world != 0).then(|| {
+                let bad = (send != recv || !send.is_multiple_of(world)).then(|| {
                     format!("send ({send}) and recv ({recv}) must be equal and a multiple of the world size ({world})")
                 });
                 (Self::call(Collective::AllToAll, None, send / world), bad)
