@@ -195,7 +195,7 @@ async fn survivors_of_a_killed_worker_detect_it_rebuild_and_carry_on() {
         let spawn_worker = || {
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_nexar-bench"));
             cmd.args(["--worker", "--seed", &seed.addr, "--token", &seed.token])
-                .args(["--op", "soak", "--seconds", "8", "--survive", "-e", "256K"])
+                .args(["--op", "soak", "--seconds", "8", "--survive", "-e", "4M", "--mix", "allreduce"])
                 .env("NEXAR_HEARTBEAT_TIMEOUT_MS", "2000")
                 .env("NEXAR_HEARTBEAT_INTERVAL_MS", "200")
                 .stdout(Stdio::piped())

@@ -227,6 +227,9 @@ struct Args {
     /// How long the soak runs, in seconds.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
+    /// Soak: the operations to mix (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "allreduce,broadcast,allgather,sendrecv,rpc")]
+    mix: Vec<soak::SoakOp>,
     /// Soak: when a rank fails, agree, rebuild without it and carry on (reporting detection
     /// and rebuild times) instead of stopping.
     #[arg(long)]

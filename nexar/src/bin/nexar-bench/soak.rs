@@ -33,13 +33,25 @@ fn unix_ms(at: Instant) -> u128 {
     SystemTime::now().checked_sub(ago).and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis())
 }
 
+/// The operations a soak mixes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SoakOp {
+    Allreduce,
+    Broadcast,
+    Allgather,
+    Sendrecv,
+    Rpc,
+}
+
 /// One iteration's operation; returns the payload bytes this rank moved.
-async fn step(comm: &NexarClient, i: u64, max_bytes: usize) -> Result<usize, String> {
+async fn step(comm: &NexarClient, i: u64, max_bytes: usize, mix: &[SoakOp]) -> Result<usize, String> {
     let (r, w) = (comm.rank(), comm.world_size());
     let elems = 1 + (draw(i, 1) as usize) % (max_bytes / 4).max(1);
     let wrong = |what: &str| format!("rank {r} iteration {i}: wrong {what} result");
-    match draw(i, 2) % 5 {
-        0 => {
+    let all = [SoakOp::Allreduce];
+    let mix = if mix.is_empty() { &all[..] } else { mix };
+    match mix[(draw(i, 2) % mix.len() as u64) as usize] {
+        SoakOp::Allreduce => {
             let mut v: Vec<f32> = (0..elems).map(|k| ((k + r) % 5) as f32).collect();
             comm.all_reduce(&mut v, Sum).await.map_err(|e| e.to_string())?;
             let want = |k: usize| (0..w).map(|q| ((k + q) % 5) as f32).sum::<f32>();
@@ -48,7 +60,7 @@ async fn step(comm: &NexarClient, i: u64, max_bytes: usize) -> Result<usize, Str
             }
             Ok(elems * 4)
         }
-        1 => {
+        SoakOp::Broadcast => {
             let root = (draw(i, 3) as usize) % w;
             let mut v: Vec<u32> =
                 if r == root { (0..elems as u32).map(|k| k ^ i as u32).collect() } else { vec![0; elems] };
@@ -58,7 +70,7 @@ async fn step(comm: &NexarClient, i: u64, max_bytes: usize) -> Result<usize, Str
             }
             Ok(elems * 4)
         }
-        2 => {
+        SoakOp::Allgather => {
             let per = elems.div_ceil(w);
             let mut all = vec![0u16; per * w];
             comm.all_gather(&vec![r as u16; per], &mut all).await.map_err(|e| e.to_string())?;
@@ -67,7 +79,7 @@ async fn step(comm: &NexarClient, i: u64, max_bytes: usize) -> Result<usize, Str
             }
             Ok(per * w * 2)
         }
-        3 => {
+        SoakOp::Sendrecv => {
             let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
             let out: Vec<u8> = (0..elems).map(|k| (k as u64 ^ i ^ r as u64) as u8).collect();
             let (sent, got) = tokio::join!(comm.send(&out, next, i), comm.recv_vec::<u8>(prev, i));
@@ -78,7 +90,7 @@ async fn step(comm: &NexarClient, i: u64, max_bytes: usize) -> Result<usize, Str
             }
             Ok(elems)
         }
-        _ => {
+        SoakOp::Rpc => {
             let len = elems.min(1 << 16);
             let payload: Vec<u8> = (0..len).map(|k| (k as u64 ^ i) as u8).collect();
             let back = echo::call(comm, (r + 1) % w, payload.clone()).await.map_err(|e| e.to_string())?;
@@ -111,7 +123,7 @@ pub async fn run(mut comm: NexarClient, args: Args) -> Result<(), String> {
     }
     loop {
         let outcome = async {
-            bytes += step(&comm, i, args.max_bytes).await?;
+            bytes += step(&comm, i, args.max_bytes, &args.mix).await?;
             if (i + 1) % CONTROL_EVERY == 0 {
                 let stop = u64::from(comm.rank() == 0 && start.elapsed() >= Duration::from_secs(args.seconds));
                 let mut ctl = [stop, rss_kib()];
