@@ -220,3 +220,42 @@ async fn a_silent_rank_is_declared_dead_within_the_heartbeat_timeout() {
     .await
     .expect("test timed out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rank_is_replaced_by_a_new_worker_through_the_seed() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let cfg =
+            NexarConfig { world_size: Some(3), listen_addr: "127.0.0.1:0".parse().unwrap(), ..NexarConfig::default() };
+        let seed = nexar::SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
+        let (addr, token) = (seed.local_addr(), seed.token().to_string());
+        let joins: Vec<_> = (0..3)
+            .map(|_| {
+                let (token, cfg) = (token.clone(), cfg.clone());
+                tokio::spawn(async move { NexarClient::connect(addr, &token, cfg).await.unwrap() })
+            })
+            .collect();
+        let mut ranks = Vec::new();
+        for j in joins {
+            ranks.push(j.await.unwrap());
+        }
+        ranks.sort_by_key(|c| c.rank());
+        // Rank 1 dies; the others agree and go on with two.
+        ranks[1].abort("node lost");
+        let survivors =
+            on_each(&[ranks[0].clone(), ranks[2].clone()], |c| async move { c.recover().await.unwrap() }).await;
+        on_each(&survivors, |c| async move { exercise(c).await }).await;
+        // A replacement worker joins the running cluster; the survivors take it in.
+        let newcomer = tokio::spawn(async move {
+            let me = NexarClient::connect(addr, &token, cfg).await.unwrap();
+            assert_eq!(me.world_rank(), 3, "a new rank number; the dead one is not reused");
+            me.admitted().await.unwrap()
+        });
+        let mut grown = on_each(&survivors, |c| async move { c.rebuild_adding(1).await.unwrap() }).await;
+        grown.push(newcomer.await.unwrap());
+        assert_eq!(grown.iter().map(|c| (c.rank(), c.world_rank())).collect::<Vec<_>>(), vec![(0, 0), (1, 2), (2, 3)]);
+        on_each(&grown, |c| async move { exercise(c).await }).await;
+        println!("replacement done: {:?}", grown.iter().map(|c| c.world_rank()).collect::<Vec<_>>());
+    })
+    .await
+    .expect("test timed out");
+}
