@@ -6,25 +6,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::TEST_LIMIT;
+use common::{TEST_LIMIT, on_each};
 use nexar::prelude::*;
 use nexar::transport::chaos::{NetChaos, Silence};
 use nexar::{P2pError, RecoveryError};
-
-/// Runs `f` on every rank concurrently and returns the results by rank.
-async fn on_each<T, F, Fut>(ranks: &[NexarClient], f: F) -> Vec<T>
-where
-    T: Send + 'static,
-    F: Fn(NexarClient) -> Fut,
-    Fut: std::future::Future<Output = T> + Send + 'static,
-{
-    let tasks: Vec<_> = ranks.iter().cloned().map(|c| tokio::spawn(f(c))).collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
-}
 
 /// Every collective on a rebuilt communicator gives the right answer.
 async fn exercise(comm: NexarClient) {

@@ -4,25 +4,13 @@
 
 mod common;
 
-use common::{TEST_LIMIT, pattern, same_bytes};
+use common::{TEST_LIMIT, on_each, pattern, same_bytes};
 use nexar::Topology;
 use nexar::prelude::*;
 
 #[nexar::rpc]
 fn whoami(x: u32) -> (u32, u32) {
     (x, x * 2)
-}
-
-async fn on_each<T: Send + 'static, Fut>(ranks: &[NexarClient], f: impl Fn(NexarClient) -> Fut) -> Vec<T>
-where
-    Fut: std::future::Future<Output = T> + Send + 'static,
-{
-    let tasks: Vec<_> = ranks.iter().cloned().map(|c| tokio::spawn(f(c))).collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
 }
 
 /// Every operation, checked, on `comm`.

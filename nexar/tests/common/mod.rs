@@ -36,3 +36,18 @@ pub fn logs() {
         .with_test_writer()
         .try_init();
 }
+
+/// Runs `f` on every rank concurrently and returns the results by rank.
+pub async fn on_each<T, F, Fut>(ranks: &[nexar::NexarClient], f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(nexar::NexarClient) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    let tasks: Vec<_> = ranks.iter().cloned().map(|c| tokio::spawn(f(c))).collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
