@@ -244,3 +244,25 @@ async fn a_failed_rank_is_replaced_by_a_new_worker_through_the_seed() {
     .await
     .expect("test timed out");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_rank_that_was_itself_stalled_does_not_declare_its_peers_dead() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let fast = NexarConfig {
+            heartbeat_interval: Duration::from_millis(100),
+            heartbeat_timeout: Duration::from_millis(1000),
+            ..NexarConfig::default()
+        };
+        let ranks = NexarClient::bootstrap_local_with(3, fast).await.unwrap();
+        // Every rank lives on this one thread: blocking it stalls them all, as a paused VM or
+        // a swapped-out process would. Nobody was really silent.
+        std::thread::sleep(Duration::from_millis(2500));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        for c in &ranks {
+            assert!(c.failed_ranks().is_empty(), "rank {} blamed its peers for its own stall", c.rank());
+        }
+        on_each(&ranks, |c| async move { exercise(c).await }).await;
+    })
+    .await
+    .expect("test timed out");
+}

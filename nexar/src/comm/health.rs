@@ -224,11 +224,24 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
             inner.health.liveness.heard(link.peer());
         }
     }
+    let mut last_check = Instant::now();
     loop {
         tick.tick().await;
         let Some(inner) = inner.upgrade() else { return };
         if inner.health.shutting_down.load(Ordering::Relaxed) {
             return;
+        }
+        // If this task itself was not scheduled for a long time (the process was paused,
+        // swapped out, or starved of CPU), the silence is ours, not the peers': give them a
+        // fresh window instead of declaring everyone dead.
+        let gap = last_check.elapsed();
+        last_check = Instant::now();
+        if gap > timeout / 2 {
+            tracing::warn!(rank = inner.rank, stalled = ?gap, "this rank was stalled; not judging peers on this check");
+            for link in inner.links.iter() {
+                inner.health.liveness.heard(link.peer());
+            }
+            continue;
         }
         if last_beat.is_none_or(|t| t.elapsed() >= interval) {
             last_beat = Some(Instant::now());
