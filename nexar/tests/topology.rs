@@ -121,3 +121,20 @@ async fn traffic_is_rerouted_around_a_dead_relay() {
     .await
     .expect("test timed out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_the_largest_allowed_size_is_relayed() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let cfg = NexarConfig { topology: Topology::KRegular(2), max_message_bytes: 1 << 20, ..NexarConfig::default() };
+        let ranks = NexarClient::bootstrap_local_with(4, cfg).await.unwrap();
+        // Rank 2 is not a neighbour of rank 0: the envelope is a little larger than the limit.
+        let big = pattern::<u8>(1 << 20, 5);
+        ranks[0].send(&big, 2, 1).await.unwrap();
+        assert!(same_bytes(&ranks[2].recv_vec::<u8>(0, 1).await.unwrap(), &big));
+        for c in &ranks {
+            assert!(c.failed_ranks().is_empty(), "a relay was cut for carrying a legal message");
+        }
+    })
+    .await
+    .expect("test timed out");
+}

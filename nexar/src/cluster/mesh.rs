@@ -38,6 +38,10 @@ pub(crate) struct MeshSetup<'a> {
     pub elastic: bool,
     /// Which ranks of the initial world connect directly.
     pub topology: Topology,
+    /// Joining a running cluster: a listed rank that does not answer one dial has most likely
+    /// died (the seed learns of that only when its own connection to it times out), so it is
+    /// left out instead of failing the join.
+    pub late: bool,
 }
 
 /// A formed mesh: one link per other rank, the task that keeps accepting (ranks that join
@@ -64,7 +68,7 @@ fn peer_rank(conn: &Connection) -> Result<u32, String> {
 /// Connects `setup.rank` to every other rank. Returns once all `world - 1` links are up, or
 /// fails naming the ranks that are missing when `cfg.mesh_timeout` runs out.
 pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Result<Mesh, ClusterError> {
-    let MeshSetup { rank, addrs, identity, ca, cfg, lanes, capacity, elastic, topology } = setup;
+    let MeshSetup { rank, addrs, identity, ca, cfg, lanes, capacity, elastic, topology, late } = setup;
     let world = addrs.len();
     let deadline = Instant::now() + cfg.mesh_timeout;
     let mesh_err = |reason: String| ClusterError::Mesh { rank, reason };
@@ -88,7 +92,8 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
     for (peer, addr) in addrs.iter().enumerate().take(rank).filter(|(p, a)| linked(*p, a)) {
         let (endpoint, client, addr) = (endpoint.clone(), client.clone(), *addr);
         let attempt = cfg.connect_timeout;
-        dials.spawn(async move { (peer, dial(&endpoint, client, rank, peer, addr, deadline, attempt).await) });
+        let until = if late { deadline.min(Instant::now() + attempt) } else { deadline };
+        dials.spawn(async move { (peer, dial(&endpoint, client, rank, peer, addr, until, attempt).await) });
     }
 
     let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
@@ -101,9 +106,15 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
         tokio::select! {
             Some(done) = dials.join_next(), if !dials.is_empty() => {
                 let (peer, result) = done.map_err(|e| mesh_err(format!("a dial task failed: {e}")))?;
-                let conn = result.map_err(|reason| { acceptor.abort(); mesh_err(reason) })?;
-                links[peer] = Some(spawn_link(peer, conn));
                 missing -= 1;
+                match result {
+                    Ok(conn) => links[peer] = Some(spawn_link(peer, conn)),
+                    Err(reason) if late => tracing::warn!(rank, peer, %reason, "left out a listed rank that did not answer"),
+                    Err(reason) => {
+                        acceptor.abort();
+                        return Err(mesh_err(reason));
+                    }
+                }
             }
             Some((peer, conn)) = accepted_rx.recv() => {
                 if (peer as usize) < world {

@@ -101,6 +101,8 @@ pub(crate) struct Inner {
     pub routes: Mutex<RouteCache>,
     /// World ranks that joined the running cluster and connected to this rank, in order.
     pub late_joiners: Mutex<Vec<usize>>,
+    /// Late joiners that became members of a communicator of this rank.
+    pub admitted: Mutex<std::collections::BTreeSet<usize>>,
     /// The communicator this rank was admitted to after joining a running cluster, if any:
     /// `(id, members)`.
     pub admission: tokio::sync::watch::Sender<Option<(u64, Vec<usize>)>>,
@@ -196,7 +198,7 @@ impl NexarClient {
             &joined.identity,
             &joined.ca,
             config,
-            Some(joined.seed),
+            Some((joined.seed, joined.running)),
         )
         .await?;
         Ok(client)
@@ -249,8 +251,13 @@ impl NexarClient {
         identity: &Identity,
         ca: &CertificateDer<'static>,
         cfg: NexarConfig,
-        seed: Option<Connection>,
+        seed: Option<(Connection, bool)>,
     ) -> Result<NexarClient, ClusterError> {
+        // Joined through a seed (elastic), and whether the cluster was already running then.
+        let (seed, running) = match seed {
+            Some((conn, running)) => (Some(conn), running),
+            None => (None, false),
+        };
         match rank_from_cert(identity.cert()) {
             Ok(bound) if bound as usize == rank => {}
             Ok(bound) => {
@@ -270,17 +277,29 @@ impl NexarClient {
         // Room for ranks that join the running cluster later.
         let capacity = cfg.max_world_size.max(addrs.len());
         let liveness = Arc::new(Liveness::new(capacity));
-        let (forward_tx, forward_rx) = mpsc::channel(cfg.lane_capacity);
-        let hook = RelayHook { local: rank as u32, forward: forward_tx, max_payload: cfg.max_message_bytes };
+        let (forward_tx, forward_rx): (Vec<_>, Vec<_>) =
+            (0..Lane::COUNT).map(|_| mpsc::channel(cfg.lane_capacity)).unzip();
+        let queues = forward_tx.try_into().map_err(|_| ClusterError::Mesh { rank, reason: "lane count".into() })?;
+        let hook = RelayHook { local: rank as u32, forward: queues, max_payload: cfg.max_message_bytes };
         let senders = senders
             .with_liveness(liveness.clone())
             .with_relay(hook)
             .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
             .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
-        let elastic = seed.is_some();
-        let topology = cfg.topology;
-        let setup =
-            MeshSetup { rank, addrs, identity, ca, cfg: &cfg, lanes: senders.clone(), capacity, elastic, topology };
+        let (elastic, topology) = (seed.is_some(), cfg.topology);
+        let late = running;
+        let setup = MeshSetup {
+            rank,
+            addrs,
+            identity,
+            ca,
+            cfg: &cfg,
+            lanes: senders.clone(),
+            capacity,
+            elastic,
+            topology,
+            late,
+        };
         let mesh = cluster::form_mesh(&endpoint, setup).await?;
         let mut late = mesh.late;
         // The data and raw lanes go straight into the mailboxes; their queues stay unused.
@@ -310,6 +329,7 @@ impl NexarClient {
             initial_world: addrs.len(),
             routes: route_cache(),
             late_joiners: Mutex::new(Vec::new()),
+            admitted: Mutex::new(std::collections::BTreeSet::new()),
             admission: tokio::sync::watch::channel(None).0,
         });
         let world_comm = Arc::new(CommState::world(rank, world));
@@ -319,8 +339,11 @@ impl NexarClient {
         let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span.clone()));
         let (interval, timeout) = (inner.cfg.heartbeat_interval, inner.cfg.heartbeat_timeout);
         let health = tokio::spawn(monitor(Arc::downgrade(&inner), interval, timeout).instrument(span.clone()));
-        let relays = tokio::spawn(forward(Arc::downgrade(&inner), forward_rx).instrument(span.clone()));
-        crate::sync::lock(&inner.tasks).extend([control, requests, responses, health, relays]);
+        crate::sync::lock(&inner.tasks).extend([control, requests, responses, health]);
+        for queue in forward_rx {
+            let relays = tokio::spawn(forward(Arc::downgrade(&inner), queue).instrument(span.clone()));
+            crate::sync::lock(&inner.tasks).push(relays);
+        }
         if inner.cfg.recovery_policy == RecoveryPolicy::Automatic {
             let task = tokio::spawn(recover_automatically(Arc::downgrade(&inner), world_comm.clone()));
             crate::sync::lock(&inner.tasks).push(task);
@@ -454,12 +477,14 @@ impl NexarClient {
     pub async fn shutdown(&self) {
         let inner = &self.inner;
         inner.health.begin_shutdown();
+        // Goodbyes first, to everyone, so no peer takes the quiet that follows for a failure;
+        // then wait (all links at once) until peers have acknowledged everything sent.
         for link in inner.links.iter() {
-            link.flush(FLUSH_LIMIT).await;
-            if let Err(e) = link.send(&PeerMsg::Goodbye, None).await {
+            if let Err(e) = link.send_queued(&PeerMsg::Goodbye, None).await {
                 tracing::debug!(peer = link.peer(), error = %e, "could not say goodbye");
             }
         }
+        flush_all(&inner.links, FLUSH_LIMIT).await;
         let all_gone = async {
             loop {
                 let notified = inner.goodbyes.notified();
@@ -509,11 +534,22 @@ fn default_spin(addrs: &[SocketAddr], rank: usize) -> Duration {
     spin
 }
 
+/// Flushes every link at once, for at most `limit` in all.
+async fn flush_all(links: &Links, limit: Duration) {
+    let all = async {
+        let mut waits = Vec::new();
+        for link in links.iter() {
+            waits.extend(link.begin_flush().await);
+        }
+        for wait in waits {
+            let _ = wait.await;
+        }
+    };
+    let _ = tokio::time::timeout(limit, all).await;
+}
+
 async fn close_links(links: &Links, limit: Duration) {
-    let flushes = links.iter().map(|l| l.flush(limit));
-    for f in flushes.collect::<Vec<_>>() {
-        f.await;
-    }
+    flush_all(links, limit).await;
     for link in links.iter() {
         link.close(CLOSE_SHUTDOWN, "shutdown");
     }
@@ -624,7 +660,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
             PeerMsg::Suspect { rank, reason } => {
                 let (from, rank) = (incoming.from as usize, rank as usize);
                 if rank == inner.rank {
-                    inner.excluded_by(from, &reason);
+                    inner.excluded_by(from, &format!("rank {from} declared rank {rank} dead: {reason}"));
                 } else {
                     // Passed on, so the news floods sparse topologies too (each rank once).
                     inner.peer_failed(rank, format!("rank {from} declared it dead: {reason}"), true, true);

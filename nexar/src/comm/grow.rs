@@ -42,24 +42,20 @@ impl NexarClient {
         let view_id = nexar_types::stable_id(&["grow", &self.comm.id.to_string(), &epoch.to_string()]).max(1);
         let view = self.with_comm(CommState::new(view_id, self.comm.members.clone(), me));
         let decision = if me == 0 {
-            let joiners = self.wait_for_joiners(at_least).await?;
+            let joiners = match self.growth_joiners(at_least).await {
+                Ok(j) => j,
+                Err(e) => {
+                    // Tell the members at once rather than let them wait for a decision.
+                    self.tell_members(&view, Vec::new()).await;
+                    return Err(e);
+                }
+            };
             let members: Vec<usize> = self.comm.members.iter().copied().chain(joiners.iter().copied()).collect();
-            let max = self.config().max_world_size;
-            if members.len() > max {
-                let reason =
-                    format!("{} ranks would exceed the maximum world size {max} (NEXAR_MAX_WORLD_SIZE)", members.len());
-                return Err(RecoveryError::InvalidArgument { rank, op: "rebuild_adding", reason });
-            }
             let listed: Vec<String> = members.iter().map(ToString::to_string).collect();
             let id =
                 nexar_types::stable_id(&["grown", &self.comm.id.to_string(), &epoch.to_string(), &listed.join(",")]);
             let decision: Vec<u64> = std::iter::once(id.max(1)).chain(members.iter().map(|m| *m as u64)).collect();
-            let mut sends = JoinSet::new();
-            for peer in 1..self.world_size() {
-                let (view, decision) = (view.clone(), decision.clone());
-                sends.spawn(async move { view.send(&decision, peer, TAG_DECIDE).await });
-            }
-            while sends.join_next().await.is_some() {}
+            self.tell_members(&view, decision.clone()).await;
             let admit = PeerMsg::Admit { comm: id.max(1), members: members.iter().map(|m| *m as u32).collect() };
             for j in &joiners {
                 if let Some(link) = self.inner.route(*j)
@@ -74,6 +70,7 @@ impl NexarClient {
         };
         let (id, members) = self.check_growth(&decision)?;
         self.wait_for_links(&members, "rebuild_adding").await?;
+        crate::sync::lock(&self.inner.admitted).extend(members.iter().copied());
         tracing::info!(rank, world = members.len(), "communicator grown");
         Ok(self.with_comm(CommState::new(id, members, me)))
     }
@@ -106,6 +103,27 @@ impl NexarClient {
             reason: "the admission does not name this rank".into(),
         })?;
         Ok(self.with_comm(CommState::new(id, members, me)))
+    }
+
+    /// The joined ranks to add, checked against the maximum world size.
+    async fn growth_joiners(&self, at_least: usize) -> Result<Vec<usize>, RecoveryError> {
+        let joiners = self.wait_for_joiners(at_least).await?;
+        let (size, max) = (self.world_size() + joiners.len(), self.config().max_world_size);
+        if size > max {
+            let reason = format!("{size} ranks would exceed the maximum world size {max} (NEXAR_MAX_WORLD_SIZE)");
+            return Err(RecoveryError::InvalidArgument { rank: self.rank(), op: "rebuild_adding", reason });
+        }
+        Ok(joiners)
+    }
+
+    /// Sends rank 0's growth decision (empty: it gave up) to every other member.
+    async fn tell_members(&self, view: &NexarClient, decision: Vec<u64>) {
+        let mut sends = JoinSet::new();
+        for peer in 1..self.world_size() {
+            let (view, decision) = (view.clone(), decision.clone());
+            sends.spawn(async move { view.send(&decision, peer, TAG_DECIDE).await });
+        }
+        while sends.join_next().await.is_some() {}
     }
 
     /// Joined ranks that are connected, alive and not yet members, once there are `at_least`.
@@ -154,7 +172,9 @@ impl NexarClient {
     /// in order, followed by distinct ranks this rank has room for.
     fn check_growth(&self, decision: &[u64]) -> Result<(u64, Vec<usize>), RecoveryError> {
         let bad = |what: String| RecoveryError::Protocol { rank: self.rank(), peer: 0, what };
-        let (&id, rest) = decision.split_first().ok_or_else(|| bad("an empty growth decision".into()))?;
+        let (&id, rest) = decision
+            .split_first()
+            .ok_or_else(|| bad("rank 0 gave up growing the communicator (see its error)".into()))?;
         let members: Vec<usize> = rest.iter().map(|m| usize::try_from(*m).unwrap_or(usize::MAX)).collect();
         let old = &self.comm.members;
         if members.len() < old.len() || members[..old.len()] != old[..] {

@@ -26,6 +26,23 @@ use crate::transport::liveness::Liveness;
 
 /// QUIC close code a rank uses when it cuts a peer it has declared dead.
 pub(crate) const CLOSE_DECLARED_DEAD: u32 = 5;
+/// QUIC close code of a rank that learned it was excluded and leaves everyone.
+pub(crate) const CLOSE_EXCLUDED: u32 = 6;
+/// Longest failure reason kept and passed on (reasons nest as they are gossiped).
+const MAX_REASON: usize = 1024;
+
+/// `reason`, cut to at most [`MAX_REASON`] bytes on a character boundary.
+fn bounded(mut reason: String) -> String {
+    if reason.len() > MAX_REASON {
+        let mut cut = MAX_REASON;
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        reason.truncate(cut);
+        reason.push('…');
+    }
+    reason
+}
 
 /// The longest gap between two liveness checks.
 const MAX_CHECK_PERIOD: Duration = Duration::from_millis(250);
@@ -126,6 +143,13 @@ impl Inner {
         if peer == self.rank || peer >= self.links.capacity() {
             return;
         }
+        let reason = bounded(reason);
+        if self.health.excluded().is_some() {
+            // This rank is out of the cluster; what it sees is no longer news for anyone.
+            self.mailbox.source_gone(peer as u32, &reason);
+            self.coll.source_gone(peer as u32, &reason);
+            return;
+        }
         let failure = PeerFailure { rank: peer, reason: reason.clone(), detected_at: Instant::now() };
         {
             let mut v = self.health.lock();
@@ -149,7 +173,9 @@ impl Inner {
             }
         }
         self.health.events.send_modify(|all| all.push(failure.clone()));
-        if self.cfg.recovery_policy == RecoveryPolicy::Abort {
+        // A worker that joined but was never taken into a communicator is nobody's member.
+        let member = peer < self.initial_world || crate::sync::lock(&self.admitted).contains(&peer);
+        if self.cfg.recovery_policy == RecoveryPolicy::Abort && member {
             self.abort_all(&format!("rank {peer} failed ({}); recovery policy is abort", failure.reason));
         }
     }
@@ -178,18 +204,26 @@ impl Inner {
     }
 
     /// Records that another rank declared this one dead.
-    pub(crate) fn excluded_by(&self, by: usize, reason: &str) {
-        let why = format!("rank {by} declared rank {} dead: {reason}", self.rank);
-        {
+    /// Records that another rank (`by`) declared this one dead, for `why` (which names both):
+    /// this rank leaves everyone, so that no peer keeps it in its view of the cluster.
+    pub(crate) fn excluded_by(&self, by: usize, why: &str) {
+        let why = bounded(why.to_string());
+        let first = {
             let mut v = self.health.lock();
-            if v.excluded.is_none() {
+            let first = v.excluded.is_none();
+            if first {
                 tracing::warn!(rank = self.rank, %why, "this rank was excluded from the cluster");
                 v.excluded = Some(why.clone());
             }
-        }
-        // Nothing more comes from the rank that cut us; it is not a failure to report on.
+            first
+        };
         self.mailbox.source_gone(by as u32, &why);
         self.coll.source_gone(by as u32, &why);
+        if first {
+            for link in self.links.iter() {
+                link.close(CLOSE_EXCLUDED, &format!("rank {} was excluded and leaves: {why}", self.rank));
+            }
+        }
         self.health.events.send_modify(|_| {});
     }
 
@@ -206,8 +240,11 @@ impl Inner {
             ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_DECLARED_DEAD.into() => {
                 self.excluded_by(peer, &String::from_utf8_lossy(&close.reason));
             }
-            // We cut it ourselves: it is already declared.
-            ConnectionError::LocallyClosed => {}
+            ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_EXCLUDED.into() => {
+                self.peer_failed(peer, String::from_utf8_lossy(&close.reason).into_owned(), false, true);
+            }
+            // Closed here: after declaring it dead (then this does nothing), or because it broke
+            // the wire protocol.
             _ => self.peer_failed(peer, why, false, true),
         }
     }
@@ -215,7 +252,9 @@ impl Inner {
 
 /// Sends heartbeats and declares silent peers dead, until the rank is gone.
 pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Duration) {
-    let mut tick = tokio::time::interval(interval.min(MAX_CHECK_PERIOD));
+    // Checks at least four times per timeout, so that a normal gap between checks is never
+    // mistaken for this rank being stalled.
+    let mut tick = tokio::time::interval(interval.min(MAX_CHECK_PERIOD).min(timeout / 4));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_beat: Option<Instant> = None;
     // Silence is counted from the moment the mesh is up, not from when this rank started.
@@ -286,7 +325,9 @@ pub(crate) async fn recover_automatically(inner: Weak<Inner>, mut current: Arc<C
         if let Ok(comm) = &result {
             current = comm.clone();
         }
-        let stop = result.is_err();
+        // Excluded or shut down: nothing more to rebuild. Other errors (a timeout) may pass:
+        // try again at the next failure.
+        let stop = matches!(result, Err(RecoveryError::Excluded { .. } | RecoveryError::Closed { .. }));
         strong.health.rebuilt.send_modify(|(n, slot)| {
             *n += 1;
             *slot = Some(result);
@@ -312,7 +353,9 @@ pub(crate) async fn recover_automatically(inner: Weak<Inner>, mut current: Arc<C
 /// # }
 /// ```
 pub struct FailureWatch {
-    inner: Arc<Inner>,
+    /// Weak, so a forgotten watch does not keep the rank alive.
+    inner: Weak<Inner>,
+    rank: usize,
     events: watch::Receiver<Vec<PeerFailure>>,
     seen: usize,
     rebuilt: watch::Receiver<Rebuilds>,
@@ -338,9 +381,11 @@ impl FailureWatch {
                     return Some(f.clone());
                 }
             }
-            if self.inner.health.excluded().is_some() || self.inner.mailbox.is_closed() {
+            let inner = self.inner.upgrade()?;
+            if inner.health.excluded().is_some() || inner.mailbox.is_closed() {
                 return None;
             }
+            drop(inner);
             // Re-check now and then: shutting down sends no event.
             let woke = tokio::time::timeout(Duration::from_millis(500), self.events.changed()).await;
             if matches!(woke, Ok(Err(_))) {
@@ -356,7 +401,7 @@ impl FailureWatch {
 
     /// Why the other ranks excluded this one, if they did.
     pub fn excluded(&self) -> Option<String> {
-        self.inner.health.excluded()
+        self.inner.upgrade().and_then(|i| i.health.excluded())
     }
 
     /// Under [`RecoveryPolicy::Automatic`]: waits for the next communicator the runtime
@@ -371,15 +416,16 @@ impl FailureWatch {
                     && let Some(result) = latest.1.clone()
                 {
                     self.rebuilds_seen = latest.0;
-                    return result.map(|comm| NexarClient { inner: self.inner.clone(), comm });
+                    let inner = self.inner.upgrade().ok_or(RecoveryError::Closed { rank: self.rank })?;
+                    return result.map(|comm| NexarClient { inner, comm });
                 }
             }
-            if self.inner.mailbox.is_closed() {
-                return Err(RecoveryError::Closed { rank: self.inner.rank });
+            if self.inner.upgrade().is_none_or(|i| i.mailbox.is_closed()) {
+                return Err(RecoveryError::Closed { rank: self.rank });
             }
             let woke = tokio::time::timeout(Duration::from_millis(500), self.rebuilt.changed()).await;
             if matches!(woke, Ok(Err(_))) {
-                return Err(RecoveryError::Closed { rank: self.inner.rank });
+                return Err(RecoveryError::Closed { rank: self.rank });
             }
         }
     }
@@ -400,7 +446,8 @@ impl NexarClient {
         let rebuilt = self.inner.health.rebuilt.subscribe();
         let rebuilds_seen = rebuilt.borrow().0;
         FailureWatch {
-            inner: self.inner.clone(),
+            inner: Arc::downgrade(&self.inner),
+            rank: self.inner.rank,
             events: self.inner.health.events.subscribe(),
             seen: 0,
             rebuilt,
@@ -450,5 +497,19 @@ impl NexarClient {
             true,
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_reasons_are_cut_on_a_character_boundary() {
+        assert_eq!(bounded("short".into()), "short");
+        let long = "é".repeat(2000);
+        let cut = bounded(long);
+        assert!(cut.len() <= MAX_REASON + '…'.len_utf8());
+        assert!(cut.ends_with('…'));
     }
 }

@@ -167,6 +167,7 @@ impl NexarClient {
         let id = nexar_types::stable_id(&["agree", &self.comm.id.to_string(), &epoch.to_string()]).max(1);
         let view = self.with_comm(CommState::new(id, self.comm.members.clone(), me));
         let mut set: BTreeSet<usize> = also.iter().copied().chain(self.failed_ranks()).collect();
+        let mut decided_by = None;
         let decided = loop {
             self.check_not_excluded()?;
             let Some(coordinator) = (0..world).find(|r| !set.contains(r)) else { break set };
@@ -178,10 +179,14 @@ impl NexarClient {
                 continue;
             }
             match view.recv_vec::<u32>(coordinator, TAG_DECIDE).await {
-                Ok(decision) => break decode(&decision, world, coordinator, me)?,
+                Ok(decision) => {
+                    decided_by = Some(coordinator);
+                    break decode(&decision, world, coordinator, me)?;
+                }
                 Err(P2pError::Closed { .. }) => return Err(RecoveryError::Closed { rank: me }),
                 Err(e) => {
                     tracing::debug!(rank = me, coordinator, error = %e, "agreement coordinator lost; moving on");
+                    self.absent_from_agreement(coordinator, &e);
                     set.insert(coordinator);
                 }
             }
@@ -191,11 +196,23 @@ impl NexarClient {
             let reason = "the survivors agreed to leave it out".to_string();
             return Err(RecoveryError::Excluded { rank: me, reason });
         }
-        linger(view, decided.clone(), self.config().heartbeat_timeout * 2);
+        linger(view, decided.clone(), decided_by, self.config().heartbeat_timeout * 2);
         Ok((epoch, decided))
     }
 
-    /// Collects every other survivor's proposal, then sends everyone the union.
+    /// A rank that did not answer within `op_timeout` is declared dead, so that every survivor
+    /// counts it out, not only this one.
+    fn absent_from_agreement(&self, peer: usize, error: &P2pError) {
+        if let P2pError::Timeout { after, .. } = error {
+            let world_peer = self.comm.members[peer];
+            let reason = format!("took no part in the failure agreement within {after:?} (NEXAR_OP_TIMEOUT_MS)");
+            self.inner.peer_failed(world_peer, reason, true, true);
+        }
+    }
+
+    /// Collects every other survivor's proposal, then sends everyone the union. A decision
+    /// that reaches it meanwhile (from a rank whose coordinator failed after telling it) is
+    /// adopted and passed on instead, so that every survivor leaves with the same set.
     async fn coordinate(&self, view: &NexarClient, mut set: BTreeSet<usize>) -> Result<BTreeSet<usize>, RecoveryError> {
         let (me, world) = (self.rank(), self.world_size());
         let mut waits = JoinSet::new();
@@ -205,30 +222,48 @@ impl NexarClient {
             let handle = waits.spawn(async move { (peer, view.recv_vec::<u32>(peer, TAG_PROPOSE).await) });
             pending.insert(peer, handle);
         }
-        while !pending.is_empty() {
-            let Some(joined) = waits.join_next().await else { break };
-            let Ok((peer, result)) = joined else { continue };
-            if pending.remove(&peer).is_none() {
-                continue;
-            }
-            match result {
-                Ok(proposal) => set.extend(decode(&proposal, world, peer, me)?),
-                Err(P2pError::Closed { .. }) => return Err(RecoveryError::Closed { rank: me }),
-                Err(e) => {
-                    tracing::debug!(rank = me, peer, error = %e, "no proposal; counting it failed");
-                    set.insert(peer);
+        let mut decisions = JoinSet::new();
+        for peer in (0..world).filter(|r| *r != me) {
+            let view = view.clone();
+            decisions.spawn(async move { (peer, view.recv_vec::<u32>(peer, TAG_DECIDE).await) });
+        }
+        let mut adopted = None;
+        while !pending.is_empty() && adopted.is_none() {
+            tokio::select! {
+                Some(joined) = waits.join_next() => {
+                    let Ok((peer, result)) = joined else { continue };
+                    if pending.remove(&peer).is_none() {
+                        continue;
+                    }
+                    match result {
+                        Ok(proposal) => set.extend(decode(&proposal, world, peer, me)?),
+                        Err(P2pError::Closed { .. }) => return Err(RecoveryError::Closed { rank: me }),
+                        Err(e) => {
+                            tracing::debug!(rank = me, peer, error = %e, "no proposal; counting it failed");
+                            self.absent_from_agreement(peer, &e);
+                            set.insert(peer);
+                        }
+                    }
+                    // Stop waiting for ranks someone else reported failed.
+                    pending.retain(|peer, handle| {
+                        let keep = !set.contains(peer);
+                        if !keep {
+                            handle.abort();
+                        }
+                        keep
+                    });
+                }
+                Some(Ok((peer, Ok(decision)))) = decisions.join_next() => {
+                    tracing::debug!(rank = me, peer, "adopting a decision made before this rank coordinated");
+                    adopted = Some(decode(&decision, world, peer, me)?);
                 }
             }
-            // Stop waiting for ranks someone else reported failed.
-            pending.retain(|peer, handle| {
-                let keep = !set.contains(peer);
-                if !keep {
-                    handle.abort();
-                }
-                keep
-            });
         }
         waits.abort_all();
+        decisions.abort_all();
+        // A coordinator the others have cut off must not speak for them.
+        self.check_not_excluded()?;
+        let set = adopted.unwrap_or(set);
         announce(view, &set).await;
         Ok(set)
     }
@@ -254,15 +289,30 @@ async fn announce(view: &NexarClient, set: &BTreeSet<usize>) {
     while sends.join_next().await.is_some() {}
 }
 
-/// After deciding, answers for a while any proposal that reaches this rank late (its sender's
-/// coordinator failed before telling it), so every survivor leaves with the same decision.
-fn linger(view: NexarClient, decided: BTreeSet<usize>, limit: Duration) {
+/// After deciding, for a while: answers any proposal that reaches this rank late (its sender's
+/// coordinator failed before telling it), and, if the coordinator this rank heard from
+/// (`decided_by`) is declared dead, passes the decision on to every rank still deciding, so
+/// whoever coordinates next adopts it. Every survivor thus leaves with the same decision.
+fn linger(view: NexarClient, decided: BTreeSet<usize>, decided_by: Option<usize>, limit: Duration) {
     let decision = encode(&decided);
-    for peer in (0..view.world_size()).filter(|r| *r != view.rank() && !decided.contains(r)) {
+    let undecided: Vec<usize> = (0..view.world_size())
+        .filter(|r| *r != view.rank() && !decided.contains(r) && Some(*r) != decided_by)
+        .collect();
+    for &peer in &undecided {
         let (view, decision) = (view.clone(), decision.clone());
         tokio::spawn(async move {
             if let Ok(Ok(_)) = tokio::time::timeout(limit, view.recv_vec::<u32>(peer, TAG_PROPOSE)).await {
                 let _ = view.send(&decision, peer, TAG_DECIDE).await;
+            }
+        });
+    }
+    if let Some(coordinator) = decided_by {
+        let world_coordinator = view.comm.members[coordinator];
+        tokio::spawn(async move {
+            if tokio::time::timeout(limit, view.inner.wait_dead(world_coordinator)).await.is_ok() {
+                for peer in undecided {
+                    let _ = view.send(&decision, peer, TAG_DECIDE).await;
+                }
             }
         });
     }

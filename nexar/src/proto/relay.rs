@@ -10,6 +10,10 @@ use super::message::{self, PeerMsg};
 /// loop, or a hostile peer).
 pub const MAX_HOPS: u8 = 16;
 
+/// Bytes a relay envelope's body may hold beyond the carried payload: the carried message
+/// frame (a control frame) and the payload's frame header.
+pub const ENVELOPE_OVERHEAD: u64 = MAX_CONTROL_FRAME + 2 * HEADER_LEN as u64;
+
 /// Packs `msg` and its `payload` into the body of a relay envelope, as parts to be sent one
 /// after the other (the payload is not copied).
 pub fn pack(msg: &PeerMsg, payload: Option<Bytes>) -> Result<Vec<Bytes>, FrameError> {

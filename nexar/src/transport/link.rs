@@ -39,7 +39,8 @@ pub enum Lane {
 }
 
 impl Lane {
-    const COUNT: usize = 5;
+    /// How many lanes there are.
+    pub const COUNT: usize = 5;
 
     /// The lane a message travels on.
     pub fn of(msg: &PeerMsg) -> Lane {
@@ -92,8 +93,9 @@ pub struct LaneSenders {
 pub(crate) struct RelayHook {
     /// This rank.
     pub local: u32,
-    /// The forwarder's queue.
-    pub forward: mpsc::Sender<Incoming>,
+    /// The forwarders' queues, one per lane, so a lane whose next hop is slow holds up only
+    /// the same lane.
+    pub forward: [mpsc::Sender<Incoming>; Lane::COUNT],
     /// Largest payload a carried message may have.
     pub max_payload: u64,
 }
@@ -181,7 +183,10 @@ impl LaneSenders {
                     }
                 }
             }
-            (PeerMsg::Relay { .. }, Some(hook)) => return hook.forward.send(incoming).await.map_err(|e| e.0),
+            (PeerMsg::Relay { .. }, Some(hook)) => {
+                let lane = Lane::of(&incoming.msg) as usize;
+                return hook.forward[lane].send(incoming).await.map_err(|e| e.0);
+            }
             (PeerMsg::Relay { .. }, None) => {
                 tracing::warn!(from = incoming.from, "dropped a relayed message: this rank does not relay");
                 return Ok(());
@@ -328,18 +333,24 @@ impl PeerLink {
     /// so far (at most `limit`).
     pub async fn flush(&self, limit: std::time::Duration) {
         let all = async {
-            let mut waits = Vec::with_capacity(self.writers.len());
-            for w in &self.writers {
-                let (done, wait) = oneshot::channel();
-                if w.send(Outgoing::Flush { done }).await.is_ok() {
-                    waits.push(wait);
-                }
-            }
-            for wait in waits {
+            for wait in self.begin_flush().await {
                 let _ = wait.await;
             }
         };
         let _ = tokio::time::timeout(limit, all).await;
+    }
+
+    /// Asks every lane's writer to finish its stream; each receiver reports when the peer has
+    /// acknowledged that lane. Lets a caller flush many links at once.
+    pub async fn begin_flush(&self) -> Vec<oneshot::Receiver<()>> {
+        let mut waits = Vec::with_capacity(self.writers.len());
+        for w in &self.writers {
+            let (done, wait) = oneshot::channel();
+            if w.send(Outgoing::Flush { done }).await.is_ok() {
+                waits.push(wait);
+            }
+        }
+        waits
     }
 
     /// Closes the connection with `code`.
@@ -453,10 +464,15 @@ async fn read_stream(mut recv: RecvStream, peer: u32, lanes: &LaneSenders, max_p
                 let expected = msg
                     .payload_len()
                     .ok_or_else(|| FrameError::InvalidMessage("payload length overflows 64 bits".into()))?;
-                if expected > max_payload {
-                    return Err(FrameError::TooLong { len: expected, limit: max_payload });
+                // A relay envelope carries a whole message: its payload plus the carried frames.
+                let limit = match msg {
+                    PeerMsg::Relay { .. } => max_payload.saturating_add(crate::proto::relay::ENVELOPE_OVERHEAD),
+                    _ => max_payload,
+                };
+                if expected > limit {
+                    return Err(FrameError::TooLong { len: expected, limit });
                 }
-                match read_header(&mut recv, max_payload).await {
+                match read_header(&mut recv, limit).await {
                     Ok(Some(h)) => {
                         h.expect(FrameKind::Raw)?;
                         if h.len != expected {
