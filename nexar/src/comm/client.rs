@@ -109,6 +109,12 @@ pub(crate) struct Inner {
 }
 
 /// Counters of one peer link, from [`NexarClient::link_stats`].
+///
+/// ```no_run
+/// # fn run(comm: nexar::NexarClient) {
+/// let lossy = (0..comm.world_size()).filter_map(|p| comm.link_stats(p)).any(|s| s.lost_packets > 0);
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinkStats {
     /// Smoothed round-trip time.

@@ -153,6 +153,15 @@ pub struct CollectiveHandle<T: Element, Out = Buf<T>> {
 }
 
 /// A two-buffer collective running in the background; `.await` it to get `(send, recv)` back.
+///
+/// ```no_run
+/// use nexar::prelude::*;
+/// # async fn run(comm: NexarClient) -> Result<(), NexarError> {
+/// let w = comm.world_size();
+/// let pending: nexar::ExchangeHandle<f32> = comm.all_gather_start(Buf::zeros(8), Buf::zeros(8 * w));
+/// let (_send, gathered) = pending.await?;
+/// # Ok(()) }
+/// ```
 pub type ExchangeHandle<T> = CollectiveHandle<T, (Buf<T>, Buf<T>)>;
 
 /// The collectives with a send and a receive buffer.

@@ -24,6 +24,16 @@ const TAG_PROPOSE: u64 = 1;
 pub(super) const TAG_DECIDE: u64 = 2;
 
 /// Failures of agreement and rebuild. Each names the reporting rank.
+///
+/// ```no_run
+/// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+/// match comm.recover().await {
+///     Ok(survivors) => println!("{} ranks left", survivors.world_size()),
+///     Err(nexar::RecoveryError::Excluded { reason, .. }) => eprintln!("left out: {reason}"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum RecoveryError {
     /// The caller's arguments are wrong.

@@ -16,6 +16,15 @@ pub const ENVELOPE_OVERHEAD: u64 = MAX_CONTROL_FRAME + 2 * HEADER_LEN as u64;
 
 /// Packs `msg` and its `payload` into the body of a relay envelope, as parts to be sent one
 /// after the other (the payload is not copied).
+///
+/// ```
+/// use nexar::proto::message::PeerMsg;
+/// use nexar::proto::relay::{pack, unpack};
+/// let msg = PeerMsg::Ping { nonce: 7 };
+/// let body = pack(&msg, None).unwrap().concat();
+/// let (back, payload) = unpack(&body, 0).unwrap();
+/// assert_eq!((back, payload.len()), (msg, 0));
+/// ```
 pub fn pack(msg: &PeerMsg, payload: Option<Bytes>) -> Result<Vec<Bytes>, FrameError> {
     if matches!(msg, PeerMsg::Relay { .. }) {
         return Err(FrameError::InvalidMessage("a relay envelope cannot carry another".into()));

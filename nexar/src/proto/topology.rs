@@ -44,6 +44,13 @@ impl Topology {
 
     /// For every destination, the neighbour of `me` that starts a shortest path to it over
     /// live ranks (`None`: unreachable, or `me`). `adjacent(x)` lists the ranks `x` links to.
+    ///
+    /// ```
+    /// use nexar::Topology;
+    /// let ring = Topology::KRegular(2);
+    /// let hops = Topology::next_hops(0, 6, |x| ring.neighbors(x, 6), |x| x == 1);
+    /// assert_eq!(hops[2], Some(5)); // around the dead rank 1
+    /// ```
     pub fn next_hops(
         me: usize,
         nodes: usize,

@@ -62,6 +62,12 @@ impl Lane {
     }
 
     /// The lane with wire code `code`.
+    ///
+    /// ```
+    /// use nexar::transport::link::Lane;
+    /// assert_eq!(Lane::from_code(2), Some(Lane::Control));
+    /// assert_eq!(Lane::from_code(9), None);
+    /// ```
     pub fn from_code(code: u8) -> Option<Lane> {
         [Lane::RpcRequests, Lane::RpcResponses, Lane::Control, Lane::Data, Lane::Raw].get(usize::from(code)).copied()
     }
