@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TEST_LIMIT, pattern, same_bytes};
+use common::{TEST_LIMIT, on_each, pattern, same_bytes};
 use nexar::prelude::*;
 use nexar::transport::chaos::NetChaos;
 
@@ -18,8 +18,8 @@ fn checksum(data: Vec<u8>) -> u64 {
 fn lossy(loss: f64) -> NexarConfig {
     NexarConfig {
         chaos: Some(NetChaos { loss, reorder: 0.02, delay: Duration::from_millis(1), ..NetChaos::default() }),
-        // Loss slows things down; it must not be mistaken for death.
-        heartbeat_timeout: Duration::from_secs(20),
+        // Loss slows things down; with the default heartbeat timeout it must not be mistaken
+        // for death (checked at the end).
         ..NexarConfig::default()
     }
 }
@@ -72,9 +72,12 @@ async fn run_everything_on(ranks: Vec<NexarClient>, loss: f64) {
             })
         })
         .collect();
-    let (mut sent, mut lost) = (0, 0);
+    let mut done = Vec::new();
     for t in tasks {
-        let c = t.await.unwrap();
+        done.push(t.await.unwrap());
+    }
+    let (mut sent, mut lost) = (0, 0);
+    for c in &done {
         assert!(c.failed_ranks().is_empty(), "loss was mistaken for a failure");
         for peer in 0..c.world_size() {
             if let Some(s) = c.link_stats(peer) {
@@ -85,6 +88,11 @@ async fn run_everything_on(ranks: Vec<NexarClient>, loss: f64) {
     }
     // The network really was that bad (QUIC counts the datagrams it had to send again).
     assert!(lost as f64 >= sent as f64 * loss / 3.0, "only {lost} of {sent} datagrams lost");
+    // Leave together: a rank dropped without `shutdown` looks like a failure to the others.
+    let closing: Vec<_> = done.into_iter().map(|c| tokio::spawn(async move { c.shutdown().await })).collect();
+    for c in closing {
+        c.await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,6 +110,41 @@ async fn everything_completes_correctly_at_five_percent_loss() {
     tokio::time::timeout(TEST_LIMIT, async {
         let ranks = NexarClient::bootstrap_local_with(3, lossy(0.05)).await.unwrap();
         run_everything_on(ranks, 0.05).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_goes_silent_on_a_lossy_network_is_found_and_the_rest_recover() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let silence = nexar::transport::chaos::Silence::default();
+        let mut cfgs: Vec<NexarConfig> = (0..4)
+            .map(|_| NexarConfig {
+                heartbeat_interval: Duration::from_millis(200),
+                heartbeat_timeout: Duration::from_millis(1500),
+                ..lossy(0.02)
+            })
+            .collect();
+        if let Some(chaos) = cfgs[3].chaos.as_mut() {
+            chaos.silence = silence.clone();
+        }
+        let ranks = NexarClient::bootstrap_local_each(cfgs).await.unwrap();
+        silence.set(true);
+        let survivors = on_each(&ranks[..3], |c| async move {
+            let mut v = vec![1.0f32; 100_000];
+            let err = c.all_reduce(&mut v, Sum).await.expect_err("rank 3 is gone");
+            assert!(err.to_string().contains("rank 3"), "{err}");
+            c.recover().await.unwrap()
+        })
+        .await;
+        on_each(&survivors, |c| async move {
+            let mut v = vec![c.rank() as f64; 50_000];
+            c.all_reduce(&mut v, Sum).await.unwrap();
+            assert!(v.iter().all(|x| *x == 3.0));
+            c.barrier().await.unwrap();
+        })
+        .await;
     })
     .await
     .expect("test timed out");
