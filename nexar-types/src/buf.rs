@@ -19,7 +19,7 @@ use crate::space::{Host, MemorySpace};
 /// assert_eq!(b.into_vec(), vec![1.0, 5.0]);
 /// ```
 pub struct Buf<T: Element, M: MemorySpace = Host> {
-    storage: M::Storage<T>,
+    pub(crate) storage: M::Storage<T>,
 }
 
 impl<T: Element> Buf<T, Host> {
@@ -105,11 +105,149 @@ impl<T: Element, M: MemorySpace> fmt::Debug for Buf<T, M> {
     }
 }
 
-/// A value whose elements an operation can read: `Buf<T>`, `Vec<T>`, `[T]` and `[T; N]`.
+/// Failures of device memory: no driver, no such device, or a driver call that failed.
+///
+/// ```
+/// let e = nexar_types::DeviceError::Unavailable { reason: "no CUDA driver (libcuda) on this host".into() };
+/// assert!(e.to_string().contains("libcuda"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// Device memory cannot be used on this host or in this build.
+    #[error("device memory is unavailable: {reason}")]
+    Unavailable {
+        /// Why, in words (no driver, feature not built, ...).
+        reason: String,
+    },
+    /// The device index does not exist.
+    #[error("device {index} does not exist (this host has {count})")]
+    NoDevice {
+        /// The index asked for.
+        index: usize,
+        /// Devices present.
+        count: usize,
+    },
+    /// A driver call failed.
+    #[error("{op} failed on device {device}: {reason}")]
+    Driver {
+        /// What was attempted.
+        op: &'static str,
+        /// The device.
+        device: usize,
+        /// What the driver said.
+        reason: String,
+    },
+}
+
+/// A buffer's elements as host memory, for reading: borrowed from host buffers, copied out of
+/// device buffers.
+///
+/// ```
+/// use nexar_types::SendBuf;
+/// let v = vec![1u8, 2];
+/// assert_eq!(&v.host_view().unwrap()[..], &[1, 2]);
+/// ```
+#[derive(Debug)]
+pub enum HostView<'a, T> {
+    /// Host memory, borrowed.
+    Borrowed(&'a [T]),
+    /// A host copy of device memory.
+    Copied(Vec<T>),
+}
+
+impl<T> Deref for HostView<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            HostView::Borrowed(s) => s,
+            HostView::Copied(v) => v,
+        }
+    }
+}
+
+/// Where a staged copy of device memory goes back to.
+pub trait WriteBack<T>: Send {
+    /// Copies `host` into the device memory, returning once the copy is complete.
+    fn write_back(&mut self, host: &[T]) -> Result<(), DeviceError>;
+}
+
+enum Stage<'a, T> {
+    Borrowed(&'a mut [T]),
+    Copied { host: Vec<T>, target: &'a mut dyn WriteBack<T> },
+}
+
+/// A buffer's elements as host memory, for writing: borrowed from host buffers; for device
+/// buffers, a host copy that [`commit`](Self::commit) writes back. An operation that fails
+/// never commits, so device memory is only ever written by a complete, successful operation
+/// and never after the operation has returned.
+///
+/// ```
+/// use nexar_types::RecvBuf;
+/// let mut v = vec![0i8; 2];
+/// let mut stage = v.host_stage().unwrap();
+/// stage.fill(3);
+/// stage.commit().unwrap();
+/// assert_eq!(v, [3, 3]);
+/// ```
+pub struct HostStage<'a, T> {
+    stage: Stage<'a, T>,
+}
+
+impl<'a, T> HostStage<'a, T> {
+    /// Host memory, borrowed: written in place.
+    pub fn borrowed(data: &'a mut [T]) -> Self {
+        HostStage { stage: Stage::Borrowed(data) }
+    }
+
+    /// A host copy of device memory, written back to `target` on commit.
+    pub fn copied(host: Vec<T>, target: &'a mut dyn WriteBack<T>) -> Self {
+        HostStage { stage: Stage::Copied { host, target } }
+    }
+
+    /// Makes the result visible in the buffer (a no-op for host buffers).
+    pub fn commit(self) -> Result<(), DeviceError> {
+        match self.stage {
+            Stage::Borrowed(_) => Ok(()),
+            Stage::Copied { host, target } => target.write_back(&host),
+        }
+    }
+}
+
+impl<T> Deref for HostStage<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.stage {
+            Stage::Borrowed(s) => s,
+            Stage::Copied { host, .. } => host,
+        }
+    }
+}
+
+impl<T> DerefMut for HostStage<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.stage {
+            Stage::Borrowed(s) => s,
+            Stage::Copied { host, .. } => host,
+        }
+    }
+}
+
+impl<T> fmt::Debug for HostStage<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.stage {
+            Stage::Borrowed(_) => "borrowed",
+            Stage::Copied { .. } => "copied",
+        };
+        f.debug_struct("HostStage").field("kind", &kind).field("len", &self.len()).finish()
+    }
+}
+
+/// A value whose elements an operation can read: `Buf<T>` (host or device), `Vec<T>`, `[T]`
+/// and `[T; N]`.
 ///
 /// ```
 /// use nexar_types::{Buf, SendBuf};
-/// fn total<B: SendBuf<Elem = u32> + ?Sized>(b: &B) -> u32 { b.elements().iter().sum() }
+/// fn total<B: SendBuf<Elem = u32> + ?Sized>(b: &B) -> u32 { b.host_view().unwrap().iter().sum() }
 /// assert_eq!(total(&vec![1, 2]), 3);
 /// assert_eq!(total(&[4u32, 5][..]), 9);
 /// assert_eq!(total(&Buf::from_vec(vec![7u32])), 7);
@@ -122,15 +260,20 @@ impl<T: Element, M: MemorySpace> fmt::Debug for Buf<T, M> {
 pub trait SendBuf {
     /// The element type.
     type Elem: Element;
-    /// The elements, in host memory.
-    fn elements(&self) -> &[Self::Elem];
+    /// The elements as host memory (a copy for device buffers).
+    fn host_view(&self) -> Result<HostView<'_, Self::Elem>, DeviceError>;
 }
 
-/// A value whose elements an operation can overwrite: `Buf<T>`, `Vec<T>`, `[T]` and `[T; N]`.
+/// A value whose elements an operation can overwrite: `Buf<T>` (host or device), `Vec<T>`,
+/// `[T]` and `[T; N]`.
 ///
 /// ```
 /// use nexar_types::RecvBuf;
-/// fn fill<B: RecvBuf<Elem = i8> + ?Sized>(b: &mut B) { b.elements_mut().fill(3) }
+/// fn fill<B: RecvBuf<Elem = i8> + ?Sized>(b: &mut B) {
+///     let mut stage = b.host_stage().unwrap();
+///     stage.fill(3);
+///     stage.commit().unwrap();
+/// }
 /// let mut v = vec![0i8; 2];
 /// fill(&mut v);
 /// assert_eq!(v, [3, 3]);
@@ -141,51 +284,29 @@ pub trait SendBuf {
     note = "pass `&mut` to a `Buf<T>`, `Vec<T>`, `[T]` or `[T; N]` where `T` is one of f32, f64, f16, bf16, i8..i64, u8..u64"
 )]
 pub trait RecvBuf: SendBuf {
-    /// The elements, in host memory, for writing.
-    fn elements_mut(&mut self) -> &mut [Self::Elem];
+    /// The elements as host memory for writing, committed back by the operation on success.
+    fn host_stage(&mut self) -> Result<HostStage<'_, Self::Elem>, DeviceError>;
 }
 
-impl<T: Element> SendBuf for [T] {
-    type Elem = T;
-    fn elements(&self) -> &[T] {
-        self
-    }
+macro_rules! host_buffers {
+    ($($(#[$m:meta])* [$($g:tt)*] $ty:ty;)*) => {$(
+        impl<$($g)*> SendBuf for $ty {
+            type Elem = T;
+            fn host_view(&self) -> Result<HostView<'_, T>, DeviceError> {
+                Ok(HostView::Borrowed(&self[..]))
+            }
+        }
+        impl<$($g)*> RecvBuf for $ty {
+            fn host_stage(&mut self) -> Result<HostStage<'_, T>, DeviceError> {
+                Ok(HostStage::borrowed(&mut self[..]))
+            }
+        }
+    )*};
 }
-impl<T: Element> RecvBuf for [T] {
-    fn elements_mut(&mut self) -> &mut [T] {
-        self
-    }
-}
-impl<T: Element, const N: usize> SendBuf for [T; N] {
-    type Elem = T;
-    fn elements(&self) -> &[T] {
-        self
-    }
-}
-impl<T: Element, const N: usize> RecvBuf for [T; N] {
-    fn elements_mut(&mut self) -> &mut [T] {
-        self
-    }
-}
-impl<T: Element> SendBuf for Vec<T> {
-    type Elem = T;
-    fn elements(&self) -> &[T] {
-        self
-    }
-}
-impl<T: Element> RecvBuf for Vec<T> {
-    fn elements_mut(&mut self) -> &mut [T] {
-        self
-    }
-}
-impl<T: Element> SendBuf for Buf<T, Host> {
-    type Elem = T;
-    fn elements(&self) -> &[T] {
-        &self.storage
-    }
-}
-impl<T: Element> RecvBuf for Buf<T, Host> {
-    fn elements_mut(&mut self) -> &mut [T] {
-        &mut self.storage
-    }
+
+host_buffers! {
+    [T: Element] [T];
+    [T: Element, const N: usize] [T; N];
+    [T: Element] Vec<T>;
+    [T: Element] Buf<T, Host>;
 }

@@ -133,15 +133,25 @@ mod sealed {
     note = "nexar moves f32, f64, half::f16, half::bf16, i8, i16, i32, i64, u8, u16, u32 and u64",
     note = "to send structured data, flatten it into one of these types or use an RPC, whose arguments are serialised"
 )]
-pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + fmt::Debug + sealed::Sealed {
+pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + fmt::Debug + sealed::Sealed + DeviceElement {
     /// The wire type of this element.
     const DTYPE: DType;
 }
+
+/// What device memory needs of an element type (nothing unless the `cuda` feature is on).
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub trait DeviceElement: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Unpin {}
+/// What device memory needs of an element type (nothing unless the `cuda` feature is on).
+#[cfg(not(feature = "cuda"))]
+#[doc(hidden)]
+pub trait DeviceElement {}
 
 macro_rules! element {
     ($($t:ty => $d:ident),* $(,)?) => {
         $(
             impl sealed::Sealed for $t {}
+            impl DeviceElement for $t {}
             impl Element for $t {
                 const DTYPE: DType = DType::$d;
             }

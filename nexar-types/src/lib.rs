@@ -17,19 +17,28 @@
 //! assert_eq!(<f32 as Element>::DTYPE, DType::F32);
 //! assert_eq!(Reduction::<f32>::op(&Sum), ReduceOp::Sum);
 //! ```
-#![forbid(unsafe_code)]
+// The one exception, behind the `cuda` feature: asking whether the CUDA driver library can be
+// loaded (see `cuda.rs`).
+#![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
+#![cfg_attr(feature = "cuda", deny(unsafe_code))]
 #![warn(missing_docs)]
 
 mod buf;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod element;
 mod id;
 mod op;
 mod space;
 
-pub use buf::{Buf, RecvBuf, SendBuf};
+pub use buf::{Buf, DeviceError, HostStage, HostView, RecvBuf, SendBuf, WriteBack};
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaStorage, cuda_device_count};
 pub use element::{DType, Element, UnknownDType};
 pub use id::{stable_hash, stable_id};
 pub use op::{BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce, reduce_slice};
+#[cfg(feature = "cuda")]
+pub use space::Cuda;
 pub use space::{Host, MemorySpace};
 
 /// Re-exported so generated code and users name the same `half` types.

@@ -38,3 +38,22 @@ impl MemorySpace for Host {
     const NAME: &'static str = "host";
     type Storage<T: crate::Element> = Vec<T>;
 }
+
+/// NVIDIA GPU memory (feature `cuda`), on the device a buffer was made for.
+///
+/// ```no_run
+/// use nexar_types::{Buf, Cuda};
+/// let grads: Buf<f32, Cuda> = Buf::<f32, Cuda>::zeros_on(0, 1 << 20)?; // device 0
+/// # Ok::<(), nexar_types::DeviceError>(())
+/// ```
+#[cfg(feature = "cuda")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Cuda;
+
+#[cfg(feature = "cuda")]
+impl sealed::Sealed for Cuda {}
+#[cfg(feature = "cuda")]
+impl MemorySpace for Cuda {
+    const NAME: &'static str = "cuda";
+    type Storage<T: crate::Element> = crate::cuda::CudaStorage<T>;
+}

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use nexar_types::{Buf, Element, RecvBuf, ReduceError, ReduceOp, Reduction, SendBuf};
+use nexar_types::{Buf, DeviceError, Element, RecvBuf, ReduceError, ReduceOp, Reduction, SendBuf};
 use tokio::task::JoinHandle;
 
 use super::client::NexarClient;
@@ -110,6 +110,16 @@ pub enum CollectiveError {
         peer: usize,
         /// What the transport said.
         source: TransportError,
+    },
+    /// This rank's buffer is in device memory that could not be read or written.
+    #[error("rank {rank} {op}: {source}")]
+    Device {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// What the device reported.
+        source: DeviceError,
     },
     /// This rank is shutting down.
     #[error("rank {rank} {op}: the client is shut down")]
@@ -230,6 +240,50 @@ impl NexarClient {
         }
     }
 
+    /// A one-buffer collective on `buf`'s elements as host memory (staged through a host copy
+    /// for device buffers, written back only when the collective succeeded).
+    async fn collective_staged<B: RecvBuf + ?Sized>(
+        &self,
+        kind: Collective,
+        op: Option<ReduceOp>,
+        buf: &mut B,
+    ) -> Result<(), CollectiveError> {
+        let mut stage = match buf.host_stage() {
+            Ok(stage) => stage,
+            Err(source) => return Err(self.fail_device(Self::call(kind, op, 0), source).await),
+        };
+        let call = Self::call(kind, op, stage.len());
+        self.collective(call, &mut stage, &[]).await?;
+        stage.commit().map_err(|source| CollectiveError::Device { rank: self.rank(), op: kind.name(), source })
+    }
+
+    /// A two-buffer collective; see [`collective_staged`](Self::collective_staged).
+    async fn exchange_staged<S, R>(&self, x: Exchange, send: &S, recv: &mut R) -> Result<(), CollectiveError>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+    {
+        let staged = send.host_view().and_then(|view| recv.host_stage().map(|stage| (view, stage)));
+        let (input, mut data) = match staged {
+            Ok(both) => both,
+            Err(source) => return Err(self.fail_device(self.plan_exchange(x, 0, 0).0, source).await),
+        };
+        let (call, bad) = self.plan_exchange(x, input.len(), data.len());
+        if let Some(reason) = bad {
+            return Err(self.fail_early(call, reason).await);
+        }
+        self.collective(call, &mut data, &input).await?;
+        let op = call.kind.name();
+        data.commit().map_err(|source| CollectiveError::Device { rank: self.rank(), op, source })
+    }
+
+    /// This rank cannot reach its buffer's memory: tells the others (as for a bad argument)
+    /// and reports the device error here.
+    async fn fail_device(&self, call: CollCall, source: DeviceError) -> CollectiveError {
+        let _ = self.fail_early(call, source.to_string()).await;
+        CollectiveError::Device { rank: self.rank(), op: call.kind.name(), source }
+    }
+
     async fn collective<T: Element>(&self, call: CollCall, data: &mut [T], input: &[T]) -> Result<(), CollectiveError> {
         let seq = self.comm.next_seq();
         if let Some(reason) = self.bad_call::<T>(&call) {
@@ -259,9 +313,7 @@ impl NexarClient {
         buf: &mut B,
         op: O,
     ) -> Result<(), CollectiveError> {
-        let data = buf.elements_mut();
-        let call = Self::call(Collective::AllReduce, Some(op.op()), data.len());
-        self.collective(call, data, &[]).await
+        self.collective_staged(Collective::AllReduce, Some(op.op()), buf).await
     }
 
     /// Copies `root`'s buffer into every rank's `buf` (binomial tree; pipelined chain for
@@ -274,9 +326,7 @@ impl NexarClient {
     /// # Ok(()) }
     /// ```
     pub async fn broadcast<B: RecvBuf + ?Sized>(&self, buf: &mut B, root: usize) -> Result<(), CollectiveError> {
-        let data = buf.elements_mut();
-        let call = Self::call(Collective::Broadcast { root }, None, data.len());
-        self.collective(call, data, &[]).await
+        self.collective_staged(Collective::Broadcast { root }, None, buf).await
     }
 
     /// Reduces every rank's `buf` into `root`'s `buf` (binomial tree). Other ranks' buffers are
@@ -295,9 +345,7 @@ impl NexarClient {
         op: O,
         root: usize,
     ) -> Result<(), CollectiveError> {
-        let data = buf.elements_mut();
-        let call = Self::call(Collective::Reduce { root }, Some(op.op()), data.len());
-        self.collective(call, data, &[]).await
+        self.collective_staged(Collective::Reduce { root }, Some(op.op()), buf).await
     }
 
     fn blocks(&self, block: usize) -> Option<usize> {
@@ -354,12 +402,7 @@ impl NexarClient {
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
-        let (input, data) = (send.elements(), recv.elements_mut());
-        let (call, bad) = self.plan_exchange(Exchange::AllGather, input.len(), data.len());
-        if let Some(reason) = bad {
-            return Err(self.fail_early(call, reason).await);
-        }
-        self.collective(call, data, input).await
+        self.exchange_staged(Exchange::AllGather, send, recv).await
     }
 
     /// Reduces every rank's `send` (`recv.len() * world_size()` elements) and leaves block
@@ -379,12 +422,7 @@ impl NexarClient {
         R: RecvBuf<Elem = S::Elem> + ?Sized,
         O: Reduction<S::Elem>,
     {
-        let (input, data) = (send.elements(), recv.elements_mut());
-        let (call, bad) = self.plan_exchange(Exchange::ReduceScatter(op.op()), input.len(), data.len());
-        if let Some(reason) = bad {
-            return Err(self.fail_early(call, reason).await);
-        }
-        self.collective(call, data, input).await
+        self.exchange_staged(Exchange::ReduceScatter(op.op()), send, recv).await
     }
 
     /// Block `j` of rank `i`'s `send` lands in block `i` of rank `j`'s `recv`; both hold
@@ -402,12 +440,7 @@ impl NexarClient {
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
-        let (input, data) = (send.elements(), recv.elements_mut());
-        let (call, bad) = self.plan_exchange(Exchange::AllToAll, input.len(), data.len());
-        if let Some(reason) = bad {
-            return Err(self.fail_early(call, reason).await);
-        }
-        self.collective(call, data, input).await
+        self.exchange_staged(Exchange::AllToAll, send, recv).await
     }
 
     /// Every rank's `send` block, concatenated in rank order into `root`'s `recv`
@@ -425,12 +458,7 @@ impl NexarClient {
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
-        let (input, data) = (send.elements(), recv.elements_mut());
-        let (call, bad) = self.plan_exchange(Exchange::Gather(root), input.len(), data.len());
-        if let Some(reason) = bad {
-            return Err(self.fail_early(call, reason).await);
-        }
-        self.collective(call, data, input).await
+        self.exchange_staged(Exchange::Gather(root), send, recv).await
     }
 
     /// Block `i` of `root`'s `send` (`recv.len() * world_size()` elements there; other ranks'
@@ -448,12 +476,7 @@ impl NexarClient {
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
-        let (input, data) = (send.elements(), recv.elements_mut());
-        let (call, bad) = self.plan_exchange(Exchange::Scatter(root), input.len(), data.len());
-        if let Some(reason) = bad {
-            return Err(self.fail_early(call, reason).await);
-        }
-        self.collective(call, data, input).await
+        self.exchange_staged(Exchange::Scatter(root), send, recv).await
     }
 
     /// Inclusive prefix reduction: rank `r` ends with `buf[0] op … op buf[r]` (recursive
@@ -471,9 +494,7 @@ impl NexarClient {
         buf: &mut B,
         op: O,
     ) -> Result<(), CollectiveError> {
-        let data = buf.elements_mut();
-        let call = Self::call(Collective::Scan, Some(op.op()), data.len());
-        self.collective(call, data, &[]).await
+        self.collective_staged(Collective::Scan, Some(op.op()), buf).await
     }
 
     /// Exclusive prefix reduction: rank `r > 0` ends with `buf[0] op … op buf[r-1]`; rank 0's
@@ -491,9 +512,7 @@ impl NexarClient {
         buf: &mut B,
         op: O,
     ) -> Result<(), CollectiveError> {
-        let data = buf.elements_mut();
-        let call = Self::call(Collective::ExclusiveScan, Some(op.op()), data.len());
-        self.collective(call, data, &[]).await
+        self.collective_staged(Collective::ExclusiveScan, Some(op.op()), buf).await
     }
 
     /// Returns once every rank has entered the barrier (dissemination: `ceil(log2 w)` rounds).

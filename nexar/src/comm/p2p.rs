@@ -135,6 +135,16 @@ pub enum P2pError {
         /// How its connection ended.
         reason: String,
     },
+    /// The buffer is in device memory that could not be read or written.
+    #[error("rank {rank} {op}: {source}")]
+    Device {
+        /// The rank reporting.
+        rank: usize,
+        /// `"send"` or `"recv"`.
+        op: &'static str,
+        /// What the device reported.
+        source: nexar_types::DeviceError,
+    },
     /// This rank is shutting down.
     #[error("rank {rank} {op}: the client is shut down")]
     Closed {
@@ -173,7 +183,8 @@ impl NexarClient {
     /// ```
     pub async fn send<B: SendBuf + ?Sized>(&self, data: &B, dest: usize, tag: u64) -> Result<(), P2pError> {
         self.check_peer("send", dest)?;
-        let elements = data.elements();
+        let view = data.host_view().map_err(|source| P2pError::Device { rank: self.rank(), op: "send", source })?;
+        let elements: &[B::Elem] = &view;
         let bytes = std::mem::size_of_val(elements) as u64;
         let limit = self.config().max_message_bytes;
         if bytes > limit {
@@ -219,7 +230,8 @@ impl NexarClient {
     /// # Ok(()) }
     /// ```
     pub async fn recv<B: RecvBuf + ?Sized>(&self, buf: &mut B, src: usize, tag: u64) -> Result<(), P2pError> {
-        let out = buf.elements_mut();
+        let device = |source| P2pError::Device { rank: self.rank(), op: "recv", source };
+        let mut out = buf.host_stage().map_err(device)?;
         let expected = out.len() as u64;
         let key = self.p2p_key(src, tag)?;
         let held = self.take(key, src, "recv").await?;
@@ -235,8 +247,8 @@ impl NexarClient {
             self.inner.mailbox.put_back(key, held);
             return Err(P2pError::LengthMismatch { rank, src, tag, expected, got });
         }
-        held.payload.copy_to(bytemuck::cast_slice_mut(out));
-        Ok(())
+        held.payload.copy_to(bytemuck::cast_slice_mut(&mut out));
+        out.commit().map_err(device)
     }
 
     /// Receives the oldest message from `src` with `tag`, whatever its length, into a new
