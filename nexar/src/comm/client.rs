@@ -293,7 +293,6 @@ impl NexarClient {
             .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
             .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
         let (elastic, topology) = (seed.is_some(), cfg.topology);
-        let late = running;
         let setup = MeshSetup {
             rank,
             addrs,
@@ -304,7 +303,7 @@ impl NexarClient {
             capacity,
             elastic,
             topology,
-            late,
+            late: running,
         };
         let mesh = cluster::form_mesh(&endpoint, setup).await?;
         let mut late = mesh.late;

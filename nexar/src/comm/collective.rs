@@ -356,16 +356,16 @@ impl NexarClient {
     /// lengths, if anything.
     fn plan_exchange(&self, x: Exchange, send: usize, recv: usize) -> (CollCall, Option<String>) {
         let world = self.world_size();
-        let expect = |what: &str, have: usize, other: &str, per: usize| {
+        let blocks_of = |what: &str, have: usize, other: &str, per: usize| {
             format!("{what} holds {have} elements, expected {other} ({per}) × world size ({world})")
         };
         match x {
             Exchange::AllGather => {
-                let bad = (self.blocks(send) != Some(recv)).then(|| expect("recv", recv, "send", send));
+                let bad = (self.blocks(send) != Some(recv)).then(|| blocks_of("recv", recv, "send", send));
                 (Self::call(Collective::AllGather, None, send), bad)
             }
             Exchange::ReduceScatter(op) => {
-                let bad = (self.blocks(recv) != Some(send)).then(|| expect("send", send, "recv", recv));
+                let bad = (self.blocks(recv) != Some(send)).then(|| blocks_of("send", send, "recv", recv));
                 (Self::call(Collective::ReduceScatter, Some(op), recv), bad)
             }
             Exchange::AllToAll => {
@@ -376,12 +376,12 @@ impl NexarClient {
             }
             Exchange::Gather(root) => {
                 let bad = (self.rank() == root && self.blocks(send) != Some(recv))
-                    .then(|| expect("the root's recv", recv, "send", send));
+                    .then(|| blocks_of("the root's recv", recv, "send", send));
                 (Self::call(Collective::Gather { root }, None, send), bad)
             }
             Exchange::Scatter(root) => {
                 let bad = (self.rank() == root && self.blocks(recv) != Some(send))
-                    .then(|| expect("the root's send", send, "recv", recv));
+                    .then(|| blocks_of("the root's send", send, "recv", recv));
                 (Self::call(Collective::Scatter { root }, None, recv), bad)
             }
         }
