@@ -31,4 +31,7 @@ pub enum NexarError {
     /// Failure agreement and rebuilds.
     #[error(transparent)]
     Recovery(#[from] crate::RecoveryError),
+    /// Transport back-end hooks.
+    #[error(transparent)]
+    Backend(#[from] crate::BackendError),
 }

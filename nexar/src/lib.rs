@@ -33,8 +33,8 @@ pub mod transport;
 
 pub use cluster::{ClusterError, JoinToken, SeedNode};
 pub use comm::{
-    CollectiveError, CollectiveHandle, ExchangeHandle, FailureWatch, LinkStats, NexarClient, P2pError, PeerFailure,
-    RecoveryError,
+    BackendError, CollectiveError, CollectiveHandle, ExchangeHandle, FailureWatch, LinkStats, MAX_SETUP_BODY,
+    NexarClient, P2pError, PeerFailure, RecoveryError,
 };
 pub use config::{ConfigError, NexarConfig, RecoveryPolicy};
 pub use error::NexarError;

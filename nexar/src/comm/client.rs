@@ -106,6 +106,8 @@ pub(crate) struct Inner {
     /// The communicator this rank was admitted to after joining a running cluster, if any:
     /// `(id, members)`.
     pub admission: tokio::sync::watch::Sender<Option<(u64, Vec<usize>)>>,
+    /// Transport back ends' setup messages waiting to be taken.
+    pub setup: super::backend::SetupInbox,
 }
 
 /// Counters of one peer link, from [`NexarClient::link_stats`].
@@ -336,6 +338,7 @@ impl NexarClient {
             late_joiners: Mutex::new(Vec::new()),
             admitted: Mutex::new(std::collections::BTreeSet::new()),
             admission: tokio::sync::watch::channel(None).0,
+            setup: Default::default(),
         });
         let world_comm = Arc::new(CommState::world(rank, world));
         let span = tracing::debug_span!("rank", rank);
@@ -671,6 +674,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                     inner.peer_failed(rank, format!("rank {from} declared it dead: {reason}"), true, true);
                 }
             }
+            PeerMsg::Setup { tag, body } => inner.setup.put(incoming.from, tag, body),
             PeerMsg::P2p { .. }
             | PeerMsg::Coll { .. }
             | PeerMsg::RpcRequest { .. }

@@ -111,6 +111,17 @@ pub enum CollectiveError {
         /// What the transport said.
         source: TransportError,
     },
+    /// A bulk transport of this rank (RDMA) failed while it carried messages of this
+    /// operation, so some may be lost; later operations go over QUIC.
+    #[error("rank {rank} {op}: {reason}")]
+    LinkFailed {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// Which link failed.
+        reason: String,
+    },
     /// This rank's buffer is in device memory that could not be read or written.
     #[error("rank {rank} {op}: {source}")]
     Device {

@@ -293,6 +293,7 @@ impl NexarClient {
         let refused = |r: Refusal| match r {
             Refusal::Aborted(reason) => CollectiveError::Aborted { rank, op, reason },
             Refusal::SourceGone(reason) => CollectiveError::PeerGone { rank, op, peer: from, reason },
+            Refusal::LinkFailed(reason) => CollectiveError::LinkFailed { rank, op, reason },
             Refusal::Closed => CollectiveError::Closed { rank, op },
             Refusal::Full { held, .. } => CollectiveError::Internal {
                 rank,

@@ -1,5 +1,6 @@
 //! The communicator the user holds: [`NexarClient`] with typed point-to-point messaging.
 
+mod backend;
 mod client;
 mod collective;
 mod exec;
@@ -11,6 +12,7 @@ mod route;
 mod spin;
 mod state;
 
+pub use backend::{BackendError, MAX_SETUP_BODY};
 pub(crate) use client::Inner;
 pub use client::{LinkStats, NexarClient};
 pub use collective::{CollectiveError, CollectiveHandle, ExchangeHandle};

@@ -325,7 +325,7 @@ impl NexarClient {
                 held_bytes,
                 limit: self.config().max_unmatched_messages,
             },
-            Refusal::Closed | Refusal::Aborted(_) => P2pError::Closed { rank, op },
+            Refusal::Closed | Refusal::Aborted(_) | Refusal::LinkFailed(_) => P2pError::Closed { rank, op },
             Refusal::SourceGone(reason) => P2pError::PeerGone { rank, op, peer: src, reason },
         };
         if let Some(held) = super::spin::spin_take(&self.inner.mailbox, key, self.inner.spin).await.map_err(refused)? {

@@ -183,6 +183,14 @@ pub enum PeerMsg {
         /// Why, as the declaring rank put it.
         reason: String,
     },
+    /// A small setup message of a transport back end (for example an RDMA queue-pair
+    /// exchange), carried on the control lane and matched by `tag` on the receiver.
+    Setup {
+        /// Chosen by the back end; a receiver waits for a given `(sender, tag)`.
+        tag: u64,
+        /// The back end's own encoding; validated by the back end.
+        body: Vec<u8>,
+    },
 }
 
 impl PeerMsg {
@@ -213,7 +221,8 @@ impl PeerMsg {
             | PeerMsg::Registry { .. }
             | PeerMsg::Heartbeat
             | PeerMsg::Admit { .. }
-            | PeerMsg::Suspect { .. } => None,
+            | PeerMsg::Suspect { .. }
+            | PeerMsg::Setup { .. } => None,
         }
     }
 }
@@ -277,9 +286,10 @@ mod tests {
         }
 
         #[test]
-        fn mutated_peer_messages_never_panic_the_decoder(which in 0usize..4, flip in 0usize..64, xor in 1u8..=255) {
+        fn mutated_peer_messages_never_panic_the_decoder(which in 0usize..5, flip in 0usize..64, xor in 1u8..=255) {
             let m = [
                 PeerMsg::Suspect { rank: 3, reason: "no heartbeat for 5s".into() },
+                PeerMsg::Setup { tag: 7, body: vec![1, 2, 3] },
                 PeerMsg::Heartbeat,
                 PeerMsg::Abort { comm: 1, seq: 2, reason: "count mismatch".into() },
                 PeerMsg::Coll { comm: 1, seq: 2, kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, len: 5 },

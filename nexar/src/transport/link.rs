@@ -6,12 +6,15 @@
 //! lane (a receiver that is not keeping up) stalls only that stream; barriers, heartbeats and
 //! RPCs on the other lanes keep flowing.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use quinn::{Connection, RecvStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::TransportError;
+use super::bulk::{BulkChannel, BulkSlot};
 use super::framed::{Payload, ReadFrameError, read_body, read_header};
 use super::liveness::Liveness;
 use super::mailbox::{Held, Key, Mailbox};
@@ -56,7 +59,8 @@ impl Lane {
             | PeerMsg::Registry { .. }
             | PeerMsg::Heartbeat
             | PeerMsg::Admit { .. }
-            | PeerMsg::Suspect { .. } => Lane::Control,
+            | PeerMsg::Suspect { .. }
+            | PeerMsg::Setup { .. } => Lane::Control,
             PeerMsg::Relay { lane, .. } => Lane::from_code(*lane).unwrap_or(Lane::Control),
         }
     }
@@ -149,6 +153,11 @@ pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
 }
 
 impl LaneSenders {
+    /// The store collective messages go to, when they bypass the raw lane's queue.
+    pub(crate) fn coll_mailbox(&self) -> Option<std::sync::Arc<Mailbox>> {
+        self.direct[Lane::Raw as usize].as_ref().map(|sink| sink.mailbox.clone())
+    }
+
     /// Sends `lane`'s messages straight into `sink` instead of its queue.
     pub(crate) fn with_direct(mut self, lane: Lane, sink: DirectSink) -> Self {
         self.direct[lane as usize] = Some(sink);
@@ -224,8 +233,9 @@ fn unpack_relayed(envelope: &Incoming, max_payload: u64) -> Result<Incoming, Fra
 }
 
 enum Outgoing {
-    /// Frames to write, in order, as one unit.
-    Frames { chunks: Vec<Bytes>, done: oneshot::Sender<Result<(), TransportError>> },
+    /// Frames to write, in order, as one unit; `coll` names the collective `(comm, seq)` of a
+    /// collective message.
+    Frames { chunks: Vec<Bytes>, done: oneshot::Sender<Result<(), TransportError>>, coll: Option<(u64, u64)> },
     /// Finish the lane's stream and report once the peer has acknowledged all of it. A later
     /// message opens a new stream.
     Flush { done: oneshot::Sender<()> },
@@ -237,6 +247,8 @@ pub struct PeerLink {
     peer: u32,
     conn: Connection,
     writers: [mpsc::Sender<Outgoing>; Lane::COUNT],
+    /// Another transport that carries collective payloads once attached (see [`BulkChannel`]).
+    bulk: Arc<BulkSlot>,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -257,17 +269,40 @@ impl PeerLink {
     /// that rank). Received messages go to `lanes`; payloads longer than `max_payload` are a
     /// protocol violation.
     pub fn spawn(local: u32, peer: u32, conn: Connection, lanes: LaneSenders, max_payload: u64) -> PeerLink {
+        let bulk = Arc::new(BulkSlot::new(peer, &lanes));
         let writers = std::array::from_fn(|lane| {
             let (tx, rx) = mpsc::channel::<Outgoing>(64);
             let span = tracing::debug_span!("writer", rank = local, peer);
             // Control traffic (heartbeats, aborts, failure reports) goes out ahead of bulk data.
             let priority = if lane == Lane::Control as usize { 1 } else { 0 };
-            tokio::spawn(write_lane(conn.clone(), peer, priority, rx).instrument(span));
+            let bulk = (lane == Lane::Raw as usize).then(|| bulk.clone());
+            tokio::spawn(write_lane(conn.clone(), peer, priority, bulk, rx).instrument(span));
             tx
         });
         let span = tracing::debug_span!("router", rank = local, peer);
         tokio::spawn(route(conn.clone(), peer, lanes, max_payload).instrument(span));
-        PeerLink { peer, conn, writers }
+        PeerLink { peer, conn, writers, bulk }
+    }
+
+    /// Hands collective payloads to `channel` from now on; messages already queued still go
+    /// over QUIC. Gives the channel back when one is attached already.
+    pub fn attach_bulk(&self, channel: Arc<dyn BulkChannel>) -> Result<(), Arc<dyn BulkChannel>> {
+        self.bulk.attach(channel)
+    }
+
+    /// The name of the transport that carries collective payloads: `"quic"` or the attached
+    /// channel's (while it works).
+    pub fn bulk_transport(&self) -> &'static str {
+        self.bulk.usable().map_or("quic", |c| c.name())
+    }
+
+    /// The name of the channel attached to this link, if any, working or not.
+    pub fn attached_bulk(&self) -> Option<&'static str> {
+        self.bulk.attached()
+    }
+
+    pub(crate) fn bulk_slot(&self) -> Arc<BulkSlot> {
+        self.bulk.clone()
     }
 
     /// The peer's rank.
@@ -319,8 +354,12 @@ impl PeerLink {
             chunks.extend(parts);
         }
         let (done, wait) = oneshot::channel();
+        let coll = match *msg {
+            PeerMsg::Coll { comm, seq, .. } => Some((comm, seq)),
+            _ => None,
+        };
         self.writers[Lane::of(msg) as usize]
-            .send(Outgoing::Frames { chunks, done })
+            .send(Outgoing::Frames { chunks, done, coll })
             .await
             .map_err(|_| self.writer_gone())?;
         Ok(wait)
@@ -332,7 +371,7 @@ impl PeerLink {
         let Ok(body) = message::encode(msg) else { return false };
         let (done, _) = oneshot::channel();
         let chunks = vec![message_frame(&body)];
-        self.writers[Lane::of(msg) as usize].try_send(Outgoing::Frames { chunks, done }).is_ok()
+        self.writers[Lane::of(msg) as usize].try_send(Outgoing::Frames { chunks, done, coll: None }).is_ok()
     }
 
     /// Finishes every lane's stream and waits until the peer has acknowledged all data sent
@@ -376,12 +415,18 @@ impl PeerLink {
     }
 }
 
-async fn write_lane(conn: Connection, peer: u32, priority: i32, mut rx: mpsc::Receiver<Outgoing>) {
+async fn write_lane(
+    conn: Connection,
+    peer: u32,
+    priority: i32,
+    bulk: Option<Arc<BulkSlot>>,
+    mut rx: mpsc::Receiver<Outgoing>,
+) {
     let mut stream: Option<quinn::SendStream> = None;
     let mut broken: Option<TransportError> = None;
     while let Some(out) = rx.recv().await {
-        let (mut chunks, done) = match out {
-            Outgoing::Frames { chunks, done } => (chunks, done),
+        let (mut chunks, done, coll) = match out {
+            Outgoing::Frames { chunks, done, coll } => (chunks, done, coll),
             Outgoing::Flush { done } => {
                 if let Some(mut s) = stream.take() {
                     let _ = s.finish();
@@ -394,6 +439,27 @@ async fn write_lane(conn: Connection, peer: u32, priority: i32, mut rx: mpsc::Re
         if let Some(e) = &broken {
             let _ = done.send(Err(e.clone()));
             continue;
+        }
+        if let (Some(slot), Some(coll)) = (&bulk, coll) {
+            if let Some(channel) = slot.usable() {
+                slot.record(coll);
+                let sent = channel.send(chunks);
+                let slot = slot.clone();
+                tokio::spawn(async move {
+                    let result = sent.await;
+                    if result.is_err() {
+                        slot.fail();
+                    }
+                    let _ = done.send(result);
+                });
+                continue;
+            }
+            // The channel failed and may have lost earlier messages of this collective: a later
+            // one over QUIC could be taken for them, so it is not sent.
+            if slot.carried(coll) {
+                let _ = done.send(Err(slot.lost()));
+                continue;
+            }
         }
         let s = match &mut stream {
             Some(s) => s,
@@ -458,50 +524,57 @@ async fn read_stream(mut recv: RecvStream, peer: u32, lanes: &LaneSenders, max_p
             Err(ReadFrameError::Closed(_)) => return Ok(()),
             Err(ReadFrameError::Frame(e)) => return Err(e),
         };
-        if let PeerMsg::Relay { lane, hops, .. } = msg
-            && (Lane::from_code(lane).is_none() || hops > crate::proto::relay::MAX_HOPS)
-        {
-            return Err(FrameError::InvalidMessage(format!("relay envelope with lane {lane} after {hops} hops")));
-        }
-        let payload = match msg.payload_elements() {
+        let payload = match announced_payload(&msg, max_payload)? {
             None => Payload::default(),
-            Some((dtype, _)) => {
-                nexar_types::DType::from_wire(dtype).map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
-                let expected = msg
-                    .payload_len()
-                    .ok_or_else(|| FrameError::InvalidMessage("payload length overflows 64 bits".into()))?;
-                // A relay envelope carries a whole message: its payload plus the carried frames.
-                let limit = match msg {
-                    PeerMsg::Relay { .. } => max_payload.saturating_add(crate::proto::relay::ENVELOPE_OVERHEAD),
-                    _ => max_payload,
-                };
-                if expected > limit {
-                    return Err(FrameError::TooLong { len: expected, limit });
-                }
-                match read_header(&mut recv, limit).await {
-                    Ok(Some(h)) => {
-                        h.expect(FrameKind::Raw)?;
-                        if h.len != expected {
-                            return Err(FrameError::InvalidMessage(format!(
-                                "message announces {expected} payload bytes but its raw frame has {}",
-                                h.len
-                            )));
-                        }
-                        match Payload::read(&mut recv, h.len).await {
-                            Ok(p) => p,
-                            Err(ReadFrameError::Frame(e)) => return Err(e),
-                            Err(ReadFrameError::Closed(_)) => return Ok(()),
-                        }
+            Some((expected, limit)) => match read_header(&mut recv, limit).await {
+                Ok(Some(h)) => {
+                    h.expect(FrameKind::Raw)?;
+                    if h.len != expected {
+                        return Err(raw_length_disagrees(expected, h.len));
                     }
-                    Ok(None) | Err(ReadFrameError::Closed(_)) => return Ok(()),
-                    Err(ReadFrameError::Frame(e)) => return Err(e),
+                    match Payload::read(&mut recv, h.len).await {
+                        Ok(p) => p,
+                        Err(ReadFrameError::Frame(e)) => return Err(e),
+                        Err(ReadFrameError::Closed(_)) => return Ok(()),
+                    }
                 }
-            }
+                Ok(None) | Err(ReadFrameError::Closed(_)) => return Ok(()),
+                Err(ReadFrameError::Frame(e)) => return Err(e),
+            },
         };
         if lanes.deliver(Incoming { from: peer, msg, payload }).await.is_err() {
             return Ok(());
         }
     }
+}
+
+/// The error for a raw frame whose length is not the one its message announced.
+pub(crate) fn raw_length_disagrees(announced: u64, found: u64) -> FrameError {
+    FrameError::InvalidMessage(format!("message announces {announced} payload bytes but its raw frame has {found}"))
+}
+
+/// Checks what a message announces before anything else is read: relay envelopes name a real
+/// lane and a bounded hop count, and a payload has a known dtype and fits the limit. Returns
+/// `(payload bytes, limit)` for messages followed by a raw frame.
+pub(crate) fn announced_payload(msg: &PeerMsg, max_payload: u64) -> Result<Option<(u64, u64)>, FrameError> {
+    if let PeerMsg::Relay { lane, hops, .. } = *msg
+        && (Lane::from_code(lane).is_none() || hops > crate::proto::relay::MAX_HOPS)
+    {
+        return Err(FrameError::InvalidMessage(format!("relay envelope with lane {lane} after {hops} hops")));
+    }
+    let Some((dtype, _)) = msg.payload_elements() else { return Ok(None) };
+    nexar_types::DType::from_wire(dtype).map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
+    let expected =
+        msg.payload_len().ok_or_else(|| FrameError::InvalidMessage("payload length overflows 64 bits".into()))?;
+    // A relay envelope carries a whole message: its payload plus the carried frames.
+    let limit = match msg {
+        PeerMsg::Relay { .. } => max_payload.saturating_add(crate::proto::relay::ENVELOPE_OVERHEAD),
+        _ => max_payload,
+    };
+    if expected > limit {
+        return Err(FrameError::TooLong { len: expected, limit });
+    }
+    Ok(Some((expected, limit)))
 }
 
 async fn next_message(recv: &mut RecvStream) -> Result<Option<PeerMsg>, ReadFrameError> {

@@ -83,6 +83,14 @@ pub(crate) enum Refusal {
     Aborted(String),
     /// The sender's connection is gone (it crashed, aborted or left); nothing more will come.
     SourceGone(String),
+    /// A transport of this rank lost messages of this collective (a bulk channel failed):
+    /// this rank fails it and tells the others.
+    LinkFailed(String),
+}
+
+/// The refusal for a receive of an aborted collective.
+fn refusal((reason, link_failed): &(String, bool)) -> Refusal {
+    if *link_failed { Refusal::LinkFailed(reason.clone()) } else { Refusal::Aborted(reason.clone()) }
 }
 
 type Waiter = (u64, oneshot::Sender<Result<Held, Refusal>>);
@@ -98,7 +106,8 @@ struct State {
     waiters: HashMap<Key, VecDeque<Waiter>>,
     next_waiter: u64,
     closed: bool,
-    aborted: HashMap<(u64, u64), String>,
+    /// Why each remembered collective was aborted, and whether this rank's own link failed.
+    aborted: HashMap<(u64, u64), (String, bool)>,
     aborted_order: VecDeque<(u64, u64)>,
     /// Senders whose connection is gone, with the reason.
     gone: HashMap<u32, String>,
@@ -219,8 +228,8 @@ impl Mailbox {
             self.refill(&mut st);
             return Ok(Some(msg));
         }
-        if let Some(reason) = st.aborted.get(&(key.comm, key.tag)) {
-            return Err(Refusal::Aborted(reason.clone()));
+        if let Some(aborted) = st.aborted.get(&(key.comm, key.tag)) {
+            return Err(refusal(aborted));
         }
         if let Some(reason) = st.gone.get(&key.src) {
             return Err(Refusal::SourceGone(reason.clone()));
@@ -244,8 +253,8 @@ impl Mailbox {
         if st.closed {
             return Err(Refusal::Closed);
         }
-        if let Some(reason) = st.aborted.get(&(key.comm, key.tag)) {
-            return Err(Refusal::Aborted(reason.clone()));
+        if let Some(aborted) = st.aborted.get(&(key.comm, key.tag)) {
+            return Err(refusal(aborted));
         }
         if let Some(reason) = st.gone.get(&key.src) {
             return Err(Refusal::SourceGone(reason.clone()));
@@ -274,11 +283,23 @@ impl Mailbox {
     /// Marks everything with `(comm, tag)` (one collective) as aborted: its waiting receives
     /// fail with `reason`, its held messages are dropped, and so are its late arrivals.
     pub fn abort(&self, comm: u64, tag: u64, reason: &str) {
+        self.abort_as(comm, tag, reason, false);
+    }
+
+    /// Like [`abort`](Self::abort), for a collective whose messages a failed link of this rank
+    /// may have lost: receives fail with [`Refusal::LinkFailed`], so the executor tells the
+    /// other ranks.
+    pub fn fail_link(&self, comm: u64, tag: u64, reason: &str) {
+        self.abort_as(comm, tag, reason, true);
+    }
+
+    fn abort_as(&self, comm: u64, tag: u64, reason: &str, link_failed: bool) {
         let mut st = self.lock();
         if st.aborted.contains_key(&(comm, tag)) {
             return;
         }
-        st.aborted.insert((comm, tag), reason.to_string());
+        let aborted = (reason.to_string(), link_failed);
+        st.aborted.insert((comm, tag), aborted.clone());
         st.aborted_order.push_back((comm, tag));
         if st.aborted_order.len() > ABORTED_MEMORY
             && let Some(old) = st.aborted_order.pop_front()
@@ -289,7 +310,7 @@ impl Mailbox {
         let keys: Vec<Key> = st.waiters.keys().copied().filter(matching).collect();
         for k in keys {
             for (_, tx) in st.waiters.remove(&k).unwrap_or_default() {
-                let _ = tx.send(Err(Refusal::Aborted(reason.to_string())));
+                let _ = tx.send(Err(refusal(&aborted)));
             }
         }
         let keys: Vec<Key> = st.held.keys().copied().filter(matching).collect();

@@ -1,6 +1,7 @@
 //! QUIC transport: endpoints, TLS and certificates, framed streams, and per-peer links with
 //! their router and lanes.
 
+pub mod bulk;
 pub mod chaos;
 pub mod endpoint;
 pub mod framed;

@@ -1,0 +1,241 @@
+//! The RDMA transport over real nexar clusters (QUIC on 127.0.0.1): device discovery, the
+//! fallback to QUIC without a device, every collective over the emulated fabric (the same
+//! engine and flow control a NIC runs), and peers that break the setup protocol.
+
+use std::future::Future;
+use std::time::Duration;
+
+use nexar::prelude::*;
+use nexar_rdma::setup::{OFFER_TAG, OUTCOME_TAG, SetupMsg};
+use nexar_rdma::{Fabric, LinkTransport, RdmaConfig, RdmaError, attach};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// Runs `job` on every rank of `ranks` at once; results by rank.
+async fn on_ranks<F, Fut, R>(ranks: Vec<NexarClient>, job: F) -> Vec<R>
+where
+    F: Fn(NexarClient) -> Fut,
+    Fut: Future<Output = R> + Send + 'static,
+    R: Send + 'static,
+{
+    let handles: Vec<_> = ranks.into_iter().map(|c| tokio::spawn(job(c))).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("rank task panicked"));
+    }
+    out
+}
+
+fn value(rank: usize, i: usize) -> i64 {
+    ((rank * 131 + i * 17) % 1000) as i64 - 500
+}
+
+/// Every collective, checked against a sequential reference, on one rank of the cluster.
+async fn check_collectives(c: &NexarClient, counts: &[usize]) {
+    let (r, w) = (c.rank(), c.world_size());
+    for &count in counts {
+        let sum: Vec<i64> = (0..count).map(|i| (0..w).map(|q| value(q, i)).sum()).collect();
+        let mut buf: Vec<i64> = (0..count).map(|i| value(r, i)).collect();
+        c.all_reduce(&mut buf, Sum).await.unwrap();
+        assert_eq!(buf, sum, "all_reduce, count {count}");
+        let mut f: Vec<f32> = (0..count).map(|i| value(r, i) as f32).collect();
+        c.all_reduce(&mut f, Sum).await.unwrap();
+        assert!(f.iter().zip(&sum).all(|(a, b)| *a == *b as f32), "all_reduce f32, count {count}");
+
+        let mut b: Vec<i64> = if r == w - 1 { (0..count).map(|i| value(w - 1, i)).collect() } else { vec![0; count] };
+        c.broadcast(&mut b, w - 1).await.unwrap();
+        assert!(b.iter().enumerate().all(|(i, v)| *v == value(w - 1, i)), "broadcast, count {count}");
+
+        let mine: Vec<i64> = (0..count).map(|i| value(r, i)).collect();
+        let mut all = vec![0i64; count * w];
+        c.all_gather(&mine, &mut all).await.unwrap();
+        for q in 0..w {
+            assert!(all[q * count..(q + 1) * count].iter().enumerate().all(|(i, v)| *v == value(q, i)));
+        }
+
+        let full: Vec<i64> = (0..count * w).map(|i| value(r, i)).collect();
+        let mut part = vec![0i64; count];
+        c.reduce_scatter(&full, &mut part, Sum).await.unwrap();
+        let want: Vec<i64> = (0..count).map(|i| (0..w).map(|q| value(q, r * count + i)).sum()).collect();
+        assert_eq!(part, want, "reduce_scatter, count {count}");
+
+        let outgoing: Vec<i64> = (0..count * w).map(|i| (r * 1_000_000 + i) as i64).collect();
+        let mut incoming = vec![0i64; count * w];
+        c.all_to_all(&outgoing, &mut incoming).await.unwrap();
+        for q in 0..w {
+            let got = &incoming[q * count..(q + 1) * count];
+            assert!(got.iter().enumerate().all(|(i, v)| *v == (q * 1_000_000 + r * count + i) as i64));
+        }
+    }
+}
+
+#[test]
+fn discovery_names_devices_or_says_there_are_none() {
+    match nexar_rdma::devices() {
+        Ok(devices) => assert!(!devices.is_empty() && devices.iter().all(|d| !d.name.is_empty())),
+        Err(RdmaError::NoDevice { reason }) => {
+            let text = RdmaError::NoDevice { reason: reason.clone() }.to_string();
+            assert!(text.starts_with("no RDMA device: ") && !reason.is_empty(), "{text}");
+        }
+        Err(other) => panic!("discovery failed with something other than 'no device': {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_device_every_link_falls_back_and_carries_every_collective() {
+    logs();
+    let run = async {
+        let ranks = NexarClient::bootstrap_local(3).await.unwrap();
+        let no_device = nexar_rdma::devices().is_err();
+        let reports = on_ranks(ranks, move |c| async move {
+            let report = attach(&c, &RdmaConfig::default()).await.unwrap();
+            check_collectives(&c, &[0, 1, 4, 10_007, 1 << 20]).await;
+            let transports: Vec<_> = (0..3).filter(|p| *p != c.rank()).map(|p| c.bulk_transport(p)).collect();
+            c.shutdown().await;
+            (report, transports)
+        })
+        .await;
+        for (rank, (report, transports)) in reports.into_iter().enumerate() {
+            assert_eq!(report.links.len(), 2);
+            if no_device {
+                assert_eq!(report.rdma_links(), 0, "rank {rank}: {report:?}");
+                assert!(transports.iter().all(|t| *t == Some("quic")));
+                for (_, t) in &report.links {
+                    let LinkTransport::Quic { reason } = t else { panic!("rank {rank}: {t:?}") };
+                    assert!(reason.contains("no RDMA device"), "rank {rank}: {reason}");
+                }
+            }
+        }
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emulated_rdma_carries_every_collective_through_a_small_ring() {
+    logs();
+    let run = async {
+        let ranks = NexarClient::bootstrap_local(4).await.unwrap();
+        // 4 slots of 4 KiB: large payloads take hundreds of chunks and credit round trips.
+        let cfg = RdmaConfig { fabric: Fabric::Emulated, slots: 4, slot_size: 4096, ..Default::default() };
+        let results = on_ranks(ranks, move |c| {
+            let cfg = cfg.clone();
+            async move {
+                let report = attach(&c, &cfg).await.unwrap();
+                assert_eq!(report.rdma_links(), 3, "rank {}: {report:?}", c.rank());
+                for p in (0..4).filter(|p| *p != c.rank()) {
+                    assert_eq!(c.bulk_transport(p), Some("rdma"));
+                }
+                check_collectives(&c, &[0, 1, 3, 1000, 4093, 300_007]).await;
+                // Many small operations cycle every slot and credit many times.
+                for i in 0..500i64 {
+                    let mut x = vec![i + c.rank() as i64; 5];
+                    c.all_reduce(&mut x, Sum).await.unwrap();
+                    assert_eq!(x, vec![4 * i + 6; 5]);
+                }
+                // Point-to-point stays on QUIC beside it.
+                let peer = (c.rank() + 1) % 4;
+                c.send(&[c.rank() as u32; 3][..], peer, 9).await.unwrap();
+                let got: Vec<u32> = c.recv_vec((c.rank() + 3) % 4, 9).await.unwrap();
+                assert_eq!(got, vec![((c.rank() + 3) % 4) as u32; 3]);
+                c.barrier().await.unwrap();
+                c.shutdown().await;
+            }
+        })
+        .await;
+        assert_eq!(results.len(), 4);
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_on_different_fabrics_both_stay_on_quic() {
+    logs();
+    let run = async {
+        let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+        let results = on_ranks(ranks, |c| async move {
+            let fabric = if c.rank() == 0 { Fabric::Emulated } else { Fabric::Verbs };
+            let report = attach(&c, &RdmaConfig { fabric, ..Default::default() }).await.unwrap();
+            check_collectives(&c, &[1, 70_001]).await;
+            c.shutdown().await;
+            report
+        })
+        .await;
+        for report in results {
+            assert_eq!(report.rdma_links(), 0, "{report:?}");
+        }
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_breaks_the_setup_protocol_gets_quic_and_a_named_reason() {
+    logs();
+    let run = async {
+        let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+        let results = on_ranks(ranks, |c| async move {
+            let cfg = RdmaConfig { fabric: Fabric::Emulated, ..Default::default() };
+            let outcome = if c.rank() == 0 {
+                Some(attach(&c, &cfg).await.unwrap())
+            } else {
+                // A hostile rank 1: garbage for an offer, a wrong version for an outcome.
+                c.send_setup(0, OFFER_TAG, b"not an offer at all".to_vec()).await.unwrap();
+                let theirs = SetupMsg::decode(&c.recv_setup(0, OFFER_TAG).await.unwrap()).unwrap();
+                assert!(matches!(theirs, SetupMsg::Offer(_)));
+                let mut ready = SetupMsg::Ready.encode();
+                ready[4] = 99;
+                c.send_setup(0, OUTCOME_TAG, ready).await.unwrap();
+                let _ = c.recv_setup(0, OUTCOME_TAG).await.unwrap();
+                None
+            };
+            check_collectives(&c, &[2, 5000]).await;
+            assert_eq!(c.bulk_transport(1 - c.rank()), Some("quic"));
+            c.shutdown().await;
+            outcome
+        })
+        .await;
+        let report = results[0].clone().unwrap();
+        let LinkTransport::Quic { reason } = &report.links[0].1 else { panic!("{report:?}") };
+        assert!(reason.contains("rank 1") && reason.contains("magic"), "{reason}");
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_messages_are_checked_and_time_out() {
+    logs();
+    let run = async {
+        let cfg = NexarConfig { op_timeout: Duration::from_millis(500), ..Default::default() };
+        let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+        let c = ranks[0].clone();
+        let too_big = c.send_setup(1, 1, vec![0; nexar::MAX_SETUP_BODY + 1]).await.unwrap_err();
+        assert!(too_big.to_string().contains("limit"), "{too_big}");
+        let to_self = c.send_setup(0, 1, vec![]).await.unwrap_err();
+        assert!(to_self.to_string().contains("rank 0 send_setup"), "{to_self}");
+        let waited = c.recv_setup(1, 42).await.unwrap_err();
+        assert!(matches!(waited, nexar::BackendError::Timeout { peer: 1, tag: 42, .. }), "{waited}");
+        // Messages with the same tag arrive in order; other tags do not get in the way.
+        for i in 0..5u8 {
+            ranks[1].send_setup(0, 7, vec![i]).await.unwrap();
+        }
+        ranks[1].send_setup(0, 8, vec![80]).await.unwrap();
+        assert_eq!(c.recv_setup(1, 8).await.unwrap(), vec![80]);
+        for i in 0..5u8 {
+            assert_eq!(c.recv_setup(1, 7).await.unwrap(), vec![i]);
+        }
+        let bad = attach(&c, &RdmaConfig { slot_size: 1000, ..Default::default() }).await.unwrap_err();
+        assert!(matches!(bad, RdmaError::Config(_)), "{bad}");
+        futures_join(ranks).await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+async fn futures_join(ranks: Vec<NexarClient>) {
+    on_ranks(ranks, |c| async move { c.shutdown().await }).await;
+}

@@ -1,0 +1,258 @@
+//! Hooks for transport back ends (RDMA and the like): small setup messages on the control
+//! lane, matched by `(sender, tag)`, and attaching a [`BulkChannel`] under a peer's raw lane.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::client::NexarClient;
+use crate::proto::frame::MAX_CONTROL_FRAME;
+use crate::proto::message::PeerMsg;
+use crate::transport::TransportError;
+use crate::transport::bulk::{BulkChannel, BulkInbound};
+
+/// Largest body of a setup message (the rest of a control frame is the envelope).
+pub const MAX_SETUP_BODY: usize = (MAX_CONTROL_FRAME as usize) - 1024;
+
+/// Setup messages held per sender before further ones are dropped (a peer cannot make this
+/// rank hold more than `MAX_HELD_PER_PEER × MAX_SETUP_BODY` bytes).
+const MAX_HELD_PER_PEER: usize = 64;
+
+/// How often a waiting [`NexarClient::recv_setup`] looks whether its peer died.
+const DEATH_CHECK: Duration = Duration::from_millis(100);
+
+/// Why a back-end hook failed.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The peer is not a rank of this communicator (or is this rank).
+    #[error("rank {rank} {op}: rank {peer} is not another rank of this communicator (size {size})")]
+    NoSuchPeer {
+        /// This rank.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The rank asked for.
+        peer: usize,
+        /// The communicator's size.
+        size: usize,
+    },
+    /// The setup message is larger than a control frame allows.
+    #[error("rank {rank} send_setup: {len}-byte body is over the {limit}-byte limit")]
+    TooLarge {
+        /// This rank.
+        rank: usize,
+        /// The body's length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The peer was declared dead or has no route.
+    #[error("rank {rank} {op}: rank {peer} is gone")]
+    PeerGone {
+        /// This rank.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The peer.
+        peer: usize,
+    },
+    /// No setup message with this tag came in time.
+    #[error("rank {rank} recv_setup: nothing from rank {peer} with tag {tag:#x} within {after:?}")]
+    Timeout {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// The tag waited for.
+        tag: u64,
+        /// The limit (the configured operation timeout).
+        after: Duration,
+    },
+    /// Bulk channels attach to direct links only; on sparse topologies some peers have none.
+    #[error("rank {rank} attach_bulk: no direct link to rank {peer}")]
+    NoDirectLink {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+    },
+    /// The link already has a bulk channel (one per link, for the link's life).
+    #[error("rank {rank} attach_bulk: rank {peer}'s raw lane already goes over {name}")]
+    AlreadyAttached {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// The channel already attached.
+        name: &'static str,
+    },
+    /// Sending failed.
+    #[error("rank {rank} send_setup to rank {peer}: {source}")]
+    Transport {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// What the transport said.
+        source: TransportError,
+    },
+}
+
+/// Bodies from one sender with one tag, oldest first.
+type Held = HashMap<(u32, u64), VecDeque<Vec<u8>>>;
+
+/// Setup messages waiting for their `recv_setup`, by `(world rank, tag)`.
+#[derive(Default)]
+pub(crate) struct SetupInbox {
+    held: Mutex<Held>,
+    arrived: Notify,
+}
+
+impl SetupInbox {
+    /// Holds a message from `from` (dropped when that sender already has too many held).
+    pub fn put(&self, from: u32, tag: u64, body: Vec<u8>) {
+        let mut held = crate::sync::lock(&self.held);
+        let from_peer: usize = held.iter().filter(|((f, _), _)| *f == from).map(|(_, q)| q.len()).sum();
+        if from_peer >= MAX_HELD_PER_PEER {
+            tracing::warn!(from, tag, "dropped a setup message: too many held unread from this rank");
+            return;
+        }
+        held.entry((from, tag)).or_default().push_back(body);
+        drop(held);
+        self.arrived.notify_waiters();
+    }
+
+    fn take(&self, from: u32, tag: u64) -> Option<Vec<u8>> {
+        let mut held = crate::sync::lock(&self.held);
+        let queue = held.get_mut(&(from, tag))?;
+        let body = queue.pop_front();
+        if queue.is_empty() {
+            held.remove(&(from, tag));
+        }
+        body
+    }
+}
+
+impl NexarClient {
+    /// Sends a small setup message for a transport back end to `peer` (a rank of this
+    /// communicator) on the control lane, where [`recv_setup`](Self::recv_setup) with the
+    /// same `tag` takes it. Bodies are at most [`MAX_SETUP_BODY`] bytes.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::BackendError> {
+    /// const HELLO: u64 = 0x5244_4d41; // the back end's own tag
+    /// comm.send_setup(1, HELLO, b"queue pair 17".to_vec()).await?;
+    /// let theirs = comm.recv_setup(1, HELLO).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_setup(&self, peer: usize, tag: u64, body: Vec<u8>) -> Result<(), BackendError> {
+        let rank = self.rank();
+        self.check_backend_peer("send_setup", peer)?;
+        if body.len() > MAX_SETUP_BODY {
+            return Err(BackendError::TooLarge { rank, len: body.len(), limit: MAX_SETUP_BODY });
+        }
+        let route = self.link(peer).ok_or(BackendError::PeerGone { rank, op: "send_setup", peer })?;
+        route.send(&PeerMsg::Setup { tag, body }, None).await.map_err(|source| BackendError::Transport {
+            rank,
+            peer,
+            source,
+        })
+    }
+
+    /// Waits for the next setup message from `peer` with `tag` (at most the configured
+    /// operation timeout; at once when `peer` is declared dead).
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::BackendError> {
+    /// let offer = comm.recv_setup(0, 7).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv_setup(&self, peer: usize, tag: u64) -> Result<Vec<u8>, BackendError> {
+        let rank = self.rank();
+        self.check_backend_peer("recv_setup", peer)?;
+        let world = self.comm.members[peer];
+        let inbox = &self.inner.setup;
+        let after = self.config().op_timeout;
+        let deadline = Instant::now() + after;
+        loop {
+            let arrived = inbox.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            if let Some(body) = inbox.take(world as u32, tag) {
+                return Ok(body);
+            }
+            if self.inner.health.is_dead(world) {
+                return Err(BackendError::PeerGone { rank, op: "recv_setup", peer });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(BackendError::Timeout { rank, peer, tag, after });
+            }
+            let _ = tokio::time::timeout(DEATH_CHECK.min(deadline - now), arrived).await;
+        }
+    }
+
+    /// Hands the raw lane to `peer` (collective payloads) to `channel`; everything else stays
+    /// on QUIC. Each side attaches its own channel; the peer feeds what arrives to its
+    /// [`bulk_inbound`](Self::bulk_inbound).
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient, channel: std::sync::Arc<dyn nexar::transport::bulk::BulkChannel>) {
+    /// comm.attach_bulk(1, channel).expect("a direct link to rank 1");
+    /// assert_ne!(comm.bulk_transport(1), Some("quic"));
+    /// # }
+    /// ```
+    pub fn attach_bulk(&self, peer: usize, channel: Arc<dyn BulkChannel>) -> Result<(), BackendError> {
+        let rank = self.rank();
+        self.check_backend_peer("attach_bulk", peer)?;
+        let world = self.comm.members[peer];
+        let link = self.inner.links.get(world).ok_or(BackendError::NoDirectLink { rank, peer })?;
+        let name = channel.name();
+        link.attach_bulk(channel).map_err(|_| BackendError::AlreadyAttached {
+            rank,
+            peer,
+            name: link.attached_bulk().unwrap_or("another channel"),
+        })?;
+        tracing::info!(rank, peer, transport = name, "collective payloads to this peer use another transport");
+        Ok(())
+    }
+
+    /// Where a bulk transport delivers what it received from `peer` (a rank of this
+    /// communicator); `None` for this rank itself, a rank out of range or without a direct link.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// let inbound = comm.bulk_inbound(1).unwrap();
+    /// assert_eq!(inbound.peer(), 1);
+    /// # }
+    /// ```
+    pub fn bulk_inbound(&self, peer: usize) -> Option<BulkInbound> {
+        self.check_backend_peer("bulk_inbound", peer).ok()?;
+        let world = self.comm.members[peer];
+        let slot = self.inner.links.get(world)?.bulk_slot();
+        Some(BulkInbound::new(world as u32, self.inner.self_lanes.clone(), self.config().max_message_bytes, slot))
+    }
+
+    /// The transport that carries collective payloads to `peer`: `"quic"`, an attached
+    /// channel's name, or `None` without a direct link.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// println!("to rank 1 over {:?}", comm.bulk_transport(1));
+    /// # }
+    /// ```
+    pub fn bulk_transport(&self, peer: usize) -> Option<&'static str> {
+        let world = *self.comm.members.get(peer)?;
+        self.inner.links.get(world).map(|l| l.bulk_transport())
+    }
+
+    fn check_backend_peer(&self, op: &'static str, peer: usize) -> Result<(), BackendError> {
+        let size = self.world_size();
+        if peer >= size || peer == self.rank() {
+            return Err(BackendError::NoSuchPeer { rank: self.rank(), op, peer, size });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,364 @@
+//! Other transports for collective payloads. A [`BulkChannel`] (RDMA, for example) takes over
+//! the raw lane of one peer link; what such a transport receives goes through a
+//! [`BulkInbound`] into the same router the QUIC streams feed, with the same checks. The
+//! executor does not know which transport carried a collective.
+//!
+//! A channel carries *message groups*: the frames of one collective message exactly as they
+//! would go on a QUIC stream (a message frame, then a raw frame with the payload). The
+//! receiving side hands each whole group to [`BulkInbound::deliver`].
+//!
+//! When a channel fails, messages it held may be lost. A later message of the same collective
+//! sent over QUIC could then be taken for a lost one, so the link remembers which collectives
+//! crossed the channel (on either side): those fail on this rank at once (and this rank tells
+//! the others, as for any local failure), later ones go over QUIC.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+
+use super::TransportError;
+use super::framed::Payload;
+use super::link::{Incoming, LaneSenders, announced_payload, raw_length_disagrees};
+use super::mailbox::Mailbox;
+use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAX_CONTROL_FRAME};
+use crate::proto::message::{self, PeerMsg};
+
+/// The future of one [`BulkChannel::send`].
+pub type BulkSend = Pin<Box<dyn Future<Output = Result<(), TransportError>> + Send + 'static>>;
+
+/// The future of [`BulkChannel::closed`].
+pub type BulkClosed = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Collectives remembered per link as having crossed its bulk channel.
+const RECENT_COLLECTIVES: usize = 1024;
+
+/// A transport that carries one peer's raw lane (collective payloads) instead of QUIC.
+///
+/// Attach one with [`NexarClient::attach_bulk`](crate::NexarClient::attach_bulk); the peer
+/// feeds what it receives to its [`BulkInbound`].
+///
+/// ```
+/// use bytes::Bytes;
+/// use nexar::transport::bulk::{BulkChannel, BulkSend};
+///
+/// /// Counts the bytes it is asked to carry and drops them (a real channel moves them).
+/// struct Counting(std::sync::atomic::AtomicU64);
+///
+/// impl BulkChannel for Counting {
+///     fn name(&self) -> &'static str {
+///         "counting"
+///     }
+///     fn send(&self, frames: Vec<Bytes>) -> BulkSend {
+///         let n: usize = frames.iter().map(Bytes::len).sum();
+///         self.0.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+///         Box::pin(async { Ok(()) })
+///     }
+/// }
+/// ```
+pub trait BulkChannel: Send + Sync + 'static {
+    /// A short name for logs and [`NexarClient::bulk_transport`](crate::NexarClient::bulk_transport).
+    fn name(&self) -> &'static str;
+
+    /// Carries one message group (its frames, in order) to the peer, where it must reach
+    /// [`BulkInbound::deliver`] whole. Groups sent one after another arrive in that order.
+    /// The future resolves once the bytes no longer need `frames`; the channel owns them until
+    /// then, so a dropped caller never leaves a transfer reading freed memory.
+    fn send(&self, frames: Vec<Bytes>) -> BulkSend;
+
+    /// Whether the channel still works. Once it says no, the link sends over QUIC again:
+    /// collectives that had messages on the channel fail on this rank (which tells the
+    /// others), because the channel may have lost some; later collectives go over QUIC.
+    fn usable(&self) -> bool {
+        true
+    }
+
+    /// Resolves when the channel stops working (never, by default), so that collectives
+    /// waiting on messages it lost fail at once instead of at their timeout.
+    fn closed(&self) -> BulkClosed {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// `(comm, seq)` of collectives, oldest first, and the same as a set.
+type Recent = (VecDeque<(u64, u64)>, HashSet<(u64, u64)>);
+
+/// One link's bulk channel, if any, and the collectives that crossed it.
+pub(crate) struct BulkSlot {
+    peer: u32,
+    channel: OnceLock<Arc<dyn BulkChannel>>,
+    recent: Mutex<Recent>,
+    failed: AtomicBool,
+    /// The rank's collective mailbox, where failed collectives are failed.
+    coll: Option<Arc<Mailbox>>,
+}
+
+impl std::fmt::Debug for BulkSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BulkSlot").field("peer", &self.peer).field("channel", &self.attached()).finish_non_exhaustive()
+    }
+}
+
+impl BulkSlot {
+    pub fn new(peer: u32, lanes: &LaneSenders) -> BulkSlot {
+        BulkSlot {
+            peer,
+            channel: OnceLock::new(),
+            recent: Mutex::default(),
+            failed: AtomicBool::new(false),
+            coll: lanes.coll_mailbox(),
+        }
+    }
+
+    /// Attaches `channel`, and fails the collectives it carried as soon as it stops.
+    pub fn attach(self: &Arc<Self>, channel: Arc<dyn BulkChannel>) -> Result<(), Arc<dyn BulkChannel>> {
+        let closed = channel.closed();
+        self.channel.set(channel)?;
+        let slot = Arc::downgrade(self);
+        tokio::spawn(async move {
+            closed.await;
+            if let Some(slot) = slot.upgrade() {
+                slot.fail();
+            }
+        });
+        Ok(())
+    }
+
+    /// The attached channel's name, usable or not.
+    pub fn attached(&self) -> Option<&'static str> {
+        self.channel.get().map(|c| c.name())
+    }
+
+    /// The channel, while it works.
+    pub fn usable(&self) -> Option<&Arc<dyn BulkChannel>> {
+        let channel = self.channel.get()?;
+        if self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        if !channel.usable() {
+            self.fail();
+            return None;
+        }
+        Some(channel)
+    }
+
+    /// Remembers that collective `(comm, seq)` had a message on the channel.
+    pub fn record(&self, key: (u64, u64)) {
+        let mut recent = crate::sync::lock(&self.recent);
+        if recent.1.insert(key) {
+            recent.0.push_back(key);
+            if recent.0.len() > RECENT_COLLECTIVES
+                && let Some(old) = recent.0.pop_front()
+            {
+                recent.1.remove(&old);
+            }
+        }
+    }
+
+    /// Whether collective `key` had a message on the channel.
+    pub fn carried(&self, key: (u64, u64)) -> bool {
+        crate::sync::lock(&self.recent).1.contains(&key)
+    }
+
+    /// The channel stopped: every collective it carried fails on this rank.
+    pub fn fail(&self) {
+        if self.failed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let name = self.attached().unwrap_or("bulk");
+        let reason = format!("the {name} link to rank {} failed during this operation", self.peer);
+        tracing::warn!(
+            peer = self.peer,
+            transport = name,
+            "bulk channel failed; the link carries payloads over QUIC again"
+        );
+        let keys: Vec<(u64, u64)> = crate::sync::lock(&self.recent).0.iter().copied().collect();
+        if let Some(coll) = &self.coll {
+            for (comm, seq) in keys {
+                coll.fail_link(comm, seq, &reason);
+            }
+        }
+    }
+
+    /// The error for a message of a collective the failed channel carried.
+    pub fn lost(&self) -> TransportError {
+        TransportError::ConnectionLost {
+            peer: format!("rank {}", self.peer),
+            reason: format!("its {} link failed during this operation", self.attached().unwrap_or("bulk")),
+        }
+    }
+}
+
+impl std::fmt::Debug for dyn BulkChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BulkChannel({})", self.name())
+    }
+}
+
+/// Where a bulk transport hands the message groups it received from one peer.
+///
+/// ```no_run
+/// # async fn run(comm: nexar::NexarClient, received: bytes::Bytes) {
+/// let inbound = comm.bulk_inbound(1).expect("rank 1 is a peer");
+/// if let Err(e) = inbound.deliver(received).await {
+///     eprintln!("rank 1 broke the protocol: {e}"); // close the transport
+/// }
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct BulkInbound {
+    peer: u32,
+    lanes: LaneSenders,
+    max_payload: u64,
+    slot: Arc<BulkSlot>,
+}
+
+impl std::fmt::Debug for BulkInbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BulkInbound").field("peer", &self.peer).finish_non_exhaustive()
+    }
+}
+
+impl BulkInbound {
+    pub(crate) fn new(peer: u32, lanes: LaneSenders, max_payload: u64, slot: Arc<BulkSlot>) -> BulkInbound {
+        BulkInbound { peer, lanes, max_payload, slot }
+    }
+
+    /// The world rank whose groups this delivers.
+    pub fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    /// Checks one received message group and delivers it like a message read from QUIC.
+    /// An error means the peer broke the protocol: the transport should stop using it.
+    /// A rank that is shutting down drops the message quietly.
+    pub async fn deliver(&self, group: Bytes) -> Result<(), FrameError> {
+        let (msg, payload) = decode_group(&group, self.max_payload)?;
+        if let PeerMsg::Coll { comm, seq, .. } = msg {
+            self.slot.record((comm, seq));
+        }
+        let _ = self.lanes.deliver(Incoming { from: self.peer, msg, payload }).await;
+        Ok(())
+    }
+}
+
+/// Splits a message group received by a bulk transport into its message and payload, with
+/// the checks of the QUIC path: frame kinds and lengths, a valid collective message, a payload
+/// of exactly the announced length within `max_payload`, nothing after it. The payload is a
+/// view of `group`, not a copy.
+///
+/// ```
+/// use nexar::proto::frame::{message_frame, raw_header};
+/// use nexar::proto::message::{PeerMsg, encode};
+/// use nexar::transport::bulk::decode_group;
+///
+/// let msg = PeerMsg::Coll { comm: 0, seq: 1, kind: 1, op: 1, dtype: 1, root: 0, count: 2, fingerprint: 0, len: 2 };
+/// let mut group = message_frame(&encode(&msg).unwrap()).to_vec();
+/// group.extend_from_slice(&raw_header(8));
+/// group.extend_from_slice(&[0u8; 8]);
+/// let (decoded, payload) = decode_group(&group.into(), 1 << 20).unwrap();
+/// assert_eq!((decoded, payload.len()), (msg, 8));
+/// ```
+pub fn decode_group(group: &Bytes, max_payload: u64) -> Result<(PeerMsg, Payload), FrameError> {
+    let (header, rest) = frame_header(group, 0, MAX_CONTROL_FRAME)?;
+    header.expect(FrameKind::Message)?;
+    let body_end = body_end(rest, header.len, group.len())?;
+    let msg: PeerMsg = message::decode(&group[rest..body_end])?;
+    if !matches!(msg, PeerMsg::Coll { .. }) {
+        return Err(FrameError::InvalidMessage(format!(
+            "a bulk transport carries collective payloads only, not {:?} messages",
+            super::link::Lane::of(&msg)
+        )));
+    }
+    let Some((expected, limit)) = announced_payload(&msg, max_payload)? else {
+        return Err(FrameError::InvalidMessage("a collective message without a payload".into()));
+    };
+    let (raw, start) = frame_header(group, body_end, limit)?;
+    raw.expect(FrameKind::Raw)?;
+    if raw.len != expected {
+        return Err(raw_length_disagrees(expected, raw.len));
+    }
+    let end = body_end_exact(start, raw.len, group.len())?;
+    Ok((msg, Payload::from_bytes(group.slice(start..end))))
+}
+
+/// The frame header at `at`, checked against `limit`, and where its body starts.
+fn frame_header(group: &[u8], at: usize, limit: u64) -> Result<(FrameHeader, usize), FrameError> {
+    let bytes: &[u8; HEADER_LEN] = group
+        .get(at..at + HEADER_LEN)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| FrameError::InvalidMessage(format!("group ends inside a frame header at byte {at}")))?;
+    Ok((FrameHeader::decode(bytes, limit)?, at + HEADER_LEN))
+}
+
+/// Where a body of `len` bytes starting at `start` ends, if the group holds all of it.
+fn body_end(start: usize, len: u64, total: usize) -> Result<usize, FrameError> {
+    usize::try_from(len).ok().and_then(|len| start.checked_add(len)).filter(|end| *end <= total).ok_or_else(|| {
+        FrameError::InvalidMessage(format!("a {len}-byte frame body runs past the group's {total} bytes"))
+    })
+}
+
+/// Like [`body_end`], for the last frame: the group must end exactly there.
+fn body_end_exact(start: usize, len: u64, total: usize) -> Result<usize, FrameError> {
+    let end = body_end(start, len, total)?;
+    if end != total {
+        return Err(FrameError::InvalidMessage(format!("{} bytes follow the payload", total - end)));
+    }
+    Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::frame::{message_frame, raw_header};
+    use proptest::prelude::*;
+
+    fn coll(len: u64) -> PeerMsg {
+        PeerMsg::Coll { comm: 3, seq: 9, kind: 1, op: 1, dtype: 1, root: 0, count: len, fingerprint: 0, len }
+    }
+
+    fn group(msg: &PeerMsg, raw_len: u64, payload: &[u8]) -> Bytes {
+        let mut out = message_frame(&message::encode(msg).unwrap()).to_vec();
+        out.extend_from_slice(&raw_header(raw_len));
+        out.extend_from_slice(payload);
+        out.into()
+    }
+
+    #[test]
+    fn a_well_formed_group_decodes_without_copying_the_payload() {
+        let g = group(&coll(4), 16, &[7u8; 16]);
+        let (msg, payload) = decode_group(&g, 1 << 20).unwrap();
+        assert_eq!(msg, coll(4));
+        assert_eq!(payload.chunks()[0].as_ptr(), g[g.len() - 16..].as_ptr());
+    }
+
+    #[test]
+    fn bad_groups_are_refused_with_a_reason() {
+        let cases = [
+            (group(&coll(4), 12, &[0u8; 12]), "announces 16"),
+            (group(&coll(4), 16, &[0u8; 15]), "runs past"),
+            (group(&coll(4), 16, &[0u8; 17]), "follow the payload"),
+            (group(&coll(1 << 20), 4 << 20, &[]), "limit"),
+            (group(&PeerMsg::Heartbeat, 0, &[]), "collective payloads only"),
+            (Bytes::from_static(&[1, 2, 3]), "inside a frame header"),
+        ];
+        for (g, want) in cases {
+            let err = decode_group(&g, 1 << 20).unwrap_err().to_string();
+            assert!(err.to_lowercase().contains(want), "{err:?} should mention {want:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn mutated_groups_never_panic(flip in 0usize..200, xor in 1u8..=255, cut in 0usize..200) {
+            let mut bytes = group(&coll(8), 32, &[5u8; 32]).to_vec();
+            let i = flip % bytes.len();
+            bytes[i] ^= xor;
+            bytes.truncate(bytes.len() - cut % bytes.len());
+            let _ = decode_group(&bytes.into(), 1 << 20);
+        }
+    }
+}
