@@ -127,6 +127,16 @@ pub enum DeviceError {
         /// Devices present.
         count: usize,
     },
+    /// The host side of a copy is not as long as the buffer.
+    #[error("{adapter} adapter: a buffer of {buffer} elements and {host} host elements")]
+    LengthMismatch {
+        /// The adapter asked to copy.
+        adapter: &'static str,
+        /// Elements in the buffer.
+        buffer: usize,
+        /// Elements on the host side.
+        host: usize,
+    },
     /// A driver call failed.
     #[error("{op} failed on device {device}: {reason}")]
     Driver {

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
+use crate::adapter::DeviceAdapter;
 use crate::buf::{Buf, DeviceError, HostStage, HostView, RecvBuf, SendBuf, WriteBack};
+use crate::cuda_adapter::CudaAdapter;
 use crate::element::Element;
 use crate::space::Cuda;
 
@@ -20,6 +22,18 @@ pub struct CudaStorage<T: Element> {
     slice: CudaSlice<T>,
     stream: Arc<CudaStream>,
     device: usize,
+}
+
+impl<T: Element> CudaStorage<T> {
+    /// The device memory, its stream and its device index.
+    pub(crate) fn parts(&self) -> (&CudaSlice<T>, &Arc<CudaStream>, usize) {
+        (&self.slice, &self.stream, self.device)
+    }
+
+    /// The device memory, for writing, and its stream.
+    pub(crate) fn parts_mut(&mut self) -> (&mut CudaSlice<T>, Arc<CudaStream>) {
+        (&mut self.slice, self.stream.clone())
+    }
 }
 
 impl<T: Element> fmt::Debug for CudaStorage<T> {
@@ -46,7 +60,7 @@ fn unavailable() -> DeviceError {
     DeviceError::Unavailable { reason: "no CUDA driver (libcuda.so) was found on this host".into() }
 }
 
-fn driver(op: &'static str, device: usize) -> impl Fn(cudarc::driver::DriverError) -> DeviceError {
+pub(crate) fn driver(op: &'static str, device: usize) -> impl Fn(cudarc::driver::DriverError) -> DeviceError {
     move |e| DeviceError::Driver { op, device, reason: e.to_string() }
 }
 
@@ -67,7 +81,7 @@ pub fn cuda_device_count() -> Result<usize, DeviceError> {
 }
 
 /// The context of `device`, made once per process.
-fn context(device: usize) -> Result<Arc<CudaContext>, DeviceError> {
+pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>, DeviceError> {
     let count = cuda_device_count()?;
     if device >= count {
         return Err(DeviceError::NoDevice { index: device, count });
@@ -113,17 +127,17 @@ impl<T: Element> Buf<T, Cuda> {
         Ok(buf)
     }
 
-    /// Copies the elements to host memory.
+    /// Copies the elements to host memory (through [`CudaAdapter::global`]).
     pub fn to_host(&self) -> Result<Vec<T>, DeviceError> {
-        let CudaStorage { slice, stream, device } = &self.storage;
-        let host = stream.clone_dtoh(slice).map_err(driver("copying to the host", *device))?;
-        stream.synchronize().map_err(driver("copying to the host", *device))?;
+        let mut host = vec![T::zeroed(); self.len()];
+        CudaAdapter::global().download(self, &mut host)?;
         Ok(host)
     }
 
-    /// Overwrites the elements with `data`, which must be as long as the buffer.
+    /// Overwrites the elements with `data`, which must be as long as the buffer (through
+    /// [`CudaAdapter::global`]).
     pub fn copy_from_host(&mut self, data: &[T]) -> Result<(), DeviceError> {
-        self.storage.write_back(data)
+        CudaAdapter::global().upload(self, data)
     }
 
     /// Number of elements.
@@ -142,18 +156,9 @@ impl<T: Element> Buf<T, Cuda> {
     }
 }
 
-impl<T: Element> WriteBack<T> for CudaStorage<T> {
+impl<T: Element> WriteBack<T> for Buf<T, Cuda> {
     fn write_back(&mut self, host: &[T]) -> Result<(), DeviceError> {
-        if host.len() != self.slice.len() {
-            return Err(DeviceError::Driver {
-                op: "copying to the device",
-                device: self.device,
-                reason: format!("{} elements for a buffer of {}", host.len(), self.slice.len()),
-            });
-        }
-        let fail = driver("copying to the device", self.device);
-        self.stream.memcpy_htod(host, &mut self.slice).map_err(&fail)?;
-        self.stream.synchronize().map_err(fail)
+        self.copy_from_host(host)
     }
 }
 
@@ -167,7 +172,7 @@ impl<T: Element> SendBuf for Buf<T, Cuda> {
 impl<T: Element> RecvBuf for Buf<T, Cuda> {
     fn host_stage(&mut self) -> Result<HostStage<'_, T>, DeviceError> {
         let host = self.to_host()?;
-        Ok(HostStage::copied(host, &mut self.storage))
+        Ok(HostStage::copied(host, self))
     }
 }
 
@@ -184,6 +189,17 @@ mod tests {
                 let mut z = Buf::<f32, Cuda>::zeros_on(0, 3).unwrap();
                 z.copy_from_host(&[4.0, 5.0, 6.0]).unwrap();
                 assert_eq!(z.host_view().unwrap()[..], [4.0, 5.0, 6.0]);
+                // Chunked through pinned buffers: 64 KiB chunks, a partial last one.
+                let adapter = CudaAdapter::new(64 << 10);
+                let data: Vec<u32> = (0..100_003).collect();
+                let mut big = Buf::<u32, Cuda>::zeros_on(0, data.len()).unwrap();
+                adapter.upload(&mut big, &data).unwrap();
+                let mut back = vec![0u32; data.len()];
+                adapter.download(&big, &mut back).unwrap();
+                assert_eq!(back, data);
+                assert_eq!(big.to_host().unwrap(), data, "the global adapter agrees");
+                let short = adapter.download(&big, &mut back[..10]).unwrap_err();
+                assert!(matches!(short, DeviceError::LengthMismatch { buffer: 100_003, host: 10, .. }));
             }
             Err(e) => {
                 let text = e.to_string();

@@ -4,7 +4,8 @@
 //! - Reduction operations as types ([`Sum`], [`Prod`], [`Min`], [`Max`], [`BitAnd`], [`BitOr`],
 //!   [`BitXor`]) so that a bitwise reduction of floats fails to compile, plus the runtime
 //!   [`ReduceOp`] for operations chosen at run time.
-//! - Memory spaces as types ([`Host`]) and the typed, owned buffer [`Buf<T, M>`].
+//! - Memory spaces as types ([`Host`]) and the typed, owned buffer [`Buf<T, M>`], with the
+//!   [`DeviceAdapter`] of each space that moves elements to host memory and back.
 //! - [`SendBuf`] / [`RecvBuf`]: the one pair of traits through which `Buf<T>`, `Vec<T>`, `[T]` and
 //!   `[T; N]` reach every operation.
 //! - [`stable_id`]: the `const fn` hash that turns names into stable 64-bit ids.
@@ -17,23 +18,29 @@
 //! assert_eq!(<f32 as Element>::DTYPE, DType::F32);
 //! assert_eq!(Reduction::<f32>::op(&Sum), ReduceOp::Sum);
 //! ```
-// The one exception, behind the `cuda` feature: asking whether the CUDA driver library can be
-// loaded (see `cuda.rs`).
+// The exceptions, behind the `cuda` feature: asking whether the CUDA driver library can be
+// loaded (`cuda.rs`) and zeroing freshly allocated pinned host memory (`cuda_adapter.rs`).
 #![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 #![cfg_attr(feature = "cuda", deny(unsafe_code))]
 #![warn(missing_docs)]
 
+mod adapter;
 mod buf;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_adapter;
 mod element;
 mod id;
 mod op;
 mod space;
 
+pub use adapter::{CpuAdapter, DeviceAdapter};
 pub use buf::{Buf, DeviceError, HostStage, HostView, RecvBuf, SendBuf, WriteBack};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaStorage, cuda_device_count};
+#[cfg(feature = "cuda")]
+pub use cuda_adapter::{CudaAdapter, DEFAULT_CHUNK_BYTES};
 pub use element::{DType, Element, UnknownDType};
 pub use id::{stable_hash, stable_id};
 pub use op::{BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce, reduce_slice};

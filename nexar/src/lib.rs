@@ -44,8 +44,8 @@ pub use nexar_types::{
     Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash, stable_id,
 };
 #[cfg(feature = "cuda")]
-pub use nexar_types::{Cuda, cuda_device_count};
-pub use nexar_types::{DeviceError, HostStage, HostView};
+pub use nexar_types::{Cuda, CudaAdapter, cuda_device_count};
+pub use nexar_types::{CpuAdapter, DeviceAdapter, DeviceError, HostStage, HostView};
 pub use proto::algo::Algorithm;
 pub use proto::topology::Topology;
 pub use rpc::RpcError;

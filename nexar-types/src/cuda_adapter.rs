@@ -1,0 +1,196 @@
+//! The CUDA [`DeviceAdapter`]: copies between device memory and host memory, staged through
+//! two pinned (page-locked) host buffers for large buffers, so the DMA of one chunk overlaps
+//! the host copy of the previous one. Pinned buffers are made once per device and element
+//! type and reused.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaStream, PinnedHostSlice};
+
+use crate::adapter::{DeviceAdapter, same_length};
+use crate::buf::{Buf, DeviceError};
+use crate::cuda::driver;
+use crate::element::Element;
+use crate::space::Cuda;
+
+/// Bytes of each pinned staging buffer of [`CudaAdapter::global`].
+pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+
+/// Two pinned buffers of one element type on one device.
+type PinnedPair<T> = [PinnedHostSlice<T>; 2];
+
+/// The adapter of CUDA device memory (feature `cuda`).
+///
+/// Buffers up to one chunk move in one copy; larger ones in chunks through two pinned host
+/// buffers used in turn: while the GPU copies chunk `i + 1` into one, the CPU copies chunk `i`
+/// out of the other. Every call waits for its last copy before it returns.
+///
+/// ```no_run
+/// use nexar_types::{Buf, Cuda, CudaAdapter, DeviceAdapter};
+/// let grads = Buf::<f32, Cuda>::from_host(0, &vec![1.0; 1 << 24])?;
+/// let mut host = vec![0.0f32; 1 << 24];
+/// CudaAdapter::global().download(&grads, &mut host)?; // 16 × 4 MiB chunks, overlapped
+/// # Ok::<(), nexar_types::DeviceError>(())
+/// ```
+#[derive(Debug)]
+pub struct CudaAdapter {
+    chunk_bytes: usize,
+    /// Idle pinned pairs by (device, element type), each a `Vec<PinnedPair<T>>`.
+    pools: Mutex<HashMap<(usize, TypeId), Box<dyn Any + Send>>>,
+}
+
+impl CudaAdapter {
+    /// An adapter whose pinned buffers hold `chunk_bytes` each (at least 64 KiB).
+    pub fn new(chunk_bytes: usize) -> CudaAdapter {
+        CudaAdapter { chunk_bytes: chunk_bytes.max(64 << 10), pools: Mutex::default() }
+    }
+
+    /// The process-wide adapter (4 MiB chunks) that device buffers use in every operation.
+    pub fn global() -> &'static CudaAdapter {
+        static GLOBAL: OnceLock<CudaAdapter> = OnceLock::new();
+        GLOBAL.get_or_init(|| CudaAdapter::new(DEFAULT_CHUNK_BYTES))
+    }
+
+    fn chunk_elems<T>(&self) -> usize {
+        (self.chunk_bytes / size_of::<T>().max(1)).max(1)
+    }
+
+    /// A pinned pair for `T` on `device`, from the pool or new.
+    fn take_pair<T: Element>(&self, device: usize, ctx: &Arc<CudaContext>) -> Result<PinnedPair<T>, DeviceError> {
+        let key = (device, TypeId::of::<T>());
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pair) = pools.get_mut(&key).and_then(|p| p.downcast_mut::<Vec<PinnedPair<T>>>()).and_then(Vec::pop)
+        {
+            return Ok(pair);
+        }
+        drop(pools);
+        let len = self.chunk_elems::<T>();
+        Ok([pinned_zeros(ctx, device, len)?, pinned_zeros(ctx, device, len)?])
+    }
+
+    fn give_pair<T: Element>(&self, device: usize, pair: PinnedPair<T>) {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = pools.entry((device, TypeId::of::<T>())).or_insert_with(|| Box::new(Vec::<PinnedPair<T>>::new()));
+        if let Some(pool) = pool.downcast_mut::<Vec<PinnedPair<T>>>()
+            && pool.len() < 4
+        {
+            pool.push(pair);
+        }
+    }
+}
+
+/// `len` zeroed elements of pinned host memory on `device`.
+fn pinned_zeros<T: Element>(
+    ctx: &Arc<CudaContext>,
+    device: usize,
+    len: usize,
+) -> Result<PinnedHostSlice<T>, DeviceError> {
+    let fail = driver("allocating pinned host memory", device);
+    // SAFETY: `alloc_pinned` is unsafe only because the memory starts uninitialised; it is
+    // zeroed here, through a raw pointer, before anything reads it.
+    #[allow(unsafe_code)]
+    let pinned = unsafe {
+        let mut pinned = ctx.alloc_pinned::<T>(len).map_err(&fail)?;
+        let ptr = pinned.as_mut_ptr().map_err(&fail)?;
+        std::ptr::write_bytes(ptr, 0, len);
+        pinned
+    };
+    Ok(pinned)
+}
+
+impl DeviceAdapter for CudaAdapter {
+    type Space = Cuda;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn download<T: Element>(&self, buf: &Buf<T, Cuda>, out: &mut [T]) -> Result<(), DeviceError> {
+        same_length(self.name(), buf.len(), out.len())?;
+        let (slice, stream, device) = buf.storage.parts();
+        let fail = driver("copying to the host", device);
+        let chunk = self.chunk_elems::<T>();
+        if out.len() <= chunk {
+            stream.memcpy_dtoh(slice, out).map_err(&fail)?;
+            return stream.synchronize().map_err(fail);
+        }
+        let mut pair = self.take_pair::<T>(device, stream.context())?;
+        let result = download_chunks(stream, slice, out, &mut pair, chunk).map_err(&fail);
+        // Whatever happened, no copy into the pair may still be running when it is reused.
+        let settled = stream.synchronize().map_err(&fail);
+        if settled.is_ok() {
+            self.give_pair(device, pair);
+        }
+        result.and(settled)
+    }
+
+    fn upload<T: Element>(&self, buf: &mut Buf<T, Cuda>, data: &[T]) -> Result<(), DeviceError> {
+        same_length(self.name(), buf.len(), data.len())?;
+        let device = buf.device();
+        let fail = driver("copying to the device", device);
+        let chunk = self.chunk_elems::<T>();
+        let (slice, stream) = buf.storage.parts_mut();
+        if data.len() <= chunk {
+            stream.memcpy_htod(data, slice).map_err(&fail)?;
+            return stream.synchronize().map_err(fail);
+        }
+        let mut pair = self.take_pair::<T>(device, stream.context())?;
+        let result = upload_chunks(&stream, slice, data, &mut pair, chunk).map_err(&fail);
+        let settled = stream.synchronize().map_err(&fail);
+        if settled.is_ok() {
+            self.give_pair(device, pair);
+        }
+        result.and(settled)
+    }
+}
+
+/// Device → host in chunks: the copy of chunk `i + 1` into one pinned buffer runs while chunk
+/// `i` is copied out of the other (`as_slice` waits for that buffer's own copy only).
+fn download_chunks<T: Element>(
+    stream: &Arc<CudaStream>,
+    slice: &cudarc::driver::CudaSlice<T>,
+    out: &mut [T],
+    pair: &mut PinnedPair<T>,
+    chunk: usize,
+) -> Result<(), cudarc::driver::DriverError> {
+    let n = out.len();
+    let chunks = n.div_ceil(chunk);
+    let range = |i: usize| i * chunk..((i + 1) * chunk).min(n);
+    stream.memcpy_dtoh(&slice.slice(range(0)), &mut pair[0])?;
+    for i in 0..chunks {
+        if i + 1 < chunks {
+            stream.memcpy_dtoh(&slice.slice(range(i + 1)), &mut pair[(i + 1) % 2])?;
+        }
+        let r = range(i);
+        let staged = pair[i % 2].as_slice()?;
+        out[r.clone()].copy_from_slice(&staged[..r.len()]);
+    }
+    Ok(())
+}
+
+/// Host → device in chunks: while the GPU copies one pinned buffer, the CPU fills the other
+/// (`as_mut_slice` waits until that buffer's previous copy is done). A last partial chunk goes
+/// straight from `data`.
+fn upload_chunks<T: Element>(
+    stream: &Arc<CudaStream>,
+    slice: &mut cudarc::driver::CudaSlice<T>,
+    data: &[T],
+    pair: &mut PinnedPair<T>,
+    chunk: usize,
+) -> Result<(), cudarc::driver::DriverError> {
+    let n = data.len();
+    for (i, start) in (0..n).step_by(chunk).enumerate() {
+        let end = (start + chunk).min(n);
+        let mut target = slice.slice_mut(start..end);
+        if end - start < chunk {
+            stream.memcpy_htod(&data[start..end], &mut target)?;
+            continue;
+        }
+        let pinned = &mut pair[i % 2];
+        pinned.as_mut_slice()?.copy_from_slice(&data[start..end]);
+        stream.memcpy_htod(pinned, &mut target)?;
+    }
+    Ok(())
+}
