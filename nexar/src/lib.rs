@@ -43,9 +43,9 @@ pub use nexar_types::{
     BitAnd, BitOr, BitXor, Buf, DType, Element, Host, Max, MemorySpace, Min, Prod, RecvBuf, ReduceError, ReduceOp,
     Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash, stable_id,
 };
+pub use nexar_types::{CpuAdapter, DeviceAdapter, DeviceError, HostStage, HostView};
 #[cfg(feature = "cuda")]
 pub use nexar_types::{Cuda, CudaAdapter, cuda_device_count};
-pub use nexar_types::{CpuAdapter, DeviceAdapter, DeviceError, HostStage, HostView};
 pub use proto::algo::Algorithm;
 pub use proto::topology::Topology;
 pub use rpc::RpcError;

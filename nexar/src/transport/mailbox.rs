@@ -93,6 +93,16 @@ fn refusal((reason, link_failed): &(String, bool)) -> Refusal {
     if *link_failed { Refusal::LinkFailed(reason.clone()) } else { Refusal::Aborted(reason.clone()) }
 }
 
+/// What [`Mailbox::try_deliver`] did with a message.
+enum Delivered {
+    /// Handed to a receive, held, or dropped (its collective was aborted).
+    Done,
+    /// Parked as the overflow message: the lane waits until it moves.
+    Parked,
+    /// Not taken: another message is parked; here it is back.
+    Busy(Held),
+}
+
 type Waiter = (u64, oneshot::Sender<Result<Held, Refusal>>);
 
 #[derive(Default)]
@@ -175,40 +185,19 @@ impl Mailbox {
         self.lock().closed
     }
 
-    pub(crate) async fn deliver(&self, key: Key, mut msg: Held) {
-        {
-            let mut st = self.lock();
-            if st.aborted.contains_key(&(key.comm, key.tag)) {
-                return;
-            }
-            if let Some(queue) = st.waiters.get_mut(&key) {
-                while let Some((_, tx)) = queue.pop_front() {
-                    match tx.send(Ok(msg)) {
-                        Ok(()) => {
-                            if queue.is_empty() {
-                                st.waiters.remove(&key);
-                            }
-                            return;
-                        }
-                        // That receive was cancelled; try the next one.
-                        Err(Ok(back)) => msg = back,
-                        Err(Err(_)) => unreachable!("we only send Ok here"),
-                    }
-                }
-                st.waiters.remove(&key);
-            }
-            if self.has_room(&st, msg.payload.len() as u64) {
-                st.push_back(key, msg);
-                return;
-            }
-            let (count, bytes) = (st.count, st.bytes);
-            tracing::warn!(held = count, held_bytes = bytes, "unmatched-message limit reached; pausing the data lane");
-            st.overflow = Some((key, msg));
-            // Every waiting receive is for a key that is not held and cannot arrive while the
-            // lane is paused: tell them now rather than let them time out.
-            for (_, queue) in st.waiters.drain() {
-                for (_, tx) in queue {
-                    let _ = tx.send(Err(Refusal::Full { held: count, held_bytes: bytes }));
+    pub(crate) async fn deliver(&self, key: Key, msg: Held) {
+        let mut msg = msg;
+        loop {
+            // Made before the state is looked at, so a wake-up in between is not missed.
+            let room = self.room.notified();
+            match self.try_deliver(key, msg) {
+                Delivered::Done => return,
+                Delivered::Parked => break,
+                // Another link's message is parked already: parking this one over it would
+                // lose that message, so wait until it moves, then try again.
+                Delivered::Busy(back) => {
+                    msg = back;
+                    room.await;
                 }
             }
         }
@@ -219,6 +208,48 @@ impl Mailbox {
             }
             notified.await;
         }
+    }
+
+    /// Hands `msg` to a waiting receive, holds it, or parks it as the overflow message.
+    fn try_deliver(&self, key: Key, mut msg: Held) -> Delivered {
+        let mut st = self.lock();
+        if st.aborted.contains_key(&(key.comm, key.tag)) {
+            return Delivered::Done;
+        }
+        if let Some(queue) = st.waiters.get_mut(&key) {
+            while let Some((_, tx)) = queue.pop_front() {
+                match tx.send(Ok(msg)) {
+                    Ok(()) => {
+                        if queue.is_empty() {
+                            st.waiters.remove(&key);
+                        }
+                        return Delivered::Done;
+                    }
+                    // That receive was cancelled; try the next one.
+                    Err(Ok(back)) => msg = back,
+                    Err(Err(_)) => unreachable!("we only send Ok here"),
+                }
+            }
+            st.waiters.remove(&key);
+        }
+        if self.has_room(&st, msg.payload.len() as u64) {
+            st.push_back(key, msg);
+            return Delivered::Done;
+        }
+        if st.overflow.is_some() {
+            return Delivered::Busy(msg);
+        }
+        let (count, bytes) = (st.count, st.bytes);
+        tracing::warn!(held = count, held_bytes = bytes, "unmatched-message limit reached; pausing the data lane");
+        st.overflow = Some((key, msg));
+        // Every waiting receive is for a key that is not held and cannot arrive while the
+        // lane is paused: tell them now rather than let them time out.
+        for (_, queue) in st.waiters.drain() {
+            for (_, tx) in queue {
+                let _ = tx.send(Err(Refusal::Full { held: count, held_bytes: bytes }));
+            }
+        }
+        Delivered::Parked
     }
 
     /// Takes the oldest message for `key` if one is there, without registering a waiter.
@@ -246,7 +277,7 @@ impl Mailbox {
         }
         if st.overflow.as_ref().is_some_and(|(k, _)| *k == key) {
             let (_, msg) = st.overflow.take().expect("checked above");
-            self.room.notify_one();
+            self.room.notify_waiters();
             return Ok(Ok(msg));
         }
         // This rank shutting down says more than any one peer being gone.
@@ -276,7 +307,7 @@ impl Mailbox {
         {
             let (key, msg) = st.overflow.take().expect("checked above");
             st.push_back(key, msg);
-            self.room.notify_one();
+            self.room.notify_waiters();
         }
     }
 
@@ -319,7 +350,7 @@ impl Mailbox {
         }
         if st.overflow.as_ref().is_some_and(|(k, _)| matching(k)) {
             st.overflow = None;
-            self.room.notify_one();
+            self.room.notify_waiters();
         }
         self.refill(&mut st);
     }
@@ -439,6 +470,41 @@ mod tests {
         blocked.await.unwrap();
         for t in [1, 2] {
             assert!(matches!(mb.take_or_wait(key(t)), Ok(Ok(_))));
+        }
+    }
+
+    #[tokio::test]
+    async fn two_links_meeting_a_full_store_both_get_their_message_through() {
+        let mb = std::sync::Arc::new(Mailbox::new(1, 1 << 20));
+        mb.deliver(key(1), held(1)).await;
+        let blocked: Vec<_> = [2u8, 3]
+            .into_iter()
+            .map(|t| {
+                let mb = mb.clone();
+                tokio::spawn(async move { mb.deliver(key(u64::from(t)), held(t)).await })
+            })
+            .collect();
+        while mb.lock().overflow.is_none() {
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        // Taking what is held makes room, one message at a time; none is lost.
+        let mut seen = Vec::new();
+        for t in [1u64, 2, 3] {
+            let h = loop {
+                match mb.take_or_wait(key(t)) {
+                    Ok(Ok(h)) => break h,
+                    Ok(Err(pending)) => break pending.wait().await.unwrap(),
+                    Err(_) => tokio::task::yield_now().await,
+                }
+            };
+            seen.push(first_byte(&h));
+        }
+        assert_eq!(seen, [1, 2, 3]);
+        for b in blocked {
+            b.await.unwrap();
         }
     }
 
