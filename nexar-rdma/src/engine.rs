@@ -30,8 +30,8 @@ const CREDIT: u32 = 1 << 31;
 const LAST: u32 = 1 << 30;
 /// Low bits of an immediate value: the slot, or the credit count.
 const LOW: u32 = 0xffff;
-/// Idle polls before the engine starts sleeping between polls.
-const SPIN_POLLS: u32 = 2000;
+/// How long an idle engine keeps polling before it starts sleeping between polls.
+const SPIN: Duration = Duration::from_micros(50);
 /// How long an idle engine sleeps between polls.
 const IDLE_SLEEP: Duration = Duration::from_micros(50);
 
@@ -91,7 +91,7 @@ pub(crate) fn start(
     peer: usize,
     wire: Box<dyn Wire>,
     max_group: usize,
-    delivered: mpsc::UnboundedSender<Bytes>,
+    delivered: mpsc::Sender<Bytes>,
 ) -> std::io::Result<RdmaChannel> {
     let (requests, incoming) = std::sync::mpsc::channel();
     let (flag, stopped) = watch::channel(false);
@@ -117,7 +117,10 @@ struct Engine {
     peer: usize,
     wire: Box<dyn Wire>,
     max_group: usize,
-    delivered: mpsc::UnboundedSender<Bytes>,
+    delivered: mpsc::Sender<Bytes>,
+    /// Finished groups the delivery queue had no room for: while there are any, no credit
+    /// goes back, so the peer cannot make this rank hold more than one ring's worth of them.
+    undelivered: VecDeque<Bytes>,
     /// Ring slots of the peer this side may write now.
     credits: usize,
     next_slot: usize,
@@ -131,17 +134,21 @@ struct Engine {
     assembling: Vec<u8>,
     /// Ring slots read but not yet returned to the peer.
     to_return: u32,
+    /// Credit writes posted and not completed (the send queue holds `slots` data writes and
+    /// `slots + 1` of these).
+    credit_writes: usize,
     completions: Vec<Completion>,
 }
 
 impl Engine {
-    fn new(peer: usize, wire: Box<dyn Wire>, max_group: usize, delivered: mpsc::UnboundedSender<Bytes>) -> Engine {
+    fn new(peer: usize, wire: Box<dyn Wire>, max_group: usize, delivered: mpsc::Sender<Bytes>) -> Engine {
         let slots = wire.slots();
         Engine {
             peer,
             wire,
             max_group,
             delivered,
+            undelivered: VecDeque::new(),
             credits: slots,
             next_slot: 0,
             staging_busy: vec![false; slots],
@@ -150,6 +157,7 @@ impl Engine {
             sending: None,
             assembling: Vec::new(),
             to_return: 0,
+            credit_writes: 0,
             completions: Vec::new(),
         }
     }
@@ -179,7 +187,7 @@ impl Engine {
     }
 
     fn serve(&mut self, incoming: &Receiver<Request>) -> Result<(), String> {
-        let mut idle = 0u32;
+        let mut idle_since: Option<std::time::Instant> = None;
         let mut open = true;
         loop {
             if open {
@@ -196,7 +204,9 @@ impl Engine {
             }
             let mut progress = self.complete()?;
             progress |= self.post_writes()?;
-            if self.to_return > 0 && (!progress || self.to_return as usize >= self.wire.slots() / 2) {
+            progress |= self.hand_over();
+            let may_return = self.undelivered.is_empty() && self.credit_writes <= self.wire.slots();
+            if self.to_return > 0 && may_return && (!progress || self.to_return as usize >= self.wire.slots() / 2) {
                 self.return_credits()?;
                 progress = true;
             }
@@ -207,10 +217,10 @@ impl Engine {
             if !open && !busy {
                 return Ok(());
             }
+            let spinning = *idle_since.get_or_insert_with(std::time::Instant::now);
             if progress {
-                idle = 0;
-            } else if idle < SPIN_POLLS {
-                idle += 1;
+                idle_since = None;
+            } else if spinning.elapsed() < SPIN {
                 std::hint::spin_loop();
             } else if open && !busy {
                 match incoming.recv_timeout(IDLE_SLEEP) {
@@ -248,8 +258,9 @@ impl Engine {
         if posted != slot {
             return Err(format!("writes completed out of order: {slot:?} before {posted:?}"));
         }
-        if let Some(s) = slot {
-            self.staging_busy[s] = false;
+        match slot {
+            Some(s) => self.staging_busy[s] = false,
+            None => self.credit_writes -= 1,
         }
         if let Some(done) = done {
             let _ = done.send(Ok(()));
@@ -276,10 +287,8 @@ impl Engine {
         self.wire.read_ring(low, len, &mut self.assembling);
         self.to_return += 1;
         if imm & LAST != 0 {
-            let group = Bytes::from(std::mem::take(&mut self.assembling));
-            if self.delivered.send(group).is_err() {
-                return Ok(());
-            }
+            self.undelivered.push_back(Bytes::from(std::mem::take(&mut self.assembling)));
+            self.hand_over();
         }
         Ok(())
     }
@@ -311,8 +320,29 @@ impl Engine {
         }
     }
 
+    /// Passes finished groups to the delivery queue while it has room; whether any went.
+    fn hand_over(&mut self) -> bool {
+        let mut any = false;
+        while let Some(group) = self.undelivered.pop_front() {
+            match self.delivered.try_send(group) {
+                Ok(()) => any = true,
+                Err(mpsc::error::TrySendError::Full(group)) => {
+                    self.undelivered.push_front(group);
+                    break;
+                }
+                // The rank is going away; nobody wants the groups.
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    self.undelivered.clear();
+                    return true;
+                }
+            }
+        }
+        any
+    }
+
     fn return_credits(&mut self) -> Result<(), String> {
         self.wire.write(None, 0, CREDIT | self.to_return).map_err(|e| e.to_string())?;
+        self.credit_writes += 1;
         self.in_flight.push_back((None, None));
         self.to_return = 0;
         Ok(())
@@ -336,4 +366,68 @@ fn fill(staging: &mut [u8], sending: &mut Sending) -> usize {
         }
     }
     len
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emulated;
+
+    /// Two engines over the emulated fabric: `a` sends to `b`; what reaches `a` is kept too.
+    type Pair = (RdmaChannel, mpsc::Receiver<Bytes>, RdmaChannel, mpsc::Receiver<Bytes>);
+
+    fn pair(slots: u16, queue: usize) -> Pair {
+        let (ea, oa) = emulated::open(slots, 4096);
+        let (eb, ob) = emulated::open(slots, 4096);
+        let (wa, wb) = (ea.connect(&ob).unwrap(), eb.connect(&oa).unwrap());
+        let (to_a, at_a) = mpsc::channel(queue);
+        let (to_b, at_b) = mpsc::channel(queue);
+        let a = start("test", 1, Box::new(wa), 1 << 20, to_a).unwrap();
+        let b = start("test", 0, Box::new(wb), 1 << 20, to_b).unwrap();
+        (a, at_b, b, at_a)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn groups_arrive_whole_and_in_order_across_slot_boundaries() {
+        let (a, mut at_b, _b, _at_a) = pair(3, 64);
+        let sizes = [0usize, 1, 4095, 4096, 4097, 3 * 4096, 20_000, 100_000];
+        let sends: Vec<_> = sizes
+            .iter()
+            .map(|&n| {
+                let half = n / 2;
+                let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+                // Two frames per group, split at an arbitrary point.
+                a.send(vec![Bytes::copy_from_slice(&body[..half]), Bytes::copy_from_slice(&body[half..])])
+            })
+            .collect();
+        for (&n, sent) in sizes.iter().zip(sends) {
+            let group = at_b.recv().await.unwrap();
+            assert_eq!(group.len(), n);
+            assert!(group.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+            sent.await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receiver_that_does_not_keep_up_holds_the_sender_back() {
+        let (a, mut at_b, _b, _at_a) = pair(4, 1);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for i in 0..64u8 {
+            let sent = a.send(vec![Bytes::from(vec![i; 100])]);
+            let done = done.clone();
+            tokio::spawn(async move {
+                sent.await.unwrap();
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The queue (1), the groups parked while credits are held back (at most the 4 slots
+        // the sender had), and nothing more: the rest wait for credits.
+        let written = done.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(written <= 1 + 4 + 4, "{written} groups written into a receiver that reads nothing");
+        for i in 0..64u8 {
+            let group = tokio::time::timeout(Duration::from_secs(30), at_b.recv()).await.unwrap().unwrap();
+            assert_eq!(&group[..], &[i; 100][..]);
+        }
+    }
 }

@@ -10,10 +10,33 @@
 
 /// Version of the setup messages; ranks with different versions fall back to QUIC.
 pub const SETUP_VERSION: u16 = 1;
-/// nexar setup-message tag of round one (offers).
-pub const OFFER_TAG: u64 = 0x4e58_5244_4d41_0001;
-/// nexar setup-message tag of round two (outcomes).
-pub const OUTCOME_TAG: u64 = 0x4e58_5244_4d41_0002;
+/// nexar setup-message tag of round one (offers) of exchange number `attempt` on the
+/// communicator with id `comm`. Every attempt has its own tags, so messages an abandoned
+/// attempt left unread are never taken for a later one's.
+///
+/// ```
+/// use nexar_rdma::setup::{offer_tag, outcome_tag};
+/// assert_ne!(offer_tag(7, 0), offer_tag(8, 0));
+/// assert_ne!(offer_tag(7, 0), offer_tag(7, 1));
+/// assert_ne!(offer_tag(7, 0), outcome_tag(7, 0));
+/// ```
+pub fn offer_tag(comm: u64, attempt: u64) -> u64 {
+    tag(comm, attempt, 1)
+}
+
+/// nexar setup-message tag of round two (outcomes); see [`offer_tag`].
+pub fn outcome_tag(comm: u64, attempt: u64) -> u64 {
+    tag(comm, attempt, 2)
+}
+
+fn tag(comm: u64, attempt: u64, round: u64) -> u64 {
+    let mut h = 0x4e58_5244_4d41_0000u64;
+    for word in [comm, attempt, round] {
+        h = (h ^ word).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+    }
+    // Never the all-ones tag nexar reserves.
+    h & !(1 << 63)
+}
 
 const MAGIC: &[u8; 4] = b"NXRD";
 /// Largest reason text carried in a message.
@@ -53,6 +76,9 @@ pub struct QpOffer {
     pub slots: u16,
     /// Bytes per slot.
     pub slot_size: u32,
+    /// Random, new for every attempt: round two echoes it, so an offer left over from an
+    /// earlier attempt is never connected to.
+    pub nonce: u64,
 }
 
 /// A message of the exchange.
@@ -67,7 +93,12 @@ pub enum SetupMsg {
         reason: String,
     },
     /// "My queue pair is connected to yours": round two.
-    Ready,
+    Ready {
+        /// The nonce of this rank's offer.
+        mine: u64,
+        /// The nonce of the offer this rank connected to.
+        seen: u64,
+    },
     /// "Connecting failed": round two; both sides stay on QUIC.
     Failed {
         /// Why.
@@ -80,15 +111,15 @@ const KIND_DECLINE: u8 = 2;
 const KIND_READY: u8 = 3;
 const KIND_FAILED: u8 = 4;
 /// Bytes of an encoded offer after the common header.
-const OFFER_LEN: usize = 1 + 2 + 1 + 16 + 4 + 4 + 1 + 8 + 4 + 2 + 4;
+const OFFER_LEN: usize = 1 + 2 + 1 + 16 + 4 + 4 + 1 + 8 + 4 + 2 + 4 + 8;
 
 impl SetupMsg {
     /// The message's bytes.
     ///
     /// ```
     /// use nexar_rdma::setup::SetupMsg;
-    /// let bytes = SetupMsg::Ready.encode();
-    /// assert_eq!(SetupMsg::decode(&bytes).unwrap(), SetupMsg::Ready);
+    /// let ready = SetupMsg::Ready { mine: 1, seen: 2 };
+    /// assert_eq!(SetupMsg::decode(&ready.encode()).unwrap(), ready);
     /// ```
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(7 + OFFER_LEN);
@@ -108,12 +139,17 @@ impl SetupMsg {
                 out.extend_from_slice(&o.rkey.to_le_bytes());
                 out.extend_from_slice(&o.slots.to_le_bytes());
                 out.extend_from_slice(&o.slot_size.to_le_bytes());
+                out.extend_from_slice(&o.nonce.to_le_bytes());
             }
             SetupMsg::Decline { reason } => {
                 out.push(KIND_DECLINE);
                 out.extend_from_slice(&bounded(reason));
             }
-            SetupMsg::Ready => out.push(KIND_READY),
+            SetupMsg::Ready { mine, seen } => {
+                out.push(KIND_READY);
+                out.extend_from_slice(&mine.to_le_bytes());
+                out.extend_from_slice(&seen.to_le_bytes());
+            }
             SetupMsg::Failed { reason } => {
                 out.push(KIND_FAILED);
                 out.extend_from_slice(&bounded(reason));
@@ -141,7 +177,7 @@ impl SetupMsg {
         let msg = match r.u8()? {
             KIND_OFFER => SetupMsg::Offer(read_offer(&mut r)?),
             KIND_DECLINE => SetupMsg::Decline { reason: r.text()? },
-            KIND_READY => SetupMsg::Ready,
+            KIND_READY => SetupMsg::Ready { mine: r.u64()?, seen: r.u64()? },
             KIND_FAILED => SetupMsg::Failed { reason: r.text()? },
             other => return Err(format!("unknown message kind {other}")),
         };
@@ -176,6 +212,7 @@ fn read_offer(r: &mut Reader<'_>) -> Result<QpOffer, String> {
         rkey: r.u32()?,
         slots: r.u16()?,
         slot_size: r.u32()?,
+        nonce: r.u64()?,
     };
     check_offer(&offer)?;
     Ok(offer)
@@ -284,6 +321,22 @@ pub fn decide(ours: &SetupMsg, theirs: &SetupMsg, peer: usize) -> Decision {
     }
 }
 
+/// Round two's outcome: whether both sides attach, from both outcomes. Both sides compute
+/// the same answer: both must be ready, and each must have connected to the other's offer of
+/// this attempt.
+///
+/// ```
+/// use nexar_rdma::setup::{SetupMsg, both_ready};
+/// let a = SetupMsg::Ready { mine: 1, seen: 2 };
+/// let b = SetupMsg::Ready { mine: 2, seen: 1 };
+/// assert!(both_ready(&a, &b) && both_ready(&b, &a));
+/// assert!(!both_ready(&a, &SetupMsg::Ready { mine: 2, seen: 9 })); // b connected to a stale offer
+/// ```
+pub fn both_ready(ours: &SetupMsg, theirs: &SetupMsg) -> bool {
+    matches!((ours, theirs), (SetupMsg::Ready { mine, seen }, SetupMsg::Ready { mine: their_mine, seen: their_seen })
+        if seen == their_mine && their_seen == mine)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +354,7 @@ mod tests {
             rkey: 99,
             slots: 8,
             slot_size: 1 << 20,
+            nonce: 0x1234_5678_9abc_def0,
         }
     }
 
@@ -310,7 +364,7 @@ mod tests {
             SetupMsg::Offer(offer()),
             SetupMsg::Offer(QpOffer { gid: None, ..offer() }),
             SetupMsg::Decline { reason: "no RDMA device: ibverbs lists none".into() },
-            SetupMsg::Ready,
+            SetupMsg::Ready { mine: 5, seen: u64::MAX },
             SetupMsg::Failed { reason: "ibv_modify_qp(RTR): Invalid argument".into() },
         ] {
             assert_eq!(SetupMsg::decode(&msg.encode()), Ok(msg));
@@ -369,7 +423,7 @@ mod tests {
         let no = SetupMsg::Decline { reason: "no RDMA device".into() };
         assert!(matches!(decide(&a, &no, 3), Decision::Fallback(r) if r.contains("rank 3 declined")));
         assert!(matches!(decide(&no, &a, 0), Decision::Fallback(r) if r.contains("this rank declined")));
-        assert!(matches!(decide(&a, &SetupMsg::Ready, 2), Decision::Fallback(_)));
+        assert!(matches!(decide(&a, &SetupMsg::Ready { mine: 1, seen: 2 }, 2), Decision::Fallback(_)));
     }
 
     proptest! {

@@ -90,22 +90,29 @@ impl Resources {
 impl Drop for Resources {
     fn drop(&mut self) {
         // SAFETY: each pointer is null or a live object created by this struct; the QP goes
-        // first so the NIC stops using the memory before it is deregistered and freed.
+        // first so the NIC stops using the memory before it is deregistered and freed. When
+        // the QP or a registration cannot be destroyed, the NIC may still touch the memory:
+        // it is leaked rather than freed.
         unsafe {
-            if !self.qp.is_null() {
-                ffi::ibv_destroy_qp(self.qp);
+            let mut nic_may_use_memory = false;
+            if !self.qp.is_null() && ffi::ibv_destroy_qp(self.qp) != 0 {
+                nic_may_use_memory = true;
             }
             if !self.cq.is_null() {
                 ffi::ibv_destroy_cq(self.cq);
             }
             for mr in [self.staging_mr, self.ring_mr] {
-                if !mr.is_null() {
-                    ffi::ibv_dereg_mr(mr);
+                if !mr.is_null() && ffi::ibv_dereg_mr(mr) != 0 {
+                    nic_may_use_memory = true;
                 }
             }
-            for area in [self.staging, self.ring] {
-                if !area.is_null() {
-                    drop(Box::from_raw(ptr::slice_from_raw_parts_mut(area, self.bytes)));
+            if nic_may_use_memory {
+                tracing::error!("could not release an RDMA queue pair or registration; leaking its memory");
+            } else {
+                for area in [self.staging, self.ring] {
+                    if !area.is_null() {
+                        drop(Box::from_raw(ptr::slice_from_raw_parts_mut(area, self.bytes)));
+                    }
                 }
             }
             if !self.pd.is_null() {
@@ -231,6 +238,7 @@ pub(crate) fn open(
         rkey: unsafe { (*endpoint.res.ring_mr).rkey },
         slots,
         slot_size,
+        nonce: 0,
     };
     endpoint.mtu = mtu;
     Ok((endpoint, offer))

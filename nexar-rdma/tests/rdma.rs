@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use nexar::prelude::*;
-use nexar_rdma::setup::{OFFER_TAG, OUTCOME_TAG, SetupMsg};
+use nexar_rdma::setup::{SetupMsg, offer_tag, outcome_tag};
 use nexar_rdma::{Fabric, LinkTransport, RdmaConfig, RdmaError, attach};
 
 const LIMIT: Duration = Duration::from_secs(180);
@@ -185,13 +185,15 @@ async fn a_peer_that_breaks_the_setup_protocol_gets_quic_and_a_named_reason() {
                 Some(attach(&c, &cfg).await.unwrap())
             } else {
                 // A hostile rank 1: garbage for an offer, a wrong version for an outcome.
-                c.send_setup(0, OFFER_TAG, b"not an offer at all".to_vec()).await.unwrap();
-                let theirs = SetupMsg::decode(&c.recv_setup(0, OFFER_TAG).await.unwrap()).unwrap();
+                // Rank 0's first attach on this communicator: attempt 0.
+                let (offer, outcome) = (offer_tag(c.comm_id(), 0), outcome_tag(c.comm_id(), 0));
+                c.send_setup(0, offer, b"not an offer at all".to_vec()).await.unwrap();
+                let theirs = SetupMsg::decode(&c.recv_setup(0, offer).await.unwrap()).unwrap();
                 assert!(matches!(theirs, SetupMsg::Offer(_)));
-                let mut ready = SetupMsg::Ready.encode();
+                let mut ready = SetupMsg::Ready { mine: 1, seen: 2 }.encode();
                 ready[4] = 99;
-                c.send_setup(0, OUTCOME_TAG, ready).await.unwrap();
-                let _ = c.recv_setup(0, OUTCOME_TAG).await.unwrap();
+                c.send_setup(0, outcome, ready).await.unwrap();
+                let _ = c.recv_setup(0, outcome).await.unwrap();
                 None
             };
             check_collectives(&c, &[2, 5000]).await;
@@ -238,4 +240,55 @@ async fn setup_messages_are_checked_and_time_out() {
 
 async fn futures_join(ranks: Vec<NexarClient>) {
     on_ranks(ranks, |c| async move { c.shutdown().await }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collective_running_across_the_attach_completes_correctly() {
+    logs();
+    let run = async {
+        let ranks = NexarClient::bootstrap_local(3).await.unwrap();
+        let cfg = RdmaConfig { fabric: Fabric::Emulated, slots: 4, slot_size: 4096, ..Default::default() };
+        on_ranks(ranks, move |c| {
+            let cfg = cfg.clone();
+            async move {
+                let n = 1 << 21;
+                // Started over QUIC; the attach lands in its middle.
+                let running = c.all_reduce_start(Buf::from_vec(vec![c.rank() as i64 + 1; n]), Sum);
+                assert_eq!(attach(&c, &cfg).await.unwrap().rdma_links(), 2);
+                let done = running.await.unwrap();
+                assert!(done.iter().all(|v| *v == 6), "the collective that spanned the attach");
+                check_collectives(&c, &[1, 5000]).await;
+                c.shutdown().await;
+            }
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attaching_again_keeps_the_links_that_are_attached() {
+    logs();
+    let run = async {
+        let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+        let cfg = RdmaConfig { fabric: Fabric::Emulated, ..Default::default() };
+        let reports = on_ranks(ranks, move |c| {
+            let cfg = cfg.clone();
+            async move {
+                let first = attach(&c, &cfg).await.unwrap();
+                let second = attach(&c, &cfg).await.unwrap();
+                check_collectives(&c, &[3, 70_000]).await;
+                assert_eq!(c.bulk_transport(1 - c.rank()), Some("rdma"));
+                c.shutdown().await;
+                (first, second)
+            }
+        })
+        .await;
+        for (first, second) in reports {
+            assert_eq!(first.rdma_links(), 1);
+            let LinkTransport::Quic { reason } = &second.links[0].1 else { panic!("{second:?}") };
+            assert!(reason.contains("already had a rdma channel"), "{reason}");
+        }
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }

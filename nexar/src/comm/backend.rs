@@ -11,13 +11,14 @@ use super::client::NexarClient;
 use crate::proto::frame::MAX_CONTROL_FRAME;
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;
-use crate::transport::bulk::{BulkChannel, BulkInbound};
+use crate::transport::bulk::{BULK_DOWN_TAG, BulkChannel, BulkInbound};
 
 /// Largest body of a setup message (the rest of a control frame is the envelope).
 pub const MAX_SETUP_BODY: usize = (MAX_CONTROL_FRAME as usize) - 1024;
 
-/// Setup messages held per sender before further ones are dropped (a peer cannot make this
-/// rank hold more than `MAX_HELD_PER_PEER × MAX_SETUP_BODY` bytes).
+/// Setup messages held per sender; a further one replaces that sender's oldest (a peer cannot
+/// make this rank hold more than `MAX_HELD_PER_PEER × MAX_SETUP_BODY` bytes, and messages
+/// nobody took, say from an attempt that gave up, do not block later ones).
 const MAX_HELD_PER_PEER: usize = 64;
 
 /// How often a waiting [`NexarClient::recv_setup`] looks whether its peer died.
@@ -88,6 +89,20 @@ pub enum BackendError {
         /// The channel already attached.
         name: &'static str,
     },
+    /// `attach_bulk` needs a Tokio runtime (it watches the channel for failure).
+    #[error("rank {rank} attach_bulk: called outside a Tokio runtime")]
+    NoRuntime {
+        /// This rank.
+        rank: usize,
+    },
+    /// The tag is reserved by nexar.
+    #[error("rank {rank} send_setup: tag {tag:#x} is reserved")]
+    ReservedTag {
+        /// This rank.
+        rank: usize,
+        /// The tag.
+        tag: u64,
+    },
     /// Sending failed.
     #[error("rank {rank} send_setup to rank {peer}: {source}")]
     Transport {
@@ -100,26 +115,40 @@ pub enum BackendError {
     },
 }
 
-/// Bodies from one sender with one tag, oldest first.
-type Held = HashMap<(u32, u64), VecDeque<Vec<u8>>>;
+/// Bodies from one sender with one tag, oldest first, each with its arrival number.
+type Held = HashMap<(u32, u64), VecDeque<(u64, Vec<u8>)>>;
 
 /// Setup messages waiting for their `recv_setup`, by `(world rank, tag)`.
 #[derive(Default)]
 pub(crate) struct SetupInbox {
     held: Mutex<Held>,
     arrived: Notify,
+    next: std::sync::atomic::AtomicU64,
 }
 
 impl SetupInbox {
-    /// Holds a message from `from` (dropped when that sender already has too many held).
+    /// Holds a message from `from`, dropping that sender's oldest one when it has too many.
     pub fn put(&self, from: u32, tag: u64, body: Vec<u8>) {
         let mut held = crate::sync::lock(&self.held);
+        let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let from_peer: usize = held.iter().filter(|((f, _), _)| *f == from).map(|(_, q)| q.len()).sum();
         if from_peer >= MAX_HELD_PER_PEER {
-            tracing::warn!(from, tag, "dropped a setup message: too many held unread from this rank");
-            return;
+            let oldest = held
+                .iter()
+                .filter(|((f, _), _)| *f == from)
+                .filter_map(|(k, q)| q.front().map(|(s, _)| (*s, *k)))
+                .min();
+            if let Some((_, key)) = oldest {
+                tracing::warn!(from, tag = key.1, "dropped the oldest unread setup message from this rank");
+                if let Some(queue) = held.get_mut(&key) {
+                    queue.pop_front();
+                    if queue.is_empty() {
+                        held.remove(&key);
+                    }
+                }
+            }
         }
-        held.entry((from, tag)).or_default().push_back(body);
+        held.entry((from, tag)).or_default().push_back((seq, body));
         drop(held);
         self.arrived.notify_waiters();
     }
@@ -127,7 +156,7 @@ impl SetupInbox {
     fn take(&self, from: u32, tag: u64) -> Option<Vec<u8>> {
         let mut held = crate::sync::lock(&self.held);
         let queue = held.get_mut(&(from, tag))?;
-        let body = queue.pop_front();
+        let body = queue.pop_front().map(|(_, body)| body);
         if queue.is_empty() {
             held.remove(&(from, tag));
         }
@@ -150,6 +179,9 @@ impl NexarClient {
     pub async fn send_setup(&self, peer: usize, tag: u64, body: Vec<u8>) -> Result<(), BackendError> {
         let rank = self.rank();
         self.check_backend_peer("send_setup", peer)?;
+        if tag == BULK_DOWN_TAG {
+            return Err(BackendError::ReservedTag { rank, tag });
+        }
         if body.len() > MAX_SETUP_BODY {
             return Err(BackendError::TooLarge { rank, len: body.len(), limit: MAX_SETUP_BODY });
         }
@@ -194,6 +226,34 @@ impl NexarClient {
         }
     }
 
+    /// Numbers a transport back end's setup exchanges on this communicator: 0, 1, 2, ... on
+    /// every member alike when every member calls it for the same exchanges, in the same order
+    /// (like a collective). Back ends put it in their tags, so messages an abandoned exchange
+    /// left unread never meet a later one.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// let attempt = comm.next_setup_number();
+    /// let tag = 0x5244_4d41_0000 + attempt;
+    /// # }
+    /// ```
+    pub fn next_setup_number(&self) -> u64 {
+        self.comm.next_setup()
+    }
+
+    /// Takes a setup message from `peer` with `tag` if one is held, without waiting (for
+    /// example to discard what an earlier attempt left unread).
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) -> Result<(), nexar::BackendError> {
+    /// while comm.try_recv_setup(1, 7)?.is_some() {} // drop leftovers of an abandoned exchange
+    /// # Ok(()) }
+    /// ```
+    pub fn try_recv_setup(&self, peer: usize, tag: u64) -> Result<Option<Vec<u8>>, BackendError> {
+        self.check_backend_peer("try_recv_setup", peer)?;
+        Ok(self.inner.setup.take(self.comm.members[peer] as u32, tag))
+    }
+
     /// Hands the raw lane to `peer` (collective payloads) to `channel`; everything else stays
     /// on QUIC. Each side attaches its own channel; the peer feeds what arrives to its
     /// [`bulk_inbound`](Self::bulk_inbound).
@@ -209,6 +269,9 @@ impl NexarClient {
         self.check_backend_peer("attach_bulk", peer)?;
         let world = self.comm.members[peer];
         let link = self.inner.links.get(world).ok_or(BackendError::NoDirectLink { rank, peer })?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(BackendError::NoRuntime { rank });
+        }
         let name = channel.name();
         link.attach_bulk(channel).map_err(|_| BackendError::AlreadyAttached {
             rank,
@@ -232,7 +295,7 @@ impl NexarClient {
         self.check_backend_peer("bulk_inbound", peer).ok()?;
         let world = self.comm.members[peer];
         let slot = self.inner.links.get(world)?.bulk_slot();
-        Some(BulkInbound::new(world as u32, self.inner.self_lanes.clone(), self.config().max_message_bytes, slot))
+        Some(BulkInbound::new(world as u32, self.inner.self_lanes.clone(), self.config().max_message_bytes, &slot))
     }
 
     /// The transport that carries collective payloads to `peer`: `"quic"`, an attached
@@ -246,6 +309,19 @@ impl NexarClient {
     pub fn bulk_transport(&self, peer: usize) -> Option<&'static str> {
         let world = *self.comm.members.get(peer)?;
         self.inner.links.get(world).map(|l| l.bulk_transport())
+    }
+
+    /// The channel attached to the link to `peer`, working or failed; `None` when there is
+    /// none (or no direct link). A link takes one channel in its life.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// if comm.attached_bulk(1).is_none() { /* free to attach one */ }
+    /// # }
+    /// ```
+    pub fn attached_bulk(&self, peer: usize) -> Option<&'static str> {
+        let world = *self.comm.members.get(peer)?;
+        self.inner.links.get(world)?.attached_bulk()
     }
 
     fn check_backend_peer(&self, op: &'static str, peer: usize) -> Result<(), BackendError> {

@@ -390,6 +390,19 @@ impl NexarClient {
         Ok(NexarClient { inner, comm: world_comm })
     }
 
+    /// The communicator's id: the same on every member, different for every communicator
+    /// (`split`, rebuilds) of the cluster.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let half = comm.split(Some(comm.rank() as u32 % 2), 0).await?.expect("every rank has a color");
+    /// assert_ne!(half.comm_id(), comm.comm_id());
+    /// # Ok(()) }
+    /// ```
+    pub fn comm_id(&self) -> u64 {
+        self.comm.id
+    }
+
     /// This rank in its communicator, in `0..world_size()`.
     pub fn rank(&self) -> usize {
         self.comm.me
@@ -672,6 +685,11 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 } else {
                     // Passed on, so the news floods sparse topologies too (each rank once).
                     inner.peer_failed(rank, format!("rank {from} declared it dead: {reason}"), true, true);
+                }
+            }
+            PeerMsg::Setup { tag: crate::transport::bulk::BULK_DOWN_TAG, .. } => {
+                if let Some(link) = inner.links.get(incoming.from as usize) {
+                    link.bulk_slot().fail(false);
                 }
             }
             PeerMsg::Setup { tag, body } => inner.setup.put(incoming.from, tag, body),

@@ -129,6 +129,9 @@ struct AbortOnDrop {
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
+        if let Some(client) = &self.client {
+            client.inner.coll.end(client.comm.id, self.seq);
+        }
         if let Some(client) = self.client.take()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
@@ -151,7 +154,10 @@ impl NexarClient {
         input: &[T],
     ) -> Result<(), CollectiveError> {
         let mut guard = AbortOnDrop { client: Some(self.clone()), seq, op: call.kind.name() };
+        let coll = &self.inner.coll;
+        coll.begin(self.comm.id, seq);
         let result = self.run_steps(seq, call, schedule, data, input).await;
+        coll.end(self.comm.id, seq);
         guard.client = None;
         if let Err(e) = &result
             && e.is_local_origin()

@@ -18,6 +18,8 @@ pub(crate) struct CommState {
     seq: AtomicU64,
     /// Number of the next failure agreement on this communicator.
     recoveries: AtomicU64,
+    /// Number of the next transport back-end setup on this communicator.
+    setups: AtomicU64,
 }
 
 impl CommState {
@@ -26,7 +28,7 @@ impl CommState {
     }
 
     pub fn new(id: u64, members: Vec<usize>, me: usize) -> Self {
-        CommState { id, members, me, seq: AtomicU64::new(0), recoveries: AtomicU64::new(0) }
+        CommState { id, members, me, seq: AtomicU64::new(0), recoveries: AtomicU64::new(0), setups: AtomicU64::new(0) }
     }
 
     /// Takes the next sequence number. Every member calls collectives in the same order, so
@@ -38,6 +40,11 @@ impl CommState {
     /// Takes the number of the next failure agreement (survivors call them in the same order).
     pub fn next_recovery(&self) -> u64 {
         self.recoveries.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes the number of the next back-end setup (members call them in the same order).
+    pub fn next_setup(&self) -> u64 {
+        self.setups.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Moves the counter (for tests of very long-running communicators).

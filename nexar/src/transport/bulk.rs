@@ -15,8 +15,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use bytes::Bytes;
 
@@ -83,17 +82,50 @@ pub trait BulkChannel: Send + Sync + 'static {
     }
 }
 
-/// `(comm, seq)` of collectives, oldest first, and the same as a set.
-type Recent = (VecDeque<(u64, u64)>, HashSet<(u64, u64)>);
+/// Tag of the setup message that tells a peer this rank's bulk channel to it failed.
+pub(crate) const BULK_DOWN_TAG: u64 = u64::MAX;
+
+/// A bounded memory of collectives `(comm, seq)`: the newest [`RECENT_COLLECTIVES`].
+#[derive(Default)]
+struct Recent {
+    order: VecDeque<(u64, u64)>,
+    set: HashSet<(u64, u64)>,
+}
+
+impl Recent {
+    fn insert(&mut self, key: (u64, u64)) {
+        if self.set.insert(key) {
+            self.order.push_back(key);
+            if self.order.len() > RECENT_COLLECTIVES
+                && let Some(old) = self.order.pop_front()
+            {
+                self.set.remove(&old);
+            }
+        }
+    }
+}
+
+/// What a link remembers of the collectives it carried.
+#[derive(Default)]
+struct Carried {
+    /// The channel failed (set under this lock, so no collective is recorded after).
+    failed: bool,
+    /// Collectives with a message on the channel, either way.
+    bulk: Recent,
+    /// Collectives with a message sent over QUIC: they stay there, so that no collective is
+    /// split between transports (messages of one collective are matched in order).
+    quic: Recent,
+}
 
 /// One link's bulk channel, if any, and the collectives that crossed it.
 pub(crate) struct BulkSlot {
     peer: u32,
     channel: OnceLock<Arc<dyn BulkChannel>>,
-    recent: Mutex<Recent>,
-    failed: AtomicBool,
+    carried: Mutex<Carried>,
     /// The rank's collective mailbox, where failed collectives are failed.
     coll: Option<Arc<Mailbox>>,
+    /// Tells the peer that this side's channel failed (a setup message on the control lane).
+    tell_peer: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for BulkSlot {
@@ -107,67 +139,84 @@ impl BulkSlot {
         BulkSlot {
             peer,
             channel: OnceLock::new(),
-            recent: Mutex::default(),
-            failed: AtomicBool::new(false),
+            carried: Mutex::default(),
             coll: lanes.coll_mailbox(),
+            tell_peer: OnceLock::new(),
         }
     }
 
-    /// Attaches `channel`, and fails the collectives it carried as soon as it stops.
+    /// Sets how a failure is announced to the peer.
+    pub fn on_failure_tell_peer(&self, tell: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.tell_peer.set(tell);
+    }
+
+    /// Attaches `channel` (needs a Tokio runtime), and fails the collectives it carried as
+    /// soon as it stops.
     pub fn attach(self: &Arc<Self>, channel: Arc<dyn BulkChannel>) -> Result<(), Arc<dyn BulkChannel>> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return Err(channel) };
         let closed = channel.closed();
         self.channel.set(channel)?;
         let slot = Arc::downgrade(self);
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             closed.await;
             if let Some(slot) = slot.upgrade() {
-                slot.fail();
+                slot.fail(true);
             }
         });
         Ok(())
     }
 
-    /// The attached channel's name, usable or not.
+    /// The attached channel's name, working or not.
     pub fn attached(&self) -> Option<&'static str> {
         self.channel.get().map(|c| c.name())
     }
 
-    /// The channel, while it works.
-    pub fn usable(&self) -> Option<&Arc<dyn BulkChannel>> {
-        let channel = self.channel.get()?;
-        if self.failed.load(Ordering::Acquire) {
-            return None;
-        }
-        if !channel.usable() {
-            self.fail();
-            return None;
-        }
-        Some(channel)
+    /// Whether the channel is attached and working.
+    pub fn working(&self) -> bool {
+        self.channel.get().is_some_and(|c| c.usable()) && !crate::sync::lock(&self.carried).failed
     }
 
-    /// Remembers that collective `(comm, seq)` had a message on the channel.
-    pub fn record(&self, key: (u64, u64)) {
-        let mut recent = crate::sync::lock(&self.recent);
-        if recent.1.insert(key) {
-            recent.0.push_back(key);
-            if recent.0.len() > RECENT_COLLECTIVES
-                && let Some(old) = recent.0.pop_front()
-            {
-                recent.1.remove(&old);
+    /// How to send a message of collective `key`: `Ok` the channel (the collective is
+    /// recorded as carried); `Err(false)` over QUIC (recorded as such); `Err(true)` not at all,
+    /// because the failed channel carried this collective and may have lost its messages.
+    pub fn route(&self, key: (u64, u64)) -> Result<Arc<dyn BulkChannel>, bool> {
+        let channel = self.channel.get();
+        if channel.is_some_and(|c| !c.usable()) {
+            self.fail(true);
+        }
+        let mut carried = crate::sync::lock(&self.carried);
+        match channel {
+            Some(channel) if !carried.failed && !carried.quic.set.contains(&key) => {
+                carried.bulk.insert(key);
+                Ok(channel.clone())
+            }
+            _ if carried.failed && carried.bulk.set.contains(&key) => Err(true),
+            _ => {
+                carried.quic.insert(key);
+                Err(false)
             }
         }
     }
 
-    /// Whether collective `key` had a message on the channel.
-    pub fn carried(&self, key: (u64, u64)) -> bool {
-        crate::sync::lock(&self.recent).1.contains(&key)
+    /// Remembers that a message of collective `key` arrived over the channel.
+    pub fn received(&self, key: (u64, u64)) {
+        let mut carried = crate::sync::lock(&self.carried);
+        if !carried.failed {
+            carried.bulk.insert(key);
+        }
     }
 
-    /// The channel stopped: every collective it carried fails on this rank.
-    pub fn fail(&self) {
-        if self.failed.swap(true, Ordering::AcqRel) {
-            return;
-        }
+    /// The channel stopped (or the peer says its side did): every collective it carried, and
+    /// every collective in progress on this rank, fails here. `tell` announces it to the peer.
+    pub fn fail(&self, tell: bool) {
+        let keys: Vec<(u64, u64)> = {
+            let mut carried = crate::sync::lock(&self.carried);
+            if carried.failed || self.channel.get().is_none() {
+                return;
+            }
+            carried.failed = true;
+            carried.bulk.order.iter().copied().collect()
+        };
         let name = self.attached().unwrap_or("bulk");
         let reason = format!("the {name} link to rank {} failed during this operation", self.peer);
         tracing::warn!(
@@ -175,11 +224,11 @@ impl BulkSlot {
             transport = name,
             "bulk channel failed; the link carries payloads over QUIC again"
         );
-        let keys: Vec<(u64, u64)> = crate::sync::lock(&self.recent).0.iter().copied().collect();
         if let Some(coll) = &self.coll {
-            for (comm, seq) in keys {
-                coll.fail_link(comm, seq, &reason);
-            }
+            coll.fail_link_all(keys, &reason);
+        }
+        if tell && let Some(tell_peer) = self.tell_peer.get() {
+            tell_peer();
         }
     }
 
@@ -213,7 +262,8 @@ pub struct BulkInbound {
     peer: u32,
     lanes: LaneSenders,
     max_payload: u64,
-    slot: Arc<BulkSlot>,
+    /// Weak: the transport's delivery task must not keep the link's channel alive.
+    slot: Weak<BulkSlot>,
 }
 
 impl std::fmt::Debug for BulkInbound {
@@ -223,8 +273,8 @@ impl std::fmt::Debug for BulkInbound {
 }
 
 impl BulkInbound {
-    pub(crate) fn new(peer: u32, lanes: LaneSenders, max_payload: u64, slot: Arc<BulkSlot>) -> BulkInbound {
-        BulkInbound { peer, lanes, max_payload, slot }
+    pub(crate) fn new(peer: u32, lanes: LaneSenders, max_payload: u64, slot: &Arc<BulkSlot>) -> BulkInbound {
+        BulkInbound { peer, lanes, max_payload, slot: Arc::downgrade(slot) }
     }
 
     /// The world rank whose groups this delivers.
@@ -237,8 +287,8 @@ impl BulkInbound {
     /// A rank that is shutting down drops the message quietly.
     pub async fn deliver(&self, group: Bytes) -> Result<(), FrameError> {
         let (msg, payload) = decode_group(&group, self.max_payload)?;
-        if let PeerMsg::Coll { comm, seq, .. } = msg {
-            self.slot.record((comm, seq));
+        if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
+            slot.received((*comm, *seq));
         }
         let _ = self.lanes.deliver(Incoming { from: self.peer, msg, payload }).await;
         Ok(())
@@ -349,6 +399,41 @@ mod tests {
             let err = decode_group(&g, 1 << 20).unwrap_err().to_string();
             assert!(err.to_lowercase().contains(want), "{err:?} should mention {want:?}");
         }
+    }
+
+    struct Nowhere(std::sync::atomic::AtomicBool);
+
+    impl BulkChannel for Nowhere {
+        fn name(&self) -> &'static str {
+            "nowhere"
+        }
+        fn send(&self, _: Vec<Bytes>) -> BulkSend {
+            Box::pin(async { Ok(()) })
+        }
+        fn usable(&self) -> bool {
+            !self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_collective_never_spans_two_transports() {
+        let slot = Arc::new(BulkSlot::new(1, &super::super::link::lanes(4).0));
+        let (before, after, received, later) = ((0, 1), (0, 2), (0, 3), (0, 4));
+        assert_eq!(slot.route(before).err(), Some(false), "no channel yet: QUIC");
+        let channel = Arc::new(Nowhere(Default::default()));
+        slot.attach(channel.clone()).unwrap();
+        assert_eq!(slot.route(before).err(), Some(false), "started on QUIC, stays there");
+        assert!(slot.route(after).is_ok(), "a new collective takes the channel");
+        slot.received(received);
+        channel.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        // The channel failed: what it carried (either way) is not sent at all, the rest goes
+        // over QUIC.
+        assert_eq!(slot.route(after).err(), Some(true));
+        assert_eq!(slot.route(received).err(), Some(true));
+        assert_eq!(slot.route(before).err(), Some(false));
+        assert_eq!(slot.route(later).err(), Some(false));
+        assert!(!slot.working());
+        assert!(slot.attach(Arc::new(Nowhere(Default::default()))).is_err(), "one channel per link");
     }
 
     proptest! {

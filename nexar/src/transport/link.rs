@@ -279,13 +279,22 @@ impl PeerLink {
             tokio::spawn(write_lane(conn.clone(), peer, priority, bulk, rx).instrument(span));
             tx
         });
+        let control: mpsc::Sender<Outgoing> = writers[Lane::Control as usize].clone();
+        bulk.on_failure_tell_peer(Box::new(move || {
+            let down = PeerMsg::Setup { tag: super::bulk::BULK_DOWN_TAG, body: Vec::new() };
+            if let Ok(body) = message::encode(&down) {
+                let (done, _) = oneshot::channel();
+                let _ = control.try_send(Outgoing::Frames { chunks: vec![message_frame(&body)], done, coll: None });
+            }
+        }));
         let span = tracing::debug_span!("router", rank = local, peer);
         tokio::spawn(route(conn.clone(), peer, lanes, max_payload).instrument(span));
         PeerLink { peer, conn, writers, bulk }
     }
 
-    /// Hands collective payloads to `channel` from now on; messages already queued still go
-    /// over QUIC. Gives the channel back when one is attached already.
+    /// Hands collective payloads to `channel` from now on, for collectives that have sent
+    /// nothing over QUIC on this link (a collective never spans both). Gives the channel back
+    /// when one is attached already or there is no Tokio runtime to watch it.
     pub fn attach_bulk(&self, channel: Arc<dyn BulkChannel>) -> Result<(), Arc<dyn BulkChannel>> {
         self.bulk.attach(channel)
     }
@@ -293,7 +302,10 @@ impl PeerLink {
     /// The name of the transport that carries collective payloads: `"quic"` or the attached
     /// channel's (while it works).
     pub fn bulk_transport(&self) -> &'static str {
-        self.bulk.usable().map_or("quic", |c| c.name())
+        match self.bulk.attached() {
+            Some(name) if self.bulk.working() => name,
+            _ => "quic",
+        }
     }
 
     /// The name of the channel attached to this link, if any, working or not.
@@ -415,6 +427,9 @@ impl PeerLink {
     }
 }
 
+/// Groups a link may have on its bulk channel at once before its writer waits for the oldest.
+const BULK_IN_FLIGHT: usize = 16;
+
 async fn write_lane(
     conn: Connection,
     peer: u32,
@@ -424,10 +439,15 @@ async fn write_lane(
 ) {
     let mut stream: Option<quinn::SendStream> = None;
     let mut broken: Option<TransportError> = None;
+    // Groups handed to the bulk channel and not yet done, oldest first.
+    let mut on_bulk: std::collections::VecDeque<tokio::task::JoinHandle<()>> = Default::default();
     while let Some(out) = rx.recv().await {
         let (mut chunks, done, coll) = match out {
             Outgoing::Frames { chunks, done, coll } => (chunks, done, coll),
             Outgoing::Flush { done } => {
+                for sent in on_bulk.drain(..) {
+                    let _ = sent.await;
+                }
                 if let Some(mut s) = stream.take() {
                     let _ = s.finish();
                     let _ = s.stopped().await;
@@ -441,24 +461,31 @@ async fn write_lane(
             continue;
         }
         if let (Some(slot), Some(coll)) = (&bulk, coll) {
-            if let Some(channel) = slot.usable() {
-                slot.record(coll);
-                let sent = channel.send(chunks);
-                let slot = slot.clone();
-                tokio::spawn(async move {
-                    let result = sent.await;
-                    if result.is_err() {
-                        slot.fail();
+            match slot.route(coll) {
+                Ok(channel) => {
+                    while on_bulk.len() >= BULK_IN_FLIGHT {
+                        if let Some(oldest) = on_bulk.pop_front() {
+                            let _ = oldest.await;
+                        }
                     }
-                    let _ = done.send(result);
-                });
-                continue;
-            }
-            // The channel failed and may have lost earlier messages of this collective: a later
-            // one over QUIC could be taken for them, so it is not sent.
-            if slot.carried(coll) {
-                let _ = done.send(Err(slot.lost()));
-                continue;
+                    let sent = channel.send(chunks);
+                    let slot = slot.clone();
+                    on_bulk.push_back(tokio::spawn(async move {
+                        let result = sent.await;
+                        if result.is_err() {
+                            slot.fail(true);
+                        }
+                        let _ = done.send(result);
+                    }));
+                    continue;
+                }
+                // The channel failed and may have lost earlier messages of this collective: a
+                // later one over QUIC could be taken for them, so it is not sent.
+                Err(true) => {
+                    let _ = done.send(Err(slot.lost()));
+                    continue;
+                }
+                Err(false) => {}
             }
         }
         let s = match &mut stream {

@@ -119,6 +119,8 @@ struct State {
     /// Why each remembered collective was aborted, and whether this rank's own link failed.
     aborted: HashMap<(u64, u64), (String, bool)>,
     aborted_order: VecDeque<(u64, u64)>,
+    /// Collectives running on this rank, by `(comm, tag)`, with how many run under that key.
+    active: HashMap<(u64, u64), usize>,
     /// Senders whose connection is gone, with the reason.
     gone: HashMap<u32, String>,
 }
@@ -315,6 +317,32 @@ impl Mailbox {
     /// fail with `reason`, its held messages are dropped, and so are its late arrivals.
     pub fn abort(&self, comm: u64, tag: u64, reason: &str) {
         self.abort_as(comm, tag, reason, false);
+    }
+
+    /// Records that collective `(comm, tag)` is running on this rank, until [`end`](Self::end).
+    pub fn begin(&self, comm: u64, tag: u64) {
+        *self.lock().active.entry((comm, tag)).or_default() += 1;
+    }
+
+    /// Records that collective `(comm, tag)` finished on this rank.
+    pub fn end(&self, comm: u64, tag: u64) {
+        let mut st = self.lock();
+        if let Some(n) = st.active.get_mut(&(comm, tag)) {
+            *n -= 1;
+            if *n == 0 {
+                st.active.remove(&(comm, tag));
+            }
+        }
+    }
+
+    /// A link of this rank failed and may have lost messages: `keys` (the collectives it
+    /// carried) and every collective running on this rank fail with `reason`, as by
+    /// [`fail_link`](Self::fail_link).
+    pub fn fail_link_all(&self, keys: Vec<(u64, u64)>, reason: &str) {
+        let running: Vec<(u64, u64)> = self.lock().active.keys().copied().collect();
+        for (comm, tag) in running.into_iter().chain(keys) {
+            self.fail_link(comm, tag, reason);
+        }
     }
 
     /// Like [`abort`](Self::abort), for a collective whose messages a failed link of this rank
