@@ -14,6 +14,8 @@
 //! goes to nexar's [`BulkInbound`](nexar::transport::bulk::BulkInbound) on the runtime.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::Duration;
 
@@ -51,6 +53,8 @@ pub(crate) struct RdmaChannel {
     requests: Sender<Request>,
     /// Becomes `true` when the engine stopped: the link goes back to QUIC.
     stopped: watch::Receiver<bool>,
+    /// Set by nexar when the link gives the channel up: the engine fails what it holds and stops.
+    close: Arc<AtomicBool>,
 }
 
 impl BulkChannel for RdmaChannel {
@@ -69,6 +73,10 @@ impl BulkChannel for RdmaChannel {
 
     fn usable(&self) -> bool {
         !*self.stopped.borrow()
+    }
+
+    fn close(&self) {
+        self.close.store(true, Ordering::Release);
     }
 
     fn closed(&self) -> BulkClosed {
@@ -95,15 +103,17 @@ pub(crate) fn start(
 ) -> std::io::Result<RdmaChannel> {
     let (requests, incoming) = std::sync::mpsc::channel();
     let (flag, stopped) = watch::channel(false);
+    let close = Arc::new(AtomicBool::new(false));
+    let close_requested = close.clone();
     std::thread::Builder::new().name(format!("nexar-rdma-{peer}")).spawn(move || {
-        let mut engine = Engine::new(peer, wire, max_group, delivered);
+        let mut engine = Engine::new(peer, wire, max_group, delivered, close_requested);
         let result = engine.run(incoming, &flag);
         flag.send_replace(true);
         if let Err(what) = result {
             tracing::error!(peer, %what, "RDMA link failed: its pending payloads fail, later ones go over QUIC");
         }
     })?;
-    Ok(RdmaChannel { name, peer, requests, stopped })
+    Ok(RdmaChannel { name, peer, requests, stopped, close })
 }
 
 /// A group being written: where the next chunk starts.
@@ -138,10 +148,17 @@ struct Engine {
     /// `slots + 1` of these).
     credit_writes: usize,
     completions: Vec<Completion>,
+    close: Arc<AtomicBool>,
 }
 
 impl Engine {
-    fn new(peer: usize, wire: Box<dyn Wire>, max_group: usize, delivered: mpsc::Sender<Bytes>) -> Engine {
+    fn new(
+        peer: usize,
+        wire: Box<dyn Wire>,
+        max_group: usize,
+        delivered: mpsc::Sender<Bytes>,
+        close: Arc<AtomicBool>,
+    ) -> Engine {
         let slots = wire.slots();
         Engine {
             peer,
@@ -159,6 +176,7 @@ impl Engine {
             to_return: 0,
             credit_writes: 0,
             completions: Vec::new(),
+            close,
         }
     }
 
@@ -166,6 +184,13 @@ impl Engine {
     /// fails; a failure fails every waiting and later group.
     fn run(&mut self, incoming: Receiver<Request>, stopped: &watch::Sender<bool>) -> Result<(), String> {
         let result = self.serve(&incoming);
+        // Whole groups that arrived still go to the rank (their senders count them delivered);
+        // a partly written one is lost, and its collective fails through the link's failure.
+        for group in self.undelivered.drain(..) {
+            if self.delivered.blocking_send(group).is_err() {
+                break;
+            }
+        }
         if let Err(what) = &result {
             // New groups go over QUIC from now on; those already handed over fail.
             stopped.send_replace(true);
@@ -211,12 +236,16 @@ impl Engine {
                 progress = true;
             }
             if self.delivered.is_closed() {
+                return Err("the rank stopped taking what arrives".into());
+            }
+            if self.close.load(Ordering::Acquire) {
+                return Err("the link gave the channel up".into());
+            }
+            if !open {
+                // nexar dropped the channel: nobody waits for anything it holds.
                 return Ok(());
             }
             let busy = self.sending.is_some() || !self.queue.is_empty() || !self.in_flight.is_empty();
-            if !open && !busy {
-                return Ok(());
-            }
             let spinning = *idle_since.get_or_insert_with(std::time::Instant::now);
             if progress {
                 idle_since = None;
@@ -277,6 +306,9 @@ impl Engine {
             }
             self.credits += low;
             return Ok(());
+        }
+        if self.to_return as usize >= self.wire.slots() {
+            return Err(format!("rank {} wrote more slots than it holds credits for", self.peer));
         }
         if low >= self.wire.slots() || len > self.wire.slot_size() {
             return Err(format!("rank {} wrote {len} bytes into slot {low}, outside the ring", self.peer));

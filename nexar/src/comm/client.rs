@@ -687,9 +687,10 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                     inner.peer_failed(rank, format!("rank {from} declared it dead: {reason}"), true, true);
                 }
             }
-            PeerMsg::Setup { tag: crate::transport::bulk::BULK_DOWN_TAG, .. } => {
+            PeerMsg::Setup { tag: crate::transport::bulk::BULK_DOWN_TAG, body } => {
                 if let Some(link) = inner.links.get(incoming.from as usize) {
-                    link.bulk_slot().fail(false);
+                    // Answered with what this side carried, so both sides fail the same set.
+                    link.bulk_slot().fail(true, crate::transport::bulk::decode_keys(&body));
                 }
             }
             PeerMsg::Setup { tag, body } => inner.setup.put(incoming.from, tag, body),

@@ -161,6 +161,10 @@ impl Inner {
         tracing::warn!(rank = self.rank, peer, %reason, "peer declared dead");
         self.mailbox.source_gone(peer as u32, &reason);
         self.coll.source_gone(peer as u32, &reason);
+        if let Some(link) = self.links.get(peer) {
+            // Its bulk channel (if any) can carry nothing more; what it held fails now.
+            link.bulk_slot().fail(false, Vec::new());
+        }
         if cut && let Some(link) = self.links.get(peer) {
             link.close(CLOSE_DECLARED_DEAD, &format!("rank {} declared rank {peer} dead: {reason}", self.rank));
         }

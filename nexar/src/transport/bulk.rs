@@ -80,10 +80,31 @@ pub trait BulkChannel: Send + Sync + 'static {
     fn closed(&self) -> BulkClosed {
         Box::pin(std::future::pending())
     }
+
+    /// The link gave the channel up (it failed, or the peer is gone): fail what it still
+    /// holds and stop. Sends that have not finished must resolve (with an error).
+    fn close(&self) {}
 }
 
-/// Tag of the setup message that tells a peer this rank's bulk channel to it failed.
+/// Tag of the setup message that tells a peer this rank's bulk channel to it failed; its body
+/// lists the collectives the channel carried ([`encode_keys`]).
 pub(crate) const BULK_DOWN_TAG: u64 = u64::MAX;
+
+/// `(comm, seq)` pairs as 16 little-endian bytes each.
+pub(crate) fn encode_keys(keys: &[(u64, u64)]) -> Vec<u8> {
+    keys.iter().flat_map(|(c, s)| c.to_le_bytes().into_iter().chain(s.to_le_bytes())).collect()
+}
+
+/// The pairs of [`encode_keys`], from untrusted bytes (at most [`RECENT_COLLECTIVES`]).
+pub(crate) fn decode_keys(body: &[u8]) -> Vec<(u64, u64)> {
+    body.chunks_exact(16)
+        .take(RECENT_COLLECTIVES)
+        .map(|k| {
+            let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+            (word(&k[..8]), word(&k[8..]))
+        })
+        .collect()
+}
 
 /// A bounded memory of collectives `(comm, seq)`: the newest [`RECENT_COLLECTIVES`].
 #[derive(Default)]
@@ -124,8 +145,9 @@ pub(crate) struct BulkSlot {
     carried: Mutex<Carried>,
     /// The rank's collective mailbox, where failed collectives are failed.
     coll: Option<Arc<Mailbox>>,
-    /// Tells the peer that this side's channel failed (a setup message on the control lane).
-    tell_peer: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Tells the peer that this side's channel failed, with the collectives it carried (a
+    /// setup message on the control lane).
+    tell_peer: OnceLock<Box<dyn Fn(Vec<u8>) + Send + Sync>>,
 }
 
 impl std::fmt::Debug for BulkSlot {
@@ -146,7 +168,7 @@ impl BulkSlot {
     }
 
     /// Sets how a failure is announced to the peer.
-    pub fn on_failure_tell_peer(&self, tell: Box<dyn Fn() + Send + Sync>) {
+    pub fn on_failure_tell_peer(&self, tell: Box<dyn Fn(Vec<u8>) + Send + Sync>) {
         let _ = self.tell_peer.set(tell);
     }
 
@@ -154,13 +176,17 @@ impl BulkSlot {
     /// soon as it stops.
     pub fn attach(self: &Arc<Self>, channel: Arc<dyn BulkChannel>) -> Result<(), Arc<dyn BulkChannel>> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return Err(channel) };
+        if crate::sync::lock(&self.carried).failed {
+            // The peer said its side is gone before this side attached.
+            return Err(channel);
+        }
         let closed = channel.closed();
         self.channel.set(channel)?;
         let slot = Arc::downgrade(self);
         runtime.spawn(async move {
             closed.await;
             if let Some(slot) = slot.upgrade() {
-                slot.fail(true);
+                slot.fail(true, Vec::new());
             }
         });
         Ok(())
@@ -171,9 +197,9 @@ impl BulkSlot {
         self.channel.get().map(|c| c.name())
     }
 
-    /// Whether the channel is attached and working.
+    /// Whether the channel is attached and its failure (if any) not yet handled.
     pub fn working(&self) -> bool {
-        self.channel.get().is_some_and(|c| c.usable()) && !crate::sync::lock(&self.carried).failed
+        self.channel.get().is_some() && !crate::sync::lock(&self.carried).failed
     }
 
     /// How to send a message of collective `key`: `Ok` the channel (the collective is
@@ -182,7 +208,7 @@ impl BulkSlot {
     pub fn route(&self, key: (u64, u64)) -> Result<Arc<dyn BulkChannel>, bool> {
         let channel = self.channel.get();
         if channel.is_some_and(|c| !c.usable()) {
-            self.fail(true);
+            self.fail(true, Vec::new());
         }
         let mut carried = crate::sync::lock(&self.carried);
         match channel {
@@ -206,29 +232,43 @@ impl BulkSlot {
         }
     }
 
-    /// The channel stopped (or the peer says its side did): every collective it carried, and
-    /// every collective in progress on this rank, fails here. `tell` announces it to the peer.
-    pub fn fail(&self, tell: bool) {
-        let keys: Vec<(u64, u64)> = {
+    /// The channel stopped (or the peer is gone, or says its side stopped): it is closed,
+    /// every collective it carried, `theirs` (what the peer says it carried) and every
+    /// collective running on this rank fail here, and (when `tell`) the peer hears which
+    /// collectives this side carried. Later channels are refused.
+    pub fn fail(&self, tell: bool, theirs: Vec<(u64, u64)>) {
+        let ours: Option<Vec<(u64, u64)>> = {
             let mut carried = crate::sync::lock(&self.carried);
-            if carried.failed || self.channel.get().is_none() {
-                return;
+            if carried.failed {
+                None
+            } else {
+                carried.failed = true;
+                Some(carried.bulk.order.iter().copied().collect())
             }
-            carried.failed = true;
-            carried.bulk.order.iter().copied().collect()
         };
-        let name = self.attached().unwrap_or("bulk");
+        let Some(channel) = self.channel.get() else { return };
+        let name = channel.name();
         let reason = format!("the {name} link to rank {} failed during this operation", self.peer);
+        let Some(ours) = ours else {
+            // Failed already: only what the peer says it carried is news.
+            if let Some(coll) = &self.coll {
+                for (comm, seq) in theirs {
+                    coll.fail_link(comm, seq, &reason);
+                }
+            }
+            return;
+        };
+        if let Some(coll) = &self.coll {
+            coll.fail_link_all(ours.iter().copied().chain(theirs).collect(), &reason);
+        }
         tracing::warn!(
             peer = self.peer,
             transport = name,
             "bulk channel failed; the link carries payloads over QUIC again"
         );
-        if let Some(coll) = &self.coll {
-            coll.fail_link_all(keys, &reason);
-        }
+        channel.close();
         if tell && let Some(tell_peer) = self.tell_peer.get() {
-            tell_peer();
+            tell_peer(encode_keys(&ours));
         }
     }
 

@@ -280,11 +280,22 @@ impl PeerLink {
             tx
         });
         let control: mpsc::Sender<Outgoing> = writers[Lane::Control as usize].clone();
-        bulk.on_failure_tell_peer(Box::new(move || {
-            let down = PeerMsg::Setup { tag: super::bulk::BULK_DOWN_TAG, body: Vec::new() };
-            if let Ok(body) = message::encode(&down) {
-                let (done, _) = oneshot::channel();
-                let _ = control.try_send(Outgoing::Frames { chunks: vec![message_frame(&body)], done, coll: None });
+        bulk.on_failure_tell_peer(Box::new(move |keys| {
+            let down = PeerMsg::Setup { tag: super::bulk::BULK_DOWN_TAG, body: keys };
+            let Ok(body) = message::encode(&down) else { return };
+            let (done, _) = oneshot::channel();
+            let frames = Outgoing::Frames { chunks: vec![message_frame(&body)], done, coll: None };
+            // Waits for room on the control lane when it can; a full lane must not lose it.
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let control = control.clone();
+                    runtime.spawn(async move {
+                        let _ = control.send(frames).await;
+                    });
+                }
+                Err(_) => {
+                    let _ = control.try_send(frames);
+                }
             }
         }));
         let span = tracing::debug_span!("router", rank = local, peer);
@@ -469,11 +480,13 @@ async fn write_lane(
                         }
                     }
                     let sent = channel.send(chunks);
-                    let slot = slot.clone();
+                    let slot = Arc::downgrade(slot);
                     on_bulk.push_back(tokio::spawn(async move {
                         let result = sent.await;
-                        if result.is_err() {
-                            slot.fail(true);
+                        if result.is_err()
+                            && let Some(slot) = slot.upgrade()
+                        {
+                            slot.fail(true, Vec::new());
                         }
                         let _ = done.send(result);
                     }));

@@ -180,6 +180,9 @@ impl Mailbox {
                 let _ = tx.send(Err(Refusal::Closed));
             }
         }
+        // Nobody will take the parked message: let the lane it holds up go.
+        st.overflow = None;
+        self.room.notify_waiters();
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -215,7 +218,7 @@ impl Mailbox {
     /// Hands `msg` to a waiting receive, holds it, or parks it as the overflow message.
     fn try_deliver(&self, key: Key, mut msg: Held) -> Delivered {
         let mut st = self.lock();
-        if st.aborted.contains_key(&(key.comm, key.tag)) {
+        if st.closed || st.aborted.contains_key(&(key.comm, key.tag)) {
             return Delivered::Done;
         }
         if let Some(queue) = st.waiters.get_mut(&key) {
