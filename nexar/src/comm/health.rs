@@ -311,7 +311,10 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
 /// Under [`RecoveryPolicy::Automatic`]: after each failure, agree and rebuild the current
 /// communicator (the world first, then each rebuilt one) and publish the result.
 pub(crate) async fn recover_automatically(inner: Weak<Inner>, mut current: Arc<CommState>) {
+    // Subscribed and marked changed before the task first waits: a failure seen before this
+    // task ever ran (a busy machine) is still handled.
     let Some(mut events) = inner.upgrade().map(|i| i.health.events.subscribe()) else { return };
+    events.mark_changed();
     loop {
         if events.changed().await.is_err() {
             return;
