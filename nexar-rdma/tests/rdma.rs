@@ -18,6 +18,12 @@ fn logs() {
         .try_init();
 }
 
+/// Runs a test body with logs on, failing it if it runs past [`LIMIT`].
+async fn within_limit(body: impl Future<Output = ()>) {
+    logs();
+    tokio::time::timeout(LIMIT, body).await.expect("test ran past its limit");
+}
+
 /// Runs `job` on every rank of `ranks` at once; results by rank.
 async fn on_ranks<F, Fut, R>(ranks: Vec<NexarClient>, job: F) -> Vec<R>
 where
@@ -90,8 +96,7 @@ fn discovery_names_devices_or_says_there_are_none() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_device_every_link_falls_back_and_carries_every_collective() {
-    logs();
-    let run = async {
+    within_limit(async {
         let ranks = NexarClient::bootstrap_local(3).await.unwrap();
         let no_device = nexar_rdma::devices().is_err();
         let reports = on_ranks(ranks, move |c| async move {
@@ -113,14 +118,13 @@ async fn without_a_device_every_link_falls_back_and_carries_every_collective() {
                 }
             }
         }
-    };
-    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emulated_rdma_carries_every_collective_through_a_small_ring() {
-    logs();
-    let run = async {
+    within_limit(async {
         let ranks = NexarClient::bootstrap_local(4).await.unwrap();
         // 4 slots of 4 KiB: large payloads take hundreds of chunks and credit round trips.
         let cfg = RdmaConfig { fabric: Fabric::Emulated, slots: 4, slot_size: 4096, ..Default::default() };
@@ -150,14 +154,13 @@ async fn emulated_rdma_carries_every_collective_through_a_small_ring() {
         })
         .await;
         assert_eq!(results.len(), 4);
-    };
-    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_on_different_fabrics_both_stay_on_quic() {
-    logs();
-    let run = async {
+    within_limit(async {
         let ranks = NexarClient::bootstrap_local(2).await.unwrap();
         let results = on_ranks(ranks, |c| async move {
             let fabric = if c.rank() == 0 { Fabric::Emulated } else { Fabric::Verbs };
@@ -170,14 +173,13 @@ async fn ranks_on_different_fabrics_both_stay_on_quic() {
         for report in results {
             assert_eq!(report.rdma_links(), 0, "{report:?}");
         }
-    };
-    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_breaks_the_setup_protocol_gets_quic_and_a_named_reason() {
-    logs();
-    let run = async {
+    within_limit(async {
         let ranks = NexarClient::bootstrap_local(2).await.unwrap();
         let results = on_ranks(ranks, |c| async move {
             let cfg = RdmaConfig { fabric: Fabric::Emulated, ..Default::default() };
@@ -205,14 +207,13 @@ async fn a_peer_that_breaks_the_setup_protocol_gets_quic_and_a_named_reason() {
         let report = results[0].clone().unwrap();
         let LinkTransport::Quic { reason } = &report.links[0].1 else { panic!("{report:?}") };
         assert!(reason.contains("rank 1") && reason.contains("magic"), "{reason}");
-    };
-    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setup_messages_are_checked_and_time_out() {
-    logs();
-    let run = async {
+    within_limit(async {
         let cfg = NexarConfig { op_timeout: Duration::from_millis(500), ..Default::default() };
         let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
         let c = ranks[0].clone();
@@ -234,8 +235,8 @@ async fn setup_messages_are_checked_and_time_out() {
         let bad = attach(&c, &RdmaConfig { slot_size: 1000, ..Default::default() }).await.unwrap_err();
         assert!(matches!(bad, RdmaError::Config(_)), "{bad}");
         futures_join(ranks).await;
-    };
-    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+    })
+    .await;
 }
 
 async fn futures_join(ranks: Vec<NexarClient>) {
@@ -244,8 +245,7 @@ async fn futures_join(ranks: Vec<NexarClient>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collective_running_across_the_attach_completes_correctly() {
-    logs();
-    let run = async {
+    within_limit(async {
         let ranks = NexarClient::bootstrap_local(3).await.unwrap();
         let cfg = RdmaConfig { fabric: Fabric::Emulated, slots: 4, slot_size: 4096, ..Default::default() };
         on_ranks(ranks, move |c| {
@@ -262,14 +262,13 @@ async fn a_collective_running_across_the_attach_completes_correctly() {
             }
         })
         .await;
-    };
-    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attaching_again_keeps_the_links_that_are_attached() {
-    logs();
-    let run = async {
+    within_limit(async {
         let ranks = NexarClient::bootstrap_local(2).await.unwrap();
         let cfg = RdmaConfig { fabric: Fabric::Emulated, ..Default::default() };
         let reports = on_ranks(ranks, move |c| {
@@ -289,6 +288,6 @@ async fn attaching_again_keeps_the_links_that_are_attached() {
             let LinkTransport::Quic { reason } = &second.links[0].1 else { panic!("{second:?}") };
             assert!(reason.contains("already had a rdma channel"), "{reason}");
         }
-    };
-    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+    })
+    .await;
 }
