@@ -129,6 +129,11 @@ fn last_os_error(call: &'static str) -> RdmaError {
     RdmaError::verbs(call, std::io::Error::last_os_error())
 }
 
+/// The error for a provider that lacks one of the context's entry points.
+fn missing_op(call: &'static str) -> RdmaError {
+    RdmaError::Verbs { call, reason: "the device's provider does not implement it".into() }
+}
+
 fn check(call: &'static str, rc: i32) -> Result<(), RdmaError> {
     if rc == 0 { Ok(()) } else { Err(RdmaError::verbs(call, std::io::Error::from_raw_os_error(rc.abs()))) }
 }
@@ -280,8 +285,7 @@ fn post_recv(res: &Resources) -> Result<(), RdmaError> {
     // SAFETY: `qp` is live; `post_recv` is the provider's entry point in the context ops.
     let rc = unsafe {
         let ctx = (*res.qp).context;
-        let post =
-            (*ctx).ops.post_recv.ok_or_else(|| RdmaError::Verbs { call: "post_recv", reason: "missing".into() })?;
+        let post = (*ctx).ops.post_recv.ok_or_else(|| missing_op("post_recv"))?;
         post(res.qp, &mut wr, &mut bad)
     };
     check("ibv_post_recv", rc)
@@ -415,8 +419,7 @@ impl Wire for VerbsWire {
         // them into the send queue); the staging bytes stay untouched until the completion.
         let rc = unsafe {
             let ctx = (*self.res.qp).context;
-            let post =
-                (*ctx).ops.post_send.ok_or_else(|| RdmaError::Verbs { call: "post_send", reason: "missing".into() })?;
+            let post = (*ctx).ops.post_send.ok_or_else(|| missing_op("post_send"))?;
             post(self.res.qp, &mut wr, &mut bad)
         };
         check("ibv_post_send", rc)
@@ -427,8 +430,7 @@ impl Wire for VerbsWire {
         // SAFETY: `cq` is live; the provider fills at most `wcs.len()` entries.
         let n = unsafe {
             let ctx = (*self.res.cq).context;
-            let poll =
-                (*ctx).ops.poll_cq.ok_or_else(|| RdmaError::Verbs { call: "poll_cq", reason: "missing".into() })?;
+            let poll = (*ctx).ops.poll_cq.ok_or_else(|| missing_op("poll_cq"))?;
             poll(self.res.cq, wcs.len() as i32, wcs.as_mut_ptr())
         };
         if n < 0 {
