@@ -123,10 +123,45 @@ pub struct NexarConfig {
     /// `k_regular:K`; `hypercube`). Messages between ranks without a direct connection are
     /// relayed along shortest paths, around dead ranks. Every rank must use the same.
     pub topology: Topology,
+    /// What carries collective payloads between two ranks (`NEXAR_BULK_TRANSPORT`: `quic`,
+    /// the default, or `tcp`). With [`BulkTransport::Tcp`] each direct link opens a TLS 1.3
+    /// connection over TCP each way when the cluster forms (same certificates as QUIC) and
+    /// sends collective messages of at least [`bulk_min_bytes`](Self::bulk_min_bytes) there;
+    /// a link where that fails stays on QUIC. Every rank should use the same.
+    pub bulk_transport: BulkTransport,
+    /// Smallest collective message that takes the TCP lane (`NEXAR_BULK_MIN_BYTES`, default
+    /// 64 KiB): smaller ones stay on QUIC, whose latency path spins.
+    pub bulk_min_bytes: usize,
     /// Faults to inject into this rank's datagrams, for testing how an application copes with
     /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
     /// `None` (the default) injects none.
     pub chaos: Option<NetChaos>,
+}
+
+/// What carries collective payloads between ranks; see [`NexarConfig::bulk_transport`].
+///
+/// ```
+/// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_BULK_TRANSPORT").then(|| "tcp".into())).unwrap();
+/// assert_eq!(cfg.bulk_transport, nexar::BulkTransport::Tcp);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BulkTransport {
+    /// Everything over the QUIC connection.
+    #[default]
+    Quic,
+    /// Collective payloads over TLS on TCP, one connection each way per link.
+    Tcp,
+}
+
+impl FromStr for BulkTransport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "quic" => Ok(BulkTransport::Quic),
+            "tcp" => Ok(BulkTransport::Tcp),
+            _ => Err("expected quic or tcp".into()),
+        }
+    }
 }
 
 /// What a rank does when it sees a peer fail.
@@ -194,6 +229,8 @@ impl Default for NexarConfig {
             max_world_size: 1024,
             chaos: None,
             topology: Topology::FullMesh,
+            bulk_transport: BulkTransport::Quic,
+            bulk_min_bytes: 64 << 10,
         }
     }
 }
@@ -307,6 +344,13 @@ impl NexarConfig {
         }
         if let Some((var, v)) = get("NEXAR_TOPOLOGY") {
             c.topology = parse(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_BULK_TRANSPORT") {
+            c.bulk_transport = parse(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_BULK_MIN_BYTES") {
+            c.bulk_min_bytes =
+                usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;
         }
         if let Some((var, v)) = get("NEXAR_MIN_WORLD_SIZE") {
             c.min_world_size = positive(var, &v)?;

@@ -36,7 +36,7 @@ pub use comm::{
     BackendError, CollectiveError, CollectiveHandle, ExchangeHandle, FailureWatch, LinkStats, MAX_SETUP_BODY,
     NexarClient, P2pError, PeerFailure, RecoveryError,
 };
-pub use config::{ConfigError, NexarConfig, RecoveryPolicy};
+pub use config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
 pub use error::NexarError;
 pub use nexar_macros::{collective_plan, rpc};
 pub use nexar_types::{

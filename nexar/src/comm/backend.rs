@@ -324,6 +324,14 @@ impl NexarClient {
         self.inner.links.get(world)?.attached_bulk()
     }
 
+    /// Stops the bulk channel to `peer` as if its network failed, for fault tests; `false`
+    /// when none is attached.
+    #[doc(hidden)]
+    pub fn inject_bulk_fault(&self, peer: usize) -> bool {
+        let Some(world) = self.comm.members.get(peer) else { return false };
+        self.inner.links.get(*world).is_some_and(|l| l.bulk_slot().break_channel())
+    }
+
     fn check_backend_peer(&self, op: &'static str, peer: usize) -> Result<(), BackendError> {
         let size = self.world_size();
         if peer >= size || peer == self.rank() {

@@ -17,7 +17,7 @@ use super::health::{Health, monitor, recover_automatically};
 use super::route::{Route, RouteCache, forward, route_cache};
 use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
-use crate::config::{ConfigError, NexarConfig, RecoveryPolicy};
+use crate::config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
 use crate::error::NexarError;
 use crate::proto::message::PeerMsg;
 use crate::rpc::{Registry, serve_requests, serve_responses};
@@ -387,7 +387,30 @@ impl NexarClient {
             .instrument(span),
         );
         crate::sync::lock(&inner.tasks).push(joiners);
-        Ok(NexarClient { inner, comm: world_comm })
+        let client = NexarClient { inner, comm: world_comm };
+        // A rank joining the running cluster keeps QUIC: the members are not exchanging now.
+        if client.config().bulk_transport == BulkTransport::Tcp && !running {
+            client.bring_up_tcp_lanes(identity, ca).await;
+        }
+        Ok(client)
+    }
+
+    async fn bring_up_tcp_lanes(&self, identity: &Identity, ca: &CertificateDer<'static>) {
+        let tls = match crate::transport::tcp_lane::LaneTls::new(identity, ca) {
+            Ok(tls) => tls,
+            Err(e) => {
+                tracing::warn!(rank = self.rank(), error = %e, "no tcp lanes: collective payloads stay on QUIC");
+                return;
+            }
+        };
+        let outcomes = self.attach_tcp_lanes(&tls).await;
+        let up = outcomes.iter().filter(|(_, o)| o.is_ok()).count();
+        for (peer, outcome) in &outcomes {
+            if let Err(reason) = outcome {
+                tracing::warn!(rank = self.rank(), peer, %reason, "collective payloads to this peer stay on QUIC");
+            }
+        }
+        tracing::debug!(rank = self.rank(), up, links = outcomes.len(), "tcp lanes");
     }
 
     /// The communicator's id: the same on every member, different for every communicator

@@ -2,7 +2,7 @@
 //! schedule over the links, checks every incoming header against its own call, and turns any
 //! disagreement, timeout or cancellation into an abort that reaches every rank.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nexar_types::{Element, ReduceOp, reduce_slice};
 use tokio::sync::oneshot;
@@ -224,7 +224,7 @@ impl NexarClient {
                 }
                 Step::Recv { from, dst, reduce } => {
                     let key = Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq };
-                    let held = self.take_coll(key, from, op, deadline).await?;
+                    let held = self.take_coll(key, from, dst.len * size_of::<T>(), op, deadline).await?;
                     let theirs = held.check.ok_or_else(|| internal("collective message without a header"))?;
                     if theirs != check {
                         return Err(CollectiveError::Mismatch {
@@ -292,6 +292,7 @@ impl NexarClient {
         &self,
         key: Key,
         from: usize,
+        bytes: usize,
         op: &'static str,
         deadline: Instant,
     ) -> Result<crate::transport::mailbox::Held, CollectiveError> {
@@ -307,7 +308,10 @@ impl NexarClient {
                 what: format!("{held} collective messages are held unread; a peer is running away"),
             },
         };
-        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, self.inner.spin).await.map_err(refused)? {
+        // A message that comes through another transport's threads is not worth a core.
+        let other_transport = self.inner.links.get(key.src as usize).is_some_and(|l| l.bulk_takes(bytes));
+        let spin = if other_transport { Duration::ZERO } else { self.inner.spin };
+        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin).await.map_err(refused)? {
             return Ok(held);
         }
         let pending = match self.inner.coll.take_or_wait(key).map_err(refused)? {

@@ -11,6 +11,7 @@ mod recovery;
 mod route;
 mod spin;
 mod state;
+mod tcp_lane;
 
 pub use backend::{BackendError, MAX_SETUP_BODY};
 pub(crate) use client::Inner;

@@ -84,6 +84,13 @@ pub trait BulkChannel: Send + Sync + 'static {
     /// The link gave the channel up (it failed, or the peer is gone): fail what it still
     /// holds and stop. Sends that have not finished must resolve (with an error).
     fn close(&self) {}
+
+    /// The smallest message group worth this channel: a collective whose first message to
+    /// the peer is smaller stays on QUIC (whose latency path spins), 0 (the default) sends
+    /// every collective here.
+    fn min_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// Tag of the setup message that tells a peer this rank's bulk channel to it failed; its body
@@ -202,17 +209,32 @@ impl BulkSlot {
         self.channel.get().is_some() && !crate::sync::lock(&self.carried).failed
     }
 
-    /// How to send a message of collective `key`: `Ok` the channel (the collective is
-    /// recorded as carried); `Err(false)` over QUIC (recorded as such); `Err(true)` not at all,
-    /// because the failed channel carried this collective and may have lost its messages.
-    pub fn route(&self, key: (u64, u64)) -> Result<Arc<dyn BulkChannel>, bool> {
+    /// Makes the attached channel stop as if its network failed (for fault tests).
+    pub fn break_channel(&self) -> bool {
+        self.channel.get().map(|c| c.close()).is_some()
+    }
+
+    /// Whether a new collective's `len`-byte message would take the channel.
+    pub fn takes(&self, len: usize) -> bool {
+        self.working() && self.channel.get().is_some_and(|c| c.usable() && len >= c.min_bytes())
+    }
+
+    /// How to send a `len`-byte message of collective `key`: `Ok` the channel (the collective
+    /// is recorded as carried); `Err(false)` over QUIC (recorded as such); `Err(true)` not at
+    /// all, because the failed channel carried this collective and may have lost its messages.
+    /// A collective's first message decides, by its size, for all its messages on this link.
+    pub fn route(&self, key: (u64, u64), len: usize) -> Result<Arc<dyn BulkChannel>, bool> {
         let channel = self.channel.get();
         if channel.is_some_and(|c| !c.usable()) {
             self.fail(true, Vec::new());
         }
         let mut carried = crate::sync::lock(&self.carried);
         match channel {
-            Some(channel) if !carried.failed && !carried.quic.set.contains(&key) => {
+            Some(channel)
+                if !carried.failed
+                    && !carried.quic.set.contains(&key)
+                    && (len >= channel.min_bytes() || carried.bulk.set.contains(&key)) =>
+            {
                 carried.bulk.insert(key);
                 Ok(channel.clone())
             }
@@ -459,19 +481,19 @@ mod tests {
     async fn a_collective_never_spans_two_transports() {
         let slot = Arc::new(BulkSlot::new(1, &super::super::link::lanes(4).0));
         let (before, after, received, later) = ((0, 1), (0, 2), (0, 3), (0, 4));
-        assert_eq!(slot.route(before).err(), Some(false), "no channel yet: QUIC");
+        assert_eq!(slot.route(before, 0).err(), Some(false), "no channel yet: QUIC");
         let channel = Arc::new(Nowhere(Default::default()));
         slot.attach(channel.clone()).unwrap();
-        assert_eq!(slot.route(before).err(), Some(false), "started on QUIC, stays there");
-        assert!(slot.route(after).is_ok(), "a new collective takes the channel");
+        assert_eq!(slot.route(before, 0).err(), Some(false), "started on QUIC, stays there");
+        assert!(slot.route(after, 0).is_ok(), "a new collective takes the channel");
         slot.received(received);
         channel.0.store(true, std::sync::atomic::Ordering::SeqCst);
         // The channel failed: what it carried (either way) is not sent at all, the rest goes
         // over QUIC.
-        assert_eq!(slot.route(after).err(), Some(true));
-        assert_eq!(slot.route(received).err(), Some(true));
-        assert_eq!(slot.route(before).err(), Some(false));
-        assert_eq!(slot.route(later).err(), Some(false));
+        assert_eq!(slot.route(after, 0).err(), Some(true));
+        assert_eq!(slot.route(received, 0).err(), Some(true));
+        assert_eq!(slot.route(before, 0).err(), Some(false));
+        assert_eq!(slot.route(later, 0).err(), Some(false));
         assert!(!slot.working());
         assert!(slot.attach(Arc::new(Nowhere(Default::default()))).is_err(), "one channel per link");
     }

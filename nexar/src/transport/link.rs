@@ -324,6 +324,17 @@ impl PeerLink {
         self.bulk.attached()
     }
 
+    /// Whether a collective message of `len` bytes from this peer comes over its bulk channel
+    /// (the channel is working and takes messages that large on either side).
+    pub(crate) fn bulk_takes(&self, len: usize) -> bool {
+        self.bulk.takes(len)
+    }
+
+    /// Where the peer's QUIC endpoint is, as this link reaches it.
+    pub(crate) fn remote_addr(&self) -> std::net::SocketAddr {
+        self.conn.remote_address()
+    }
+
     pub(crate) fn bulk_slot(&self) -> Arc<BulkSlot> {
         self.bulk.clone()
     }
@@ -472,7 +483,8 @@ async fn write_lane(
             continue;
         }
         if let (Some(slot), Some(coll)) = (&bulk, coll) {
-            match slot.route(coll) {
+            let len = chunks.iter().map(Bytes::len).sum();
+            match slot.route(coll, len) {
                 Ok(channel) => {
                     while on_bulk.len() >= BULK_IN_FLIGHT {
                         if let Some(oldest) = on_bulk.pop_front() {

@@ -224,6 +224,15 @@ pub fn mesh_server(
     identity: &Identity,
     ca_der: &CertificateDer<'static>,
 ) -> Result<quinn::ServerConfig, TransportError> {
+    quic_server(mesh_server_tls(identity, ca_der, MESH_ALPN)?)
+}
+
+/// The rustls side of [`mesh_server`], speaking `alpn` (also used by the TCP bulk lane).
+pub(crate) fn mesh_server_tls(
+    identity: &Identity,
+    ca_der: &CertificateDer<'static>,
+    alpn: &[u8],
+) -> Result<rustls::ServerConfig, TransportError> {
     let verifier = WebPkiClientVerifier::builder_with_provider(roots(ca_der)?, provider())
         .build()
         .map_err(|e| TransportError::Tls(format!("client verifier: {e}")))?;
@@ -233,8 +242,8 @@ pub fn mesh_server(
         .with_client_cert_verifier(verifier)
         .with_single_cert(identity.chain.clone(), identity.key())
         .map_err(rustls_err("server certificate"))?;
-    tls.alpn_protocols = vec![MESH_ALPN.to_vec()];
-    quic_server(tls)
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    Ok(tls)
 }
 
 /// Client side of worker-to-worker connections: trusts only the cluster CA (the dialled rank's
@@ -243,14 +252,23 @@ pub fn mesh_client(
     identity: &Identity,
     ca_der: &CertificateDer<'static>,
 ) -> Result<quinn::ClientConfig, TransportError> {
+    quic_client(mesh_client_tls(identity, ca_der, MESH_ALPN)?)
+}
+
+/// The rustls side of [`mesh_client`], speaking `alpn` (also used by the TCP bulk lane).
+pub(crate) fn mesh_client_tls(
+    identity: &Identity,
+    ca_der: &CertificateDer<'static>,
+    alpn: &[u8],
+) -> Result<rustls::ClientConfig, TransportError> {
     let mut tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(rustls_err("tls versions"))?
         .with_root_certificates(roots(ca_der)?)
         .with_client_auth_cert(identity.chain.clone(), identity.key())
         .map_err(rustls_err("client certificate"))?;
-    tls.alpn_protocols = vec![MESH_ALPN.to_vec()];
-    quic_client(tls)
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    Ok(tls)
 }
 
 /// The seed's server configuration: no client certificate (workers have none yet); workers

@@ -542,8 +542,14 @@ fn peak_rss_kib() -> u64 {
 
 fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box<dyn std::error::Error>> {
     let mode = if args.inproc { "one process" } else { "separate processes" };
+    let transport = match NexarConfig::from_env()? {
+        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, .. } => {
+            format!("QUIC + TLS, collective messages from {bulk_min_bytes} B on TLS/TCP lanes")
+        }
+        _ => "QUIC + TLS".to_string(),
+    };
     println!(
-        "# nexar-bench: {:?} {:?}, {} ranks ({mode}, QUIC + TLS on loopback), {} iterations after {} warm-ups",
+        "# nexar-bench: {:?} {:?}, {} ranks ({mode}, {transport} on loopback), {} iterations after {} warm-ups",
         args.op, args.dtype, args.np, args.iters, args.warmup
     );
     println!(

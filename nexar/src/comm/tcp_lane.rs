@@ -1,0 +1,237 @@
+//! Bringing the TCP lane up on every direct link of a communicator: offers over QUIC, two TLS
+//! connections per link, then both sides say whether theirs came up, and only a link where both
+//! did moves its collective payloads to TCP. Anything else leaves that link on QUIC.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::{ClientConnection, ServerConnection, StreamOwned};
+use tokio::sync::oneshot;
+
+use super::client::NexarClient;
+use crate::transport::tcp_lane::{Connected, LaneMsg, LaneTls, TOKEN_LEN, TcpLane, answer, dial, lane_tag};
+
+/// Room in a received group for the frames around the largest payload.
+const GROUP_OVERHEAD: u64 = 256 << 10;
+
+type Incoming = StreamOwned<ServerConnection, TcpStream>;
+type Outgoing = StreamOwned<ClientConnection, TcpStream>;
+
+/// Connections this rank waits for, by the token it gave their dialler.
+type Expected = Arc<Mutex<HashMap<[u8; TOKEN_LEN], (u32, oneshot::Sender<Incoming>)>>>;
+
+/// One peer through the exchange.
+struct Peer {
+    rank: usize,
+    world: u32,
+    direct: bool,
+    /// Why this link stays on QUIC, once something decided so.
+    quic: Option<String>,
+    outgoing: Option<Outgoing>,
+    incoming: Option<oneshot::Receiver<Incoming>>,
+}
+
+impl NexarClient {
+    /// Moves the collective payloads of every direct link that can to a TCP lane; every rank of
+    /// the communicator calls it at the same point (like a collective). Returns, per peer, the
+    /// lane's outcome: `Ok` or why the link stays on QUIC.
+    pub(crate) async fn attach_tcp_lanes(&self, tls: &LaneTls) -> Vec<(usize, Result<(), String>)> {
+        let attempt = self.next_setup_number();
+        let (offer_tag, outcome_tag) = (lane_tag(attempt, 0), lane_tag(attempt, 1));
+        let limit = self.config().connect_timeout;
+        let (mut listener, port) = match self.lane_listener() {
+            Ok((listener, port)) => (Some(listener), Ok(port)),
+            Err(reason) => (None, Err(reason)),
+        };
+        let expected: Expected = Arc::default();
+        // Peers without a direct link have none to this rank either: nothing to say to them.
+        let mut peers: Vec<Peer> = self.lane_peers().into_iter().filter(|p| p.direct).collect();
+
+        // Round one: an offer (or why not) to every peer.
+        for p in &mut peers {
+            let ours = match (&port, &p.quic) {
+                (Ok(port), None) => {
+                    let token: [u8; TOKEN_LEN] = rand::random();
+                    let (tx, rx) = oneshot::channel();
+                    crate::sync::lock(&expected).insert(token, (p.world, tx));
+                    p.incoming = Some(rx);
+                    LaneMsg::Offer { port: *port, token }
+                }
+                (Err(reason), None) => LaneMsg::Decline { reason: reason.clone() },
+                (_, Some(reason)) => LaneMsg::Decline { reason: reason.clone() },
+            };
+            if let Err(e) = self.send_setup(p.rank, offer_tag, ours.encode()).await {
+                p.quic.get_or_insert(e.to_string());
+            }
+            if matches!(ours, LaneMsg::Decline { .. }) {
+                p.quic.get_or_insert("declined here".into());
+            }
+        }
+        let accepting = listener.take().map(|l| tokio::spawn(accept_lanes(l, tls.clone(), expected.clone(), limit)));
+
+        // Their offers; dial every peer that made one.
+        let deadline = Instant::now() + limit;
+        let mut dials = Vec::new();
+        for p in &mut peers {
+            let theirs = self.lane_setup(p.rank, offer_tag, deadline).await;
+            let Some(addr) = self.peer_addr(p.rank) else {
+                p.quic.get_or_insert("no direct link".into());
+                continue;
+            };
+            match theirs {
+                Ok(LaneMsg::Offer { port, token }) if p.quic.is_none() => {
+                    let mut hello = [0u8; TOKEN_LEN + 4];
+                    hello[..TOKEN_LEN].copy_from_slice(&token);
+                    hello[TOKEN_LEN..].copy_from_slice(&(self.world_rank() as u32).to_le_bytes());
+                    let (tls, world, at) = (tls.clone(), p.world, SocketAddr::new(addr.ip(), port));
+                    dials.push((p.rank, tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit))));
+                }
+                Ok(LaneMsg::Decline { reason }) => {
+                    p.quic.get_or_insert(format!("rank {} declined: {reason}", p.rank));
+                }
+                Ok(other) if p.quic.is_none() => {
+                    p.quic = Some(format!("rank {} answered round one with {other:?}", p.rank));
+                }
+                Err(e) => {
+                    p.quic.get_or_insert(e);
+                }
+                Ok(_) => {}
+            }
+        }
+        for (rank, dialled) in dials {
+            let Some(p) = peers.iter_mut().find(|p| p.rank == rank) else { continue };
+            match dialled.await {
+                Ok(Ok(stream)) => p.outgoing = Some(stream),
+                Ok(Err(e)) => p.quic = Some(format!("cannot dial rank {rank}'s tcp lane: {e}")),
+                Err(e) => p.quic = Some(format!("dialling rank {rank}: {e}")),
+            }
+        }
+
+        // Round two: whether both connections came up here, then what the peer says.
+        let deadline = Instant::now() + limit;
+        let mut connected = Vec::new();
+        for p in &mut peers {
+            let incoming = match (p.quic.is_none(), p.incoming.take()) {
+                (true, Some(rx)) => match tokio::time::timeout_at(deadline.into(), rx).await {
+                    Ok(Ok(stream)) => Some(stream),
+                    _ => {
+                        p.quic = Some(format!("rank {} did not connect to this rank's tcp lane", p.rank));
+                        None
+                    }
+                },
+                _ => None,
+            };
+            let ours = match (&p.quic, p.outgoing.take(), incoming) {
+                (None, Some(outgoing), Some(incoming)) => {
+                    connected.push((p.rank, Connected { outgoing, incoming }));
+                    LaneMsg::Ready
+                }
+                (reason, ..) => LaneMsg::Failed { reason: reason.clone().unwrap_or_else(|| "not connected".into()) },
+            };
+            // A peer that declined expects no outcome, but an extra message is harmless.
+            let _ = self.send_setup(p.rank, outcome_tag, ours.encode()).await;
+        }
+        if let Some(task) = accepting {
+            task.abort();
+        }
+        let deadline = Instant::now() + limit;
+        let mut outcomes = Vec::with_capacity(peers.len());
+        for p in &peers {
+            let Some(at) = connected.iter().position(|(rank, _)| *rank == p.rank) else {
+                outcomes.push((p.rank, Err(p.quic.clone().unwrap_or_else(|| "not connected".into()))));
+                continue;
+            };
+            let (_, conns) = connected.swap_remove(at);
+            let outcome = match self.lane_setup(p.rank, outcome_tag, deadline).await {
+                Ok(LaneMsg::Ready) => self.start_tcp_lane(p.rank, conns),
+                Ok(LaneMsg::Failed { reason }) => Err(format!("rank {}: {reason}", p.rank)),
+                Ok(other) => Err(format!("rank {} answered round two with {other:?}", p.rank)),
+                Err(e) => Err(e),
+            };
+            outcomes.push((p.rank, outcome));
+        }
+        outcomes
+    }
+
+    /// The lane's listener on the address of this rank's QUIC endpoint, and its port.
+    fn lane_listener(&self) -> Result<(std::net::TcpListener, u16), String> {
+        let ip = self.inner.endpoint.local_addr().map(|a| a.ip()).unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        let listener =
+            std::net::TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| format!("cannot listen on {ip}: {e}"))?;
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        Ok((listener, port))
+    }
+
+    /// Every other rank; those with a channel already are marked QUIC.
+    fn lane_peers(&self) -> Vec<Peer> {
+        (0..self.world_size())
+            .filter(|r| *r != self.rank())
+            .map(|rank| {
+                let direct = self.bulk_transport(rank).is_some();
+                let quic = self
+                    .attached_bulk(rank)
+                    .map(|other| format!("the link to rank {rank} already has a {other} channel"));
+                Peer { rank, world: self.comm.members[rank] as u32, direct, quic, outgoing: None, incoming: None }
+            })
+            .collect()
+    }
+
+    /// The peer's next lane setup message with `tag`, by `deadline`.
+    async fn lane_setup(&self, peer: usize, tag: u64, deadline: Instant) -> Result<LaneMsg, String> {
+        match tokio::time::timeout_at(deadline.into(), self.recv_setup(peer, tag)).await {
+            Ok(Ok(bytes)) => LaneMsg::decode(&bytes).map_err(|e| format!("rank {peer}: {e}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("rank {peer} sent no tcp lane setup in time")),
+        }
+    }
+
+    /// The address this rank's QUIC link to `peer` reaches it at.
+    fn peer_addr(&self, peer: usize) -> Option<SocketAddr> {
+        let world = *self.comm.members.get(peer)?;
+        Some(self.inner.links.get(world)?.remote_addr())
+    }
+
+    fn start_tcp_lane(&self, peer: usize, conns: Connected) -> Result<(), String> {
+        let inbound = self.bulk_inbound(peer).ok_or_else(|| format!("rank {peer} is not a peer"))?;
+        let cfg = self.config();
+        let max_group = cfg.max_message_bytes.saturating_add(GROUP_OVERHEAD);
+        let lane = TcpLane::start(peer, conns, inbound, max_group, cfg.bulk_min_bytes)
+            .map_err(|e| format!("cannot start the lane's threads: {e}"))?;
+        self.attach_bulk(peer, Arc::new(lane)).map_err(|e| e.to_string())
+    }
+}
+
+/// Accepts lane connections until aborted, answering each on a blocking thread; a connection
+/// that brings a token this rank gave out, from the rank it gave it to, goes to its waiter.
+async fn accept_lanes(listener: std::net::TcpListener, tls: LaneTls, expected: Expected, limit: Duration) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+    // Every expected connection, and a few strays; then nothing more is answered.
+    let mut budget = crate::sync::lock(&expected).len() * 2 + 8;
+    while budget > 0 {
+        let Ok((sock, from)) = listener.accept().await else { return };
+        budget -= 1;
+        let Ok(sock) = sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) else { continue };
+        let (tls, expected) = (tls.clone(), expected.clone());
+        tokio::task::spawn_blocking(move || match answer(&tls, sock, limit) {
+            Ok((hello, cert_rank, stream)) => {
+                let (token, claimed) = hello.split_at(TOKEN_LEN);
+                let claimed = u32::from_le_bytes(claimed.try_into().unwrap_or([0xff; 4]));
+                let mut expected = crate::sync::lock(&expected);
+                match expected.get(token) {
+                    Some((world, _)) if *world == claimed && *world == cert_rank => {
+                        if let Some((_, waiter)) = expected.remove(token) {
+                            let _ = waiter.send(stream);
+                        }
+                    }
+                    _ => {
+                        tracing::warn!(%from, claimed, cert_rank, "refused a tcp lane connection with an unknown token")
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(%from, error = %e, "a tcp lane connection failed its handshake"),
+        });
+    }
+}

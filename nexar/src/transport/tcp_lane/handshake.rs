@@ -1,0 +1,92 @@
+//! Opening the two connections of a TCP lane: TLS with the cluster's certificates, then a
+//! hello that binds the connection to a link.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConnection, ServerConnection, StreamOwned};
+
+use super::setup::TOKEN_LEN;
+use crate::transport::TransportError;
+use crate::transport::tls::{Identity, mesh_client_tls, mesh_server_tls, rank_from_cert, rank_server_name};
+
+/// ALPN protocol of the TCP lane.
+const LANE_ALPN: &[u8] = b"nexar-lane/1";
+
+/// What the dialler sends first: the token the peer gave it, then its world rank.
+pub(crate) type Hello = [u8; TOKEN_LEN + 4];
+
+/// TLS configurations of the lane, built once per rank.
+#[derive(Clone)]
+pub(crate) struct LaneTls {
+    client: Arc<rustls::ClientConfig>,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl LaneTls {
+    /// Mutual TLS 1.3 with `identity`, trusting only the cluster CA.
+    pub fn new(identity: &Identity, ca: &CertificateDer<'static>) -> Result<LaneTls, TransportError> {
+        let client = mesh_client_tls(identity, ca, LANE_ALPN)?;
+        let mut server = mesh_server_tls(identity, ca, LANE_ALPN)?;
+        // The dialler only writes: nothing should wait unread on its side.
+        server.send_tls13_tickets = 0;
+        Ok(LaneTls { client: Arc::new(client), server: Arc::new(server) })
+    }
+}
+
+fn tls_io(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn with_timeouts(sock: &TcpStream, limit: Option<Duration>) -> io::Result<()> {
+    sock.set_read_timeout(limit)?;
+    sock.set_write_timeout(limit)
+}
+
+/// Dials the lane listener of world rank `peer` at `addr` and says hello (blocking, each step
+/// within `limit`).
+pub(crate) fn dial(
+    tls: &LaneTls,
+    addr: SocketAddr,
+    peer: u32,
+    hello: Hello,
+    limit: Duration,
+) -> io::Result<StreamOwned<ClientConnection, TcpStream>> {
+    let sock = TcpStream::connect_timeout(&addr, limit)?;
+    sock.set_nodelay(true)?;
+    with_timeouts(&sock, Some(limit))?;
+    let name = ServerName::try_from(rank_server_name(peer)).map_err(tls_io)?;
+    let conn = ClientConnection::new(tls.client.clone(), name).map_err(tls_io)?;
+    let mut stream = StreamOwned::new(conn, sock);
+    // Completes the handshake (the peer's certificate must name `peer`) before the hello.
+    stream.write_all(&hello)?;
+    stream.flush()?;
+    with_timeouts(&stream.sock, None)?;
+    Ok(stream)
+}
+
+/// Answers a connection to the lane listener (blocking, each step within `limit`): the
+/// dialler's hello and the world rank its certificate is bound to.
+pub(crate) fn answer(
+    tls: &LaneTls,
+    sock: TcpStream,
+    limit: Duration,
+) -> io::Result<(Hello, u32, StreamOwned<ServerConnection, TcpStream>)> {
+    sock.set_nodelay(true)?;
+    with_timeouts(&sock, Some(limit))?;
+    let conn = ServerConnection::new(tls.server.clone()).map_err(tls_io)?;
+    let mut stream = StreamOwned::new(conn, sock);
+    let mut hello: Hello = [0; TOKEN_LEN + 4];
+    stream.read_exact(&mut hello)?;
+    let cert = stream
+        .conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::PermissionDenied, "no client certificate"))?;
+    let rank = rank_from_cert(cert).map_err(tls_io)?;
+    with_timeouts(&stream.sock, None)?;
+    Ok((hello, rank, stream))
+}

@@ -1,0 +1,167 @@
+//! The TCP lane (`NexarConfig::bulk_transport = Tcp`): collective payloads over TLS on TCP
+//! between real ranks on 127.0.0.1, every collective checked, small messages kept on QUIC, and
+//! a lane that breaks mid-operation falling back to QUIC without wrong results.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use nexar::prelude::*;
+use nexar::{BulkTransport, CollectiveError};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn tcp(min_bytes: usize) -> NexarConfig {
+    NexarConfig { bulk_transport: BulkTransport::Tcp, bulk_min_bytes: min_bytes, ..Default::default() }
+}
+
+fn value(rank: usize, i: usize) -> i64 {
+    ((rank * 131 + i * 17) % 1000) as i64 - 500
+}
+
+/// Every collective, checked against a sequential reference, on one rank of the cluster.
+async fn check_collectives(c: &NexarClient, counts: &[usize]) {
+    let (r, w) = (c.rank(), c.world_size());
+    for &count in counts {
+        let sum: Vec<i64> = (0..count).map(|i| (0..w).map(|q| value(q, i)).sum()).collect();
+        let mut buf: Vec<i64> = (0..count).map(|i| value(r, i)).collect();
+        c.all_reduce(&mut buf, Sum).await.unwrap();
+        assert_eq!(buf, sum, "all_reduce, count {count}");
+        let mut f: Vec<f32> = (0..count).map(|i| value(r, i) as f32).collect();
+        c.all_reduce(&mut f, Sum).await.unwrap();
+        assert!(f.iter().zip(&sum).all(|(a, b)| *a == *b as f32), "all_reduce f32, count {count}");
+
+        let mut b: Vec<i64> = if r == w - 1 { (0..count).map(|i| value(w - 1, i)).collect() } else { vec![0; count] };
+        c.broadcast(&mut b, w - 1).await.unwrap();
+        assert!(b.iter().enumerate().all(|(i, v)| *v == value(w - 1, i)), "broadcast, count {count}");
+
+        let mine: Vec<i64> = (0..count).map(|i| value(r, i)).collect();
+        let mut all = vec![0i64; count * w];
+        c.all_gather(&mine, &mut all).await.unwrap();
+        for q in 0..w {
+            assert!(all[q * count..(q + 1) * count].iter().enumerate().all(|(i, v)| *v == value(q, i)));
+        }
+
+        let full: Vec<i64> = (0..count * w).map(|i| value(r, i)).collect();
+        let mut part = vec![0i64; count];
+        c.reduce_scatter(&full, &mut part, Sum).await.unwrap();
+        let want: Vec<i64> = (0..count).map(|i| (0..w).map(|q| value(q, r * count + i)).sum()).collect();
+        assert_eq!(part, want, "reduce_scatter, count {count}");
+
+        let outgoing: Vec<i64> = (0..count * w).map(|i| (r * 1_000_000 + i) as i64).collect();
+        let mut incoming = vec![0i64; count * w];
+        c.all_to_all(&outgoing, &mut incoming).await.unwrap();
+        for q in 0..w {
+            let got = &incoming[q * count..(q + 1) * count];
+            assert!(got.iter().enumerate().all(|(i, v)| *v == (q * 1_000_000 + r * count + i) as i64));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_lanes_carry_every_collective_large_and_small() {
+    common::logs();
+    let run = async {
+        for (n, min_bytes) in [(2, 0), (4, 64 << 10)] {
+            let ranks = NexarClient::bootstrap_local_with(n, tcp(min_bytes)).await.unwrap();
+            common::on_each(&ranks, move |c| async move {
+                for p in (0..n).filter(|p| *p != c.rank()) {
+                    assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
+                }
+                check_collectives(&c, &[0, 1, 3, 1000, 300_007, 1 << 20]).await;
+                for i in 0..300i64 {
+                    let mut x = vec![i + c.rank() as i64; 5];
+                    c.all_reduce(&mut x, Sum).await.unwrap();
+                    assert_eq!(x, vec![n as i64 * i + (n * (n - 1) / 2) as i64; 5]);
+                }
+                // Point-to-point stays on QUIC beside it.
+                let peer = (c.rank() + 1) % n;
+                c.send(&[c.rank() as u32; 3][..], peer, 9).await.unwrap();
+                let got: Vec<u32> = c.recv_vec((c.rank() + n - 1) % n, 9).await.unwrap();
+                assert_eq!(got, vec![((c.rank() + n - 1) % n) as u32; 3]);
+                c.barrier().await.unwrap();
+                c.shutdown().await;
+            })
+            .await;
+        }
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_that_breaks_mid_allreduce_falls_back_to_quic_without_wrong_results() {
+    common::logs();
+    let run = async {
+        let cfg = NexarConfig { op_timeout: Duration::from_secs(20), ..tcp(64 << 10) };
+        let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
+        let mut tasks = Vec::new();
+        for c in ranks.clone() {
+            tasks.push(tokio::spawn(async move {
+                c.barrier().await.unwrap();
+                let mut failed = 0;
+                for _ in 0..20 {
+                    let mut x = vec![c.rank() as i64; 1 << 20];
+                    match c.all_reduce(&mut x, Sum).await {
+                        Ok(()) => assert!(x.iter().all(|v| *v == 3), "a completed operation is correct"),
+                        Err(e) => {
+                            // Lost messages are never taken for later ones: no rank sees a
+                            // bogus disagreement, let alone reduces the wrong bytes.
+                            assert!(!matches!(e, CollectiveError::Mismatch { .. }), "rank {}: {e}", c.rank());
+                            failed += 1;
+                        }
+                    }
+                }
+                tracing::info!(rank = c.rank(), failed, "operations that met the fault");
+                failed
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(ranks[0].inject_bulk_fault(1), "rank 0 has a lane to rank 1");
+        for t in tasks {
+            t.await.expect("rank task panicked");
+        }
+        // Both ends of the broken lane went back to QUIC; the other lanes stay.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (a, b) in [(0, 1), (1, 0)] {
+            while ranks[a].bulk_transport(b) != Some("quic") {
+                assert!(Instant::now() < deadline, "rank {a} still sends to {b} over tcp");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        assert_eq!(ranks[0].bulk_transport(2), Some("tcp-tls"));
+        common::on_each(&ranks, |c| async move {
+            for n in [1usize, 1000, 300_001] {
+                let mut y = vec![c.rank() as i64 + 1; n];
+                c.all_reduce(&mut y, Sum).await.unwrap();
+                assert!(y.iter().all(|v| *v == 6));
+                let mut all = vec![0u32; 3 * n];
+                c.all_gather(&vec![c.rank() as u32; n], &mut all).await.unwrap();
+                assert!(all.chunks(n).enumerate().all(|(q, part)| part.iter().all(|v| *v == q as u32)));
+            }
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_without_the_lane_keeps_its_links_on_quic() {
+    common::logs();
+    let run = async {
+        // Rank 2 keeps QUIC: its peers' offers meet a refusal, and only 0 <-> 1 use TCP.
+        let mut cfgs = vec![tcp(0); 3];
+        cfgs[2].bulk_transport = BulkTransport::Quic;
+        cfgs.iter_mut().for_each(|c| c.connect_timeout = Duration::from_secs(2));
+        let ranks = NexarClient::bootstrap_local_each(cfgs).await.unwrap();
+        assert_eq!(ranks[0].bulk_transport(1), Some("tcp-tls"));
+        assert_eq!(ranks[0].bulk_transport(2), Some("quic"));
+        assert_eq!(ranks[2].bulk_transport(0), Some("quic"));
+        common::on_each(&ranks, |c| async move {
+            check_collectives(&c, &[5, 200_003]).await;
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
