@@ -24,7 +24,8 @@ mod rpc;
 ///
 /// The id hashes the module path, the name and the signature, so renaming the module or
 /// changing the signature changes it and moving code around does not; `#[nexar::rpc(id = 42)]`
-/// pins it. Arguments and the result must be rkyv-serialisable.
+/// pins it (two functions pinning one id in a crate do not compile; across crates the client
+/// refuses to start, naming both). Arguments and the result must be rkyv-serialisable.
 #[proc_macro_attribute]
 pub fn rpc(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = proc_macro2::TokenStream::from(item);

@@ -31,6 +31,22 @@ fn parse_options(attr: TokenStream) -> syn::Result<Options> {
     Ok(opts)
 }
 
+/// For a pinned id, an exported macro named after it: `#[macro_export]` puts every such macro
+/// at the crate root, so two functions pinning one id in a crate fail to compile, the error
+/// pointing at both `id = ..` values. (Across crates the registry still refuses a duplicate
+/// at startup, naming both functions.)
+fn pinned_id_guard(id: Option<&LitInt>) -> syn::Result<TokenStream> {
+    let Some(lit) = id else { return Ok(TokenStream::new()) };
+    let value: u64 = lit.base10_parse()?;
+    let guard =
+        format_ident!("nexar_rpc_id_{}_is_pinned_by_two_functions_give_one_another_id", value, span = lit.span());
+    Ok(quote! {
+        #[doc(hidden)]
+        #[macro_export]
+        macro_rules! #guard { () => {}; }
+    })
+}
+
 /// The function's arguments as `(name, type)`, refusing what an endpoint cannot have.
 fn arguments(func: &ItemFn) -> syn::Result<Vec<(syn::Ident, Type)>> {
     if let Some(receiver) = func.sig.receiver() {
@@ -93,6 +109,7 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
         Some(lit) => quote!(#lit),
         None => quote!(#krate::__private::stable_id(&[NAME, SIGNATURE])),
     };
+    let pinned_once = pinned_id_guard(opts.id.as_ref())?;
     let call_await = if func.sig.asyncness.is_some() { quote!(.await) } else { quote!() };
     // Every use of a user type is spanned at that type, so a type that cannot travel gives one
     // error, at the user's token, with the RpcValue message.
@@ -114,6 +131,8 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     let _ = Span::call_site();
     Ok(quote! {
         #func
+
+        #pinned_once
 
         #[doc = #doc]
         #[allow(non_camel_case_types, non_snake_case, dead_code, clippy::unused_unit)]
