@@ -167,7 +167,9 @@ fn open_all(comm: &NexarClient, cfg: &RdmaConfig) -> Vec<Peer> {
     for rank in (0..comm.world_size()).filter(|p| *p != me) {
         let opened = match (&no_device, comm.bulk_transport(rank), comm.attached_bulk(rank)) {
             (_, None, _) => Err(format!("no direct link to rank {rank} (sparse topology)")),
-            (_, _, Some(other)) => Err(format!("the link to rank {rank} already had a {other} channel")),
+            (_, _, Some(other)) => Err(format!(
+                "the link to rank {rank} already had a {other} channel (start the ranks with NEXAR_BULK_TRANSPORT=quic to use RDMA)"
+            )),
             (Some(reason), _, _) => Err(reason.clone()),
             (None, _, None) => open(cfg).map_err(|e| {
                 if matches!(e, RdmaError::NoDevice { .. }) {

@@ -11,6 +11,11 @@ use nexar_rdma::{Fabric, LinkTransport, RdmaConfig, RdmaError, attach};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
+/// RDMA takes links whose collective payloads are on QUIC (a TCP lane would hold them).
+fn quic() -> NexarConfig {
+    NexarConfig { bulk_transport: nexar::BulkTransport::Quic, ..Default::default() }
+}
+
 fn logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -97,7 +102,7 @@ fn discovery_names_devices_or_says_there_are_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_device_every_link_falls_back_and_carries_every_collective() {
     within_limit(async {
-        let ranks = NexarClient::bootstrap_local(3).await.unwrap();
+        let ranks = NexarClient::bootstrap_local_with(3, quic()).await.unwrap();
         let no_device = nexar_rdma::devices().is_err();
         let reports = on_ranks(ranks, move |c| async move {
             let report = attach(&c, &RdmaConfig::default()).await.unwrap();
@@ -125,7 +130,7 @@ async fn without_a_device_every_link_falls_back_and_carries_every_collective() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emulated_rdma_carries_every_collective_through_a_small_ring() {
     within_limit(async {
-        let ranks = NexarClient::bootstrap_local(4).await.unwrap();
+        let ranks = NexarClient::bootstrap_local_with(4, quic()).await.unwrap();
         // 4 slots of 4 KiB: large payloads take hundreds of chunks and credit round trips.
         let cfg = RdmaConfig { fabric: Fabric::Emulated, slots: 4, slot_size: 4096, ..Default::default() };
         let results = on_ranks(ranks, move |c| {
@@ -161,7 +166,7 @@ async fn emulated_rdma_carries_every_collective_through_a_small_ring() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_on_different_fabrics_both_stay_on_quic() {
     within_limit(async {
-        let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+        let ranks = NexarClient::bootstrap_local_with(2, quic()).await.unwrap();
         let results = on_ranks(ranks, |c| async move {
             let fabric = if c.rank() == 0 { Fabric::Emulated } else { Fabric::Verbs };
             let report = attach(&c, &RdmaConfig { fabric, ..Default::default() }).await.unwrap();
@@ -180,7 +185,7 @@ async fn ranks_on_different_fabrics_both_stay_on_quic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_breaks_the_setup_protocol_gets_quic_and_a_named_reason() {
     within_limit(async {
-        let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+        let ranks = NexarClient::bootstrap_local_with(2, quic()).await.unwrap();
         let results = on_ranks(ranks, |c| async move {
             let cfg = RdmaConfig { fabric: Fabric::Emulated, ..Default::default() };
             let outcome = if c.rank() == 0 {
@@ -214,7 +219,7 @@ async fn a_peer_that_breaks_the_setup_protocol_gets_quic_and_a_named_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setup_messages_are_checked_and_time_out() {
     within_limit(async {
-        let cfg = NexarConfig { op_timeout: Duration::from_millis(500), ..Default::default() };
+        let cfg = NexarConfig { op_timeout: Duration::from_millis(500), ..quic() };
         let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
         let c = ranks[0].clone();
         let too_big = c.send_setup(1, 1, vec![0; nexar::MAX_SETUP_BODY + 1]).await.unwrap_err();
@@ -246,7 +251,7 @@ async fn futures_join(ranks: Vec<NexarClient>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collective_running_across_the_attach_completes_correctly() {
     within_limit(async {
-        let ranks = NexarClient::bootstrap_local(3).await.unwrap();
+        let ranks = NexarClient::bootstrap_local_with(3, quic()).await.unwrap();
         let cfg = RdmaConfig { fabric: Fabric::Emulated, slots: 4, slot_size: 4096, ..Default::default() };
         on_ranks(ranks, move |c| {
             let cfg = cfg.clone();
@@ -269,7 +274,7 @@ async fn a_collective_running_across_the_attach_completes_correctly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attaching_again_keeps_the_links_that_are_attached() {
     within_limit(async {
-        let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+        let ranks = NexarClient::bootstrap_local_with(2, quic()).await.unwrap();
         let cfg = RdmaConfig { fabric: Fabric::Emulated, ..Default::default() };
         let reports = on_ranks(ranks, move |c| {
             let cfg = cfg.clone();

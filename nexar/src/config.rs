@@ -123,14 +123,17 @@ pub struct NexarConfig {
     /// `k_regular:K`; `hypercube`). Messages between ranks without a direct connection are
     /// relayed along shortest paths, around dead ranks. Every rank must use the same.
     pub topology: Topology,
-    /// What carries collective payloads between two ranks (`NEXAR_BULK_TRANSPORT`: `quic`,
-    /// the default, or `tcp`). With [`BulkTransport::Tcp`] each direct link opens a TLS 1.3
-    /// connection over TCP each way when the cluster forms (same certificates as QUIC) and
-    /// sends collective messages of at least [`bulk_min_bytes`](Self::bulk_min_bytes) there;
-    /// a link where that fails stays on QUIC. Every rank should use the same.
+    /// What carries large collective messages between two ranks (`NEXAR_BULK_TRANSPORT`:
+    /// `tcp`, the default, or `quic`). With [`BulkTransport::Tcp`] each direct link opens a
+    /// TLS 1.3 connection over TCP each way when the cluster forms (same certificates as
+    /// QUIC) and sends collective messages of at least [`bulk_min_bytes`](Self::bulk_min_bytes)
+    /// there, encrypted with keys exported from that session; a link where that fails stays
+    /// on QUIC. Every rank should use the same (a rank that differs makes its peers wait
+    /// [`connect_timeout`](Self::connect_timeout) at start, then those links use QUIC); a
+    /// rank with [`chaos`](Self::chaos) faults, or joining a running cluster, keeps QUIC.
     pub bulk_transport: BulkTransport,
     /// Smallest collective message that takes the TCP lane (`NEXAR_BULK_MIN_BYTES`, default
-    /// 64 KiB): smaller ones stay on QUIC, whose latency path spins.
+    /// 256 KiB): smaller ones stay on QUIC, whose latency path spins.
     pub bulk_min_bytes: usize,
     /// Faults to inject into this rank's datagrams, for testing how an application copes with
     /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
@@ -141,15 +144,17 @@ pub struct NexarConfig {
 /// What carries collective payloads between ranks; see [`NexarConfig::bulk_transport`].
 ///
 /// ```
-/// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_BULK_TRANSPORT").then(|| "tcp".into())).unwrap();
-/// assert_eq!(cfg.bulk_transport, nexar::BulkTransport::Tcp);
+/// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_BULK_TRANSPORT").then(|| "quic".into())).unwrap();
+/// assert_eq!(cfg.bulk_transport, nexar::BulkTransport::Quic);
+/// assert_eq!(nexar::NexarConfig::default().bulk_transport, nexar::BulkTransport::Tcp);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BulkTransport {
     /// Everything over the QUIC connection.
-    #[default]
     Quic,
-    /// Collective payloads over TLS on TCP, one connection each way per link.
+    /// Large collective messages over TLS-keyed records on TCP, one connection each way per
+    /// link; everything else over QUIC.
+    #[default]
     Tcp,
 }
 
@@ -229,8 +234,8 @@ impl Default for NexarConfig {
             max_world_size: 1024,
             chaos: None,
             topology: Topology::FullMesh,
-            bulk_transport: BulkTransport::Quic,
-            bulk_min_bytes: 64 << 10,
+            bulk_transport: BulkTransport::Tcp,
+            bulk_min_bytes: 256 << 10,
         }
     }
 }

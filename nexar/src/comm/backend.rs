@@ -11,7 +11,7 @@ use super::client::NexarClient;
 use crate::proto::frame::MAX_CONTROL_FRAME;
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;
-use crate::transport::bulk::{BULK_DOWN_TAG, BulkChannel, BulkInbound};
+use crate::transport::bulk::{BULK_DOWN_TAG, BulkChannel, BulkInbound, Settle};
 
 /// Largest body of a setup message (the rest of a control frame is the envelope).
 pub const MAX_SETUP_BODY: usize = (MAX_CONTROL_FRAME as usize) - 1024;
@@ -164,6 +164,21 @@ impl SetupInbox {
     }
 }
 
+/// After world rank `peer`'s bulk channel stopped: returns once the peer answers a ping over
+/// QUIC (only the channel failed), is declared dead, or a heartbeat timeout and two intervals
+/// have passed.
+async fn settle_after_channel_stop(inner: std::sync::Weak<super::client::Inner>, peer: usize) {
+    let Some(inner) = inner.upgrade() else { return };
+    let bound = inner.cfg.heartbeat_timeout + 2 * inner.cfg.heartbeat_interval;
+    let deadline = Instant::now() + bound;
+    if inner.peer_answers(peer, bound).await {
+        return;
+    }
+    while !inner.health.is_dead(peer) && Instant::now() < deadline {
+        tokio::time::sleep(DEATH_CHECK / 10).await;
+    }
+}
+
 impl NexarClient {
     /// Sends a small setup message for a transport back end to `peer` (a rank of this
     /// communicator) on the control lane, where [`recv_setup`](Self::recv_setup) with the
@@ -273,7 +288,11 @@ impl NexarClient {
             return Err(BackendError::NoRuntime { rank });
         }
         let name = channel.name();
-        link.attach_bulk(channel).map_err(|_| BackendError::AlreadyAttached {
+        // When the channel stops, first learn whether the peer itself died (its QUIC link
+        // says so or stops answering): then its collectives fail naming the dead peer.
+        let inner = Arc::downgrade(&self.inner);
+        let settle: Settle = Box::new(move || Box::pin(settle_after_channel_stop(inner, world)));
+        link.attach_bulk(channel, Some(settle)).map_err(|_| BackendError::AlreadyAttached {
             rank,
             peer,
             name: link.attached_bulk().unwrap_or("another channel"),

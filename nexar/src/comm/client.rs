@@ -389,27 +389,24 @@ impl NexarClient {
         crate::sync::lock(&inner.tasks).push(joiners);
         let client = NexarClient { inner, comm: world_comm };
         // A rank joining the running cluster keeps QUIC: the members are not exchanging now.
-        if client.config().bulk_transport == BulkTransport::Tcp && !running {
+        if !running {
             client.bring_up_tcp_lanes(identity, ca).await;
         }
         Ok(client)
     }
 
     async fn bring_up_tcp_lanes(&self, identity: &Identity, ca: &CertificateDer<'static>) {
-        let tls = match crate::transport::tcp_lane::LaneTls::new(identity, ca) {
-            Ok(tls) => tls,
-            Err(e) => {
-                tracing::warn!(rank = self.rank(), error = %e, "no tcp lanes: collective payloads stay on QUIC");
-                return;
+        let cfg = self.config();
+        let tls = match (cfg.bulk_transport, &cfg.chaos) {
+            (BulkTransport::Quic, _) => Err("this rank is set to QUIC (NEXAR_BULK_TRANSPORT=quic)".to_string()),
+            // Injected network faults act on QUIC's datagrams.
+            (BulkTransport::Tcp, Some(_)) => Err("this rank injects network faults into QUIC".to_string()),
+            (BulkTransport::Tcp, None) => {
+                crate::transport::tcp_lane::LaneTls::new(identity, ca).map_err(|e| e.to_string())
             }
         };
-        let outcomes = self.attach_tcp_lanes(&tls).await;
+        let outcomes = self.attach_tcp_lanes(tls.as_ref().map_err(Clone::clone)).await;
         let up = outcomes.iter().filter(|(_, o)| o.is_ok()).count();
-        for (peer, outcome) in &outcomes {
-            if let Err(reason) = outcome {
-                tracing::warn!(rank = self.rank(), peer, %reason, "collective payloads to this peer stay on QUIC");
-            }
-        }
         tracing::debug!(rank = self.rank(), up, links = outcomes.len(), "tcp lanes");
     }
 

@@ -214,12 +214,16 @@ impl NexarClient {
                         fingerprint: check.fingerprint,
                         len: elems.len() as u64,
                     };
-                    let payload = pooled_copy(pool, bytemuck::cast_slice(elems));
                     let link = self.link(to).ok_or(CollectiveError::Closed { rank, op })?;
-                    let done = link
-                        .send_queued(&msg, Some(payload))
-                        .await
-                        .map_err(|source| CollectiveError::Transport { rank, op, peer: to, source })?;
+                    let transport = |source| CollectiveError::Transport { rank, op, peer: to, source };
+                    // A bulk channel that encrypts as it reads takes the payload without a copy.
+                    let done = match link.send_borrowed(&msg, bytemuck::cast_slice(elems)) {
+                        Some(done) => done.map_err(transport)?,
+                        None => {
+                            let payload = pooled_copy(pool, bytemuck::cast_slice(elems));
+                            link.send_queued(&msg, Some(payload)).await.map_err(transport)?
+                        }
+                    };
                     sends.push((to, done));
                 }
                 Step::Recv { from, dst, reduce } => {

@@ -136,6 +136,21 @@ impl Health {
 }
 
 impl Inner {
+    /// Whether world rank `peer` answers a ping over QUIC within `within`.
+    pub(crate) async fn peer_answers(&self, peer: usize, within: Duration) -> bool {
+        let Some(route) = self.route(peer) else { return false };
+        let nonce: u64 = rand::random();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        crate::sync::lock(&self.pings).insert(nonce, tx);
+        let answered = tokio::time::timeout(within, async {
+            route.send(&PeerMsg::Ping { nonce }, None).await.is_ok() && rx.await.is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        crate::sync::lock(&self.pings).remove(&nonce);
+        answered
+    }
+
     /// Declares world rank `peer` dead for `reason`: pending and later receives from it fail,
     /// its connection is cut (when `cut`), the other peers are told (when `gossip`), the
     /// application's watchers are woken, and the recovery policy applies. Idempotent.
@@ -162,8 +177,9 @@ impl Inner {
         self.mailbox.source_gone(peer as u32, &reason);
         self.coll.source_gone(peer as u32, &reason);
         if let Some(link) = self.links.get(peer) {
-            // Its bulk channel (if any) can carry nothing more; what it held fails now.
-            link.bulk_slot().fail(false, Vec::new());
+            // Its bulk channel (if any) can carry nothing more; the collectives it carried fail
+            // for the death (above, and as they meet it), not as a lost link.
+            link.bulk_slot().retire();
         }
         if cut && let Some(link) = self.links.get(peer) {
             link.close(CLOSE_DECLARED_DEAD, &format!("rank {} declared rank {peer} dead: {reason}", self.rank));

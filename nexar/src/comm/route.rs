@@ -48,6 +48,20 @@ impl Route<'_> {
         }
     }
 
+    /// Hands a collective message with a lent payload to the direct link's bulk channel when
+    /// it takes it and can read the payload now; `None` when the caller must copy the payload
+    /// and queue it (relayed routes, QUIC, channels that cannot).
+    pub fn send_borrowed(
+        &self,
+        msg: &PeerMsg,
+        payload: &[u8],
+    ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
+        match *self {
+            Route::Direct(link) => link.send_borrowed(msg, payload),
+            Route::Relay { .. } => None,
+        }
+    }
+
     /// The first hop's link.
     pub fn first_hop(&self) -> &PeerLink {
         match self {

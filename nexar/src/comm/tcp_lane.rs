@@ -27,6 +27,8 @@ struct Peer {
     rank: usize,
     world: u32,
     direct: bool,
+    /// The peer keeps QUIC by its own choice (not worth a warning here).
+    declined: bool,
     /// Why this link stays on QUIC, once something decided so.
     quic: Option<String>,
     outgoing: Option<Outgoing>,
@@ -37,10 +39,18 @@ impl NexarClient {
     /// Moves the collective payloads of every direct link that can to a TCP lane; every rank of
     /// the communicator calls it at the same point (like a collective). Returns, per peer, the
     /// lane's outcome: `Ok` or why the link stays on QUIC.
-    pub(crate) async fn attach_tcp_lanes(&self, tls: &LaneTls) -> Vec<(usize, Result<(), String>)> {
-        let attempt = self.next_setup_number();
-        let (offer_tag, outcome_tag) = (lane_tag(attempt, 0), lane_tag(attempt, 1));
+    ///
+    /// With `tls` an error (this rank keeps QUIC, and why), the rank only tells its peers so,
+    /// so that they do not wait for it.
+    pub(crate) async fn attach_tcp_lanes(&self, tls: Result<&LaneTls, String>) -> Vec<(usize, Result<(), String>)> {
+        // Once per cluster, when it forms: fixed tags, and the communicator's setup numbers
+        // stay for the back ends an application attaches later.
+        let (offer_tag, outcome_tag) = (lane_tag(0, 0), lane_tag(0, 1));
         let limit = self.config().connect_timeout;
+        let tls = match tls {
+            Ok(tls) => tls,
+            Err(reason) => return self.decline_tcp_lanes(offer_tag, reason).await,
+        };
         let (mut listener, port) = match self.lane_listener() {
             Ok((listener, port)) => (Some(listener), Ok(port)),
             Err(reason) => (None, Err(reason)),
@@ -89,6 +99,7 @@ impl NexarClient {
                     dials.push((p.rank, tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit))));
                 }
                 Ok(LaneMsg::Decline { reason }) => {
+                    p.declined = true;
                     p.quic.get_or_insert(format!("rank {} declined: {reason}", p.rank));
                 }
                 Ok(other) if p.quic.is_none() => {
@@ -152,6 +163,25 @@ impl NexarClient {
             };
             outcomes.push((p.rank, outcome));
         }
+        for ((peer, outcome), p) in outcomes.iter().zip(&peers) {
+            match outcome {
+                Err(reason) if !p.declined => {
+                    tracing::warn!(rank = self.rank(), peer, %reason, "collective payloads to this peer stay on QUIC");
+                }
+                Err(reason) => tracing::debug!(rank = self.rank(), peer, %reason, "no tcp lane"),
+                Ok(()) => {}
+            }
+        }
+        outcomes
+    }
+
+    /// Tells every direct peer that this rank keeps QUIC.
+    async fn decline_tcp_lanes(&self, offer_tag: u64, reason: String) -> Vec<(usize, Result<(), String>)> {
+        let mut outcomes = Vec::new();
+        for p in self.lane_peers().into_iter().filter(|p| p.direct) {
+            let _ = self.send_setup(p.rank, offer_tag, LaneMsg::Decline { reason: reason.clone() }.encode()).await;
+            outcomes.push((p.rank, Err(reason.clone())));
+        }
         outcomes
     }
 
@@ -174,7 +204,15 @@ impl NexarClient {
                 let quic = self
                     .attached_bulk(rank)
                     .map(|other| format!("the link to rank {rank} already has a {other} channel"));
-                Peer { rank, world: self.comm.members[rank] as u32, direct, quic, outgoing: None, incoming: None }
+                Peer {
+                    rank,
+                    world: self.comm.members[rank] as u32,
+                    direct,
+                    declined: false,
+                    quic,
+                    outgoing: None,
+                    incoming: None,
+                }
             })
             .collect()
     }

@@ -32,6 +32,9 @@ pub type BulkSend = Pin<Box<dyn Future<Output = Result<(), TransportError>> + Se
 /// The future of [`BulkChannel::closed`].
 pub type BulkClosed = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
+/// Runs when a bulk channel stopped, before the collectives it carried fail.
+pub(crate) type Settle = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
 /// Collectives remembered per link as having crossed its bulk channel.
 const RECENT_COLLECTIVES: usize = 1024;
 
@@ -67,6 +70,15 @@ pub trait BulkChannel: Send + Sync + 'static {
     /// The future resolves once the bytes no longer need `frames`; the channel owns them until
     /// then, so a dropped caller never leaves a transfer reading freed memory.
     fn send(&self, frames: Vec<Bytes>) -> BulkSend;
+
+    /// Carries a group whose payload is lent for the duration of this call: a channel that
+    /// can must be done reading `payload` when it returns (it copies or encrypts it now), so
+    /// that nothing reads the caller's memory later; the future resolves when the group is
+    /// sent. `None` (the default) makes nexar copy the payload and call [`send`](Self::send).
+    fn send_borrowed(&self, frames: &[Bytes], payload: &[u8]) -> Option<BulkSend> {
+        let _ = (frames, payload);
+        None
+    }
 
     /// Whether the channel still works. Once it says no, the link sends over QUIC again:
     /// collectives that had messages on the channel fail on this rank (which tells the
@@ -155,6 +167,18 @@ pub(crate) struct BulkSlot {
     /// Tells the peer that this side's channel failed, with the collectives it carried (a
     /// setup message on the control lane).
     tell_peer: OnceLock<Box<dyn Fn(Vec<u8>) + Send + Sync>>,
+    /// What runs between the channel stopping and its collectives failing.
+    settle: Mutex<Settling>,
+}
+
+/// The settle hook of a slot, and whether it runs.
+enum Settling {
+    /// None was given: fail at once.
+    None,
+    /// Given, not yet run.
+    Hook(Settle),
+    /// Running or done.
+    Running,
 }
 
 impl std::fmt::Debug for BulkSlot {
@@ -171,6 +195,7 @@ impl BulkSlot {
             carried: Mutex::default(),
             coll: lanes.coll_mailbox(),
             tell_peer: OnceLock::new(),
+            settle: Mutex::new(Settling::None),
         }
     }
 
@@ -179,9 +204,14 @@ impl BulkSlot {
         let _ = self.tell_peer.set(tell);
     }
 
-    /// Attaches `channel` (needs a Tokio runtime), and fails the collectives it carried as
-    /// soon as it stops.
-    pub fn attach(self: &Arc<Self>, channel: Arc<dyn BulkChannel>) -> Result<(), Arc<dyn BulkChannel>> {
+    /// Attaches `channel` (needs a Tokio runtime), and fails the collectives it carried once
+    /// it stops and `settle` has run (it waits to learn whether the peer itself died, so that
+    /// collectives then fail for that reason rather than for the channel).
+    pub fn attach(
+        self: &Arc<Self>,
+        channel: Arc<dyn BulkChannel>,
+        settle: Option<Settle>,
+    ) -> Result<(), Arc<dyn BulkChannel>> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return Err(channel) };
         if crate::sync::lock(&self.carried).failed {
             // The peer said its side is gone before this side attached.
@@ -189,14 +219,39 @@ impl BulkSlot {
         }
         let closed = channel.closed();
         self.channel.set(channel)?;
+        *crate::sync::lock(&self.settle) = match settle {
+            Some(settle) => Settling::Hook(settle),
+            None => Settling::None,
+        };
         let slot = Arc::downgrade(self);
         runtime.spawn(async move {
             closed.await;
             if let Some(slot) = slot.upgrade() {
-                slot.fail(true, Vec::new());
+                slot.channel_stopped();
             }
         });
         Ok(())
+    }
+
+    /// The channel stopped working (it says so, or a send through it failed): once the
+    /// settle hook has run, the collectives it carried fail. Meanwhile nothing new takes it.
+    pub fn channel_stopped(self: &Arc<Self>) {
+        let hook = std::mem::replace(&mut *crate::sync::lock(&self.settle), Settling::Running);
+        match hook {
+            Settling::Hook(settle) => {
+                let slot = self.clone();
+                let settled = async move {
+                    settle().await;
+                    slot.fail(true, Vec::new());
+                };
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => drop(runtime.spawn(settled)),
+                    Err(_) => self.fail(true, Vec::new()),
+                }
+            }
+            Settling::None => self.fail(true, Vec::new()),
+            Settling::Running => {}
+        }
     }
 
     /// The attached channel's name, working or not.
@@ -223,22 +278,24 @@ impl BulkSlot {
     /// is recorded as carried); `Err(false)` over QUIC (recorded as such); `Err(true)` not at
     /// all, because the failed channel carried this collective and may have lost its messages.
     /// A collective's first message decides, by its size, for all its messages on this link.
-    pub fn route(&self, key: (u64, u64), len: usize) -> Result<Arc<dyn BulkChannel>, bool> {
+    pub fn route(self: &Arc<Self>, key: (u64, u64), len: usize) -> Result<Arc<dyn BulkChannel>, bool> {
         let channel = self.channel.get();
-        if channel.is_some_and(|c| !c.usable()) {
-            self.fail(true, Vec::new());
+        let stopped = channel.is_some_and(|c| !c.usable());
+        if stopped {
+            self.channel_stopped();
         }
         let mut carried = crate::sync::lock(&self.carried);
+        let down = carried.failed || stopped;
         match channel {
             Some(channel)
-                if !carried.failed
+                if !down
                     && !carried.quic.set.contains(&key)
                     && (len >= channel.min_bytes() || carried.bulk.set.contains(&key)) =>
             {
                 carried.bulk.insert(key);
                 Ok(channel.clone())
             }
-            _ if carried.failed && carried.bulk.set.contains(&key) => Err(true),
+            _ if down && carried.bulk.set.contains(&key) => Err(true),
             _ => {
                 carried.quic.insert(key);
                 Err(false)
@@ -291,6 +348,23 @@ impl BulkSlot {
         channel.close();
         if tell && let Some(tell_peer) = self.tell_peer.get() {
             tell_peer(encode_keys(&ours));
+        }
+    }
+
+    /// The peer is dead: its channel is closed and carries nothing more. Collectives are left
+    /// to the death itself (they fail naming the dead peer where they need it), and the peer
+    /// is not told.
+    pub fn retire(&self) {
+        {
+            let mut carried = crate::sync::lock(&self.carried);
+            if carried.failed {
+                return;
+            }
+            carried.failed = true;
+        }
+        if let Some(channel) = self.channel.get() {
+            tracing::debug!(peer = self.peer, transport = channel.name(), "bulk channel of a dead peer closed");
+            channel.close();
         }
     }
 
@@ -483,7 +557,7 @@ mod tests {
         let (before, after, received, later) = ((0, 1), (0, 2), (0, 3), (0, 4));
         assert_eq!(slot.route(before, 0).err(), Some(false), "no channel yet: QUIC");
         let channel = Arc::new(Nowhere(Default::default()));
-        slot.attach(channel.clone()).unwrap();
+        slot.attach(channel.clone(), None).unwrap();
         assert_eq!(slot.route(before, 0).err(), Some(false), "started on QUIC, stays there");
         assert!(slot.route(after, 0).is_ok(), "a new collective takes the channel");
         slot.received(received);
@@ -495,7 +569,7 @@ mod tests {
         assert_eq!(slot.route(before, 0).err(), Some(false));
         assert_eq!(slot.route(later, 0).err(), Some(false));
         assert!(!slot.working());
-        assert!(slot.attach(Arc::new(Nowhere(Default::default()))).is_err(), "one channel per link");
+        assert!(slot.attach(Arc::new(Nowhere(Default::default())), None).is_err(), "one channel per link");
     }
 
     proptest! {

@@ -306,8 +306,13 @@ impl PeerLink {
     /// Hands collective payloads to `channel` from now on, for collectives that have sent
     /// nothing over QUIC on this link (a collective never spans both). Gives the channel back
     /// when one is attached already or there is no Tokio runtime to watch it.
-    pub fn attach_bulk(&self, channel: Arc<dyn BulkChannel>) -> Result<(), Arc<dyn BulkChannel>> {
-        self.bulk.attach(channel)
+    /// `settle` runs when the channel stops, before the collectives it carried fail.
+    pub fn attach_bulk(
+        &self,
+        channel: Arc<dyn BulkChannel>,
+        settle: Option<super::bulk::Settle>,
+    ) -> Result<(), Arc<dyn BulkChannel>> {
+        self.bulk.attach(channel, settle)
     }
 
     /// The name of the transport that carries collective payloads: `"quic"` or the attached
@@ -397,6 +402,37 @@ impl PeerLink {
             .await
             .map_err(|_| self.writer_gone())?;
         Ok(wait)
+    }
+
+    /// Sends collective message `msg` with its payload lent for this call over the bulk
+    /// channel, when the collective takes the channel and the channel can read a lent payload
+    /// at once ([`BulkChannel::send_borrowed`]); `None` otherwise, for the caller to copy the
+    /// payload and queue it (which then takes the same transport).
+    pub fn send_borrowed(
+        &self,
+        msg: &PeerMsg,
+        payload: &[u8],
+    ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
+        let PeerMsg::Coll { comm, seq, .. } = *msg else { return None };
+        let channel = self.bulk.route((comm, seq), payload.len()).ok()?;
+        let body = match message::encode(msg) {
+            Ok(body) => body,
+            Err(error) => return Some(Err(TransportError::Protocol { peer: peer_name(self.peer), error })),
+        };
+        let frames = [message_frame(&body), raw_header(payload.len() as u64)];
+        let sent = channel.send_borrowed(&frames, payload)?;
+        let (done, wait) = oneshot::channel();
+        let slot = Arc::downgrade(&self.bulk);
+        tokio::spawn(async move {
+            let result = sent.await;
+            if result.is_err()
+                && let Some(slot) = slot.upgrade()
+            {
+                slot.channel_stopped();
+            }
+            let _ = done.send(result);
+        });
+        Some(Ok(wait))
     }
 
     /// Queues `msg` on its lane only if there is room right now; never waits. For messages
@@ -498,7 +534,7 @@ async fn write_lane(
                         if result.is_err()
                             && let Some(slot) = slot.upgrade()
                         {
-                            slot.fail(true, Vec::new());
+                            slot.channel_stopped();
                         }
                         let _ = done.send(result);
                     }));

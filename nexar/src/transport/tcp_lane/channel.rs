@@ -1,16 +1,18 @@
-//! One link's TCP lane once connected: a writer thread that encrypts message groups onto the
-//! outgoing connection and a reader thread that decrypts the incoming one and hands each whole
-//! group to nexar. Encryption runs on these threads, beside the runtime thread that reduces.
+//! One link's TCP lane once connected: groups are sealed into records by whoever sends them
+//! (straight from the caller's buffer for a borrowed payload), a writer thread puts the records
+//! on the outgoing connection, and a reader thread decrypts the incoming one in place and hands
+//! each whole group to nexar.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc as std_mpsc};
+use std::sync::{Arc, Mutex, mpsc as std_mpsc};
 
 use bytes::Bytes;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use super::records::{GOODBYE, Opener, Sealer, TAG};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
 
@@ -23,11 +25,11 @@ const DELIVERY_QUEUE: usize = 4;
 /// How long the writer tries to say goodbye when the lane is dropped.
 const GOODBYE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Bytes of a group's length prefix.
-const PREFIX: usize = 8;
+/// The reader's buffer for record headers (record bodies bypass it).
+const READ_BUFFER: usize = 8 << 10;
 
 /// The outgoing connection (this rank dialled, TLS client) and the incoming one (the peer
-/// dialled, TLS server) of one link.
+/// dialled, TLS server) of one link, their handshakes done.
 pub(crate) struct Connected {
     pub outgoing: StreamOwned<ClientConnection, TcpStream>,
     pub incoming: StreamOwned<ServerConnection, TcpStream>,
@@ -77,13 +79,36 @@ impl State {
     }
 }
 
-/// A group waiting for the writer thread, and who hears when it is written.
-type Job = (Vec<Bytes>, oneshot::Sender<Result<(), TransportError>>);
+/// Sealed records waiting for the writer thread, and who hears when they are written.
+type Job = (Vec<u8>, oneshot::Sender<Result<(), TransportError>>);
+
+/// The sending side: groups are sealed and queued under one lock, so records reach the wire
+/// in the order of their counters.
+struct Sending {
+    sealer: Sealer,
+    jobs: std_mpsc::Sender<Job>,
+}
+
+/// Record buffers the writer hands back once written, so sealing does not fault in fresh
+/// pages for every group.
+type Spare = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// Gives a written buffer back for reuse, if the spare list has room and it is not huge.
+fn give_back(spare: &Spare, mut buf: Vec<u8>) {
+    if buf.capacity() <= POOLED_MAX {
+        buf.clear();
+        let mut spare = crate::sync::lock(spare);
+        if spare.len() < POOLED {
+            spare.push(buf);
+        }
+    }
+}
 
 /// The [`BulkChannel`] of one link's TCP lane.
 pub(crate) struct TcpLane {
     state: Arc<State>,
-    jobs: std_mpsc::Sender<Job>,
+    sending: Mutex<Option<Sending>>,
+    spare: Spare,
     min_bytes: usize,
 }
 
@@ -97,20 +122,53 @@ impl TcpLane {
         max_group: u64,
         min_bytes: usize,
     ) -> io::Result<TcpLane> {
-        let sockets = [conns.outgoing.sock.try_clone()?, conns.incoming.sock.try_clone()?];
+        let (out_session, out_sock) = conns.outgoing.into_parts();
+        let (in_session, in_sock) = conns.incoming.into_parts();
+        let sealer = Sealer::new(out_session)?;
+        let opener = Opener::new(in_session)?;
+        let sockets = [out_sock.try_clone()?, in_sock.try_clone()?];
         let state = Arc::new(State { peer, failed: AtomicBool::new(false), stopped: Notify::new(), sockets });
         let (jobs, queue) = std_mpsc::channel::<Job>();
         let (delivered, groups) = mpsc::channel(DELIVERY_QUEUE);
-        let writer = state.clone();
+        let (writer, spare) = (state.clone(), Spare::default());
+        let written = spare.clone();
         std::thread::Builder::new()
             .name(format!("nexar-tcp-tx-{peer}"))
-            .spawn(move || write_groups(&writer, conns.outgoing, queue))?;
+            .spawn(move || write_records(&writer, out_sock, queue, &written))?;
         let reader = state.clone();
         std::thread::Builder::new()
             .name(format!("nexar-tcp-rx-{peer}"))
-            .spawn(move || read_groups(&reader, conns.incoming, max_group, delivered))?;
+            .spawn(move || read_groups(&reader, in_sock, opener, max_group, delivered))?;
         tokio::spawn(deliver(state.clone(), inbound, groups));
-        Ok(TcpLane { state, jobs, min_bytes })
+        Ok(TcpLane { state, sending: Mutex::new(Some(Sending { sealer, jobs })), spare, min_bytes })
+    }
+
+    /// Seals one group (the concatenation of `parts`) on the calling thread and queues it.
+    fn seal_and_queue(&self, parts: &[&[u8]]) -> BulkSend {
+        let (done, written) = oneshot::channel();
+        let queued = {
+            let mut sending = crate::sync::lock(&self.sending);
+            match sending.as_mut() {
+                Some(s) if !self.state.failed.load(Ordering::SeqCst) => {
+                    let mut out = crate::sync::lock(&self.spare).pop().unwrap_or_default();
+                    match s.sealer.seal_group(parts, &mut out) {
+                        Ok(()) => s.jobs.send((out, done)).is_ok(),
+                        Err(e) => {
+                            self.state.stop(&format!("sealing: {e}"), Stop::Failed);
+                            false
+                        }
+                    }
+                }
+                _ => false,
+            }
+        };
+        let state = self.state.clone();
+        Box::pin(async move {
+            if !queued {
+                return Err(state.lost("the lane stopped"));
+            }
+            written.await.unwrap_or_else(|_| Err(state.lost("the writer stopped")))
+        })
     }
 }
 
@@ -120,15 +178,13 @@ impl BulkChannel for TcpLane {
     }
 
     fn send(&self, frames: Vec<Bytes>) -> BulkSend {
-        let (done, written) = oneshot::channel();
-        let queued = self.jobs.send((frames, done)).is_ok();
-        let state = self.state.clone();
-        Box::pin(async move {
-            if !queued {
-                return Err(state.lost("the writer stopped"));
-            }
-            written.await.unwrap_or_else(|_| Err(state.lost("the writer stopped")))
-        })
+        let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+        self.seal_and_queue(&parts)
+    }
+
+    fn send_borrowed(&self, frames: &[Bytes], payload: &[u8]) -> Option<BulkSend> {
+        let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).chain([payload]).collect();
+        Some(self.seal_and_queue(&parts))
     }
 
     fn usable(&self) -> bool {
@@ -161,57 +217,51 @@ impl BulkChannel for TcpLane {
 
 impl Drop for TcpLane {
     fn drop(&mut self) {
-        // The reader stops now; the writer, once its queue ends, says goodbye so that the
-        // peer's reader does not report a failure.
+        // A goodbye (bounded, should the peer not read), so that the peer's reader does not
+        // report a failure; the writer stops after it. This side's reader stops now.
+        if let Some(mut s) = crate::sync::lock(&self.sending).take()
+            && !self.state.failed.load(Ordering::SeqCst)
+        {
+            let mut out = Vec::new();
+            if s.sealer.seal_goodbye(&mut out).is_ok() {
+                let _ = self.state.sockets[0].set_write_timeout(Some(GOODBYE_TIMEOUT));
+                let (done, _) = oneshot::channel();
+                let _ = s.jobs.send((out, done));
+            }
+        }
         self.state.failed.store(true, Ordering::SeqCst);
         let _ = self.state.sockets[1].shutdown(Shutdown::Both);
         self.state.stopped.notify_waiters();
     }
 }
 
-/// The writer thread: each group as a length prefix and its frames, in order.
-fn write_groups(state: &State, mut out: StreamOwned<ClientConnection, TcpStream>, queue: std_mpsc::Receiver<Job>) {
-    while let Ok((frames, done)) = queue.recv() {
-        if state.failed.load(Ordering::SeqCst) {
-            let _ = done.send(Err(state.lost("the lane failed")));
-            continue;
-        }
-        match write_group(&mut out, &frames) {
+/// The writer thread: sealed records, in the order they were queued.
+fn write_records(state: &State, mut out: TcpStream, queue: std_mpsc::Receiver<Job>, spare: &Spare) {
+    while let Ok((records, done)) = queue.recv() {
+        match out.write_all(&records) {
             Ok(()) => {
                 let _ = done.send(Ok(()));
+                give_back(spare, records);
             }
             Err(e) => {
                 state.stop(&format!("writing: {e}"), Stop::Failed);
                 let _ = done.send(Err(state.lost(e)));
+                break;
             }
         }
     }
-    // The channel is gone: a clean goodbye (bounded, should the peer not read), so that the
-    // peer's reader does not report a failure.
-    let _ = out.sock.set_write_timeout(Some(GOODBYE_TIMEOUT));
-    out.conn.send_close_notify();
-    let _ = out.flush();
-}
-
-fn write_group(out: &mut impl Write, frames: &[Bytes]) -> io::Result<()> {
-    let len: usize = frames.iter().map(Bytes::len).sum();
-    out.write_all(&(len as u64).to_le_bytes())?;
-    for frame in frames {
-        out.write_all(frame)?;
+    // Whatever is still queued fails (the channel said so when it stopped).
+    while let Ok((_, done)) = queue.try_recv() {
+        let _ = done.send(Err(state.lost("the lane stopped")));
     }
-    out.flush()
 }
 
 /// The reader thread: whole groups, each checked against `max_group` before it is allocated.
-fn read_groups(
-    state: &State,
-    mut input: StreamOwned<ServerConnection, TcpStream>,
-    max_group: u64,
-    delivered: mpsc::Sender<Bytes>,
-) {
+fn read_groups(state: &State, sock: TcpStream, mut opener: Opener, max_group: u64, delivered: mpsc::Sender<Bytes>) {
+    let mut input = io::BufReader::with_capacity(READ_BUFFER, sock);
     let pool = Arc::new(RecvPool::default());
     let why = loop {
-        match read_group(&mut input, max_group, &pool) {
+        match read_group(&mut opener, &mut input, max_group, &pool) {
             Ok(Some(group)) => {
                 if delivered.blocking_send(group).is_err() {
                     break None;
@@ -228,26 +278,27 @@ fn read_groups(
     }
 }
 
-/// One group; `None` when the peer closed the lane cleanly between groups.
-fn read_group(input: &mut impl Read, max_group: u64, pool: &Arc<RecvPool>) -> io::Result<Option<Bytes>> {
-    let mut prefix = [0u8; PREFIX];
-    let mut got = 0;
-    while got < PREFIX {
-        match input.read(&mut prefix[got..])? {
-            0 if got == 0 => return Ok(None),
-            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-            n => got += n,
+/// One group; `None` when the peer said goodbye.
+fn read_group(
+    opener: &mut Opener,
+    input: &mut impl Read,
+    max_group: u64,
+    pool: &Arc<RecvPool>,
+) -> io::Result<Option<Bytes>> {
+    let len = match opener.read_group_len(input)? {
+        None => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended without a goodbye")),
+        Some(GOODBYE) => return Ok(None),
+        Some(len) if len > max_group => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a {len}-byte group is over the {max_group}-byte limit"),
+            ));
         }
-    }
-    let len = u64::from_le_bytes(prefix);
-    if len > max_group {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a {len}-byte group is over the {max_group}-byte limit"),
-        ));
-    }
-    let mut group = RecvPool::take(pool, len as usize);
-    input.read_exact(group.bytes_mut())?;
+        Some(len) => len as usize,
+    };
+    let mut group = RecvPool::take(pool, len + TAG);
+    opener.read_group(input, group.bytes_mut())?;
+    group.len = len;
     Ok(Some(Bytes::from_owner(group)))
 }
 
@@ -255,7 +306,7 @@ fn read_group(input: &mut impl Read, max_group: u64, pool: &Arc<RecvPool>) -> io
 /// lane neither zeroes nor faults in fresh pages for every group.
 #[derive(Default)]
 struct RecvPool {
-    free: std::sync::Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Vec<Vec<u8>>>,
 }
 
 /// Buffers kept for reuse per lane, and the largest one kept.
@@ -322,22 +373,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn groups_round_trip_and_oversize_ones_are_refused_before_allocating() {
-        let mut wire = Vec::new();
-        write_group(&mut wire, &[Bytes::from_static(b"head"), Bytes::from(vec![9u8; 1000])]).unwrap();
-        write_group(&mut wire, &[]).unwrap();
+    fn received_buffers_come_back_to_the_pool() {
         let pool = Arc::new(RecvPool::default());
-        let mut r = &wire[..];
-        let first = read_group(&mut r, 4096, &pool).unwrap().unwrap();
-        assert_eq!((&first[..4], first.len(), first[1003]), (&b"head"[..], 1004, 9));
-        drop(first);
+        let mut g = RecvPool::take(&pool, 100);
+        g.bytes_mut().fill(3);
+        g.len = 90;
+        let bytes = Bytes::from_owner(g);
+        assert_eq!(bytes.len(), 90);
+        drop(bytes);
         assert_eq!(crate::sync::lock(&pool.free).len(), 1, "the buffer came back");
-        assert_eq!(read_group(&mut r, 4096, &pool).unwrap().unwrap().len(), 0);
-        assert!(read_group(&mut r, 4096, &pool).unwrap().is_none(), "a clean end between groups");
-        let huge = u64::MAX.to_le_bytes();
-        let err = read_group(&mut &huge[..], 4096, &pool).unwrap_err();
-        assert!(err.to_string().contains("over the 4096-byte limit"), "{err}");
-        let cut = &wire[..20];
-        assert_eq!(read_group(&mut &cut[..], 4096, &pool).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+        assert!(RecvPool::take(&pool, 50).buf.len() >= 100, "and is reused");
     }
 }

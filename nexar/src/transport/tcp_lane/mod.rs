@@ -14,6 +14,7 @@
 
 mod channel;
 mod handshake;
+mod records;
 mod setup;
 
 pub use channel::TCP_LANE_NAME;

@@ -1,0 +1,316 @@
+//! The lane's record protection: AES-128-GCM records with keys exported from the lane's TLS
+//! 1.3 session (RFC 8446 §7.5), so the sender encrypts straight from the caller's buffer and
+//! the receiver decrypts in place where the group is assembled, with no copy in between.
+//!
+//! A group travels as a *header record* holding its length, then its bytes in records of at
+//! most [`RECORD`] bytes. A record is `len: u32 LE | ciphertext | 16-byte tag`, the length as
+//! associated data. Nonces are the exported IV xor a per-key record counter; a key protects at
+//! most [`KEY_LIMIT`] bytes, after which both sides derive the next one (exporter context =
+//! the key's epoch), far inside AES-GCM's usage limits. A group length of `u64::MAX` is the
+//! sender's goodbye.
+
+use std::io::{self, Read};
+
+use ring::aead::{AES_128_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use rustls::{ClientConnection, ServerConnection};
+
+/// Largest plaintext of one record.
+pub(crate) const RECORD: usize = 256 << 10;
+/// Bytes of a record's tag.
+pub(crate) const TAG: usize = 16;
+/// Bytes of a record's length header.
+pub(crate) const HEADER: usize = 4;
+/// Plaintext bytes one key protects before both sides move to the next.
+const KEY_LIMIT: u64 = 1 << 36;
+/// The exporter label of the lane's record keys.
+const LABEL: &[u8] = b"EXPORTER-nexar-lane-records-v1";
+/// The group length that says goodbye.
+pub(crate) const GOODBYE: u64 = u64::MAX;
+
+/// A TLS session keys can be exported from.
+pub(crate) trait Exporter: Send + 'static {
+    fn export(&self, out: &mut [u8], context: &[u8]) -> Result<(), rustls::Error>;
+}
+
+impl Exporter for ClientConnection {
+    fn export(&self, out: &mut [u8], context: &[u8]) -> Result<(), rustls::Error> {
+        self.export_keying_material(out, LABEL, Some(context)).map(|_| ())
+    }
+}
+
+impl Exporter for ServerConnection {
+    fn export(&self, out: &mut [u8], context: &[u8]) -> Result<(), rustls::Error> {
+        self.export_keying_material(out, LABEL, Some(context)).map(|_| ())
+    }
+}
+
+fn crypto_err(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("tcp lane records: {what}"))
+}
+
+/// One direction's key, IV and counters.
+struct Keys {
+    session: Box<dyn Exporter>,
+    key: LessSafeKey,
+    iv: [u8; NONCE_LEN],
+    records: u64,
+    bytes: u64,
+    epoch: u64,
+    limit: u64,
+}
+
+impl Keys {
+    fn new(session: Box<dyn Exporter>, limit: u64) -> io::Result<Keys> {
+        let (key, iv) = derive(&*session, 0)?;
+        Ok(Keys { session, key, iv, records: 0, bytes: 0, epoch: 0, limit })
+    }
+
+    /// The nonce of the next record of `len` bytes, moving to the next key first when this
+    /// one has protected enough.
+    fn next(&mut self, len: usize) -> io::Result<Nonce> {
+        if self.bytes + len as u64 > self.limit {
+            self.epoch += 1;
+            (self.key, self.iv) = derive(&*self.session, self.epoch)?;
+            (self.records, self.bytes) = (0, 0);
+        }
+        let mut nonce = self.iv;
+        for (n, c) in nonce[NONCE_LEN - 8..].iter_mut().zip(self.records.to_be_bytes()) {
+            *n ^= c;
+        }
+        self.records += 1;
+        self.bytes += len as u64;
+        Ok(Nonce::assume_unique_for_key(nonce))
+    }
+}
+
+fn derive(session: &dyn Exporter, epoch: u64) -> io::Result<(LessSafeKey, [u8; NONCE_LEN])> {
+    let mut material = [0u8; 16 + NONCE_LEN];
+    session.export(&mut material, &epoch.to_le_bytes()).map_err(crypto_err)?;
+    let key = UnboundKey::new(&AES_128_GCM, &material[..16]).map_err(crypto_err)?;
+    let mut iv = [0u8; NONCE_LEN];
+    iv.copy_from_slice(&material[16..]);
+    Ok((LessSafeKey::new(key), iv))
+}
+
+/// Seals groups into records (the sending side of one connection).
+pub(crate) struct Sealer {
+    keys: Keys,
+}
+
+impl Sealer {
+    /// Seals with keys exported from `session` (one direction of a lane).
+    pub fn new(session: impl Exporter) -> io::Result<Sealer> {
+        Ok(Sealer { keys: Keys::new(Box::new(session), KEY_LIMIT)? })
+    }
+
+    /// Appends one group, the concatenation of `parts`, to `out` as records.
+    pub fn seal_group(&mut self, parts: &[&[u8]], out: &mut Vec<u8>) -> io::Result<()> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        out.reserve(sealed_len(len));
+        self.seal_record(out, &(len as u64).to_le_bytes())?;
+        let mut at = (0, 0); // (part, offset)
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(RECORD);
+            let start = self.open_record(out, n);
+            let mut fill = n;
+            while fill > 0 {
+                let part = parts[at.0];
+                let take = (part.len() - at.1).min(fill);
+                out.extend_from_slice(&part[at.1..at.1 + take]);
+                (fill, at.1) = (fill - take, at.1 + take);
+                if at.1 == part.len() {
+                    at = (at.0 + 1, 0);
+                }
+            }
+            self.close_record(out, start, n)?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// Appends the goodbye (a header record with length [`GOODBYE`]).
+    pub fn seal_goodbye(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        self.seal_record(out, &GOODBYE.to_le_bytes())
+    }
+
+    fn seal_record(&mut self, out: &mut Vec<u8>, plain: &[u8]) -> io::Result<()> {
+        let start = self.open_record(out, plain.len());
+        out.extend_from_slice(plain);
+        self.close_record(out, start, plain.len())
+    }
+
+    /// Writes a record's header; its plaintext follows at the returned offset.
+    fn open_record(&mut self, out: &mut Vec<u8>, len: usize) -> usize {
+        out.extend_from_slice(&(len as u32).to_le_bytes());
+        out.len()
+    }
+
+    /// Encrypts the `len` bytes at `start` in place and appends the tag.
+    fn close_record(&mut self, out: &mut Vec<u8>, start: usize, len: usize) -> io::Result<()> {
+        let nonce = self.keys.next(len)?;
+        let header: [u8; HEADER] = (len as u32).to_le_bytes();
+        let tag = self
+            .keys
+            .key
+            .seal_in_place_separate_tag(nonce, Aad::from(header), &mut out[start..start + len])
+            .map_err(crypto_err)?;
+        out.extend_from_slice(tag.as_ref());
+        Ok(())
+    }
+}
+
+/// Bytes on the wire for a group of `len` bytes.
+pub(crate) fn sealed_len(len: usize) -> usize {
+    let records = len.div_ceil(RECORD) + 1;
+    len + 8 + records * (HEADER + TAG)
+}
+
+/// Opens records (the receiving side of one connection).
+pub(crate) struct Opener {
+    keys: Keys,
+}
+
+impl Opener {
+    /// Opens with keys exported from `session` (the other end of the sealer's connection).
+    pub fn new(session: impl Exporter) -> io::Result<Opener> {
+        Ok(Opener { keys: Keys::new(Box::new(session), KEY_LIMIT)? })
+    }
+
+    /// Reads the next group's length: `None` at a clean end of the stream between groups,
+    /// `Some(GOODBYE)` when the peer said goodbye.
+    pub fn read_group_len(&mut self, input: &mut impl Read) -> io::Result<Option<u64>> {
+        let mut header = [0u8; HEADER];
+        let mut got = 0;
+        while got < HEADER {
+            match input.read(&mut header[got..])? {
+                0 if got == 0 => return Ok(None),
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => got += n,
+            }
+        }
+        let mut body = [0u8; 8 + TAG];
+        if u32::from_le_bytes(header) != 8 {
+            return Err(crypto_err(format!("a group header record of {} bytes", u32::from_le_bytes(header))));
+        }
+        input.read_exact(&mut body)?;
+        let plain = self.open(header, &mut body)?;
+        Ok(Some(u64::from_le_bytes(plain.try_into().map_err(crypto_err)?)))
+    }
+
+    /// Reads the records of a `buf.len() - TAG`-byte group into `buf`, decrypting each where
+    /// it lands, so the group ends up whole at the start of `buf`.
+    pub fn read_group(&mut self, input: &mut impl Read, buf: &mut [u8]) -> io::Result<()> {
+        let len = buf.len() - TAG;
+        let mut at = 0;
+        while at < len {
+            let mut header = [0u8; HEADER];
+            input.read_exact(&mut header)?;
+            let n = u32::from_le_bytes(header) as usize;
+            if n == 0 || n > RECORD || n > len - at {
+                return Err(crypto_err(format!("a {n}-byte record with {} bytes of its group left", len - at)));
+            }
+            input.read_exact(&mut buf[at..at + n + TAG])?;
+            self.open(header, &mut buf[at..at + n + TAG])?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn open<'b>(&mut self, header: [u8; HEADER], record: &'b mut [u8]) -> io::Result<&'b [u8]> {
+        let nonce = self.keys.next(record.len() - TAG)?;
+        let plain = self
+            .keys
+            .key
+            .open_in_place(nonce, Aad::from(header), record)
+            .map_err(|_| crypto_err("a record failed authentication"))?;
+        Ok(plain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ends of a session export the same material; a fake one derives it from the context.
+    struct Fake(u8);
+
+    impl Exporter for Fake {
+        fn export(&self, out: &mut [u8], context: &[u8]) -> Result<(), rustls::Error> {
+            for (i, b) in out.iter_mut().enumerate() {
+                *b = self.0 ^ context[0] ^ i as u8;
+            }
+            Ok(())
+        }
+    }
+
+    fn pair(limit: u64) -> (Sealer, Opener) {
+        let sealer = Sealer { keys: Keys::new(Box::new(Fake(7)), limit).unwrap() };
+        let opener = Opener { keys: Keys::new(Box::new(Fake(7)), limit).unwrap() };
+        (sealer, opener)
+    }
+
+    fn receive(opener: &mut Opener, wire: &mut &[u8]) -> io::Result<Option<Vec<u8>>> {
+        match opener.read_group_len(wire)? {
+            None | Some(GOODBYE) => Ok(None),
+            Some(len) => {
+                let mut buf = vec![0u8; len as usize + TAG];
+                opener.read_group(wire, &mut buf)?;
+                buf.truncate(len as usize);
+                Ok(Some(buf))
+            }
+        }
+    }
+
+    #[test]
+    fn groups_of_many_records_round_trip_across_key_changes() {
+        // A key limit of two records' worth forces several key changes.
+        let (mut sealer, mut opener) = pair(2 * RECORD as u64);
+        let big: Vec<u8> = (0..RECORD * 3 + 17).map(|i| (i % 251) as u8).collect();
+        let groups: Vec<Vec<&[u8]>> = vec![vec![b"head", &big[..]], vec![], vec![&big[..5], &big[5..RECORD + 9]]];
+        let mut wire = Vec::new();
+        for g in &groups {
+            sealer.seal_group(g, &mut wire).unwrap();
+        }
+        sealer.seal_goodbye(&mut wire).unwrap();
+        let mut r = &wire[..];
+        for g in &groups {
+            assert_eq!(receive(&mut opener, &mut r).unwrap().unwrap(), g.concat());
+        }
+        assert!(receive(&mut opener, &mut r).unwrap().is_none(), "goodbye");
+        assert!(r.is_empty());
+        assert!(opener.keys.epoch >= 2, "the keys changed ({} epochs)", opener.keys.epoch);
+    }
+
+    #[test]
+    fn tampering_reordering_and_bad_lengths_are_refused() {
+        let (mut sealer, _) = pair(KEY_LIMIT);
+        let mut wire = Vec::new();
+        sealer.seal_group(&[b"payload bytes"], &mut wire).unwrap();
+        sealer.seal_group(&[b"second"], &mut wire).unwrap();
+        let first_len = sealed_len(13);
+        // A flipped bit anywhere fails authentication (or the length checks).
+        for i in [0, 5, HEADER + 3, first_len - 1] {
+            let mut bad = wire.clone();
+            bad[i] ^= 0x10;
+            let (_, mut opener) = pair(KEY_LIMIT);
+            assert!(receive(&mut opener, &mut &bad[..]).is_err(), "flip at {i}");
+        }
+        // The second group replayed first fails: the counter says where a record belongs.
+        let (_, mut opener) = pair(KEY_LIMIT);
+        assert!(receive(&mut opener, &mut &wire[first_len..]).is_err());
+        // A record longer than what is left of its group is refused before it is read.
+        let (mut sealer, mut opener) = pair(KEY_LIMIT);
+        let mut wire = Vec::new();
+        sealer.seal_record(&mut wire, &4u64.to_le_bytes()).unwrap();
+        sealer.seal_record(&mut wire, b"too long").unwrap();
+        let err = receive(&mut opener, &mut &wire[..]).unwrap_err();
+        assert!(err.to_string().contains("8-byte record with 4 bytes"), "{err}");
+        // A stream that ends inside a group is an error, not a goodbye.
+        let (mut sealer, mut opener) = pair(KEY_LIMIT);
+        let mut wire = Vec::new();
+        sealer.seal_group(&[&[1u8; 100][..]], &mut wire).unwrap();
+        assert!(receive(&mut opener, &mut &wire[..wire.len() - 1]).is_err());
+        assert!(receive(&mut pair(KEY_LIMIT).1, &mut &[][..]).unwrap().is_none());
+    }
+}
