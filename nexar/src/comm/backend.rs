@@ -171,11 +171,22 @@ async fn settle_after_channel_stop(inner: std::sync::Weak<super::client::Inner>,
     let Some(inner) = inner.upgrade() else { return };
     let bound = inner.cfg.heartbeat_timeout + 2 * inner.cfg.heartbeat_interval;
     let deadline = Instant::now() + bound;
-    if inner.peer_answers(peer, bound).await {
-        return;
-    }
-    while !inner.health.is_dead(peer) && Instant::now() < deadline {
-        tokio::time::sleep(DEATH_CHECK / 10).await;
+    let declared_dead = async {
+        while !inner.health.is_dead(peer) {
+            tokio::time::sleep(DEATH_CHECK / 10).await;
+        }
+    };
+    let answered_or_dead = async {
+        tokio::select! {
+            answered = inner.peer_answers(peer, bound) => answered,
+            () = declared_dead => true,
+        }
+    };
+    if !answered_or_dead.await {
+        // No answer (its connection may just have closed): give the death a moment to land.
+        while !inner.health.is_dead(peer) && Instant::now() < deadline {
+            tokio::time::sleep(DEATH_CHECK / 10).await;
+        }
     }
 }
 

@@ -589,8 +589,17 @@ async fn flush_all(links: &Links, limit: Duration) {
     let _ = tokio::time::timeout(limit, all).await;
 }
 
+/// Waits for every future, one after the other.
+async fn futures_join_all(all: Vec<crate::transport::bulk::BulkClosed>) {
+    for f in all {
+        f.await;
+    }
+}
+
 async fn close_links(links: &Links, limit: Duration) {
     flush_all(links, limit).await;
+    let goodbyes: Vec<_> = links.iter().map(|link| link.bulk_slot().goodbye()).collect();
+    let _ = tokio::time::timeout(limit, futures_join_all(goodbyes)).await;
     for link in links.iter() {
         link.close(CLOSE_SHUTDOWN, "shutdown");
     }

@@ -217,7 +217,7 @@ impl NexarClient {
                     let link = self.link(to).ok_or(CollectiveError::Closed { rank, op })?;
                     let transport = |source| CollectiveError::Transport { rank, op, peer: to, source };
                     // A bulk channel that encrypts as it reads takes the payload without a copy.
-                    let done = match link.send_borrowed(&msg, bytemuck::cast_slice(elems)) {
+                    let done = match link.send_borrowed(&msg, bytemuck::cast_slice(elems)).await {
                         Some(done) => done.map_err(transport)?,
                         None => {
                             let payload = pooled_copy(pool, bytemuck::cast_slice(elems));

@@ -51,13 +51,13 @@ impl Route<'_> {
     /// Hands a collective message with a lent payload to the direct link's bulk channel when
     /// it takes it and can read the payload now; `None` when the caller must copy the payload
     /// and queue it (relayed routes, QUIC, channels that cannot).
-    pub fn send_borrowed(
+    pub async fn send_borrowed(
         &self,
         msg: &PeerMsg,
         payload: &[u8],
     ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
         match *self {
-            Route::Direct(link) => link.send_borrowed(msg, payload),
+            Route::Direct(link) => link.send_borrowed(msg, payload).await,
             Route::Relay { .. } => None,
         }
     }

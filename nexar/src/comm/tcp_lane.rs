@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustls::{ClientConnection, ServerConnection, StreamOwned};
+use rustls::{ServerConnection, StreamOwned};
 use tokio::sync::oneshot;
 
 use super::client::NexarClient;
@@ -17,7 +17,6 @@ use crate::transport::tcp_lane::{Connected, LaneMsg, LaneTls, TOKEN_LEN, TcpLane
 const GROUP_OVERHEAD: u64 = 256 << 10;
 
 type Incoming = StreamOwned<ServerConnection, TcpStream>;
-type Outgoing = StreamOwned<ClientConnection, TcpStream>;
 
 /// Connections this rank waits for, by the token it gave their dialler.
 type Expected = Arc<Mutex<HashMap<[u8; TOKEN_LEN], (u32, oneshot::Sender<Incoming>)>>>;
@@ -31,7 +30,6 @@ struct Peer {
     declined: bool,
     /// Why this link stays on QUIC, once something decided so.
     quic: Option<String>,
-    outgoing: Option<Outgoing>,
     incoming: Option<oneshot::Receiver<Incoming>>,
 }
 
@@ -45,7 +43,7 @@ impl NexarClient {
     pub(crate) async fn attach_tcp_lanes(&self, tls: Result<&LaneTls, String>) -> Vec<(usize, Result<(), String>)> {
         // Once per cluster, when it forms: fixed tags, and the communicator's setup numbers
         // stay for the back ends an application attaches later.
-        let (offer_tag, outcome_tag) = (lane_tag(0, 0), lane_tag(0, 1));
+        let offer_tag = lane_tag(0, 0);
         let limit = self.config().connect_timeout;
         let tls = match tls {
             Ok(tls) => tls,
@@ -79,100 +77,111 @@ impl NexarClient {
                 p.quic.get_or_insert("declined here".into());
             }
         }
-        let accepting = listener.take().map(|l| tokio::spawn(accept_lanes(l, tls.clone(), expected.clone(), limit)));
+        let accepting =
+            listener.take().map(|l| AbortOnDrop(tokio::spawn(accept_lanes(l, tls.clone(), expected.clone(), limit))));
 
-        // Their offers; dial every peer that made one.
-        let deadline = Instant::now() + limit;
-        let mut dials = Vec::new();
-        for p in &mut peers {
-            let theirs = self.lane_setup(p.rank, offer_tag, deadline).await;
-            let Some(addr) = self.peer_addr(p.rank) else {
-                p.quic.get_or_insert("no direct link".into());
-                continue;
-            };
-            match theirs {
-                Ok(LaneMsg::Offer { port, token }) if p.quic.is_none() => {
-                    let mut hello = [0u8; TOKEN_LEN + 4];
-                    hello[..TOKEN_LEN].copy_from_slice(&token);
-                    hello[TOKEN_LEN..].copy_from_slice(&(self.world_rank() as u32).to_le_bytes());
-                    let (tls, world, at) = (tls.clone(), p.world, SocketAddr::new(addr.ip(), port));
-                    dials.push((p.rank, tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit))));
-                }
-                Ok(LaneMsg::Decline { reason }) => {
-                    p.declined = true;
-                    p.quic.get_or_insert(format!("rank {} declined: {reason}", p.rank));
-                }
-                Ok(other) if p.quic.is_none() => {
-                    p.quic = Some(format!("rank {} answered round one with {other:?}", p.rank));
-                }
-                Err(e) => {
-                    p.quic.get_or_insert(e);
-                }
-                Ok(_) => {}
+        // Then every peer on its own (one slow peer delays nobody else): its offer, the two
+        // connections, both outcomes. Each step has a deadline counted from the same start, so
+        // both ends of a link give up at about the same time.
+        let start = Instant::now();
+        let mut exchanges = tokio::task::JoinSet::new();
+        for p in peers {
+            let (me, tls) = (self.clone(), tls.clone());
+            exchanges.spawn(async move { me.lane_exchange(p, &tls, start, limit).await });
+        }
+        let mut outcomes = Vec::new();
+        while let Some(done) = exchanges.join_next().await {
+            match done {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(e) => tracing::warn!(rank = self.rank(), error = %e, "a tcp lane exchange failed"),
             }
         }
-        for (rank, dialled) in dials {
-            let Some(p) = peers.iter_mut().find(|p| p.rank == rank) else { continue };
-            match dialled.await {
-                Ok(Ok(stream)) => p.outgoing = Some(stream),
-                Ok(Err(e)) => p.quic = Some(format!("cannot dial rank {rank}'s tcp lane: {e}")),
-                Err(e) => p.quic = Some(format!("dialling rank {rank}: {e}")),
-            }
-        }
-
-        // Round two: whether both connections came up here, then what the peer says.
-        let deadline = Instant::now() + limit;
-        let mut connected = Vec::new();
-        for p in &mut peers {
-            let incoming = match (p.quic.is_none(), p.incoming.take()) {
-                (true, Some(rx)) => match tokio::time::timeout_at(deadline.into(), rx).await {
-                    Ok(Ok(stream)) => Some(stream),
-                    _ => {
-                        p.quic = Some(format!("rank {} did not connect to this rank's tcp lane", p.rank));
-                        None
-                    }
-                },
-                _ => None,
-            };
-            let ours = match (&p.quic, p.outgoing.take(), incoming) {
-                (None, Some(outgoing), Some(incoming)) => {
-                    connected.push((p.rank, Connected { outgoing, incoming }));
-                    LaneMsg::Ready
-                }
-                (reason, ..) => LaneMsg::Failed { reason: reason.clone().unwrap_or_else(|| "not connected".into()) },
-            };
-            // A peer that declined expects no outcome, but an extra message is harmless.
-            let _ = self.send_setup(p.rank, outcome_tag, ours.encode()).await;
-        }
-        if let Some(task) = accepting {
-            task.abort();
-        }
-        let deadline = Instant::now() + limit;
-        let mut outcomes = Vec::with_capacity(peers.len());
-        for p in &peers {
-            let Some(at) = connected.iter().position(|(rank, _)| *rank == p.rank) else {
-                outcomes.push((p.rank, Err(p.quic.clone().unwrap_or_else(|| "not connected".into()))));
-                continue;
-            };
-            let (_, conns) = connected.swap_remove(at);
-            let outcome = match self.lane_setup(p.rank, outcome_tag, deadline).await {
-                Ok(LaneMsg::Ready) => self.start_tcp_lane(p.rank, conns),
-                Ok(LaneMsg::Failed { reason }) => Err(format!("rank {}: {reason}", p.rank)),
-                Ok(other) => Err(format!("rank {} answered round two with {other:?}", p.rank)),
-                Err(e) => Err(e),
-            };
-            outcomes.push((p.rank, outcome));
-        }
-        for ((peer, outcome), p) in outcomes.iter().zip(&peers) {
-            match outcome {
-                Err(reason) if !p.declined => {
-                    tracing::warn!(rank = self.rank(), peer, %reason, "collective payloads to this peer stay on QUIC");
-                }
-                Err(reason) => tracing::debug!(rank = self.rank(), peer, %reason, "no tcp lane"),
-                Ok(()) => {}
-            }
-        }
+        drop(accepting);
+        outcomes.sort_by_key(|(rank, _, _)| *rank);
         outcomes
+            .into_iter()
+            .map(|(peer, declined, outcome)| {
+                match &outcome {
+                    Err(reason) if !declined => {
+                        tracing::warn!(rank = self.rank(), peer, %reason, "collective payloads to this peer stay on QUIC");
+                    }
+                    Err(reason) => tracing::debug!(rank = self.rank(), peer, %reason, "no tcp lane"),
+                    Ok(()) => {}
+                }
+                (peer, outcome)
+            })
+            .collect()
+    }
+
+    /// One peer's side of the exchange after this rank's offer: `(peer, whether the peer
+    /// declined, outcome)`.
+    async fn lane_exchange(
+        &self,
+        mut p: Peer,
+        tls: &LaneTls,
+        start: Instant,
+        limit: Duration,
+    ) -> (usize, bool, Result<(), String>) {
+        let (offer_tag, outcome_tag) = (lane_tag(0, 0), lane_tag(0, 1));
+        // Their offer, and a dial where they made one.
+        let mut outgoing = None;
+        let theirs = self.lane_setup(p.rank, offer_tag, start + limit).await;
+        match (theirs, self.peer_addr(p.rank)) {
+            (Ok(LaneMsg::Offer { port, token }), Some(addr)) if p.quic.is_none() => {
+                let mut hello = [0u8; TOKEN_LEN + 4];
+                hello[..TOKEN_LEN].copy_from_slice(&token);
+                hello[TOKEN_LEN..].copy_from_slice(&(self.world_rank() as u32).to_le_bytes());
+                let (tls, world, at) = (tls.clone(), p.world, SocketAddr::new(addr.ip(), port));
+                match tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit)).await {
+                    Ok(Ok(stream)) => outgoing = Some(stream),
+                    Ok(Err(e)) => p.quic = Some(format!("cannot dial rank {}'s tcp lane: {e}", p.rank)),
+                    Err(e) => p.quic = Some(format!("dialling rank {}: {e}", p.rank)),
+                }
+            }
+            (Ok(LaneMsg::Decline { reason }), _) => {
+                p.declined = true;
+                p.quic.get_or_insert(format!("rank {} declined: {reason}", p.rank));
+            }
+            (Ok(other @ (LaneMsg::Ready | LaneMsg::Failed { .. })), _) => {
+                p.quic.get_or_insert(format!("rank {} answered round one with {other:?}", p.rank));
+            }
+            (Err(e), _) => {
+                p.quic.get_or_insert(e);
+            }
+            (Ok(LaneMsg::Offer { .. }), None) => {
+                p.quic.get_or_insert("no direct link".into());
+            }
+            (Ok(LaneMsg::Offer { .. }), Some(_)) => {}
+        }
+        // Their connection to this rank.
+        let incoming = match (p.quic.is_none(), p.incoming.take()) {
+            (true, Some(rx)) => match tokio::time::timeout_at((start + 2 * limit).into(), rx).await {
+                Ok(Ok(stream)) => Some(stream),
+                _ => {
+                    p.quic = Some(format!("rank {} did not connect to this rank's tcp lane", p.rank));
+                    None
+                }
+            },
+            _ => None,
+        };
+        let (ours, conns) = match (&p.quic, outgoing, incoming) {
+            (None, Some(outgoing), Some(incoming)) => (LaneMsg::Ready, Some(Connected { outgoing, incoming })),
+            (reason, ..) => {
+                (LaneMsg::Failed { reason: reason.clone().unwrap_or_else(|| "not connected".into()) }, None)
+            }
+        };
+        // A peer that declined expects no outcome, but an extra message is harmless.
+        let _ = self.send_setup(p.rank, outcome_tag, ours.encode()).await;
+        let Some(conns) = conns else {
+            return (p.rank, p.declined, Err(p.quic.unwrap_or_else(|| "not connected".into())));
+        };
+        let outcome = match self.lane_setup(p.rank, outcome_tag, start + 3 * limit).await {
+            Ok(LaneMsg::Ready) => self.start_tcp_lane(p.rank, conns),
+            Ok(LaneMsg::Failed { reason }) => Err(format!("rank {}: {reason}", p.rank)),
+            Ok(other) => Err(format!("rank {} answered round two with {other:?}", p.rank)),
+            Err(e) => Err(e),
+        };
+        (p.rank, false, outcome)
     }
 
     /// Tells every direct peer that this rank keeps QUIC.
@@ -204,15 +213,7 @@ impl NexarClient {
                 let quic = self
                     .attached_bulk(rank)
                     .map(|other| format!("the link to rank {rank} already has a {other} channel"));
-                Peer {
-                    rank,
-                    world: self.comm.members[rank] as u32,
-                    direct,
-                    declined: false,
-                    quic,
-                    outgoing: None,
-                    incoming: None,
-                }
+                Peer { rank, world: self.comm.members[rank] as u32, direct, declined: false, quic, incoming: None }
             })
             .collect()
     }
@@ -242,34 +243,54 @@ impl NexarClient {
     }
 }
 
+/// Aborts a task when dropped (the lane listener, should the exchange be abandoned).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Accepts lane connections until aborted, answering each on a blocking thread; a connection
 /// that brings a token this rank gave out, from the rank it gave it to, goes to its waiter.
 async fn accept_lanes(listener: std::net::TcpListener, tls: LaneTls, expected: Expected, limit: Duration) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
-    // Every expected connection, and a few strays; then nothing more is answered.
-    let mut budget = crate::sync::lock(&expected).len() * 2 + 8;
-    while budget > 0 {
-        let Ok((sock, from)) = listener.accept().await else { return };
-        budget -= 1;
+    // Handshakes answered at once: strays cannot take every blocking thread, and the
+    // listener closes when the exchange ends, so they cannot outlast it either.
+    let answering = Arc::new(tokio::sync::Semaphore::new(crate::sync::lock(&expected).len() + 8));
+    loop {
+        let (sock, from) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::debug!(error = %e, "tcp lane listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = answering.clone().try_acquire_owned() else { continue };
         let Ok(sock) = sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) else { continue };
         let (tls, expected) = (tls.clone(), expected.clone());
-        tokio::task::spawn_blocking(move || match answer(&tls, sock, limit) {
-            Ok((hello, cert_rank, stream)) => {
-                let (token, claimed) = hello.split_at(TOKEN_LEN);
-                let claimed = u32::from_le_bytes(claimed.try_into().unwrap_or([0xff; 4]));
-                let mut expected = crate::sync::lock(&expected);
-                match expected.get(token) {
-                    Some((world, _)) if *world == claimed && *world == cert_rank => {
-                        if let Some((_, waiter)) = expected.remove(token) {
-                            let _ = waiter.send(stream);
+        tokio::task::spawn_blocking(move || {
+            let _answering = permit;
+            match answer(&tls, sock, limit) {
+                Ok((hello, cert_rank, stream)) => {
+                    let (token, claimed) = hello.split_at(TOKEN_LEN);
+                    let claimed = u32::from_le_bytes(claimed.try_into().unwrap_or([0xff; 4]));
+                    let mut expected = crate::sync::lock(&expected);
+                    match expected.get(token) {
+                        Some((world, _)) if *world == claimed && *world == cert_rank => {
+                            if let Some((_, waiter)) = expected.remove(token) {
+                                let _ = waiter.send(stream);
+                            }
+                        }
+                        _ => {
+                            tracing::warn!(%from, claimed, cert_rank, "refused a tcp lane connection with an unknown token")
                         }
                     }
-                    _ => {
-                        tracing::warn!(%from, claimed, cert_rank, "refused a tcp lane connection with an unknown token")
-                    }
                 }
+                Err(e) => tracing::debug!(%from, error = %e, "a tcp lane connection failed its handshake"),
             }
-            Err(e) => tracing::debug!(%from, error = %e, "a tcp lane connection failed its handshake"),
         });
     }
 }

@@ -71,6 +71,13 @@ pub trait BulkChannel: Send + Sync + 'static {
     /// then, so a dropped caller never leaves a transfer reading freed memory.
     fn send(&self, frames: Vec<Bytes>) -> BulkSend;
 
+    /// Resolves when the channel has room for another group (at once, by default). nexar waits
+    /// on it before [`send_borrowed`](Self::send_borrowed), so a fast sender does not queue
+    /// unbounded copies ahead of the wire.
+    fn room(&self) -> BulkClosed {
+        Box::pin(std::future::ready(()))
+    }
+
     /// Carries a group whose payload is lent for the duration of this call: a channel that
     /// can must be done reading `payload` when it returns (it copies or encrypts it now), so
     /// that nothing reads the caller's memory later; the future resolves when the group is
@@ -96,6 +103,14 @@ pub trait BulkChannel: Send + Sync + 'static {
     /// The link gave the channel up (it failed, or the peer is gone): fail what it still
     /// holds and stop. Sends that have not finished must resolve (with an error).
     fn close(&self) {}
+
+    /// This rank is shutting down: tell the peer so (if the transport can) and stop, without
+    /// it being taken for a failure; the future resolves once the peer was told. By default
+    /// the same as [`close`](Self::close).
+    fn goodbye(&self) -> BulkClosed {
+        self.close();
+        Box::pin(std::future::ready(()))
+    }
 
     /// The smallest message group worth this channel: a collective whose first message to
     /// the peer is smaller stays on QUIC (whose latency path spins), 0 (the default) sends
@@ -365,6 +380,22 @@ impl BulkSlot {
         if let Some(channel) = self.channel.get() {
             tracing::debug!(peer = self.peer, transport = channel.name(), "bulk channel of a dead peer closed");
             channel.close();
+        }
+    }
+
+    /// This rank shuts down: the channel says goodbye and carries nothing more; the future
+    /// resolves once the peer was told.
+    pub fn goodbye(&self) -> BulkClosed {
+        {
+            let mut carried = crate::sync::lock(&self.carried);
+            if carried.failed {
+                return Box::pin(std::future::ready(()));
+            }
+            carried.failed = true;
+        }
+        match self.channel.get() {
+            Some(channel) => channel.goodbye(),
+            None => Box::pin(std::future::ready(())),
         }
     }
 

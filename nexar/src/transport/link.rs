@@ -408,13 +408,15 @@ impl PeerLink {
     /// channel, when the collective takes the channel and the channel can read a lent payload
     /// at once ([`BulkChannel::send_borrowed`]); `None` otherwise, for the caller to copy the
     /// payload and queue it (which then takes the same transport).
-    pub fn send_borrowed(
+    pub async fn send_borrowed(
         &self,
         msg: &PeerMsg,
         payload: &[u8],
     ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
         let PeerMsg::Coll { comm, seq, .. } = *msg else { return None };
         let channel = self.bulk.route((comm, seq), payload.len()).ok()?;
+        // Dropped while waiting, nothing was read from `payload`.
+        channel.room().await;
         let body = match message::encode(msg) {
             Ok(body) => body,
             Err(error) => return Some(Err(TransportError::Protocol { peer: peer_name(self.peer), error })),

@@ -5,14 +5,14 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc as std_mpsc};
 
 use bytes::Bytes;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::records::{GOODBYE, Opener, Sealer, TAG};
+use super::records::{CHUNK, GOODBYE, Opener, Sealer, TAG};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
 
@@ -35,11 +35,17 @@ pub(crate) struct Connected {
     pub incoming: StreamOwned<ServerConnection, TcpStream>,
 }
 
+/// Sealed bytes queued for the writer above which senders wait for room.
+const QUEUED_LIMIT: usize = 8 << 20;
+
 /// What both threads and the channel share.
 struct State {
     peer: usize,
     failed: AtomicBool,
     stopped: Notify,
+    /// Sealed bytes queued for the writer, and where senders wait for them to drain.
+    queued: AtomicUsize,
+    drained: Notify,
     /// Clones of both sockets, to wake blocked threads on close.
     sockets: [TcpStream; 2],
 }
@@ -72,6 +78,7 @@ impl State {
         if how != Stop::Goodbye {
             self.stopped.notify_waiters();
         }
+        self.drained.notify_waiters();
     }
 
     fn lost(&self, why: impl std::fmt::Display) -> TransportError {
@@ -95,7 +102,7 @@ type Spare = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// Gives a written buffer back for reuse, if the spare list has room and it is not huge.
 fn give_back(spare: &Spare, mut buf: Vec<u8>) {
-    if buf.capacity() <= POOLED_MAX {
+    if buf.capacity() <= 2 * CHUNK {
         buf.clear();
         let mut spare = crate::sync::lock(spare);
         if spare.len() < POOLED {
@@ -127,7 +134,14 @@ impl TcpLane {
         let sealer = Sealer::new(out_session)?;
         let opener = Opener::new(in_session)?;
         let sockets = [out_sock.try_clone()?, in_sock.try_clone()?];
-        let state = Arc::new(State { peer, failed: AtomicBool::new(false), stopped: Notify::new(), sockets });
+        let state = Arc::new(State {
+            peer,
+            failed: AtomicBool::new(false),
+            stopped: Notify::new(),
+            queued: AtomicUsize::new(0),
+            drained: Notify::new(),
+            sockets,
+        });
         let (jobs, queue) = std_mpsc::channel::<Job>();
         let (delivered, groups) = mpsc::channel(DELIVERY_QUEUE);
         let (writer, spare) = (state.clone(), Spare::default());
@@ -150,9 +164,16 @@ impl TcpLane {
             let mut sending = crate::sync::lock(&self.sending);
             match sending.as_mut() {
                 Some(s) if !self.state.failed.load(Ordering::SeqCst) => {
-                    let mut out = crate::sync::lock(&self.spare).pop().unwrap_or_default();
-                    match s.sealer.seal_group(parts, &mut out) {
-                        Ok(()) => s.jobs.send((out, done)).is_ok(),
+                    let spare = || crate::sync::lock(&self.spare).pop().unwrap_or_default();
+                    let mut done = Some(done);
+                    // The group is written when its last buffer is.
+                    let emit = |chunk: Vec<u8>, last: bool| {
+                        self.state.queued.fetch_add(chunk.len(), Ordering::SeqCst);
+                        let tell = if last { done.take() } else { None };
+                        s.jobs.send((chunk, tell.unwrap_or_else(|| oneshot::channel().0))).is_ok()
+                    };
+                    match s.sealer.seal_group(parts, spare, emit) {
+                        Ok(queued) => queued,
                         Err(e) => {
                             self.state.stop(&format!("sealing: {e}"), Stop::Failed);
                             false
@@ -187,6 +208,21 @@ impl BulkChannel for TcpLane {
         Some(self.seal_and_queue(&parts))
     }
 
+    fn room(&self) -> BulkClosed {
+        let state = self.state.clone();
+        Box::pin(async move {
+            loop {
+                let drained = state.drained.notified();
+                tokio::pin!(drained);
+                drained.as_mut().enable();
+                if state.queued.load(Ordering::SeqCst) < QUEUED_LIMIT || state.failed.load(Ordering::SeqCst) {
+                    return;
+                }
+                drained.await;
+            }
+        })
+    }
+
     fn usable(&self) -> bool {
         !self.state.failed.load(Ordering::SeqCst)
     }
@@ -208,6 +244,12 @@ impl BulkChannel for TcpLane {
 
     fn close(&self) {
         self.state.stop("nexar gave the lane up", Stop::GivenUp);
+        // The writer's queue ends with the sender, so its thread stops too.
+        drop(crate::sync::lock(&self.sending).take());
+    }
+
+    fn goodbye(&self) -> BulkClosed {
+        self.say_goodbye()
     }
 
     fn min_bytes(&self) -> usize {
@@ -215,30 +257,48 @@ impl BulkChannel for TcpLane {
     }
 }
 
-impl Drop for TcpLane {
-    fn drop(&mut self) {
-        // A goodbye (bounded, should the peer not read), so that the peer's reader does not
-        // report a failure; the writer stops after it. This side's reader stops now.
+impl TcpLane {
+    /// Queues the goodbye (once) and stops taking groups: the writer stops after it (within
+    /// [`GOODBYE_TIMEOUT`] should the peer not read), and this side's reader stops now.
+    fn say_goodbye(&self) -> BulkClosed {
+        let mut told = None;
         if let Some(mut s) = crate::sync::lock(&self.sending).take()
             && !self.state.failed.load(Ordering::SeqCst)
         {
             let mut out = Vec::new();
             if s.sealer.seal_goodbye(&mut out).is_ok() {
                 let _ = self.state.sockets[0].set_write_timeout(Some(GOODBYE_TIMEOUT));
-                let (done, _) = oneshot::channel();
-                let _ = s.jobs.send((out, done));
+                let (done, written) = oneshot::channel();
+                if s.jobs.send((out, done)).is_ok() {
+                    told = Some(written);
+                }
             }
         }
         self.state.failed.store(true, Ordering::SeqCst);
         let _ = self.state.sockets[1].shutdown(Shutdown::Both);
         self.state.stopped.notify_waiters();
+        self.state.drained.notify_waiters();
+        Box::pin(async move {
+            if let Some(written) = told {
+                let _ = written.await;
+            }
+        })
+    }
+}
+
+impl Drop for TcpLane {
+    fn drop(&mut self) {
+        drop(self.say_goodbye());
     }
 }
 
 /// The writer thread: sealed records, in the order they were queued.
 fn write_records(state: &State, mut out: TcpStream, queue: std_mpsc::Receiver<Job>, spare: &Spare) {
     while let Ok((records, done)) = queue.recv() {
-        match out.write_all(&records) {
+        let written = out.write_all(&records);
+        state.queued.fetch_sub(records.len(), Ordering::SeqCst);
+        state.drained.notify_waiters();
+        match written {
             Ok(()) => {
                 let _ = done.send(Ok(()));
                 give_back(spare, records);
@@ -309,14 +369,21 @@ struct RecvPool {
     free: Mutex<Vec<Vec<u8>>>,
 }
 
-/// Buffers kept for reuse per lane, and the largest one kept.
-const POOLED: usize = 8;
-const POOLED_MAX: usize = 16 << 20;
+/// Buffers kept for reuse per lane (each way), the largest one kept, and the most bytes kept.
+const POOLED: usize = 16;
+const POOLED_MAX: usize = 65 << 20;
+const POOLED_BYTES: usize = 80 << 20;
 
 impl RecvPool {
     /// A buffer of `len` bytes (contents unspecified: the caller overwrites them all).
     fn take(pool: &Arc<RecvPool>, len: usize) -> PooledGroup {
-        let mut buf = crate::sync::lock(&pool.free).pop().unwrap_or_default();
+        let mut buf = {
+            let mut free = crate::sync::lock(&pool.free);
+            // One large enough if there is one, else the largest (grown below).
+            let fits = free.iter().position(|b| b.len() >= len);
+            let largest = free.iter().enumerate().max_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+            fits.or(largest).map(|i| free.swap_remove(i)).unwrap_or_default()
+        };
         if buf.len() < len {
             buf.resize(len, 0);
         }
@@ -350,7 +417,8 @@ impl Drop for PooledGroup {
         }
         if let Some(pool) = self.pool.upgrade() {
             let mut free = crate::sync::lock(&pool.free);
-            if free.len() < POOLED {
+            let kept: usize = free.iter().map(Vec::len).sum();
+            if free.len() < POOLED && kept + self.buf.len() <= POOLED_BYTES {
                 free.push(std::mem::take(&mut self.buf));
             }
         }

@@ -41,6 +41,15 @@ fn tls_io(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
+/// Keep-alive probes, so an idle lane to a host that vanished notices. (No TCP user timeout:
+/// a receiver may rightly hold its window shut for as long as its application is busy.)
+fn keep_alive(sock: &TcpStream) -> io::Result<()> {
+    let probes = socket2::TcpKeepalive::new().with_time(Duration::from_secs(10)).with_interval(Duration::from_secs(2));
+    #[cfg(target_os = "linux")]
+    let probes = probes.with_retries(5);
+    socket2::SockRef::from(sock).set_tcp_keepalive(&probes)
+}
+
 fn with_timeouts(sock: &TcpStream, limit: Option<Duration>) -> io::Result<()> {
     sock.set_read_timeout(limit)?;
     sock.set_write_timeout(limit)
@@ -57,6 +66,7 @@ pub(crate) fn dial(
 ) -> io::Result<StreamOwned<ClientConnection, TcpStream>> {
     let sock = TcpStream::connect_timeout(&addr, limit)?;
     sock.set_nodelay(true)?;
+    keep_alive(&sock)?;
     with_timeouts(&sock, Some(limit))?;
     let name = ServerName::try_from(rank_server_name(peer)).map_err(tls_io)?;
     let conn = ClientConnection::new(tls.client.clone(), name).map_err(tls_io)?;
@@ -76,6 +86,7 @@ pub(crate) fn answer(
     limit: Duration,
 ) -> io::Result<(Hello, u32, StreamOwned<ServerConnection, TcpStream>)> {
     sock.set_nodelay(true)?;
+    keep_alive(&sock)?;
     with_timeouts(&sock, Some(limit))?;
     let conn = ServerConnection::new(tls.server.clone()).map_err(tls_io)?;
     let mut stream = StreamOwned::new(conn, sock);

@@ -16,6 +16,9 @@ use rustls::{ClientConnection, ServerConnection};
 
 /// Largest plaintext of one record.
 pub(crate) const RECORD: usize = 256 << 10;
+/// Sealed bytes per buffer a group is sealed into: a large group takes several, so buffers stay
+/// small enough to reuse and the first goes out while the rest are sealed.
+pub(crate) const CHUNK: usize = 512 << 10;
 /// Bytes of a record's tag.
 pub(crate) const TAG: usize = 16;
 /// Bytes of a record's length header.
@@ -103,16 +106,31 @@ impl Sealer {
         Ok(Sealer { keys: Keys::new(Box::new(session), KEY_LIMIT)? })
     }
 
-    /// Appends one group, the concatenation of `parts`, to `out` as records.
-    pub fn seal_group(&mut self, parts: &[&[u8]], out: &mut Vec<u8>) -> io::Result<()> {
+    /// Seals one group, the concatenation of `parts`, as records in buffers of about
+    /// [`CHUNK`] bytes each (taken from `buffer`, so the caller can reuse them), handing each
+    /// to `emit` as soon as it is sealed, so the wire starts before the group is all sealed.
+    /// Stops when `emit` says no; `Ok(false)` then.
+    pub fn seal_group(
+        &mut self,
+        parts: &[&[u8]],
+        mut buffer: impl FnMut() -> Vec<u8>,
+        mut emit: impl FnMut(Vec<u8>, bool) -> bool,
+    ) -> io::Result<bool> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        out.reserve(sealed_len(len));
-        self.seal_record(out, &(len as u64).to_le_bytes())?;
+        let mut out = buffer();
+        out.reserve(sealed_len(len).min(CHUNK + RECORD + HEADER + TAG));
+        self.seal_record(&mut out, &(len as u64).to_le_bytes())?;
         let mut at = (0, 0); // (part, offset)
         let mut left = len;
         while left > 0 {
+            if out.len() >= CHUNK {
+                if !emit(std::mem::replace(&mut out, buffer()), false) {
+                    return Ok(false);
+                }
+                out.reserve(sealed_len(left).min(CHUNK + RECORD + HEADER + TAG));
+            }
             let n = left.min(RECORD);
-            let start = self.open_record(out, n);
+            let start = self.open_record(&mut out, n);
             let mut fill = n;
             while fill > 0 {
                 let part = parts[at.0];
@@ -123,10 +141,10 @@ impl Sealer {
                     at = (at.0 + 1, 0);
                 }
             }
-            self.close_record(out, start, n)?;
+            self.close_record(&mut out, start, n)?;
             left -= n;
         }
-        Ok(())
+        Ok(emit(out, true))
     }
 
     /// Appends the goodbye (a header record with length [`GOODBYE`]).
@@ -183,10 +201,12 @@ impl Opener {
         let mut header = [0u8; HEADER];
         let mut got = 0;
         while got < HEADER {
-            match input.read(&mut header[got..])? {
-                0 if got == 0 => return Ok(None),
-                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                n => got += n,
+            match input.read(&mut header[got..]) {
+                Ok(0) if got == 0 => return Ok(None),
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
         let mut body = [0u8; 8 + TAG];
@@ -270,7 +290,10 @@ mod tests {
         let groups: Vec<Vec<&[u8]>> = vec![vec![b"head", &big[..]], vec![], vec![&big[..5], &big[5..RECORD + 9]]];
         let mut wire = Vec::new();
         for g in &groups {
-            sealer.seal_group(g, &mut wire).unwrap();
+            let mut chunks = Vec::new();
+            assert!(sealer.seal_group(g, Vec::new, |c, _| chunks.push(c) == ()).unwrap());
+            assert!(chunks.iter().all(|c| c.len() <= CHUNK + RECORD + HEADER + TAG));
+            wire.extend(chunks.concat());
         }
         sealer.seal_goodbye(&mut wire).unwrap();
         let mut r = &wire[..];
@@ -286,8 +309,8 @@ mod tests {
     fn tampering_reordering_and_bad_lengths_are_refused() {
         let (mut sealer, _) = pair(KEY_LIMIT);
         let mut wire = Vec::new();
-        sealer.seal_group(&[b"payload bytes"], &mut wire).unwrap();
-        sealer.seal_group(&[b"second"], &mut wire).unwrap();
+        sealer.seal_group(&[b"payload bytes"], Vec::new, |c, _| wire.extend(c) == ()).unwrap();
+        sealer.seal_group(&[b"second"], Vec::new, |c, _| wire.extend(c) == ()).unwrap();
         let first_len = sealed_len(13);
         // A flipped bit anywhere fails authentication (or the length checks).
         for i in [0, 5, HEADER + 3, first_len - 1] {
@@ -309,7 +332,7 @@ mod tests {
         // A stream that ends inside a group is an error, not a goodbye.
         let (mut sealer, mut opener) = pair(KEY_LIMIT);
         let mut wire = Vec::new();
-        sealer.seal_group(&[&[1u8; 100][..]], &mut wire).unwrap();
+        sealer.seal_group(&[&[1u8; 100][..]], Vec::new, |c, _| wire.extend(c) == ()).unwrap();
         assert!(receive(&mut opener, &mut &wire[..wire.len() - 1]).is_err());
         assert!(receive(&mut pair(KEY_LIMIT).1, &mut &[][..]).unwrap().is_none());
     }
