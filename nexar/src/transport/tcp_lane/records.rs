@@ -291,7 +291,14 @@ mod tests {
         let mut wire = Vec::new();
         for g in &groups {
             let mut chunks = Vec::new();
-            assert!(sealer.seal_group(g, Vec::new, |c, _| chunks.push(c) == ()).unwrap());
+            assert!(
+                sealer
+                    .seal_group(g, Vec::new, |c, _| {
+                        chunks.push(c);
+                        true
+                    })
+                    .unwrap()
+            );
             assert!(chunks.iter().all(|c| c.len() <= CHUNK + RECORD + HEADER + TAG));
             wire.extend(chunks.concat());
         }
@@ -309,8 +316,18 @@ mod tests {
     fn tampering_reordering_and_bad_lengths_are_refused() {
         let (mut sealer, _) = pair(KEY_LIMIT);
         let mut wire = Vec::new();
-        sealer.seal_group(&[b"payload bytes"], Vec::new, |c, _| wire.extend(c) == ()).unwrap();
-        sealer.seal_group(&[b"second"], Vec::new, |c, _| wire.extend(c) == ()).unwrap();
+        sealer
+            .seal_group(&[b"payload bytes"], Vec::new, |c, _| {
+                wire.extend(c);
+                true
+            })
+            .unwrap();
+        sealer
+            .seal_group(&[b"second"], Vec::new, |c, _| {
+                wire.extend(c);
+                true
+            })
+            .unwrap();
         let first_len = sealed_len(13);
         // A flipped bit anywhere fails authentication (or the length checks).
         for i in [0, 5, HEADER + 3, first_len - 1] {
@@ -332,7 +349,12 @@ mod tests {
         // A stream that ends inside a group is an error, not a goodbye.
         let (mut sealer, mut opener) = pair(KEY_LIMIT);
         let mut wire = Vec::new();
-        sealer.seal_group(&[&[1u8; 100][..]], Vec::new, |c, _| wire.extend(c) == ()).unwrap();
+        sealer
+            .seal_group(&[&[1u8; 100][..]], Vec::new, |c, _| {
+                wire.extend(c);
+                true
+            })
+            .unwrap();
         assert!(receive(&mut opener, &mut &wire[..wire.len() - 1]).is_err());
         assert!(receive(&mut pair(KEY_LIMIT).1, &mut &[][..]).unwrap().is_none());
     }
