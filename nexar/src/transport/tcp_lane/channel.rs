@@ -71,7 +71,10 @@ impl State {
             } else {
                 tracing::debug!(peer = self.peer, why, "tcp lane closed");
             }
-            for s in &self.sockets {
+            // After the peer's goodbye, this side still says its own on the outgoing
+            // connection, which the peer is still reading.
+            let sockets = if how == Stop::Goodbye { &self.sockets[1..] } else { &self.sockets[..] };
+            for s in sockets {
                 let _ = s.shutdown(Shutdown::Both);
             }
         }
@@ -262,9 +265,7 @@ impl TcpLane {
     /// [`GOODBYE_TIMEOUT`] should the peer not read), and this side's reader stops now.
     fn say_goodbye(&self) -> BulkClosed {
         let mut told = None;
-        if let Some(mut s) = crate::sync::lock(&self.sending).take()
-            && !self.state.failed.load(Ordering::SeqCst)
-        {
+        if let Some(mut s) = crate::sync::lock(&self.sending).take() {
             let mut out = Vec::new();
             if s.sealer.seal_goodbye(&mut out).is_ok() {
                 let _ = self.state.sockets[0].set_write_timeout(Some(GOODBYE_TIMEOUT));
