@@ -6,6 +6,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use nexar::prelude::*;
+
+#[path = "../../nexar/tests/common/mod.rs"]
+mod common;
 use nexar_rdma::setup::{SetupMsg, offer_tag, outcome_tag};
 use nexar_rdma::{Fabric, LinkTransport, RdmaConfig, RdmaError, attach};
 
@@ -44,49 +47,6 @@ where
     out
 }
 
-fn value(rank: usize, i: usize) -> i64 {
-    ((rank * 131 + i * 17) % 1000) as i64 - 500
-}
-
-/// Every collective, checked against a sequential reference, on one rank of the cluster.
-async fn check_collectives(c: &NexarClient, counts: &[usize]) {
-    let (r, w) = (c.rank(), c.world_size());
-    for &count in counts {
-        let sum: Vec<i64> = (0..count).map(|i| (0..w).map(|q| value(q, i)).sum()).collect();
-        let mut buf: Vec<i64> = (0..count).map(|i| value(r, i)).collect();
-        c.all_reduce(&mut buf, Sum).await.unwrap();
-        assert_eq!(buf, sum, "all_reduce, count {count}");
-        let mut f: Vec<f32> = (0..count).map(|i| value(r, i) as f32).collect();
-        c.all_reduce(&mut f, Sum).await.unwrap();
-        assert!(f.iter().zip(&sum).all(|(a, b)| *a == *b as f32), "all_reduce f32, count {count}");
-
-        let mut b: Vec<i64> = if r == w - 1 { (0..count).map(|i| value(w - 1, i)).collect() } else { vec![0; count] };
-        c.broadcast(&mut b, w - 1).await.unwrap();
-        assert!(b.iter().enumerate().all(|(i, v)| *v == value(w - 1, i)), "broadcast, count {count}");
-
-        let mine: Vec<i64> = (0..count).map(|i| value(r, i)).collect();
-        let mut all = vec![0i64; count * w];
-        c.all_gather(&mine, &mut all).await.unwrap();
-        for q in 0..w {
-            assert!(all[q * count..(q + 1) * count].iter().enumerate().all(|(i, v)| *v == value(q, i)));
-        }
-
-        let full: Vec<i64> = (0..count * w).map(|i| value(r, i)).collect();
-        let mut part = vec![0i64; count];
-        c.reduce_scatter(&full, &mut part, Sum).await.unwrap();
-        let want: Vec<i64> = (0..count).map(|i| (0..w).map(|q| value(q, r * count + i)).sum()).collect();
-        assert_eq!(part, want, "reduce_scatter, count {count}");
-
-        let outgoing: Vec<i64> = (0..count * w).map(|i| (r * 1_000_000 + i) as i64).collect();
-        let mut incoming = vec![0i64; count * w];
-        c.all_to_all(&outgoing, &mut incoming).await.unwrap();
-        for q in 0..w {
-            let got = &incoming[q * count..(q + 1) * count];
-            assert!(got.iter().enumerate().all(|(i, v)| *v == (q * 1_000_000 + r * count + i) as i64));
-        }
-    }
-}
-
 #[test]
 fn discovery_names_devices_or_says_there_are_none() {
     match nexar_rdma::devices() {
@@ -106,7 +66,7 @@ async fn without_a_device_every_link_falls_back_and_carries_every_collective() {
         let no_device = nexar_rdma::devices().is_err();
         let reports = on_ranks(ranks, move |c| async move {
             let report = attach(&c, &RdmaConfig::default()).await.unwrap();
-            check_collectives(&c, &[0, 1, 4, 10_007, 1 << 20]).await;
+            common::check_every_collective(&c, &[0, 1, 4, 10_007, 1 << 20]).await;
             let transports: Vec<_> = (0..3).filter(|p| *p != c.rank()).map(|p| c.bulk_transport(p)).collect();
             c.shutdown().await;
             (report, transports)
@@ -141,7 +101,7 @@ async fn emulated_rdma_carries_every_collective_through_a_small_ring() {
                 for p in (0..4).filter(|p| *p != c.rank()) {
                     assert_eq!(c.bulk_transport(p), Some("rdma"));
                 }
-                check_collectives(&c, &[0, 1, 3, 1000, 4093, 300_007]).await;
+                common::check_every_collective(&c, &[0, 1, 3, 1000, 4093, 300_007]).await;
                 // Many small operations cycle every slot and credit many times.
                 for i in 0..500i64 {
                     let mut x = vec![i + c.rank() as i64; 5];
@@ -170,7 +130,7 @@ async fn ranks_on_different_fabrics_both_stay_on_quic() {
         let results = on_ranks(ranks, |c| async move {
             let fabric = if c.rank() == 0 { Fabric::Emulated } else { Fabric::Verbs };
             let report = attach(&c, &RdmaConfig { fabric, ..Default::default() }).await.unwrap();
-            check_collectives(&c, &[1, 70_001]).await;
+            common::check_every_collective(&c, &[1, 70_001]).await;
             c.shutdown().await;
             report
         })
@@ -203,7 +163,7 @@ async fn a_peer_that_breaks_the_setup_protocol_gets_quic_and_a_named_reason() {
                 let _ = c.recv_setup(0, outcome).await.unwrap();
                 None
             };
-            check_collectives(&c, &[2, 5000]).await;
+            common::check_every_collective(&c, &[2, 5000]).await;
             assert_eq!(c.bulk_transport(1 - c.rank()), Some("quic"));
             c.shutdown().await;
             outcome
@@ -262,7 +222,7 @@ async fn a_collective_running_across_the_attach_completes_correctly() {
                 assert_eq!(attach(&c, &cfg).await.unwrap().rdma_links(), 2);
                 let done = running.await.unwrap();
                 assert!(done.iter().all(|v| *v == 6), "the collective that spanned the attach");
-                check_collectives(&c, &[1, 5000]).await;
+                common::check_every_collective(&c, &[1, 5000]).await;
                 c.shutdown().await;
             }
         })
@@ -281,7 +241,7 @@ async fn attaching_again_keeps_the_links_that_are_attached() {
             async move {
                 let first = attach(&c, &cfg).await.unwrap();
                 let second = attach(&c, &cfg).await.unwrap();
-                check_collectives(&c, &[3, 70_000]).await;
+                common::check_every_collective(&c, &[3, 70_000]).await;
                 assert_eq!(c.bulk_transport(1 - c.rank()), Some("rdma"));
                 c.shutdown().await;
                 (first, second)

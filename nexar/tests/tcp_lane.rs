@@ -15,49 +15,6 @@ fn tcp(min_bytes: usize) -> NexarConfig {
     NexarConfig { bulk_transport: BulkTransport::Tcp, bulk_min_bytes: min_bytes, ..Default::default() }
 }
 
-fn value(rank: usize, i: usize) -> i64 {
-    ((rank * 131 + i * 17) % 1000) as i64 - 500
-}
-
-/// Every collective, checked against a sequential reference, on one rank of the cluster.
-async fn check_collectives(c: &NexarClient, counts: &[usize]) {
-    let (r, w) = (c.rank(), c.world_size());
-    for &count in counts {
-        let sum: Vec<i64> = (0..count).map(|i| (0..w).map(|q| value(q, i)).sum()).collect();
-        let mut buf: Vec<i64> = (0..count).map(|i| value(r, i)).collect();
-        c.all_reduce(&mut buf, Sum).await.unwrap();
-        assert_eq!(buf, sum, "all_reduce, count {count}");
-        let mut f: Vec<f32> = (0..count).map(|i| value(r, i) as f32).collect();
-        c.all_reduce(&mut f, Sum).await.unwrap();
-        assert!(f.iter().zip(&sum).all(|(a, b)| *a == *b as f32), "all_reduce f32, count {count}");
-
-        let mut b: Vec<i64> = if r == w - 1 { (0..count).map(|i| value(w - 1, i)).collect() } else { vec![0; count] };
-        c.broadcast(&mut b, w - 1).await.unwrap();
-        assert!(b.iter().enumerate().all(|(i, v)| *v == value(w - 1, i)), "broadcast, count {count}");
-
-        let mine: Vec<i64> = (0..count).map(|i| value(r, i)).collect();
-        let mut all = vec![0i64; count * w];
-        c.all_gather(&mine, &mut all).await.unwrap();
-        for q in 0..w {
-            assert!(all[q * count..(q + 1) * count].iter().enumerate().all(|(i, v)| *v == value(q, i)));
-        }
-
-        let full: Vec<i64> = (0..count * w).map(|i| value(r, i)).collect();
-        let mut part = vec![0i64; count];
-        c.reduce_scatter(&full, &mut part, Sum).await.unwrap();
-        let want: Vec<i64> = (0..count).map(|i| (0..w).map(|q| value(q, r * count + i)).sum()).collect();
-        assert_eq!(part, want, "reduce_scatter, count {count}");
-
-        let outgoing: Vec<i64> = (0..count * w).map(|i| (r * 1_000_000 + i) as i64).collect();
-        let mut incoming = vec![0i64; count * w];
-        c.all_to_all(&outgoing, &mut incoming).await.unwrap();
-        for q in 0..w {
-            let got = &incoming[q * count..(q + 1) * count];
-            assert!(got.iter().enumerate().all(|(i, v)| *v == (q * 1_000_000 + r * count + i) as i64));
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_lanes_carry_every_collective_large_and_small() {
     common::logs();
@@ -68,7 +25,7 @@ async fn tcp_lanes_carry_every_collective_large_and_small() {
                 for p in (0..n).filter(|p| *p != c.rank()) {
                     assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
                 }
-                check_collectives(&c, &[0, 1, 3, 1000, 300_007, 1 << 20]).await;
+                common::check_every_collective(&c, &[0, 1, 3, 1000, 300_007, 1 << 20]).await;
                 for i in 0..300i64 {
                     let mut x = vec![i + c.rank() as i64; 5];
                     c.all_reduce(&mut x, Sum).await.unwrap();
@@ -158,7 +115,7 @@ async fn a_rank_without_the_lane_keeps_its_links_on_quic() {
         assert_eq!(ranks[0].bulk_transport(2), Some("quic"));
         assert_eq!(ranks[2].bulk_transport(0), Some("quic"));
         common::on_each(&ranks, |c| async move {
-            check_collectives(&c, &[5, 200_003]).await;
+            common::check_every_collective(&c, &[5, 200_003]).await;
             c.shutdown().await;
         })
         .await;
