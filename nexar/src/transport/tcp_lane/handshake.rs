@@ -101,3 +101,63 @@ pub(crate) fn answer(
     with_timeouts(&stream.sock, None)?;
     Ok((hello, rank, stream))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::tls::ClusterCa;
+    use std::net::TcpListener;
+
+    const LIMIT: Duration = Duration::from_secs(5);
+
+    fn rank_tls(ca: &ClusterCa, rank: u32) -> LaneTls {
+        LaneTls::new(&ca.issue(&rank_server_name(rank)).unwrap(), &ca.cert_der()).unwrap()
+    }
+
+    /// Answers one connection on a fresh listener while `client` runs against it.
+    fn answered<T: Send + 'static>(
+        tls: LaneTls,
+        client: impl FnOnce(SocketAddr) -> T + Send + 'static,
+    ) -> (io::Result<(Hello, u32)>, T) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || client(addr));
+        let (sock, _) = listener.accept().unwrap();
+        let answer = answer(&tls, sock, LIMIT).map(|(hello, rank, _)| (hello, rank));
+        (answer, client.join().unwrap())
+    }
+
+    #[test]
+    fn a_rank_of_the_cluster_dials_and_its_hello_and_rank_arrive() {
+        let ca = ClusterCa::generate().unwrap();
+        let (server, client) = (rank_tls(&ca, 1), rank_tls(&ca, 0));
+        let hello: Hello = [7; TOKEN_LEN + 4];
+        let (answer, dialled) = answered(server, move |addr| dial(&client, addr, 1, hello, LIMIT).map(|_| ()));
+        dialled.unwrap();
+        assert_eq!(answer.unwrap(), (hello, 0));
+    }
+
+    #[test]
+    fn strangers_and_garbage_are_refused() {
+        let ca = ClusterCa::generate().unwrap();
+        // Plain bytes instead of a TLS handshake.
+        let (answer, _) = answered(rank_tls(&ca, 1), |addr| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let _ = s.write_all(&[0x16, 3, 3, 0xff, 0xff, 1, 2, 3]);
+            std::thread::sleep(Duration::from_millis(100));
+        });
+        assert!(answer.is_err());
+        // A certificate from another cluster's CA, either way round.
+        let other = ClusterCa::generate().unwrap();
+        let (stranger, hello) = (rank_tls(&other, 0), [1; TOKEN_LEN + 4]);
+        let (answer, _) = answered(rank_tls(&ca, 1), move |addr| dial(&stranger, addr, 1, hello, LIMIT).is_ok());
+        assert!(answer.is_err(), "a client certificate from another CA is refused");
+        let member = rank_tls(&ca, 0);
+        let (_, dialled) = answered(rank_tls(&other, 1), move |addr| dial(&member, addr, 1, hello, LIMIT).map(|_| ()));
+        assert!(dialled.is_err(), "a listener from another CA is refused");
+        // A listener whose certificate names another rank than the one dialled.
+        let member = rank_tls(&ca, 0);
+        let (_, dialled) = answered(rank_tls(&ca, 2), move |addr| dial(&member, addr, 1, hello, LIMIT).map(|_| ()));
+        assert!(dialled.is_err(), "rank 2's certificate does not pass for rank 1");
+    }
+}
