@@ -5,6 +5,9 @@
 use std::time::{Duration, Instant};
 
 use nexar::prelude::*;
+
+#[path = "../../nexar/tests/common/mod.rs"]
+mod common;
 use nexar_rdma::{Fabric, RdmaConfig, attach};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,14 +58,7 @@ async fn a_failed_rdma_link_falls_back_to_quic_for_later_operations() {
         let mut tasks = Vec::new();
         for c in ranks {
             tasks.push(tokio::spawn(async move {
-                for n in [1usize, 1000, 300_001] {
-                    let mut y = vec![c.rank() as i64 + 1; n];
-                    c.all_reduce(&mut y, Sum).await.unwrap();
-                    assert!(y.iter().all(|v| *v == 6));
-                    let mut all = vec![0u32; 3 * n];
-                    c.all_gather(&vec![c.rank() as u32; n], &mut all).await.unwrap();
-                    assert!(all.chunks(n).enumerate().all(|(q, part)| part.iter().all(|v| *v == q as u32)));
-                }
+                common::check_every_collective(&c, &[1, 1000, 300_001]).await;
                 c.shutdown().await;
             }));
         }

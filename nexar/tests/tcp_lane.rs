@@ -87,14 +87,7 @@ async fn a_lane_that_breaks_mid_allreduce_falls_back_to_quic_without_wrong_resul
         }
         assert_eq!(ranks[0].bulk_transport(2), Some("tcp-tls"));
         common::on_each(&ranks, |c| async move {
-            for n in [1usize, 1000, 300_001] {
-                let mut y = vec![c.rank() as i64 + 1; n];
-                c.all_reduce(&mut y, Sum).await.unwrap();
-                assert!(y.iter().all(|v| *v == 6));
-                let mut all = vec![0u32; 3 * n];
-                c.all_gather(&vec![c.rank() as u32; n], &mut all).await.unwrap();
-                assert!(all.chunks(n).enumerate().all(|(q, part)| part.iter().all(|v| *v == q as u32)));
-            }
+            common::check_every_collective(&c, &[1, 1000, 300_001]).await;
             c.shutdown().await;
         })
         .await;

@@ -590,7 +590,7 @@ async fn flush_all(links: &Links, limit: Duration) {
 }
 
 /// Waits for every future, one after the other.
-async fn futures_join_all(all: Vec<crate::transport::bulk::BulkClosed>) {
+async fn wait_all(all: Vec<crate::transport::bulk::BulkClosed>) {
     for f in all {
         f.await;
     }
@@ -599,7 +599,7 @@ async fn futures_join_all(all: Vec<crate::transport::bulk::BulkClosed>) {
 async fn close_links(links: &Links, limit: Duration) {
     flush_all(links, limit).await;
     let goodbyes: Vec<_> = links.iter().map(|link| link.bulk_slot().goodbye()).collect();
-    let _ = tokio::time::timeout(limit, futures_join_all(goodbyes)).await;
+    let _ = tokio::time::timeout(limit, wait_all(goodbyes)).await;
     for link in links.iter() {
         link.close(CLOSE_SHUTDOWN, "shutdown");
     }
@@ -719,7 +719,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
             PeerMsg::Setup { tag: crate::transport::bulk::BULK_DOWN_TAG, body } => {
                 if let Some(link) = inner.links.get(incoming.from as usize) {
                     // Answered with what this side carried, so both sides fail the same set.
-                    link.bulk_slot().fail(true, crate::transport::bulk::decode_keys(&body));
+                    link.bulk_slot().fail(crate::transport::bulk::decode_keys(&body));
                 }
             }
             PeerMsg::Setup { tag, body } => inner.setup.put(incoming.from, tag, body),

@@ -257,14 +257,14 @@ impl BulkSlot {
                 let slot = self.clone();
                 let settled = async move {
                     settle().await;
-                    slot.fail(true, Vec::new());
+                    slot.fail(Vec::new());
                 };
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => drop(runtime.spawn(settled)),
-                    Err(_) => self.fail(true, Vec::new()),
+                    Err(_) => self.fail(Vec::new()),
                 }
             }
-            Settling::None => self.fail(true, Vec::new()),
+            Settling::None => self.fail(Vec::new()),
             Settling::Running => {}
         }
     }
@@ -326,11 +326,11 @@ impl BulkSlot {
         }
     }
 
-    /// The channel stopped (or the peer is gone, or says its side stopped): it is closed,
-    /// every collective it carried, `theirs` (what the peer says it carried) and every
-    /// collective running on this rank fail here, and (when `tell`) the peer hears which
-    /// collectives this side carried. Later channels are refused.
-    pub fn fail(&self, tell: bool, theirs: Vec<(u64, u64)>) {
+    /// The channel stopped (or the peer says its side stopped): it is closed, every
+    /// collective it carried, `theirs` (what the peer says it carried) and every collective
+    /// running on this rank fail here, and the peer hears which collectives this side
+    /// carried. Later channels are refused.
+    pub fn fail(&self, theirs: Vec<(u64, u64)>) {
         let ours: Option<Vec<(u64, u64)>> = {
             let mut carried = crate::sync::lock(&self.carried);
             if carried.failed {
@@ -361,7 +361,7 @@ impl BulkSlot {
             "bulk channel failed; the link carries payloads over QUIC again"
         );
         channel.close();
-        if tell && let Some(tell_peer) = self.tell_peer.get() {
+        if let Some(tell_peer) = self.tell_peer.get() {
             tell_peer(encode_keys(&ours));
         }
     }

@@ -280,8 +280,7 @@ impl Mailbox {
             self.refill(&mut st);
             return Ok(Ok(msg));
         }
-        if st.overflow.as_ref().is_some_and(|(k, _)| *k == key) {
-            let (_, msg) = st.overflow.take().expect("checked above");
+        if let Some((_, msg)) = st.overflow.take_if(|(k, _)| *k == key) {
             self.room.notify_waiters();
             return Ok(Ok(msg));
         }
@@ -307,10 +306,8 @@ impl Mailbox {
 
     /// Moves the overflow message into the store once there is room.
     fn refill(&self, st: &mut State) {
-        if let Some((_, msg)) = &st.overflow
-            && self.has_room(st, msg.payload.len() as u64)
-        {
-            let (key, msg) = st.overflow.take().expect("checked above");
+        let fits = st.overflow.as_ref().is_some_and(|(_, msg)| self.has_room(st, msg.payload.len() as u64));
+        if fits && let Some((key, msg)) = st.overflow.take() {
             st.push_back(key, msg);
             self.room.notify_waiters();
         }

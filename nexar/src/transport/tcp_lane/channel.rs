@@ -89,6 +89,22 @@ impl State {
     }
 }
 
+/// Resolves once `done(state)` holds, checked whenever `notify(state)` is notified (armed
+/// before each check, so no notification is missed).
+fn wait_until(state: Arc<State>, notify: fn(&State) -> &Notify, done: fn(&State) -> bool) -> BulkClosed {
+    Box::pin(async move {
+        loop {
+            let notified = notify(&state).notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if done(&state) {
+                return;
+            }
+            notified.await;
+        }
+    })
+}
+
 /// Sealed records waiting for the writer thread, and who hears when they are written.
 type Job = (Vec<u8>, oneshot::Sender<Result<(), TransportError>>);
 
@@ -212,18 +228,11 @@ impl BulkChannel for TcpLane {
     }
 
     fn room(&self) -> BulkClosed {
-        let state = self.state.clone();
-        Box::pin(async move {
-            loop {
-                let drained = state.drained.notified();
-                tokio::pin!(drained);
-                drained.as_mut().enable();
-                if state.queued.load(Ordering::SeqCst) < QUEUED_LIMIT || state.failed.load(Ordering::SeqCst) {
-                    return;
-                }
-                drained.await;
-            }
-        })
+        wait_until(
+            self.state.clone(),
+            |s| &s.drained,
+            |s| s.queued.load(Ordering::SeqCst) < QUEUED_LIMIT || s.failed.load(Ordering::SeqCst),
+        )
     }
 
     fn usable(&self) -> bool {
@@ -231,18 +240,7 @@ impl BulkChannel for TcpLane {
     }
 
     fn closed(&self) -> BulkClosed {
-        let state = self.state.clone();
-        Box::pin(async move {
-            loop {
-                let stopped = state.stopped.notified();
-                tokio::pin!(stopped);
-                stopped.as_mut().enable();
-                if state.failed.load(Ordering::SeqCst) {
-                    return;
-                }
-                stopped.await;
-            }
-        })
+        wait_until(self.state.clone(), |s| &s.stopped, |s| s.failed.load(Ordering::SeqCst))
     }
 
     fn close(&self) {
