@@ -11,7 +11,7 @@
 
 use std::io::{self, Read};
 
-use ring::aead::{AES_128_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use rustls::{ClientConnection, ServerConnection};
 
 /// Largest plaintext of one record.
