@@ -12,7 +12,7 @@ use bytes::Bytes;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::records::{CHUNK, GOODBYE, Opener, Sealer, TAG};
+use super::records::{CHUNK, GOODBYE, Opener, Sealed, Sealer, TAG};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
 
@@ -106,7 +106,7 @@ fn wait_until(state: Arc<State>, notify: fn(&State) -> &Notify, done: fn(&State)
 }
 
 /// Sealed records waiting for the writer thread, and who hears when they are written.
-type Job = (Vec<u8>, oneshot::Sender<Result<(), TransportError>>);
+type Job = (Sealed, oneshot::Sender<Result<(), TransportError>>);
 
 /// The sending side: groups are sealed and queued under one lock, so records reach the wire
 /// in the order of their counters.
@@ -120,9 +120,9 @@ struct Sending {
 type Spare = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// Gives a written buffer back for reuse, if the spare list has room and it is not huge.
-fn give_back(spare: &Spare, mut buf: Vec<u8>) {
+fn give_back(spare: &Spare, sealed: Sealed) {
+    let buf = sealed.into_buffer();
     if buf.capacity() <= 2 * CHUNK {
-        buf.clear();
         let mut spare = crate::sync::lock(spare);
         if spare.len() < POOLED {
             spare.push(buf);
@@ -186,7 +186,7 @@ impl TcpLane {
                     let spare = || crate::sync::lock(&self.spare).pop().unwrap_or_default();
                     let mut done = Some(done);
                     // The group is written when its last buffer is.
-                    let emit = |chunk: Vec<u8>, last: bool| {
+                    let emit = |chunk: Sealed, last: bool| {
                         self.state.queued.fetch_add(chunk.len(), Ordering::SeqCst);
                         let tell = if last { done.take() } else { None };
                         s.jobs.send((chunk, tell.unwrap_or_else(|| oneshot::channel().0))).is_ok()
@@ -268,7 +268,7 @@ impl TcpLane {
             if s.sealer.seal_goodbye(&mut out).is_ok() {
                 let _ = self.state.sockets[0].set_write_timeout(Some(GOODBYE_TIMEOUT));
                 let (done, written) = oneshot::channel();
-                if s.jobs.send((out, done)).is_ok() {
+                if s.jobs.send((out.into(), done)).is_ok() {
                     told = Some(written);
                 }
             }

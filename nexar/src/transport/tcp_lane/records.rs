@@ -1,6 +1,7 @@
 //! The lane's record protection: AES-128-GCM records with keys exported from the lane's TLS
-//! 1.3 session (RFC 8446 §7.5), so the sender encrypts straight from the caller's buffer and
-//! the receiver decrypts in place where the group is assembled, with no copy in between.
+//! 1.3 session (RFC 8446 §7.5), so the sender encrypts straight from the caller's buffer into
+//! the buffers the writer sends and the receiver decrypts in place where the group is
+//! assembled, with no copy in between.
 //!
 //! A group travels as a *header record* holding its length, then its bytes in records of at
 //! most [`RECORD`] bytes. A record is `len: u32 LE | ciphertext | 16-byte tag`, the length as
@@ -110,41 +111,41 @@ impl Sealer {
     /// [`CHUNK`] bytes each (taken from `buffer`, so the caller can reuse them), handing each
     /// to `emit` as soon as it is sealed, so the wire starts before the group is all sealed.
     /// Stops when `emit` says no; `Ok(false)` then.
+    ///
+    /// A record whose bytes lie in one part is encrypted straight from it into the buffer;
+    /// only records that span small parts (a message's header and the first bytes of its
+    /// payload) are gathered first. Records therefore end where a large part ends.
     pub fn seal_group(
         &mut self,
         parts: &[&[u8]],
         mut buffer: impl FnMut() -> Vec<u8>,
-        mut emit: impl FnMut(Vec<u8>, bool) -> bool,
+        mut emit: impl FnMut(Sealed, bool) -> bool,
     ) -> io::Result<bool> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mut out = buffer();
-        out.reserve(sealed_len(len).min(CHUNK + RECORD + HEADER + TAG));
-        self.seal_record(&mut out, &(len as u64).to_le_bytes())?;
-        let mut at = (0, 0); // (part, offset)
+        let mut out = Chunk::new(buffer());
+        self.seal_from(&mut out, &(len as u64).to_le_bytes())?;
+        let mut parts = Parts { parts, part: 0, offset: 0 };
         let mut left = len;
         while left > 0 {
-            if out.len() >= CHUNK {
-                if !emit(std::mem::replace(&mut out, buffer()), false) {
+            if out.used >= CHUNK {
+                if !emit(std::mem::replace(&mut out, Chunk::new(buffer())).finish(), false) {
                     return Ok(false);
                 }
-                out.reserve(sealed_len(left).min(CHUNK + RECORD + HEADER + TAG));
             }
+            let here = parts.current();
             let n = left.min(RECORD);
-            let start = self.open_record(&mut out, n);
-            let mut fill = n;
-            while fill > 0 {
-                let part = parts[at.0];
-                let take = (part.len() - at.1).min(fill);
-                out.extend_from_slice(&part[at.1..at.1 + take]);
-                (fill, at.1) = (fill - take, at.1 + take);
-                if at.1 == part.len() {
-                    at = (at.0 + 1, 0);
-                }
-            }
-            self.close_record(&mut out, start, n)?;
+            let n = if here.len() >= n || here.len() >= DIRECT_MIN {
+                let n = n.min(here.len());
+                self.seal_from(&mut out, &here[..n])?;
+                parts.offset += n;
+                n
+            } else {
+                self.seal_gathered(&mut out, &mut parts, n)?;
+                n
+            };
             left -= n;
         }
-        Ok(emit(out, true))
+        Ok(emit(out.finish(), true))
     }
 
     /// Appends the goodbye (a header record with length [`GOODBYE`]).
@@ -152,34 +153,137 @@ impl Sealer {
         self.seal_record(out, &GOODBYE.to_le_bytes())
     }
 
+    /// Appends one record holding `plain`.
     fn seal_record(&mut self, out: &mut Vec<u8>, plain: &[u8]) -> io::Result<()> {
-        let start = self.open_record(out, plain.len());
-        out.extend_from_slice(plain);
-        self.close_record(out, start, plain.len())
+        let mut chunk = Chunk { used: out.len(), buf: std::mem::take(out) };
+        let sealed = self.seal_from(&mut chunk, plain);
+        *out = chunk.buf;
+        sealed
     }
 
-    /// Writes a record's header; its plaintext follows at the returned offset.
-    fn open_record(&mut self, out: &mut Vec<u8>, len: usize) -> usize {
-        out.extend_from_slice(&(len as u32).to_le_bytes());
-        out.len()
+    /// Seals `plain` as one record, encrypting it straight into `out`.
+    fn seal_from(&mut self, out: &mut Chunk, plain: &[u8]) -> io::Result<()> {
+        let (header, nonce) = self.record(plain.len())?;
+        let (head, body, tag) = out.record(plain.len());
+        head.copy_from_slice(&header);
+        self.keys.key.seal_out_of_place_scatter(nonce, Aad::from(header), plain, body, &[], tag).map_err(crypto_err)
     }
 
-    /// Encrypts the `len` bytes at `start` in place and appends the tag.
-    fn close_record(&mut self, out: &mut Vec<u8>, start: usize, len: usize) -> io::Result<()> {
-        let nonce = self.keys.next(len)?;
-        let header: [u8; HEADER] = (len as u32).to_le_bytes();
-        let tag = self
-            .keys
-            .key
-            .seal_in_place_separate_tag(nonce, Aad::from(header), &mut out[start..start + len])
-            .map_err(crypto_err)?;
-        out.extend_from_slice(tag.as_ref());
+    /// Seals the next `n` bytes of `parts` as one record, gathering them into `out` first.
+    fn seal_gathered(&mut self, out: &mut Chunk, parts: &mut Parts, n: usize) -> io::Result<()> {
+        let (header, nonce) = self.record(n)?;
+        let (head, body, tag) = out.record(n);
+        head.copy_from_slice(&header);
+        parts.copy_into(body);
+        let sealed = self.keys.key.seal_in_place_separate_tag(nonce, Aad::from(header), body).map_err(crypto_err)?;
+        tag.copy_from_slice(sealed.as_ref());
         Ok(())
+    }
+
+    /// The header and nonce of the next record, of `len` bytes.
+    fn record(&mut self, len: usize) -> io::Result<([u8; HEADER], Nonce)> {
+        Ok(((len as u32).to_le_bytes(), self.keys.next(len)?))
     }
 }
 
-/// Bytes on the wire for a group of `len` bytes.
-pub(crate) fn sealed_len(len: usize) -> usize {
+/// A part at least this long gets records of its own, ending where it ends, rather than
+/// sharing a gathered record with the next part.
+const DIRECT_MIN: usize = 64 << 10;
+
+/// The most bytes one buffer holds: it is handed on once it reaches [`CHUNK`], so it takes at
+/// most one more record, besides the group's header record.
+const CHUNK_CAPACITY: usize = CHUNK + 2 * (HEADER + TAG) + RECORD + 8;
+
+/// A buffer being filled with records. `buf[..used]` is sealed output; bytes past `used` are
+/// left from the buffer's last use and are overwritten before they are sent, so a reused
+/// buffer is not zeroed again.
+struct Chunk {
+    buf: Vec<u8>,
+    used: usize,
+}
+
+impl Chunk {
+    fn new(mut buf: Vec<u8>) -> Chunk {
+        buf.reserve(CHUNK_CAPACITY.saturating_sub(buf.len()));
+        Chunk { buf, used: 0 }
+    }
+
+    /// The next record's header, body and tag, `len` bytes of body, for the caller to fill.
+    fn record(&mut self, len: usize) -> (&mut [u8], &mut [u8], &mut [u8]) {
+        let (start, end) = (self.used, self.used + HEADER + len + TAG);
+        if self.buf.len() < end {
+            self.buf.resize(end, 0);
+        }
+        self.used = end;
+        let (head, rest) = self.buf[start..end].split_at_mut(HEADER);
+        let (body, tag) = rest.split_at_mut(len);
+        (head, body, tag)
+    }
+
+    fn finish(self) -> Sealed {
+        Sealed { buf: self.buf, len: self.used }
+    }
+}
+
+/// Sealed records ready for the wire: the first `len` bytes of a buffer. The buffer keeps its
+/// full length, so when it is reused no part of it is zeroed again.
+pub(crate) struct Sealed {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl Sealed {
+    /// The buffer, for sealing into again.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
+impl From<Vec<u8>> for Sealed {
+    fn from(buf: Vec<u8>) -> Sealed {
+        Sealed { len: buf.len(), buf }
+    }
+}
+
+impl std::ops::Deref for Sealed {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// A read position in a group's parts.
+struct Parts<'p, 'b> {
+    parts: &'p [&'b [u8]],
+    part: usize,
+    offset: usize,
+}
+
+impl<'b> Parts<'_, 'b> {
+    /// What is left of the current part (empty at the end).
+    fn current(&mut self) -> &'b [u8] {
+        while self.part < self.parts.len() && self.offset == self.parts[self.part].len() {
+            (self.part, self.offset) = (self.part + 1, 0);
+        }
+        self.parts.get(self.part).map_or(&[], |p| &p[self.offset..])
+    }
+
+    /// Copies the next `dst.len()` bytes into `dst`.
+    fn copy_into(&mut self, dst: &mut [u8]) {
+        let mut at = 0;
+        while at < dst.len() {
+            let here = self.current();
+            let take = here.len().min(dst.len() - at);
+            dst[at..at + take].copy_from_slice(&here[..take]);
+            (self.offset, at) = (self.offset + take, at + take);
+        }
+    }
+}
+
+/// Bytes on the wire for a group of `len` bytes in one part.
+#[cfg(test)]
+fn sealed_len(len: usize) -> usize {
     let records = len.div_ceil(RECORD) + 1;
     len + 8 + records * (HEADER + TAG)
 }
@@ -300,7 +404,7 @@ mod tests {
                     .unwrap()
             );
             assert!(chunks.iter().all(|c| c.len() <= CHUNK + RECORD + HEADER + TAG));
-            wire.extend(chunks.concat());
+            wire.extend(chunks.iter().flat_map(|c| c.iter()));
         }
         sealer.seal_goodbye(&mut wire).unwrap();
         let mut r = &wire[..];
@@ -313,18 +417,48 @@ mod tests {
     }
 
     #[test]
+    fn reused_buffers_and_mixed_parts_round_trip() {
+        let (mut sealer, mut opener) = pair(KEY_LIMIT);
+        let big: Vec<u8> = (0..RECORD * 2 + 3).map(|i| (i * 7 % 253) as u8).collect();
+        let small: Vec<u8> = (0..DIRECT_MIN - 1).map(|i| (i % 13) as u8).collect();
+        // Small parts between large ones, parts that end inside a record, empty parts.
+        let group: Vec<&[u8]> =
+            vec![b"h", &small, &[], &big[..DIRECT_MIN], &small[..10], &big, &small, b"tail", &big[..RECORD + 1]];
+        // Buffers come back dirty and of any length, as the writer hands them back.
+        let mut junk = 0u8;
+        let mut dirty = || {
+            junk = junk.wrapping_add(41);
+            vec![junk; (junk as usize) * 4099]
+        };
+        let mut wire = Vec::new();
+        for _ in 0..2 {
+            sealer
+                .seal_group(&group, &mut dirty, |c, _| {
+                    wire.extend_from_slice(&c);
+                    true
+                })
+                .unwrap();
+        }
+        let mut r = &wire[..];
+        for _ in 0..2 {
+            assert_eq!(receive(&mut opener, &mut r).unwrap().unwrap(), group.concat());
+        }
+        assert!(r.is_empty(), "{} bytes left over", r.len());
+    }
+
+    #[test]
     fn tampering_reordering_and_bad_lengths_are_refused() {
         let (mut sealer, _) = pair(KEY_LIMIT);
         let mut wire = Vec::new();
         sealer
             .seal_group(&[b"payload bytes"], Vec::new, |c, _| {
-                wire.extend(c);
+                wire.extend_from_slice(&c);
                 true
             })
             .unwrap();
         sealer
             .seal_group(&[b"second"], Vec::new, |c, _| {
-                wire.extend(c);
+                wire.extend_from_slice(&c);
                 true
             })
             .unwrap();
@@ -351,7 +485,7 @@ mod tests {
         let mut wire = Vec::new();
         sealer
             .seal_group(&[&[1u8; 100][..]], Vec::new, |c, _| {
-                wire.extend(c);
+                wire.extend_from_slice(&c);
                 true
             })
             .unwrap();
