@@ -127,10 +127,8 @@ impl Sealer {
         let mut parts = Parts { parts, part: 0, offset: 0 };
         let mut left = len;
         while left > 0 {
-            if out.used >= CHUNK {
-                if !emit(std::mem::replace(&mut out, Chunk::new(buffer())).finish(), false) {
-                    return Ok(false);
-                }
+            if out.used >= CHUNK && !emit(std::mem::replace(&mut out, Chunk::new(buffer())).finish(), false) {
+                return Ok(false);
             }
             let here = parts.current();
             let n = left.min(RECORD);
