@@ -12,7 +12,7 @@ use bytes::Bytes;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::records::{CHUNK, GOODBYE, Opener, Sealed, Sealer, TAG};
+use super::records::{CHUNK, GOODBYE, GroupHead, Opener, Sealed, Sealer, TAG};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
 
@@ -344,20 +344,19 @@ fn read_group(
     max_group: u64,
     pool: &Arc<RecvPool>,
 ) -> io::Result<Option<Bytes>> {
-    let len = match opener.read_group_len(input)? {
+    let (len, lead) = match opener.read_group_head(input)? {
         None => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended without a goodbye")),
-        Some(GOODBYE) => return Ok(None),
-        Some(len) if len > max_group => {
+        Some(GroupHead { len: GOODBYE, .. }) => return Ok(None),
+        Some(GroupHead { len, .. }) if len > max_group => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("a {len}-byte group is over the {max_group}-byte limit"),
             ));
         }
-        Some(len) => len as usize,
+        Some(GroupHead { len, lead }) => (len as usize, lead),
     };
-    let mut group = RecvPool::take(pool, len + TAG);
-    opener.read_group(input, group.bytes_mut())?;
-    group.len = len;
+    let mut group = RecvPool::take(pool, len, lead);
+    opener.read_group(input, group.with_tag_room())?;
     Ok(Some(Bytes::from_owner(group)))
 }
 
@@ -372,40 +371,49 @@ struct RecvPool {
 const POOLED: usize = 16;
 const POOLED_MAX: usize = 65 << 20;
 const POOLED_BYTES: usize = 80 << 20;
+/// The alignment a group's largest part gets (that of any element type).
+const ALIGN: usize = 8;
 
 impl RecvPool {
-    /// A buffer of `len` bytes (contents unspecified: the caller overwrites them all).
-    fn take(pool: &Arc<RecvPool>, len: usize) -> PooledGroup {
+    /// A group of `len` bytes (contents unspecified: the caller overwrites them all), placed
+    /// so that its byte `lead` is [`ALIGN`]-aligned: a payload that starts there can be reduced
+    /// straight from the buffer.
+    fn take(pool: &Arc<RecvPool>, len: usize, lead: u64) -> PooledGroup {
+        let need = len + TAG + ALIGN - 1;
         let mut buf = {
             let mut free = crate::sync::lock(&pool.free);
             // One large enough if there is one, else the largest (grown below).
-            let fits = free.iter().position(|b| b.len() >= len);
+            let fits = free.iter().position(|b| b.len() >= need);
             let largest = free.iter().enumerate().max_by_key(|(_, b)| b.len()).map(|(i, _)| i);
             fits.or(largest).map(|i| free.swap_remove(i)).unwrap_or_default()
         };
-        if buf.len() < len {
-            buf.resize(len, 0);
+        if buf.len() < need {
+            buf.resize(need, 0);
         }
-        PooledGroup { buf, len, pool: Arc::downgrade(pool) }
+        let lead_at = (buf.as_ptr() as usize).wrapping_add(lead as usize);
+        let start = (ALIGN - lead_at % ALIGN) % ALIGN;
+        PooledGroup { buf, start, len, pool: Arc::downgrade(pool) }
     }
 }
 
 /// One received group in a pooled buffer; dropping it gives the buffer back.
 struct PooledGroup {
     buf: Vec<u8>,
+    start: usize,
     len: usize,
     pool: std::sync::Weak<RecvPool>,
 }
 
 impl PooledGroup {
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[..self.len]
+    /// The group's bytes and room for a record's tag after them, as the opener wants them.
+    fn with_tag_room(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len + TAG]
     }
 }
 
 impl AsRef<[u8]> for PooledGroup {
     fn as_ref(&self) -> &[u8] {
-        &self.buf[..self.len]
+        &self.buf[self.start..self.start + self.len]
     }
 }
 
@@ -440,15 +448,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn received_buffers_come_back_to_the_pool() {
+    fn received_buffers_come_back_to_the_pool_and_place_the_lead_aligned() {
         let pool = Arc::new(RecvPool::default());
-        let mut g = RecvPool::take(&pool, 100);
-        g.bytes_mut().fill(3);
-        g.len = 90;
+        let mut g = RecvPool::take(&pool, 90, 0);
+        g.with_tag_room().fill(3);
         let bytes = Bytes::from_owner(g);
         assert_eq!(bytes.len(), 90);
+        assert_eq!(bytes.as_ptr() as usize % ALIGN, 0);
         drop(bytes);
         assert_eq!(crate::sync::lock(&pool.free).len(), 1, "the buffer came back");
-        assert!(RecvPool::take(&pool, 50).buf.len() >= 100, "and is reused");
+        let reused = RecvPool::take(&pool, 50, 0);
+        assert!(reused.buf.len() >= 90 + TAG, "and is reused");
+        drop(reused);
+        for lead in [1u64, 74, 77, u64::MAX] {
+            let mut g = RecvPool::take(&pool, 200, lead);
+            g.with_tag_room().fill(1);
+            let bytes = Bytes::from_owner(g);
+            assert_eq!(bytes.len(), 200);
+            assert_eq!((bytes.as_ptr() as usize).wrapping_add(lead as usize) % ALIGN, 0, "lead {lead}");
+        }
     }
 }

@@ -3,8 +3,9 @@
 //! the buffers the writer sends and the receiver decrypts in place where the group is
 //! assembled, with no copy in between.
 //!
-//! A group travels as a *header record* holding its length, then its bytes in records of at
-//! most [`RECORD`] bytes. A record is `len: u32 LE | ciphertext | 16-byte tag`, the length as
+//! A group travels as a *header record* holding its length and where its largest part starts
+//! (so the receiver can place that part 8-byte aligned, and reduce straight from it), then its
+//! bytes in records of at most [`RECORD`] bytes. A record is `len: u32 LE | ciphertext | 16-byte tag`, the length as
 //! associated data. Nonces are the exported IV xor a per-key record counter; a key protects at
 //! most [`KEY_LIMIT`] bytes, after which both sides derive the next one (exporter context =
 //! the key's epoch), far inside AES-GCM's usage limits. A group length of `u64::MAX` is the
@@ -30,6 +31,34 @@ const KEY_LIMIT: u64 = 1 << 36;
 const LABEL: &[u8] = b"EXPORTER-nexar-lane-records-v1";
 /// The group length that says goodbye.
 pub(crate) const GOODBYE: u64 = u64::MAX;
+/// Plaintext bytes of a group's header record.
+const HEAD: usize = 16;
+
+/// What a group's header record says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GroupHead {
+    /// The group's length in bytes ([`GOODBYE`]: the sender's goodbye).
+    pub len: u64,
+    /// Where the group's largest part starts: a hint for placing it, never trusted for more.
+    pub lead: u64,
+}
+
+impl GroupHead {
+    fn encode(self) -> [u8; HEAD] {
+        let mut out = [0u8; HEAD];
+        out[..8].copy_from_slice(&self.len.to_le_bytes());
+        out[8..].copy_from_slice(&self.lead.to_le_bytes());
+        out
+    }
+
+    fn decode(plain: &[u8]) -> io::Result<GroupHead> {
+        let word = |at: usize| plain.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+        match (word(0), word(8)) {
+            (Some(len), Some(lead)) => Ok(GroupHead { len, lead }),
+            _ => Err(crypto_err(format!("a {}-byte group header", plain.len()))),
+        }
+    }
+}
 
 /// A TLS session keys can be exported from.
 pub(crate) trait Exporter: Send + 'static {
@@ -122,8 +151,10 @@ impl Sealer {
         mut emit: impl FnMut(Sealed, bool) -> bool,
     ) -> io::Result<bool> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
+        let largest = parts.iter().enumerate().max_by_key(|(i, p)| (p.len(), usize::MAX - i)).map_or(0, |(i, _)| i);
+        let lead = parts[..largest].iter().map(|p| p.len()).sum::<usize>();
         let mut out = Chunk::new(buffer());
-        self.seal_from(&mut out, &(len as u64).to_le_bytes())?;
+        self.seal_from(&mut out, &GroupHead { len: len as u64, lead: lead as u64 }.encode())?;
         let mut parts = Parts { parts, part: 0, offset: 0 };
         let mut left = len;
         while left > 0 {
@@ -138,6 +169,7 @@ impl Sealer {
                 parts.offset += n;
                 n
             } else {
+                let n = parts.small_run(n);
                 self.seal_gathered(&mut out, &mut parts, n)?;
                 n
             };
@@ -148,7 +180,7 @@ impl Sealer {
 
     /// Appends the goodbye (a header record with length [`GOODBYE`]).
     pub fn seal_goodbye(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
-        self.seal_record(out, &GOODBYE.to_le_bytes())
+        self.seal_record(out, &GroupHead { len: GOODBYE, lead: 0 }.encode())
     }
 
     /// Appends one record holding `plain`.
@@ -267,6 +299,20 @@ impl<'b> Parts<'_, 'b> {
         self.parts.get(self.part).map_or(&[], |p| &p[self.offset..])
     }
 
+    /// How many of the next bytes (at most `max`) lie in small parts: a gathered record stops
+    /// where a part of [`DIRECT_MIN`] bytes or more starts, so that part's bytes are sealed
+    /// where they lie.
+    fn small_run(&mut self, max: usize) -> usize {
+        let mut run = self.current().len().min(max);
+        for part in &self.parts[self.part + 1..] {
+            if run == max || part.len() >= DIRECT_MIN {
+                break;
+            }
+            run += part.len().min(max - run);
+        }
+        run
+    }
+
     /// Copies the next `dst.len()` bytes into `dst`.
     fn copy_into(&mut self, dst: &mut [u8]) {
         let mut at = 0;
@@ -283,7 +329,7 @@ impl<'b> Parts<'_, 'b> {
 #[cfg(test)]
 fn sealed_len(len: usize) -> usize {
     let records = len.div_ceil(RECORD) + 1;
-    len + 8 + records * (HEADER + TAG)
+    len + HEAD + records * (HEADER + TAG)
 }
 
 /// Opens records (the receiving side of one connection).
@@ -297,9 +343,9 @@ impl Opener {
         Ok(Opener { keys: Keys::new(Box::new(session), KEY_LIMIT)? })
     }
 
-    /// Reads the next group's length: `None` at a clean end of the stream between groups,
-    /// `Some(GOODBYE)` when the peer said goodbye.
-    pub fn read_group_len(&mut self, input: &mut impl Read) -> io::Result<Option<u64>> {
+    /// Reads the next group's header record: `None` at a clean end of the stream between
+    /// groups; a length of [`GOODBYE`] when the peer said goodbye.
+    pub fn read_group_head(&mut self, input: &mut impl Read) -> io::Result<Option<GroupHead>> {
         let mut header = [0u8; HEADER];
         let mut got = 0;
         while got < HEADER {
@@ -311,13 +357,13 @@ impl Opener {
                 Err(e) => return Err(e),
             }
         }
-        let mut body = [0u8; 8 + TAG];
-        if u32::from_le_bytes(header) != 8 {
+        let mut body = [0u8; HEAD + TAG];
+        if u32::from_le_bytes(header) as usize != HEAD {
             return Err(crypto_err(format!("a group header record of {} bytes", u32::from_le_bytes(header))));
         }
         input.read_exact(&mut body)?;
         let plain = self.open(header, &mut body)?;
-        Ok(Some(u64::from_le_bytes(plain.try_into().map_err(crypto_err)?)))
+        GroupHead::decode(plain).map(Some)
     }
 
     /// Reads the records of a `buf.len() - TAG`-byte group into `buf`, decrypting each where
@@ -373,9 +419,10 @@ mod tests {
     }
 
     fn receive(opener: &mut Opener, wire: &mut &[u8]) -> io::Result<Option<Vec<u8>>> {
-        match opener.read_group_len(wire)? {
-            None | Some(GOODBYE) => Ok(None),
-            Some(len) => {
+        match opener.read_group_head(wire)? {
+            None => Ok(None),
+            Some(GroupHead { len: GOODBYE, .. }) => Ok(None),
+            Some(GroupHead { len, .. }) => {
                 let mut buf = vec![0u8; len as usize + TAG];
                 opener.read_group(wire, &mut buf)?;
                 buf.truncate(len as usize);
@@ -474,7 +521,7 @@ mod tests {
         // A record longer than what is left of its group is refused before it is read.
         let (mut sealer, mut opener) = pair(KEY_LIMIT);
         let mut wire = Vec::new();
-        sealer.seal_record(&mut wire, &4u64.to_le_bytes()).unwrap();
+        sealer.seal_record(&mut wire, &GroupHead { len: 4, lead: 0 }.encode()).unwrap();
         sealer.seal_record(&mut wire, b"too long").unwrap();
         let err = receive(&mut opener, &mut &wire[..]).unwrap_err();
         assert!(err.to_string().contains("8-byte record with 4 bytes"), "{err}");
