@@ -129,12 +129,13 @@ impl Payload {
             let mut rest = &chunk[..];
             while !rest.is_empty() {
                 let whole = rest.len() / elem * elem;
-                if filled == 0 && whole >= DIRECT_BYTES {
-                    if let Ok(direct) = bytemuck::try_cast_slice::<u8, T>(&rest[..whole]) {
-                        f(direct)?;
-                        rest = &rest[whole..];
-                        continue;
-                    }
+                if filled == 0
+                    && whole >= DIRECT_BYTES
+                    && let Ok(direct) = bytemuck::try_cast_slice::<u8, T>(&rest[..whole])
+                {
+                    f(direct)?;
+                    rest = &rest[whole..];
+                    continue;
                 }
                 let n = (cap - filled).min(rest.len());
                 bytemuck::cast_slice_mut::<u64, u8>(&mut stage)[filled..filled + n].copy_from_slice(&rest[..n]);
