@@ -35,8 +35,10 @@ pub(crate) struct Connected {
     pub incoming: StreamOwned<ServerConnection, TcpStream>,
 }
 
-/// Sealed bytes queued for the writer above which senders wait for room.
-const QUEUED_LIMIT: usize = 8 << 20;
+/// Sealed bytes queued for the writer above which senders wait for room. Small enough that
+/// the buffers are still in cache when the writer hands them to the kernel: 2 MiB ran 16 MiB
+/// allreduces ~15 % faster than 8 MiB did.
+const QUEUED_LIMIT: usize = 2 << 20;
 
 /// What both threads and the channel share.
 struct State {
