@@ -21,12 +21,13 @@ struct Seed {
 }
 
 async fn start_seed(world: usize) -> Seed {
-    start_seed_with(world, &[]).await
+    start_seed_with(world, &[], &["--exit-when-done"]).await
 }
 
-async fn start_seed_with(world: usize, env: &[(&str, &str)]) -> Seed {
+async fn start_seed_with(world: usize, env: &[(&str, &str)], args: &[&str]) -> Seed {
     let mut child = Command::new(NEXAR)
-        .args(["seed", "--bind", "127.0.0.1:0", "--world-size", &world.to_string(), "--exit-when-done"])
+        .args(["seed", "--bind", "127.0.0.1:0", "--world-size", &world.to_string()])
+        .args(args)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -252,7 +253,9 @@ async fn survive_a_killed_worker(bulk_transport: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_process_joins_the_running_cluster_and_the_communicator_grows() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let mut seed = start_seed_with(2, &[("NEXAR_MAX_WORLD_SIZE", "3")]).await;
+        // The seed stays up after the cluster is done: the last joiner below may come after
+        // the others have finished and left, and must still hear why it is refused.
+        let mut seed = start_seed_with(2, &[("NEXAR_MAX_WORLD_SIZE", "3")], &[]).await;
         let members: Vec<_> = (0..2)
             .map(|_| {
                 let mut cmd = worker(&seed.addr, &seed.token, &["--grow", "1"]);
