@@ -461,6 +461,38 @@ mod tests {
         assert!(opener.keys.epoch >= 2, "the keys changed ({} epochs)", opener.keys.epoch);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        #[test]
+        fn any_parts_round_trip_through_dirty_buffers(
+            lens in proptest::collection::vec(0usize..(3 * RECORD / 2), 0..6),
+            junk in 0usize..(CHUNK + RECORD),
+        ) {
+            let data: Vec<u8> = (0..lens.iter().sum::<usize>()).map(|i| (i * 31 % 251) as u8).collect();
+            let mut parts: Vec<&[u8]> = Vec::new();
+            let mut at = 0;
+            for len in &lens {
+                parts.push(&data[at..at + len]);
+                at += len;
+            }
+            let (mut sealer, mut opener) = pair(RECORD as u64 * 2);
+            let mut wire = Vec::new();
+            for _ in 0..2 {
+                sealer
+                    .seal_group(&parts, || vec![0xAA; junk], |c, _| {
+                        wire.extend_from_slice(&c);
+                        true
+                    })
+                    .unwrap();
+            }
+            let mut r = &wire[..];
+            for _ in 0..2 {
+                proptest::prop_assert_eq!(receive(&mut opener, &mut r).unwrap().unwrap(), data.clone());
+            }
+            proptest::prop_assert!(r.is_empty());
+        }
+    }
+
     #[test]
     fn reused_buffers_and_mixed_parts_round_trip() {
         let (mut sealer, mut opener) = pair(KEY_LIMIT);
