@@ -13,6 +13,7 @@ use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::PeerMsg;
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::transport::TransportError;
+use crate::transport::framed::BlockError;
 use crate::transport::mailbox::{CollCheck, Key, Refusal};
 use crate::transport::pool::pooled_copy;
 
@@ -250,6 +251,12 @@ impl NexarClient {
                         });
                     }
                     let out = view_mut(dst, data, scratch).ok_or_else(|| internal("receive span out of bounds"))?;
+                    let unreadable = |error| CollectiveError::Transport {
+                        rank,
+                        op,
+                        peer: from,
+                        source: TransportError::Payload { peer: format!("rank {from}"), error },
+                    };
                     if reduce {
                         let mut at = 0;
                         held.payload
@@ -258,9 +265,12 @@ impl NexarClient {
                                 at += block.len();
                                 reduce_slice(reduction, acc, block)
                             })
-                            .map_err(|source| CollectiveError::Reduce { rank, op, source })?;
+                            .map_err(|e| match e {
+                                BlockError::Visit(source) => CollectiveError::Reduce { rank, op, source },
+                                BlockError::Payload(error) => unreadable(error),
+                            })?;
                     } else {
-                        held.payload.copy_to(bytemuck::cast_slice_mut(out));
+                        held.payload.copy_to(bytemuck::cast_slice_mut(out)).map_err(unreadable)?;
                     }
                 }
                 Step::Copy { src, dst } => {

@@ -11,7 +11,7 @@ use nexar_types::{DType, Element, RecvBuf, SendBuf};
 use super::client::NexarClient;
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;
-use crate::transport::framed::Payload;
+use crate::transport::framed::{Payload, PayloadError};
 use crate::transport::link::Incoming;
 use crate::transport::mailbox::{Held, Key, Refusal};
 
@@ -62,6 +62,18 @@ pub enum P2pError {
         expected: DType,
         /// The message's element type.
         got: DType,
+    },
+    /// The message's bytes could not be read as sent (altered on the way).
+    #[error("rank {rank} recv(src {src}, tag {tag}): {error}")]
+    Unreadable {
+        /// The rank reporting.
+        rank: usize,
+        /// The sender.
+        src: usize,
+        /// The tag.
+        tag: u64,
+        /// What was wrong.
+        error: PayloadError,
     },
     /// Too many received messages are waiting for a matching `recv`, and none matches this one.
     #[error(
@@ -247,7 +259,12 @@ impl NexarClient {
             self.inner.mailbox.put_back(key, held);
             return Err(P2pError::LengthMismatch { rank, src, tag, expected, got });
         }
-        held.payload.copy_to(bytemuck::cast_slice_mut(&mut out));
+        held.payload.copy_to(bytemuck::cast_slice_mut(&mut out)).map_err(|error| P2pError::Unreadable {
+            rank,
+            src,
+            tag,
+            error,
+        })?;
         out.commit().map_err(device)
     }
 
@@ -269,7 +286,12 @@ impl NexarClient {
         }
         // The router checked `count * size == payload length` before delivering.
         let mut out = vec![T::zeroed(); held.count as usize];
-        held.payload.copy_to(bytemuck::cast_slice_mut(&mut out));
+        held.payload.copy_to(bytemuck::cast_slice_mut(&mut out)).map_err(|error| P2pError::Unreadable {
+            rank: self.rank(),
+            src,
+            tag,
+            error,
+        })?;
         Ok(out)
     }
 

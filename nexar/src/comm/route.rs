@@ -135,7 +135,14 @@ pub(crate) async fn forward(inner: Weak<Inner>, mut envelopes: mpsc::Receiver<In
             continue;
         };
         let envelope = PeerMsg::Relay { src, dst, lane, hops: hops + 1, len };
-        if let Err(e) = route.first_hop().send_queued_parts(&envelope, incoming.payload.chunks().to_vec()).await {
+        let chunks = match incoming.payload.to_chunks() {
+            Ok(chunks) => chunks,
+            Err(e) => {
+                tracing::warn!(src, dst, error = %e, "dropped a relayed message");
+                continue;
+            }
+        };
+        if let Err(e) = route.first_hop().send_queued_parts(&envelope, chunks).await {
             tracing::debug!(src, dst, error = %e, "could not forward a relayed message");
         }
     }

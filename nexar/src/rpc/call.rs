@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 use super::{RpcError, Status};
 use crate::comm::NexarClient;
 use crate::proto::message::PeerMsg;
-use crate::transport::framed::Payload;
+use crate::transport::framed::{Payload, PayloadError};
 
 /// Removes a pending call's entry however the call ends (answered, timed out, cancelled).
 struct Pending<'a> {
@@ -22,10 +22,8 @@ impl Drop for Pending<'_> {
     }
 }
 
-fn body_of((status, payload): (u8, Payload)) -> (u8, Vec<u8>) {
-    let mut body = vec![0u8; payload.len()];
-    payload.copy_to(&mut body);
-    (status, body)
+fn body_of((status, payload): (u8, Payload)) -> Result<(u8, Vec<u8>), PayloadError> {
+    Ok((status, payload.to_vec()?))
 }
 
 impl NexarClient {
@@ -83,6 +81,7 @@ impl NexarClient {
         }
         let link = self.link(peer).ok_or_else(|| RpcError::PeerLost { rank, peer, name, reason: "no link".into() })?;
         let lost = |reason: String| RpcError::PeerLost { rank, peer, name, reason };
+        let unreadable = |e: PayloadError| RpcError::Codec { rank, peer, name, what: format!("the reply: {e}") };
         let req = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel::<(u8, Payload)>();
         crate::sync::lock(&self.inner.rpc_pending).insert(req, tx);
@@ -95,7 +94,7 @@ impl NexarClient {
         let until = std::time::Instant::now() + self.inner.spin;
         while std::time::Instant::now() < until {
             match rx.try_recv() {
-                Ok(reply) => return Ok(body_of(reply)),
+                Ok(reply) => return body_of(reply).map_err(unreadable),
                 Err(oneshot::error::TryRecvError::Empty) => tokio::task::yield_now().await,
                 Err(oneshot::error::TryRecvError::Closed) => return Err(lost("the client is shutting down".into())),
             }
@@ -103,7 +102,7 @@ impl NexarClient {
         tokio::select! {
             reply = rx => {
                 let reply = reply.map_err(|_| lost("the client is shutting down".into()))?;
-                Ok(body_of(reply))
+                body_of(reply).map_err(unreadable)
             }
             reason = self.inner.route_lost(&link) => Err(lost(reason)),
             _ = tokio::time::sleep(after) => Err(RpcError::Timeout { rank, peer, name, after }),

@@ -41,8 +41,13 @@ pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<
     while let Some(incoming) = lane.recv().await {
         let PeerMsg::RpcRequest { req, func, sig, .. } = incoming.msg else { continue };
         let Some(registry) = inner.upgrade().map(|i| i.registry.clone()) else { return };
-        let mut body = vec![0u8; incoming.payload.len()];
-        incoming.payload.copy_to(&mut body);
+        let body = match incoming.payload.to_vec() {
+            Ok(body) => body,
+            Err(e) => {
+                tracing::warn!(peer = incoming.from, req, error = %e, "dropped an rpc request");
+                continue;
+            }
+        };
         let (inner, from) = (inner.clone(), incoming.from as usize);
         tokio::spawn(async move {
             let (status, reply) = run_handler(&registry, func, sig, body).await;

@@ -23,6 +23,7 @@ use super::TransportError;
 use super::framed::Payload;
 use super::link::{Incoming, LaneSenders, announced_payload, raw_length_disagrees};
 use super::mailbox::Mailbox;
+use super::tcp_lane::Deferred;
 use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAX_CONTROL_FRAME};
 use crate::proto::message::{self, PeerMsg};
 
@@ -453,7 +454,13 @@ impl BulkInbound {
     /// An error means the peer broke the protocol: the transport should stop using it.
     /// A rank that is shutting down drops the message quietly.
     pub async fn deliver(&self, group: Bytes) -> Result<(), FrameError> {
-        let (msg, payload) = decode_group(&group, self.max_payload)?;
+        self.deliver_sealed(group, &[]).await
+    }
+
+    /// Like [`deliver`](Self::deliver), for a TCP lane's group of which the records in
+    /// `deferred` are still sealed (they must lie in the payload).
+    pub(crate) async fn deliver_sealed(&self, group: Bytes, deferred: &[Deferred]) -> Result<(), FrameError> {
+        let (msg, payload) = decode_sealed_group(&group, deferred, self.max_payload)?;
         if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
             slot.received((*comm, *seq));
         }
@@ -480,6 +487,16 @@ impl BulkInbound {
 /// assert_eq!((decoded, payload.len()), (msg, 8));
 /// ```
 pub fn decode_group(group: &Bytes, max_payload: u64) -> Result<(PeerMsg, Payload), FrameError> {
+    decode_sealed_group(group, &[], max_payload)
+}
+
+/// [`decode_group`] for a group whose records in `deferred` are still sealed: those must lie
+/// in the payload, whose bytes nobody reads before they are opened.
+fn decode_sealed_group(
+    group: &Bytes,
+    deferred: &[Deferred],
+    max_payload: u64,
+) -> Result<(PeerMsg, Payload), FrameError> {
     let (header, rest) = frame_header(group, 0, MAX_CONTROL_FRAME)?;
     header.expect(FrameKind::Message)?;
     let body_end = body_end(rest, header.len, group.len())?;
@@ -499,7 +516,7 @@ pub fn decode_group(group: &Bytes, max_payload: u64) -> Result<(PeerMsg, Payload
         return Err(raw_length_disagrees(expected, raw.len));
     }
     let end = body_end_exact(start, raw.len, group.len())?;
-    Ok((msg, Payload::from_bytes(group.slice(start..end))))
+    Ok((msg, Payload::from_group(group, start..end, deferred)?))
 }
 
 /// The frame header at `at`, checked against `limit`, and where its body starts.
@@ -549,7 +566,7 @@ mod tests {
         let g = group(&coll(4), 16, &[7u8; 16]);
         let (msg, payload) = decode_group(&g, 1 << 20).unwrap();
         assert_eq!(msg, coll(4));
-        assert_eq!(payload.chunks()[0].as_ptr(), g[g.len() - 16..].as_ptr());
+        assert_eq!(payload.to_chunks().unwrap()[0].as_ptr(), g[g.len() - 16..].as_ptr());
     }
 
     #[test]

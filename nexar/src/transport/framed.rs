@@ -1,10 +1,14 @@
-//! Reading and writing frames on QUIC streams, with limits checked before allocation.
+//! Reading and writing frames on QUIC streams, with limits checked before allocation, and the
+//! payloads that arrive on them (or on a TCP lane).
+
+use std::marker::PhantomData;
 
 use bytes::Bytes;
 use quinn::{ReadExactError, RecvStream, SendStream};
 
 use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, message_frame};
 use crate::proto::message;
+use crate::transport::tcp_lane::{Deferred, SealedRecord};
 
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -75,10 +79,72 @@ const STAGE_WORDS: usize = 512;
 /// The shortest aligned run [`Payload::for_each_block`] passes on without staging it.
 pub const DIRECT_BYTES: usize = 4096;
 
-/// Raw payload bytes as they arrived: a list of chunks, copied once into their destination.
+/// Why a payload's bytes could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// A record of the payload failed authentication: its bytes were altered on the way.
+    #[error("a {len}-byte record of the payload failed authentication: it was altered after it was sealed")]
+    Forged {
+        /// The record's length.
+        len: usize,
+    },
+    /// The destination is not as long as the payload.
+    #[error("a {len}-byte payload cannot fill a {dst}-byte destination")]
+    Length {
+        /// The payload's length.
+        len: usize,
+        /// The destination's length.
+        dst: usize,
+    },
+}
+
+/// Why [`Payload::for_each_block`] stopped.
+#[derive(Debug)]
+pub enum BlockError<E> {
+    /// The payload's bytes could not be read.
+    Payload(PayloadError),
+    /// The visitor said so.
+    Visit(E),
+}
+
+/// One piece of a payload: bytes as they arrived, or a record of a TCP lane that its reader
+/// left sealed so that it is decrypted once, straight where the bytes are wanted.
+#[derive(Clone, Debug)]
+enum Piece {
+    Plain(Bytes),
+    Sealed(Bytes, SealedRecord),
+}
+
+impl Piece {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Plain(b) | Piece::Sealed(b, _) => b.len(),
+        }
+    }
+
+    /// The piece's plaintext into `out`, as long as the piece.
+    fn write_to(&self, out: &mut [u8]) -> Result<(), PayloadError> {
+        match self {
+            Piece::Plain(b) => out.copy_from_slice(b),
+            Piece::Sealed(cipher, record) => {
+                record.open_into(cipher, out).map_err(|_| PayloadError::Forged { len: cipher.len() })?
+            }
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// Where [`Payload::for_each_block`] opens sealed records (one at a time, at most a
+    /// record's length), so their plaintext is read from cache rather than memory.
+    static OPENED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Raw payload bytes as they arrived: a list of pieces, each copied (or opened) once into its
+/// destination.
 #[derive(Clone, Debug, Default)]
 pub struct Payload {
-    chunks: Vec<Bytes>,
+    pieces: Vec<Piece>,
     len: usize,
 }
 
@@ -86,7 +152,38 @@ impl Payload {
     /// A payload of one buffer.
     pub fn from_bytes(bytes: Bytes) -> Self {
         let len = bytes.len();
-        Payload { chunks: vec![bytes], len }
+        Payload { pieces: vec![Piece::Plain(bytes)], len }
+    }
+
+    /// The bytes `range` of a TCP lane's `group`, of which the records in `deferred` (in
+    /// order) are still sealed. Every such record must lie inside `range`.
+    pub(crate) fn from_group(
+        group: &Bytes,
+        range: std::ops::Range<usize>,
+        deferred: &[Deferred],
+    ) -> Result<Self, FrameError> {
+        let mut pieces = Vec::with_capacity(deferred.len() + 1);
+        let mut at = range.start;
+        for d in deferred {
+            if d.at < at || d.at + d.len > range.end {
+                return Err(FrameError::InvalidMessage(format!(
+                    "a sealed record at bytes {}..{} of a group whose payload is bytes {}..{}",
+                    d.at,
+                    d.at + d.len,
+                    range.start,
+                    range.end
+                )));
+            }
+            if d.at > at {
+                pieces.push(Piece::Plain(group.slice(at..d.at)));
+            }
+            pieces.push(Piece::Sealed(group.slice(d.at..d.at + d.len), d.sealed.clone()));
+            at = d.at + d.len;
+        }
+        if at < range.end || pieces.is_empty() {
+            pieces.push(Piece::Plain(group.slice(at..range.end)));
+        }
+        Ok(Payload { pieces, len: range.len() })
     }
 
     /// Total length in bytes.
@@ -99,79 +196,135 @@ impl Payload {
         self.len == 0
     }
 
-    /// The payload's chunks, in order (for passing it on without a copy).
-    pub fn chunks(&self) -> &[Bytes] {
-        &self.chunks
+    /// The payload as plaintext buffers, in order, for passing it on: bytes as they arrived are
+    /// shared, not copied; sealed records are opened into new buffers.
+    pub fn to_chunks(&self) -> Result<Vec<Bytes>, PayloadError> {
+        self.pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Plain(b) => Ok(b.clone()),
+                Piece::Sealed(..) => {
+                    let mut out = vec![0u8; p.len()];
+                    p.write_to(&mut out)?;
+                    Ok(Bytes::from(out))
+                }
+            })
+            .collect()
     }
 
-    /// Copies the payload into `dst`, which must be exactly [`len`](Self::len) bytes.
-    pub fn copy_to(&self, dst: &mut [u8]) {
-        debug_assert_eq!(dst.len(), self.len);
-        let mut at = 0;
-        for c in &self.chunks {
-            let end = (at + c.len()).min(dst.len());
-            dst[at..end].copy_from_slice(&c[..end - at]);
-            at = end;
+    /// The payload in a new vector (see [`copy_to`](Self::copy_to)).
+    pub fn to_vec(&self) -> Result<Vec<u8>, PayloadError> {
+        let mut out = vec![0u8; self.len];
+        self.copy_to(&mut out)?;
+        Ok(out)
+    }
+
+    /// Writes the payload into `dst`, which must be exactly [`len`](Self::len) bytes: a copy
+    /// of the bytes as they arrived, or sealed records decrypted straight into `dst`. After an
+    /// error, `dst` holds unspecified bytes.
+    pub fn copy_to(&self, dst: &mut [u8]) -> Result<(), PayloadError> {
+        if dst.len() != self.len {
+            return Err(PayloadError::Length { len: self.len, dst: dst.len() });
         }
+        let mut at = 0;
+        for p in &self.pieces {
+            p.write_to(&mut dst[at..at + p.len()])?;
+            at += p.len();
+        }
+        Ok(())
     }
 
     /// Calls `f` with the payload as consecutive blocks of `T`. Runs of at least
-    /// [`DIRECT_BYTES`] that lie aligned in one chunk (a TCP lane's group, usually) are passed
-    /// as they are; the rest is staged through an aligned 4 KiB buffer that stays in L1 cache.
-    /// The payload length must be a multiple of `size_of::<T>()` (the router checked it) and `T`
-    /// at most 8-byte aligned.
-    pub fn for_each_block<T: bytemuck::Pod, E>(&self, mut f: impl FnMut(&[T]) -> Result<(), E>) -> Result<(), E> {
-        let mut stage = [0u64; STAGE_WORDS];
-        let elem = size_of::<T>().max(1);
-        let cap = (STAGE_WORDS * 8 / elem) * elem;
-        let mut filled = 0;
-        for chunk in &self.chunks {
-            let mut rest = &chunk[..];
-            while !rest.is_empty() {
-                let whole = rest.len() / elem * elem;
-                if filled == 0
-                    && whole >= DIRECT_BYTES
-                    && let Ok(direct) = bytemuck::try_cast_slice::<u8, T>(&rest[..whole])
-                {
-                    f(direct)?;
-                    rest = &rest[whole..];
-                    continue;
-                }
-                let n = (cap - filled).min(rest.len());
-                bytemuck::cast_slice_mut::<u64, u8>(&mut stage)[filled..filled + n].copy_from_slice(&rest[..n]);
-                filled += n;
-                rest = &rest[n..];
-                if filled == cap {
-                    f(bytemuck::cast_slice(&bytemuck::cast_slice::<u64, u8>(&stage)[..cap]))?;
-                    filled = 0;
-                }
+    /// [`DIRECT_BYTES`] that lie aligned in one piece (a TCP lane's group, usually) are passed
+    /// as they are, sealed records once opened into a cached buffer; the rest is staged
+    /// through an aligned 4 KiB buffer that stays in L1 cache. The payload length must be a
+    /// multiple of `size_of::<T>()` (the router checked it) and `T` at most 8-byte aligned.
+    pub fn for_each_block<T: bytemuck::Pod, E>(
+        &self,
+        f: impl FnMut(&[T]) -> Result<(), E>,
+    ) -> Result<(), BlockError<E>> {
+        let mut blocks = Blocks::<T, _> { stage: [0u64; STAGE_WORDS], filled: 0, f, elem: PhantomData };
+        for piece in &self.pieces {
+            match piece {
+                Piece::Plain(b) => blocks.feed(b).map_err(BlockError::Visit)?,
+                Piece::Sealed(..) => OPENED.with_borrow_mut(|opened| {
+                    let words = piece.len().div_ceil(8);
+                    if opened.len() < words {
+                        opened.resize(words, 0);
+                    }
+                    let plain = &mut bytemuck::cast_slice_mut::<u64, u8>(opened)[..piece.len()];
+                    piece.write_to(plain).map_err(BlockError::Payload)?;
+                    blocks.feed(plain).map_err(BlockError::Visit)
+                })?,
             }
         }
-        if filled >= elem {
-            let whole = filled / elem * elem;
-            f(bytemuck::cast_slice(&bytemuck::cast_slice::<u64, u8>(&stage)[..whole]))?;
-        }
-        Ok(())
+        blocks.finish().map_err(BlockError::Visit)
     }
 
     /// Reads exactly `len` bytes (already checked against a limit) as chunks, without an extra
     /// copy.
     pub async fn read(recv: &mut RecvStream, len: u64) -> Result<Payload, ReadFrameError> {
         let len = usize::try_from(len).map_err(|_| FrameError::TooLong { len, limit: usize::MAX as u64 })?;
-        let mut chunks = Vec::new();
+        let mut pieces = Vec::new();
         let mut got = 0usize;
         while got < len {
             match recv.read_chunk(len - got, true).await.map_err(closed)? {
                 Some(chunk) => {
                     got += chunk.bytes.len();
-                    chunks.push(chunk.bytes);
+                    pieces.push(Piece::Plain(chunk.bytes));
                 }
                 None => {
                     return Err(closed(format!("stream ended {got} bytes into a {len}-byte payload")));
                 }
             }
         }
-        Ok(Payload { chunks, len })
+        Ok(Payload { pieces, len })
+    }
+}
+
+/// Cuts a stream of bytes into blocks of `T` for [`Payload::for_each_block`]: aligned runs of
+/// at least [`DIRECT_BYTES`] pass as they are, the rest through an aligned staging buffer.
+struct Blocks<T, F> {
+    stage: [u64; STAGE_WORDS],
+    filled: usize,
+    f: F,
+    elem: PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod, E, F: FnMut(&[T]) -> Result<(), E>> Blocks<T, F> {
+    const ELEM: usize = if size_of::<T>() == 0 { 1 } else { size_of::<T>() };
+    const CAP: usize = (STAGE_WORDS * 8 / Self::ELEM) * Self::ELEM;
+
+    fn feed(&mut self, mut rest: &[u8]) -> Result<(), E> {
+        while !rest.is_empty() {
+            let whole = rest.len() / Self::ELEM * Self::ELEM;
+            if self.filled == 0
+                && whole >= DIRECT_BYTES
+                && let Ok(direct) = bytemuck::try_cast_slice::<u8, T>(&rest[..whole])
+            {
+                (self.f)(direct)?;
+                rest = &rest[whole..];
+                continue;
+            }
+            let n = (Self::CAP - self.filled).min(rest.len());
+            bytemuck::cast_slice_mut::<u64, u8>(&mut self.stage)[self.filled..self.filled + n]
+                .copy_from_slice(&rest[..n]);
+            self.filled += n;
+            rest = &rest[n..];
+            if self.filled == Self::CAP {
+                (self.f)(bytemuck::cast_slice(&bytemuck::cast_slice::<u64, u8>(&self.stage)[..Self::CAP]))?;
+                self.filled = 0;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), E> {
+        if self.filled >= Self::ELEM {
+            let whole = self.filled / Self::ELEM * Self::ELEM;
+            (self.f)(bytemuck::cast_slice(&bytemuck::cast_slice::<u64, u8>(&self.stage)[..whole]))?;
+        }
+        Ok(())
     }
 }
 
@@ -184,8 +337,8 @@ mod tests {
         let values: Vec<u32> = (0..5000).collect();
         let bytes: &[u8] = bytemuck::cast_slice(&values);
         // Chunks that split elements in the middle.
-        let chunks: Vec<Bytes> = bytes.chunks(1001).map(Bytes::copy_from_slice).collect();
-        let payload = Payload { len: bytes.len(), chunks };
+        let pieces = bytes.chunks(1001).map(|c| Piece::Plain(Bytes::copy_from_slice(c))).collect();
+        let payload = Payload { len: bytes.len(), pieces };
         let mut seen = Vec::new();
         payload
             .for_each_block::<u32, ()>(|b| {
@@ -195,7 +348,7 @@ mod tests {
             .unwrap();
         assert_eq!(seen, values);
         let mut copied = vec![0u8; bytes.len()];
-        payload.copy_to(&mut copied);
+        payload.copy_to(&mut copied).unwrap();
         assert_eq!(copied, bytes);
     }
 
@@ -206,8 +359,8 @@ mod tests {
         // An aligned chunk, one that starts mid-element, one that starts misaligned by an
         // element's width, and a short tail.
         let cuts = [0, 24_000, 24_002, 50_001, 79_990, whole.len()];
-        let chunks: Vec<Bytes> = cuts.windows(2).map(|w| whole.slice(w[0]..w[1])).collect();
-        let payload = Payload { len: whole.len(), chunks };
+        let pieces = cuts.windows(2).map(|w| Piece::Plain(whole.slice(w[0]..w[1]))).collect();
+        let payload = Payload { len: whole.len(), pieces };
         let (mut seen, mut direct) = (Vec::new(), 0);
         payload
             .for_each_block::<u32, ()>(|b| {

@@ -225,8 +225,7 @@ fn unpack_relayed(envelope: &Incoming, max_payload: u64) -> Result<Incoming, Fra
     let PeerMsg::Relay { src, .. } = envelope.msg else {
         return Err(FrameError::InvalidMessage("not a relay envelope".into()));
     };
-    let mut body = vec![0u8; envelope.payload.len()];
-    envelope.payload.copy_to(&mut body);
+    let body = envelope.payload.to_vec().map_err(|e| FrameError::InvalidMessage(format!("relay envelope: {e}")))?;
     let (msg, range) = crate::proto::relay::unpack(&body, max_payload)?;
     let payload = Payload::from_bytes(Bytes::from(body).slice(range));
     Ok(Incoming { from: src, msg, payload })

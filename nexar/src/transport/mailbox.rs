@@ -458,7 +458,7 @@ mod tests {
 
     fn first_byte(h: &Held) -> u8 {
         let mut b = [0u8];
-        h.payload.copy_to(&mut b);
+        h.payload.copy_to(&mut b).unwrap();
         b[0]
     }
 

@@ -66,4 +66,13 @@ pub enum TransportError {
         /// The limit.
         after: Duration,
     },
+    /// Bytes a peer sent could not be read as sent (a record failed authentication: it was
+    /// altered on the way).
+    #[error("bytes from {peer} are unusable: {error}")]
+    Payload {
+        /// The peer.
+        peer: String,
+        /// What was wrong.
+        error: framed::PayloadError,
+    },
 }

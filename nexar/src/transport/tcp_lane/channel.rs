@@ -1,7 +1,8 @@
 //! One link's TCP lane once connected: groups are sealed into records by whoever sends them
 //! (straight from the caller's buffer for a borrowed payload), a writer thread puts the records
-//! on the outgoing connection, and a reader thread decrypts the incoming one in place and hands
-//! each whole group to nexar.
+//! on the outgoing connection, and a reader thread reads the incoming one and hands each whole
+//! group to nexar: its frames decrypted, its payload's records still sealed, to be opened by
+//! whoever reads the payload, straight into the destination.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -12,7 +13,7 @@ use bytes::Bytes;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::records::{CHUNK, GOODBYE, GroupHead, Opener, Sealed, Sealer, TAG};
+use super::records::{CHUNK, Deferred, GOODBYE, GroupHead, Opener, Sealed, Sealer, TAG};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
 
@@ -318,7 +319,7 @@ fn write_records(state: &State, mut out: TcpStream, queue: std_mpsc::Receiver<Jo
 }
 
 /// The reader thread: whole groups, each checked against `max_group` before it is allocated.
-fn read_groups(state: &State, sock: TcpStream, mut opener: Opener, max_group: u64, delivered: mpsc::Sender<Bytes>) {
+fn read_groups(state: &State, sock: TcpStream, mut opener: Opener, max_group: u64, delivered: mpsc::Sender<Received>) {
     let mut input = io::BufReader::with_capacity(READ_BUFFER, sock);
     let pool = Arc::new(RecvPool::default());
     let why = loop {
@@ -339,13 +340,21 @@ fn read_groups(state: &State, sock: TcpStream, mut opener: Opener, max_group: u6
     }
 }
 
-/// One group; `None` when the peer said goodbye.
+/// A group as the reader hands it over: its bytes, and which records of its payload are still
+/// sealed (they are opened where the payload is read, straight into its destination).
+struct Received {
+    group: Bytes,
+    deferred: Vec<Deferred>,
+}
+
+/// One group; `None` when the peer said goodbye. Records from the group's lead part on are
+/// left sealed.
 fn read_group(
     opener: &mut Opener,
     input: &mut impl Read,
     max_group: u64,
     pool: &Arc<RecvPool>,
-) -> io::Result<Option<Bytes>> {
+) -> io::Result<Option<Received>> {
     let (len, lead) = match opener.read_group_head(input)? {
         None => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended without a goodbye")),
         Some(GroupHead { len: GOODBYE, .. }) => return Ok(None),
@@ -358,8 +367,10 @@ fn read_group(
         Some(GroupHead { len, lead }) => (len as usize, lead),
     };
     let mut group = RecvPool::take(pool, len, lead);
-    opener.read_group(input, group.with_tag_room())?;
-    Ok(Some(Bytes::from_owner(group)))
+    let mut deferred = Vec::new();
+    let defer_from = usize::try_from(lead).unwrap_or(usize::MAX);
+    opener.read_group(input, group.with_tag_room(), defer_from, &mut deferred)?;
+    Ok(Some(Received { group: Bytes::from_owner(group), deferred }))
 }
 
 /// Receive buffers the reader reuses once nexar is done with the groups in them, so a busy
@@ -435,9 +446,9 @@ impl Drop for PooledGroup {
 }
 
 /// Hands received groups to nexar; a group that breaks the protocol stops the lane.
-async fn deliver(state: Arc<State>, inbound: BulkInbound, mut groups: mpsc::Receiver<Bytes>) {
-    while let Some(group) = groups.recv().await {
-        if let Err(e) = inbound.deliver(group).await {
+async fn deliver(state: Arc<State>, inbound: BulkInbound, mut groups: mpsc::Receiver<Received>) {
+    while let Some(Received { group, deferred }) = groups.recv().await {
+        if let Err(e) = inbound.deliver_sealed(group, &deferred).await {
             tracing::error!(peer = state.peer, error = %e, "rank broke the protocol on its tcp lane; the lane stops");
             state.stop(&format!("protocol: {e}"), Stop::Failed);
             return;

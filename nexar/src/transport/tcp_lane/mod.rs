@@ -20,4 +20,5 @@ mod setup;
 pub use channel::TCP_LANE_NAME;
 pub(crate) use channel::{Connected, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
+pub(crate) use records::{Deferred, SealedRecord};
 pub(crate) use setup::{LaneMsg, TOKEN_LEN, lane_tag};

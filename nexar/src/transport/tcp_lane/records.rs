@@ -1,7 +1,13 @@
 //! The lane's record protection: AES-128-GCM records with keys exported from the lane's TLS
 //! 1.3 session (RFC 8446 §7.5), so the sender encrypts straight from the caller's buffer into
-//! the buffers the writer sends and the receiver decrypts in place where the group is
-//! assembled, with no copy in between.
+//! the buffers the writer sends, and the receiver decrypts a payload straight into the
+//! caller's buffer (or, for a reduction, into a cached block it reduces from), with no copy in
+//! between.
+//!
+//! The reader opens a group's header record and the records before its lead part (the
+//! frames) as they arrive; the payload's records it leaves sealed ([`SealedRecord`]), each
+//! where its plaintext belongs, with its nonce and key. Every record is authenticated before
+//! its bytes are used; a payload record that fails fails the operation that reads it.
 //!
 //! A group travels as a *header record* holding its length and where its largest part starts
 //! (so the receiver can place that part 8-byte aligned, and reduce straight from it), then its
@@ -12,6 +18,7 @@
 //! sender's goodbye.
 
 use std::io::{self, Read};
+use std::sync::Arc;
 
 use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use rustls::{ClientConnection, ServerConnection};
@@ -84,7 +91,7 @@ fn crypto_err(what: impl std::fmt::Display) -> io::Error {
 /// One direction's key, IV and counters.
 struct Keys {
     session: Box<dyn Exporter>,
-    key: LessSafeKey,
+    key: Arc<LessSafeKey>,
     iv: [u8; NONCE_LEN],
     records: u64,
     bytes: u64,
@@ -100,7 +107,7 @@ impl Keys {
 
     /// The nonce of the next record of `len` bytes, moving to the next key first when this
     /// one has protected enough.
-    fn next(&mut self, len: usize) -> io::Result<Nonce> {
+    fn next(&mut self, len: usize) -> io::Result<[u8; NONCE_LEN]> {
         if self.bytes + len as u64 > self.limit {
             self.epoch += 1;
             (self.key, self.iv) = derive(&*self.session, self.epoch)?;
@@ -112,17 +119,17 @@ impl Keys {
         }
         self.records += 1;
         self.bytes += len as u64;
-        Ok(Nonce::assume_unique_for_key(nonce))
+        Ok(nonce)
     }
 }
 
-fn derive(session: &dyn Exporter, epoch: u64) -> io::Result<(LessSafeKey, [u8; NONCE_LEN])> {
+fn derive(session: &dyn Exporter, epoch: u64) -> io::Result<(Arc<LessSafeKey>, [u8; NONCE_LEN])> {
     let mut material = [0u8; 16 + NONCE_LEN];
     session.export(&mut material, &epoch.to_le_bytes()).map_err(crypto_err)?;
     let key = UnboundKey::new(&AES_128_GCM, &material[..16]).map_err(crypto_err)?;
     let mut iv = [0u8; NONCE_LEN];
     iv.copy_from_slice(&material[16..]);
-    Ok((LessSafeKey::new(key), iv))
+    Ok((Arc::new(LessSafeKey::new(key)), iv))
 }
 
 /// Seals groups into records (the sending side of one connection).
@@ -212,7 +219,7 @@ impl Sealer {
 
     /// The header and nonce of the next record, of `len` bytes.
     fn record(&mut self, len: usize) -> io::Result<([u8; HEADER], Nonce)> {
-        Ok(((len as u32).to_le_bytes(), self.keys.next(len)?))
+        Ok(((len as u32).to_le_bytes(), Nonce::assume_unique_for_key(self.keys.next(len)?)))
     }
 }
 
@@ -366,9 +373,18 @@ impl Opener {
         GroupHead::decode(plain).map(Some)
     }
 
-    /// Reads the records of a `buf.len() - TAG`-byte group into `buf`, decrypting each where
-    /// it lands, so the group ends up whole at the start of `buf`.
-    pub fn read_group(&mut self, input: &mut impl Read, buf: &mut [u8]) -> io::Result<()> {
+    /// Reads the records of a `buf.len() - TAG`-byte group into `buf`, each where its
+    /// plaintext belongs, so the group ends up whole at the start of `buf`. Records that start
+    /// at `defer_from` or later and hold at least [`DEFER_MIN`] bytes stay sealed and are
+    /// listed in `deferred` (whoever reads them opens them straight into their destination);
+    /// the others are decrypted where they land.
+    pub fn read_group(
+        &mut self,
+        input: &mut impl Read,
+        buf: &mut [u8],
+        defer_from: usize,
+        deferred: &mut Vec<Deferred>,
+    ) -> io::Result<()> {
         let len = buf.len() - TAG;
         let mut at = 0;
         while at < len {
@@ -378,21 +394,72 @@ impl Opener {
             if n == 0 || n > RECORD || n > len - at {
                 return Err(crypto_err(format!("a {n}-byte record with {} bytes of its group left", len - at)));
             }
-            input.read_exact(&mut buf[at..at + n + TAG])?;
-            self.open(header, &mut buf[at..at + n + TAG])?;
+            let record = &mut buf[at..at + n + TAG];
+            input.read_exact(record)?;
+            if at >= defer_from && n >= DEFER_MIN {
+                let nonce = self.keys.next(n)?;
+                let mut tag = [0u8; TAG];
+                tag.copy_from_slice(&record[n..]);
+                let sealed = SealedRecord { header, nonce, tag, key: self.keys.key.clone() };
+                deferred.push(Deferred { at, len: n, sealed });
+            } else {
+                self.open(header, record)?;
+            }
             at += n;
         }
         Ok(())
     }
 
     fn open<'b>(&mut self, header: [u8; HEADER], record: &'b mut [u8]) -> io::Result<&'b [u8]> {
-        let nonce = self.keys.next(record.len() - TAG)?;
+        let nonce = Nonce::assume_unique_for_key(self.keys.next(record.len() - TAG)?);
         let plain = self
             .keys
             .key
             .open_in_place(nonce, Aad::from(header), record)
             .map_err(|_| crypto_err("a record failed authentication"))?;
         Ok(plain)
+    }
+}
+
+/// The shortest record [`Opener::read_group`] leaves sealed: it bounds the bookkeeping per
+/// group to a few bytes per [`DEFER_MIN`] bytes, whatever the sender's record sizes.
+pub(crate) const DEFER_MIN: usize = 16 << 10;
+
+/// A record of a group that [`Opener::read_group`] left sealed, at byte `at` of the group.
+#[derive(Clone, Debug)]
+pub(crate) struct Deferred {
+    pub at: usize,
+    pub len: usize,
+    pub sealed: SealedRecord,
+}
+
+/// What opening a record that was left sealed needs besides its ciphertext: its header (the
+/// associated data), nonce, tag and key. Opening it twice is harmless; a record that fails
+/// authentication yields [`Forged`] and no bytes anyone should trust.
+#[derive(Clone)]
+pub(crate) struct SealedRecord {
+    header: [u8; HEADER],
+    nonce: [u8; NONCE_LEN],
+    tag: [u8; TAG],
+    key: Arc<LessSafeKey>,
+}
+
+/// A record that failed authentication: its bytes were altered after they were sealed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Forged;
+
+impl SealedRecord {
+    /// Authenticates `cipher` (this record's ciphertext) and decrypts it into `out`, which
+    /// must be as long.
+    pub fn open_into(&self, cipher: &[u8], out: &mut [u8]) -> Result<(), Forged> {
+        let nonce = Nonce::assume_unique_for_key(self.nonce);
+        self.key.open_separate_gather(nonce, Aad::from(self.header), cipher, &self.tag, out).map_err(|_| Forged)
+    }
+}
+
+impl std::fmt::Debug for SealedRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SealedRecord({} bytes)", u32::from_le_bytes(self.header))
     }
 }
 
@@ -418,16 +485,105 @@ mod tests {
         (sealer, opener)
     }
 
+    /// One group as the lane reads it (records from the lead part on left sealed), then with
+    /// those records opened as a reader of the payload opens them.
     fn receive(opener: &mut Opener, wire: &mut &[u8]) -> io::Result<Option<Vec<u8>>> {
         match opener.read_group_head(wire)? {
             None => Ok(None),
             Some(GroupHead { len: GOODBYE, .. }) => Ok(None),
-            Some(GroupHead { len, .. }) => {
+            Some(GroupHead { len, lead }) => {
                 let mut buf = vec![0u8; len as usize + TAG];
-                opener.read_group(wire, &mut buf)?;
+                let mut deferred = Vec::new();
+                opener.read_group(wire, &mut buf, lead as usize, &mut deferred)?;
                 buf.truncate(len as usize);
+                for d in deferred {
+                    assert!(d.at >= lead as usize && d.len >= DEFER_MIN);
+                    let mut plain = vec![0u8; d.len];
+                    d.sealed.open_into(&buf[d.at..d.at + d.len], &mut plain).map_err(|_| crypto_err("forged"))?;
+                    buf[d.at..d.at + d.len].copy_from_slice(&plain);
+                }
                 Ok(Some(buf))
             }
+        }
+    }
+
+    #[test]
+    fn records_left_sealed_open_only_unaltered_and_at_their_place() {
+        let (mut sealer, mut opener) = pair(KEY_LIMIT);
+        let payload: Vec<u8> = (0..RECORD + DEFER_MIN).map(|i| (i % 241) as u8).collect();
+        let mut wire = Vec::new();
+        sealer
+            .seal_group(&[b"frames", &payload], Vec::new, |c, _| {
+                wire.extend_from_slice(&c);
+                true
+            })
+            .unwrap();
+        let mut r = &wire[..];
+        let GroupHead { len, lead } = opener.read_group_head(&mut r).unwrap().unwrap();
+        assert_eq!(lead, 6, "the payload leads");
+        let mut buf = vec![0u8; len as usize + TAG];
+        let mut deferred = Vec::new();
+        opener.read_group(&mut r, &mut buf, lead as usize, &mut deferred).unwrap();
+        assert_eq!(&buf[..6], b"frames", "the frames' record was opened");
+        let places: Vec<(usize, usize)> = deferred.iter().map(|d| (d.at, d.len)).collect();
+        assert_eq!(places, [(6, RECORD), (6 + RECORD, DEFER_MIN)]);
+        let d = &deferred[1];
+        let mut plain = vec![0u8; d.len];
+        d.sealed.open_into(&buf[d.at..d.at + d.len], &mut plain).unwrap();
+        assert_eq!(plain, payload[RECORD..]);
+        // Altered ciphertext, or another record's bytes, fail to open.
+        let mut altered = buf[d.at..d.at + d.len].to_vec();
+        altered[100] ^= 1;
+        assert_eq!(d.sealed.open_into(&altered, &mut plain), Err(Forged));
+        let first = &deferred[0];
+        assert_eq!(first.sealed.open_into(&buf[d.at..d.at + d.len], &mut plain), Err(Forged));
+    }
+
+    #[test]
+    fn payloads_with_sealed_records_read_back_exactly_and_refuse_altered_bytes() {
+        use crate::transport::framed::{BlockError, Payload, PayloadError};
+        let (mut sealer, mut opener) = pair(3 * RECORD as u64);
+        let frames = [7u8; 21];
+        let values: Vec<u32> = (0..(2 * RECORD + 3 * DEFER_MIN) as u32 / 4 + 5).collect();
+        let payload: &[u8] = bytemuck::cast_slice(&values);
+        for group_at in [0usize, 3] {
+            let mut wire = Vec::new();
+            sealer
+                .seal_group(&[&frames, payload], Vec::new, |c, _| {
+                    wire.extend_from_slice(&c);
+                    true
+                })
+                .unwrap();
+            let mut r = &wire[..];
+            let GroupHead { len, lead } = opener.read_group_head(&mut r).unwrap().unwrap();
+            // The group at an odd place: the payload is misaligned for the first pass.
+            let mut buf = vec![0u8; group_at + len as usize + TAG];
+            let mut deferred = Vec::new();
+            opener.read_group(&mut r, &mut buf[group_at..], lead as usize, &mut deferred).unwrap();
+            assert!(deferred.len() >= 3, "{} records left sealed", deferred.len());
+            let group = bytes::Bytes::from(buf[group_at..group_at + len as usize].to_vec());
+            let body = frames.len()..len as usize;
+            let read = Payload::from_group(&group, body.clone(), &deferred).unwrap();
+            assert_eq!(read.to_vec().unwrap(), payload);
+            assert_eq!(read.to_chunks().unwrap().concat(), payload);
+            let mut seen = Vec::new();
+            read.for_each_block::<u32, ()>(|b| {
+                seen.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(seen, values);
+            // A sealed record outside the payload is refused.
+            assert!(Payload::from_group(&group, body.start + 1..body.end, &deferred).is_err());
+            assert!(Payload::from_group(&group, body.start..body.end - 1, &deferred).is_err());
+            // Altered ciphertext is refused however it is read.
+            let mut altered = group.to_vec();
+            altered[deferred[1].at + 9] ^= 0x40;
+            let altered = Payload::from_group(&bytes::Bytes::from(altered), body, &deferred).unwrap();
+            assert!(matches!(altered.to_vec(), Err(PayloadError::Forged { len }) if len == deferred[1].len));
+            let visited = altered.for_each_block::<u32, ()>(|_| Ok(()));
+            assert!(matches!(visited, Err(BlockError::Payload(PayloadError::Forged { .. }))));
+            assert!(altered.to_chunks().is_err());
         }
     }
 
