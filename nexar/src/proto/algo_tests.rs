@@ -219,3 +219,15 @@ fn schedules_are_deterministic_and_move_the_expected_volume() {
     assert!(generate(Collective::AllReduce, Algorithm::Linear, 0, 2, 1, 4).is_err());
     assert_eq!(DType::F32.size(), 4);
 }
+
+#[test]
+fn the_size_table_picks_the_tree_for_small_broadcasts_and_the_chain_for_large_ones() {
+    use super::algo::{BROADCAST_PAIR_TREE_BYTES, BROADCAST_TREE_BYTES, select};
+    let bcast = Collective::Broadcast { root: 0 };
+    let chain = |a| matches!(a, Algorithm::PipelinedChain { .. });
+    assert_eq!(select(bcast, BROADCAST_TREE_BYTES, 4), Algorithm::BinomialTree);
+    assert!(chain(select(bcast, BROADCAST_TREE_BYTES + 1, 4)));
+    // Between two ranks the one message wins up to a larger size.
+    assert_eq!(select(bcast, BROADCAST_PAIR_TREE_BYTES, 2), Algorithm::BinomialTree);
+    assert!(chain(select(bcast, BROADCAST_PAIR_TREE_BYTES + 1, 2)));
+}
