@@ -142,6 +142,25 @@ thread_local! {
 
 /// Raw payload bytes as they arrived: a list of pieces, each copied (or opened) once into its
 /// destination.
+///
+/// ```
+/// use bytes::Bytes;
+/// use nexar::transport::framed::{BlockError, Payload, PayloadError};
+///
+/// let payload = Payload::from_bytes(Bytes::from_static(&[1, 0, 2, 0]));
+/// assert_eq!(payload.to_vec().unwrap(), [1, 0, 2, 0]);
+/// assert_eq!(payload.copy_to(&mut [0u8; 3]), Err(PayloadError::Length { len: 4, dst: 3 }));
+/// let mut sum = 0u16;
+/// payload
+///     .for_each_block::<u16, ()>(|block| {
+///         sum += block.iter().sum::<u16>();
+///         Ok(())
+///     })
+///     .unwrap();
+/// assert_eq!(sum, 3);
+/// let stopped = payload.for_each_block::<u16, &str>(|_| Err("enough"));
+/// assert!(matches!(stopped, Err(BlockError::Visit("enough"))));
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct Payload {
     pieces: Vec<Piece>,
