@@ -143,6 +143,11 @@ pub enum Algorithm {
     Linear,
     /// Pairwise exchange (all-to-all).
     Pairwise,
+    /// Pairwise exchange in segments of this many bytes (all-to-all).
+    PipelinedPairwise {
+        /// Segment size in bytes.
+        segment_bytes: usize,
+    },
     /// Recursive doubling prefix (scan, exclusive scan).
     PrefixDoubling,
     /// Dissemination (barrier).
@@ -163,6 +168,7 @@ impl Algorithm {
             Algorithm::PipelinedChain { .. } => "pipelined_chain",
             Algorithm::Linear => "linear",
             Algorithm::Pairwise => "pairwise",
+            Algorithm::PipelinedPairwise { .. } => "pipelined_pairwise",
             Algorithm::PrefixDoubling => "prefix_doubling",
             Algorithm::Dissemination => "dissemination",
             Algorithm::TwoPhase => "two_phase",
@@ -188,6 +194,7 @@ impl FromStr for Algorithm {
             "pipelined_chain" => Algorithm::PipelinedChain { segment_bytes: DEFAULT_SEGMENT_BYTES },
             "linear" => Algorithm::Linear,
             "pairwise" => Algorithm::Pairwise,
+            "pipelined_pairwise" => Algorithm::PipelinedPairwise { segment_bytes: DEFAULT_SEGMENT_BYTES },
             "prefix_doubling" => Algorithm::PrefixDoubling,
             "dissemination" => Algorithm::Dissemination,
             "two_phase" => Algorithm::TwoPhase,
@@ -226,8 +233,12 @@ pub fn select(op: Collective, bytes: usize, world: usize) -> Algorithm {
         }
         Collective::Broadcast { .. } => Algorithm::PipelinedChain { segment_bytes: DEFAULT_SEGMENT_BYTES },
         Collective::Reduce { .. } => Algorithm::BinomialTree,
-        Collective::AllGather | Collective::ReduceScatter => Algorithm::Ring,
-        Collective::AllToAll => Algorithm::Pairwise,
+        Collective::AllGather | Collective::ReduceScatter if bytes <= DEFAULT_SEGMENT_BYTES => Algorithm::Ring,
+        Collective::AllGather | Collective::ReduceScatter => {
+            Algorithm::PipelinedRing { segment_bytes: DEFAULT_SEGMENT_BYTES }
+        }
+        Collective::AllToAll if bytes <= DEFAULT_SEGMENT_BYTES => Algorithm::Pairwise,
+        Collective::AllToAll => Algorithm::PipelinedPairwise { segment_bytes: DEFAULT_SEGMENT_BYTES },
         Collective::Gather { .. } | Collective::Scatter { .. } => Algorithm::Linear,
         Collective::Scan | Collective::ExclusiveScan => Algorithm::PrefixDoubling,
         Collective::Barrier => Algorithm::Dissemination,
@@ -273,9 +284,18 @@ pub fn generate(
         (Collective::Reduce { root }, Algorithm::BinomialTree) => rooted::reduce_binomial(rank, world, count, root),
         (Collective::Gather { root }, Algorithm::Linear) => rooted::gather_linear(rank, world, count, root),
         (Collective::Scatter { root }, Algorithm::Linear) => rooted::scatter_linear(rank, world, count, root),
-        (Collective::AllGather, Algorithm::Ring) => blocks::all_gather_ring(rank, world, count),
-        (Collective::ReduceScatter, Algorithm::Ring) => blocks::reduce_scatter_ring(rank, world, count),
-        (Collective::AllToAll, Algorithm::Pairwise) => blocks::all_to_all_pairwise(rank, world, count),
+        (Collective::AllGather, Algorithm::Ring) => blocks::all_gather_ring(rank, world, count, usize::MAX),
+        (Collective::AllGather, Algorithm::PipelinedRing { segment_bytes }) => {
+            blocks::all_gather_ring(rank, world, count, seg(segment_bytes))
+        }
+        (Collective::ReduceScatter, Algorithm::Ring) => blocks::reduce_scatter_ring(rank, world, count, usize::MAX),
+        (Collective::ReduceScatter, Algorithm::PipelinedRing { segment_bytes }) => {
+            blocks::reduce_scatter_ring(rank, world, count, seg(segment_bytes))
+        }
+        (Collective::AllToAll, Algorithm::Pairwise) => blocks::all_to_all_pairwise(rank, world, count, usize::MAX),
+        (Collective::AllToAll, Algorithm::PipelinedPairwise { segment_bytes }) => {
+            blocks::all_to_all_pairwise(rank, world, count, seg(segment_bytes))
+        }
         (Collective::Scan, Algorithm::PrefixDoubling) => scan::inclusive(rank, world, count),
         (Collective::ExclusiveScan, Algorithm::PrefixDoubling) => scan::exclusive(rank, world, count),
         (Collective::Barrier, Algorithm::Dissemination) => barrier::dissemination(rank, world),
