@@ -340,7 +340,8 @@ impl NexarClient {
         self.collective_staged(Collective::Broadcast { root }, None, buf).await
     }
 
-    /// Reduces every rank's `buf` into `root`'s `buf` (binomial tree). Other ranks' buffers are
+    /// Reduces every rank's `buf` into `root`'s `buf` (binomial tree, large buffers in
+    /// segments that move up the tree as soon as they are reduced). Other ranks' buffers are
     /// left unchanged.
     ///
     /// ```no_run

@@ -29,6 +29,12 @@ enum Op {
     Allgather,
     ReduceScatter,
     Alltoall,
+    /// Reduce (sum) to rank 0.
+    Reduce,
+    /// Gather to rank 0.
+    Gather,
+    /// Scatter from rank 0.
+    Scatter,
     Barrier,
     Sendrecv,
     /// `#[nexar::rpc]` echo calls from rank 0 to rank 1: latency, and calls/s with 64 in flight.
@@ -446,6 +452,9 @@ async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]
         Op::Allgather => comm.all_gather(send, recv).await,
         Op::ReduceScatter => comm.reduce_scatter(send, recv, ReduceOp::Sum).await,
         Op::Alltoall => comm.all_to_all(send, recv).await,
+        Op::Reduce => comm.reduce(recv, ReduceOp::Sum, 0).await,
+        Op::Gather => comm.gather(send, recv, 0).await,
+        Op::Scatter => comm.scatter(send, recv, 0).await,
         Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => comm.barrier().await,
         Op::Sendrecv => {
             let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
@@ -458,10 +467,10 @@ async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]
 /// Buffer lengths `(send, recv)` for a message of `count` elements.
 fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
     match op {
-        Op::Allgather => (count / w, count / w * w),
-        Op::ReduceScatter => (count / w * w, count / w),
+        Op::Allgather | Op::Gather => (count / w, count / w * w),
+        Op::ReduceScatter | Op::Scatter => (count / w * w, count / w),
         Op::Alltoall => (count / w * w, count / w * w),
-        Op::Allreduce | Op::Broadcast => (0, count),
+        Op::Allreduce | Op::Broadcast | Op::Reduce => (0, count),
         Op::Sendrecv => (count, count),
         Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => (0, 0),
     }
@@ -472,6 +481,11 @@ fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -
     let expect = |i: usize| -> T {
         match op {
             Op::Allreduce => (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i))),
+            Op::Reduce if r == 0 => (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i))),
+            Op::Gather if r == 0 => val(i / send_len.max(1), i % send_len.max(1)),
+            // Other ranks' buffers are left as they were.
+            Op::Reduce | Op::Gather => val(r, i),
+            Op::Scatter => val(0, r * recv.len() + i),
             Op::Broadcast => val(0, i),
             Op::Allgather => val(i / send_len.max(1), i % send_len.max(1)),
             Op::ReduceScatter => (1..w).fold(val::<T>(0, r * recv.len() + i), |a, q| a.add(val(q, r * recv.len() + i))),
@@ -519,7 +533,7 @@ async fn run_size<T: Summable>(comm: &NexarClient, args: &Args, bytes: usize) ->
     let algbw = if time_us > 0.0 { moved / time_us / 1e3 } else { 0.0 };
     let factor = match args.op {
         Op::Allreduce => 2.0 * (w as f64 - 1.0) / w as f64,
-        Op::Allgather | Op::ReduceScatter | Op::Alltoall => (w as f64 - 1.0) / w as f64,
+        Op::Allgather | Op::ReduceScatter | Op::Alltoall | Op::Gather | Op::Scatter => (w as f64 - 1.0) / w as f64,
         _ => 1.0,
     };
     Ok(Row {

@@ -281,9 +281,15 @@ pub fn generate(
         (Collective::Broadcast { root }, Algorithm::PipelinedChain { segment_bytes }) => {
             rooted::broadcast_chain(rank, world, count, root, seg(segment_bytes))
         }
-        (Collective::Reduce { root }, Algorithm::BinomialTree) => rooted::reduce_binomial(rank, world, count, root),
-        (Collective::Gather { root }, Algorithm::Linear) => rooted::gather_linear(rank, world, count, root),
-        (Collective::Scatter { root }, Algorithm::Linear) => rooted::scatter_linear(rank, world, count, root),
+        (Collective::Reduce { root }, Algorithm::BinomialTree) => {
+            rooted::reduce_binomial(rank, world, count, root, seg(DEFAULT_SEGMENT_BYTES))
+        }
+        (Collective::Gather { root }, Algorithm::Linear) => {
+            rooted::gather_linear(rank, world, count, root, seg(DEFAULT_SEGMENT_BYTES))
+        }
+        (Collective::Scatter { root }, Algorithm::Linear) => {
+            rooted::scatter_linear(rank, world, count, root, seg(DEFAULT_SEGMENT_BYTES))
+        }
         (Collective::AllGather, Algorithm::Ring) => blocks::all_gather_ring(rank, world, count, usize::MAX),
         (Collective::AllGather, Algorithm::PipelinedRing { segment_bytes }) => {
             blocks::all_gather_ring(rank, world, count, seg(segment_bytes))

@@ -53,60 +53,85 @@ pub fn broadcast_chain(rank: usize, world: usize, count: usize, root: usize, seg
     s
 }
 
-/// Binomial-tree reduce to `root`. The root accumulates in its buffer; the other ranks
-/// accumulate in scratch space, so their buffers are left as they were.
-pub fn reduce_binomial(rank: usize, world: usize, count: usize, root: usize) -> Schedule {
+/// Binomial-tree reduce to `root`, in segments of at most `segment` elements: each segment
+/// goes on to the parent as soon as the children's parts are reduced into it, so the levels
+/// of the tree work at once. The root accumulates in its buffer; ranks with children
+/// accumulate in scratch space and leaves send their buffer as it is, so no rank but the root
+/// changes its buffer.
+pub fn reduce_binomial(rank: usize, world: usize, count: usize, root: usize, segment: usize) -> Schedule {
     let mut s = Schedule::new();
     let v = rel(rank, root, world);
-    let acc = if v == 0 {
-        Span::new(Slot::Data, 0, count)
-    } else {
-        s.need_scratch(count);
-        let scratch = Span::new(Slot::Scratch, 0, count);
-        s.copy(Span::new(Slot::Data, 0, count), scratch);
-        scratch
-    };
+    let data = Span::new(Slot::Data, 0, count);
+    // Children (in the order their subtrees finish) and the parent, if any.
+    let mut children = Vec::new();
+    let mut parent = None;
     let mut mask = 1;
     while mask < world {
         if v & mask == 0 {
             if v | mask < world {
-                s.recv_reduce(abs(v | mask, root, world), acc);
+                children.push(abs(v | mask, root, world));
             }
         } else {
-            s.send(abs(v & !mask, root, world), acc);
+            parent = Some(abs(v & !mask, root, world));
             break;
         }
         mask <<= 1;
     }
+    let acc = if v == 0 || children.is_empty() {
+        data
+    } else {
+        s.need_scratch(count);
+        let scratch = Span::new(Slot::Scratch, 0, count);
+        s.copy(data, scratch);
+        scratch
+    };
+    for seg in acc.segments(segment) {
+        for &child in &children {
+            s.recv_reduce(child, seg);
+        }
+        if let Some(parent) = parent {
+            s.send(parent, seg);
+        }
+    }
     s
 }
 
-/// Gather of `count` elements per rank into the root's buffer (`count * w`), rank order.
-pub fn gather_linear(rank: usize, world: usize, count: usize, root: usize) -> Schedule {
+/// Gather of `count` elements per rank into the root's buffer (`count * w`), rank order, each
+/// rank's block in segments of at most `segment` elements.
+pub fn gather_linear(rank: usize, world: usize, count: usize, root: usize, segment: usize) -> Schedule {
     let mut s = Schedule::new();
     let input = Span::new(Slot::Input, 0, count);
     if rank == root {
         s.copy(input, Span::new(Slot::Data, root * count, count));
         for r in (0..world).filter(|r| *r != root) {
-            s.recv(r, Span::new(Slot::Data, r * count, count));
+            for seg in Span::new(Slot::Data, r * count, count).segments(segment) {
+                s.recv(r, seg);
+            }
         }
     } else {
-        s.send(root, input);
+        for seg in input.segments(segment) {
+            s.send(root, seg);
+        }
     }
     s
 }
 
-/// Scatter of the root's `count * w` elements, `count` to each rank in rank order.
-pub fn scatter_linear(rank: usize, world: usize, count: usize, root: usize) -> Schedule {
+/// Scatter of the root's `count * w` elements, `count` to each rank in rank order, each block
+/// in segments of at most `segment` elements.
+pub fn scatter_linear(rank: usize, world: usize, count: usize, root: usize, segment: usize) -> Schedule {
     let mut s = Schedule::new();
     let out = Span::new(Slot::Data, 0, count);
     if rank == root {
         for r in (0..world).filter(|r| *r != root) {
-            s.send(r, Span::new(Slot::Input, r * count, count));
+            for seg in Span::new(Slot::Input, r * count, count).segments(segment) {
+                s.send(r, seg);
+            }
         }
         s.copy(Span::new(Slot::Input, root * count, count), out);
     } else {
-        s.recv(root, out);
+        for seg in out.segments(segment) {
+            s.recv(root, seg);
+        }
     }
     s
 }
