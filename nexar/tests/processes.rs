@@ -108,9 +108,20 @@ async fn a_seed_and_three_worker_processes_form_a_mesh_and_exchange_messages() {
 async fn the_benchmark_runs_every_operation_across_processes_and_checks_results() {
     let dir = std::env::temp_dir().join(format!("nexar-bench-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for op in
-        ["allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall", "barrier", "sendrecv", "rpc", "plan"]
-    {
+    for op in [
+        "allreduce",
+        "broadcast",
+        "allgather",
+        "reduce_scatter",
+        "alltoall",
+        "reduce",
+        "gather",
+        "scatter",
+        "barrier",
+        "sendrecv",
+        "rpc",
+        "plan",
+    ] {
         let json = dir.join(format!("{op}.json"));
         let out = tokio::time::timeout(
             TEST_LIMIT,
