@@ -617,6 +617,56 @@ mod tests {
         assert!(opener.keys.epoch >= 2, "the keys changed ({} epochs)", opener.keys.epoch);
     }
 
+    /// Reads one group off `wire` as the lane and the executor do: the head, the records (the
+    /// payload's left sealed), then the payload through [`Payload`]. `frames` bytes of frames
+    /// lead the group.
+    fn read_as_the_lane_does(wire: &[u8], frames: usize) -> Result<Vec<u8>, String> {
+        use crate::transport::framed::Payload;
+        let (_, mut opener) = pair(KEY_LIMIT);
+        let mut r = wire;
+        let head = opener.read_group_head(&mut r).map_err(|e| e.to_string())?;
+        let Some(GroupHead { len, lead }) = head else { return Err("no group".into()) };
+        if len > 4 * RECORD as u64 {
+            return Err(format!("a {len}-byte group is over the limit"));
+        }
+        let mut buf = vec![0u8; len as usize + TAG];
+        let mut deferred = Vec::new();
+        opener.read_group(&mut r, &mut buf, lead as usize, &mut deferred).map_err(|e| e.to_string())?;
+        let group = bytes::Bytes::from(buf[..len as usize].to_vec());
+        let payload = Payload::from_group(&group, frames.min(len as usize)..len as usize, &deferred)
+            .map_err(|e| e.to_string())?;
+        let mut out = group[..frames.min(len as usize)].to_vec();
+        out.extend(payload.to_vec().map_err(|e| e.to_string())?);
+        Ok(out)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn an_altered_byte_anywhere_is_refused_and_never_read_as_data(
+            payload_len in 0usize..(2 * RECORD + 3 * DEFER_MIN),
+            at in proptest::prelude::any::<proptest::sample::Index>(),
+            flip in 1u8..=255,
+        ) {
+            let frames = [9u8; 40];
+            let payload: Vec<u8> = (0..payload_len).map(|i| (i * 13 % 251) as u8).collect();
+            let (mut sealer, _) = pair(KEY_LIMIT);
+            let mut wire = Vec::new();
+            sealer
+                .seal_group(&[&frames, &payload], Vec::new, |c, _| {
+                    wire.extend_from_slice(&c);
+                    true
+                })
+                .unwrap();
+            let whole = [&frames[..], &payload].concat();
+            proptest::prop_assert_eq!(read_as_the_lane_does(&wire, frames.len()), Ok(whole));
+            let i = at.index(wire.len());
+            wire[i] ^= flip;
+            let read = read_as_the_lane_does(&wire, frames.len());
+            proptest::prop_assert!(read.is_err(), "byte {} altered, yet the group read back", i);
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
         #[test]
