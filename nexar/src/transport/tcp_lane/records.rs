@@ -428,8 +428,11 @@ pub(crate) const DEFER_MIN: usize = 16 << 10;
 /// A record of a group that [`Opener::read_group`] left sealed, at byte `at` of the group.
 #[derive(Clone, Debug)]
 pub(crate) struct Deferred {
+    /// Where the record's ciphertext starts in the group (where its plaintext belongs).
     pub at: usize,
+    /// Its length in bytes.
     pub len: usize,
+    /// What opening it takes besides the ciphertext.
     pub sealed: SealedRecord,
 }
 
