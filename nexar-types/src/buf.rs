@@ -147,6 +147,28 @@ pub enum DeviceError {
         /// What the driver said.
         reason: String,
     },
+    /// A reduction of device buffers was refused: an operation the element type does not
+    /// take, or operands of different lengths.
+    #[error(transparent)]
+    Reduce(#[from] crate::op::ReduceError),
+    /// Two device buffers of one operation live on different devices.
+    #[error(
+        "the accumulator is on device {acc} and the other operand on device {other}; copy one to the other's device"
+    )]
+    CrossDevice {
+        /// Device of the buffer reduced into.
+        acc: usize,
+        /// Device of the other operand.
+        other: usize,
+    },
+    /// A GPU kernel did not compile.
+    #[error("kernel {kernel} did not compile: {log}")]
+    Compile {
+        /// The kernel's name.
+        kernel: String,
+        /// What the compiler said.
+        log: String,
+    },
 }
 
 /// A buffer's elements as host memory, for reading: borrowed from host buffers, copied out of

@@ -154,6 +154,39 @@ impl<T: Element> Buf<T, Cuda> {
     pub fn device(&self) -> usize {
         self.storage.device
     }
+
+    /// Where the elements live in the device's address space, for registering them with
+    /// another driver (GPUDirect RDMA: `nexar_rdma::GpuRegion`). Every copy and kernel of
+    /// this buffer has finished when it returns. The address stays valid while the buffer
+    /// lives; it is a number, not a pointer the host can read through.
+    ///
+    /// ```no_run
+    /// use nexar_types::{Buf, Cuda};
+    /// let b = Buf::<f32, Cuda>::zeros_on(0, 1024)?;
+    /// let span = b.device_span()?;
+    /// assert_eq!((span.device, span.bytes), (0, 4096));
+    /// # Ok::<(), nexar_types::DeviceError>(())
+    /// ```
+    pub fn device_span(&self) -> Result<DeviceSpan, DeviceError> {
+        use cudarc::driver::DevicePtr;
+        let (slice, stream, device) = self.storage.parts();
+        let (address, record) = slice.device_ptr(stream);
+        drop(record);
+        stream.synchronize().map_err(driver("reading a device address", device))?;
+        Ok(DeviceSpan { device, address, bytes: slice.num_bytes() })
+    }
+}
+
+/// A range of device memory: its device, its address in the device's (unified) address space,
+/// and its length in bytes. See [`Buf::device_span`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSpan {
+    /// The device index.
+    pub device: usize,
+    /// The first byte's device address.
+    pub address: u64,
+    /// Length in bytes.
+    pub bytes: usize,
 }
 
 impl<T: Element> WriteBack<T> for Buf<T, Cuda> {

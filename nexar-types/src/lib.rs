@@ -19,7 +19,8 @@
 //! assert_eq!(Reduction::<f32>::op(&Sum), ReduceOp::Sum);
 //! ```
 // The exceptions, behind the `cuda` feature: asking whether the CUDA driver library can be
-// loaded (`cuda.rs`) and zeroing freshly allocated pinned host memory (`cuda_adapter.rs`).
+// loaded (`cuda.rs`), zeroing freshly allocated pinned host memory (`cuda_adapter.rs`), and
+// loading NVRTC and launching the generated reduction kernels (`cuda_reduce.rs`).
 #![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 #![cfg_attr(feature = "cuda", deny(unsafe_code))]
 #![warn(missing_docs)]
@@ -30,6 +31,8 @@ mod buf;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_adapter;
+#[cfg(feature = "cuda")]
+mod cuda_reduce;
 mod element;
 mod id;
 mod op;
@@ -38,9 +41,11 @@ mod space;
 pub use adapter::{CpuAdapter, DeviceAdapter};
 pub use buf::{Buf, DeviceError, HostStage, HostView, RecvBuf, SendBuf, WriteBack};
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaStorage, cuda_device_count};
+pub use cuda::{CudaStorage, DeviceSpan, cuda_device_count};
 #[cfg(feature = "cuda")]
 pub use cuda_adapter::{CudaAdapter, DEFAULT_CHUNK_BYTES};
+#[cfg(feature = "cuda")]
+pub use cuda_reduce::{compile_reduce_kernel, reduce_kernel_source};
 pub use element::{DType, Element, UnknownDType};
 pub use id::{stable_hash, stable_id};
 pub use op::{BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce, reduce_slice};

@@ -45,7 +45,7 @@ pub use nexar_types::{
 };
 pub use nexar_types::{CpuAdapter, DeviceAdapter, DeviceError, HostStage, HostView};
 #[cfg(feature = "cuda")]
-pub use nexar_types::{Cuda, CudaAdapter, cuda_device_count};
+pub use nexar_types::{Cuda, CudaAdapter, DeviceSpan, compile_reduce_kernel, cuda_device_count, reduce_kernel_source};
 pub use proto::algo::Algorithm;
 pub use proto::topology::Topology;
 pub use rpc::RpcError;
