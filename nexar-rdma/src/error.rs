@@ -33,6 +33,12 @@ pub enum RdmaError {
         /// What happened.
         what: String,
     },
+    /// Device memory cannot be registered with a NIC on this host (feature `gpudirect`).
+    #[error("GPUDirect RDMA is unavailable: {reason}")]
+    GpuDirect {
+        /// Why: no GPU, no peer-memory support in the kernel, an empty buffer, ...
+        reason: String,
+    },
     /// The configuration asks for something the transport cannot do.
     #[error("invalid RDMA configuration: {0}")]
     Config(String),

@@ -28,12 +28,16 @@ mod attach;
 mod emulated;
 mod engine;
 mod error;
+#[cfg(feature = "gpudirect")]
+mod gpudirect;
 pub mod setup;
 mod verbs;
 mod wire;
 
 pub use attach::{AttachReport, LinkTransport, attach};
 pub use error::RdmaError;
+#[cfg(feature = "gpudirect")]
+pub use gpudirect::{GpuRegion, Refused, gpudirect_support};
 pub use verbs::DeviceInfo;
 
 /// Which fabric carries the links.

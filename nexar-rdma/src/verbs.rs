@@ -6,7 +6,8 @@
 //! - every verbs object belongs to one [`Resources`], used only by the link's engine thread
 //!   and destroyed in reverse order of creation when that thread ends;
 //! - the NIC reads only the staging area and writes only the ring, both allocated here, never
-//!   caller memory: user bytes are copied in and out by the engine;
+//!   caller memory: user bytes are copied in and out by the engine; the one exception is a
+//!   `GpuRegion` (feature `gpudirect`), which owns the device buffer it registers;
 //! - memory is deregistered (the QP destroyed first) before it is freed.
 #![allow(unsafe_code)]
 
@@ -463,5 +464,89 @@ fn completion(wc: &ffi::ibv_wc) -> Completion {
             None => Completion::Failed { what: "a write arrived without its immediate value".into() },
         },
         other => Completion::Failed { what: format!("unexpected completion opcode {other}") },
+    }
+}
+
+/// One registration of device (GPU) memory with a NIC, in a protection domain of its own
+/// (feature `gpudirect`). The memory belongs to the caller, who must keep it allocated until
+/// [`DeviceRegistration::release`] returns `true`.
+#[cfg(feature = "gpudirect")]
+pub(crate) struct DeviceRegistration {
+    ctx: *mut ffi::ibv_context,
+    pd: *mut ffi::ibv_pd,
+    mr: *mut ffi::ibv_mr,
+}
+
+// SAFETY: the verbs objects are used by one owner at a time; libibverbs objects may move
+// between threads.
+#[cfg(feature = "gpudirect")]
+unsafe impl Send for DeviceRegistration {}
+// SAFETY: shared access only reads the keys, which never change after registration.
+#[cfg(feature = "gpudirect")]
+unsafe impl Sync for DeviceRegistration {}
+
+#[cfg(feature = "gpudirect")]
+impl Drop for DeviceRegistration {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(feature = "gpudirect")]
+impl DeviceRegistration {
+    /// Registers `bytes` bytes of device memory at `address` with `device` (or the first NIC)
+    /// for local writes and remote reads and writes. The kernel's peer-memory support
+    /// (`nvidia_peermem`) resolves the device address to the GPU's pages.
+    pub(crate) fn register(device: Option<&str>, address: u64, bytes: usize) -> Result<Self, RdmaError> {
+        let mut reg = DeviceRegistration { ctx: open_device(device)?, pd: ptr::null_mut(), mr: ptr::null_mut() };
+        // SAFETY: `ctx` is an open context; the address range is device memory the caller
+        // keeps allocated while registered (the NIC reaches it through peer memory, never
+        // through the host's page tables). Failures leave null pointers `release` skips.
+        unsafe {
+            reg.pd = ffi::ibv_alloc_pd(reg.ctx);
+            if reg.pd.is_null() {
+                return Err(last_os_error("ibv_alloc_pd"));
+            }
+            let access = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0) as i32;
+            reg.mr = ffi::ibv_reg_mr(reg.pd, address as usize as *mut std::ffi::c_void, bytes, access);
+            if reg.mr.is_null() {
+                return Err(last_os_error("ibv_reg_mr (device memory)"));
+            }
+        }
+        Ok(reg)
+    }
+
+    /// The local and remote keys of the registration.
+    pub(crate) fn keys(&self) -> (u32, u32) {
+        // SAFETY: `mr` is the live registration made by `register`.
+        unsafe { ((*self.mr).lkey, (*self.mr).rkey) }
+    }
+
+    /// Deregisters the memory and closes the domain and device. Returns `false` when the
+    /// registration could not be removed: the NIC may still reach the memory, which must then
+    /// never be freed. Idempotent.
+    pub(crate) fn release(&mut self) -> bool {
+        // SAFETY: each pointer is null or a live object made by `register`, released once
+        // (each is nulled after).
+        unsafe {
+            if !self.mr.is_null() {
+                if ffi::ibv_dereg_mr(self.mr) != 0 {
+                    tracing::error!("could not deregister device memory from the NIC");
+                    return false;
+                }
+                self.mr = ptr::null_mut();
+            }
+            if !self.pd.is_null() {
+                ffi::ibv_dealloc_pd(self.pd);
+                self.pd = ptr::null_mut();
+            }
+            if !self.ctx.is_null() {
+                ffi::ibv_close_device(self.ctx);
+                self.ctx = ptr::null_mut();
+            }
+        }
+        true
     }
 }
