@@ -395,8 +395,9 @@ impl RecvPool {
         let need = len + TAG + ALIGN - 1;
         let mut buf = {
             let mut free = crate::sync::lock(&pool.free);
-            // One large enough if there is one, else the largest (grown below).
-            let fits = free.iter().position(|b| b.len() >= need);
+            // The most recently returned one large enough (its pages are the likeliest to be
+            // in cache), else the largest (grown below).
+            let fits = free.iter().rposition(|b| b.len() >= need);
             let largest = free.iter().enumerate().max_by_key(|(_, b)| b.len()).map(|(i, _)| i);
             fits.or(largest).map(|i| free.swap_remove(i)).unwrap_or_default()
         };
