@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""nexar-bench against OpenMPI over TCP, alternated in one sitting.
+
+Each round runs the OpenMPI baseline (TCP BTL over loopback, np 2) and then the same
+operations with nexar-bench, so both see the same machine load; after all rounds it prints, per
+row, the median and range of each side and the ratio of the medians (above 1 is nexar ahead:
+busbw divided by busbw, or time divided by time for latencies).
+
+    bench/compare_mpi.py --rounds 5
+
+Needs `target/release/nexar-bench` (`cargo build --release -p nexar --bin nexar-bench`) and the
+baseline binary that `../shared/bench/baselines/run_mpi.sh` builds (`/tmp/baselines-build/
+mpi_allreduce`, with OpenMPI installed); `--build-mpi` runs that script once first.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BASELINES = os.path.join(ROOT, "..", "shared", "bench", "baselines")
+
+MPI_RUN = [
+    "mpirun", "--allow-run-as-root", "--oversubscribe",
+    "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo",
+    "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "-np", "2",
+]
+
+# (row name, MPI output label, nexar-bench arguments, bytes of the nexar row, unit)
+ROWS = [
+    ("allreduce 4 KiB", "allreduce 4KiB", ["-b", "4K", "-e", "4K", "-n", "500", "-w", "50"], 4096, "us"),
+    ("allreduce 1 MiB", "allreduce 1MiB", ["-b", "1M", "-e", "1M", "-n", "50", "-w", "5"], 1 << 20, "GB/s"),
+    ("allreduce 16 MiB", "allreduce 16MiB", ["-b", "16M", "-e", "16M", "-n", "20", "-w", "5"], 16 << 20, "GB/s"),
+    ("allreduce 64 MiB", "allreduce 64MiB", ["-b", "64M", "-e", "64M", "-n", "10", "-w", "3"], 64 << 20, "GB/s"),
+    ("broadcast 64 MiB", "bcast 64MiB", ["--op", "broadcast", "-b", "64M", "-e", "64M", "-n", "10", "-w", "3"], 64 << 20, "GB/s"),
+    ("barrier", "barrier -", ["--op", "barrier", "-n", "2000", "-w", "50"], 0, "us"),
+]
+
+
+def mpi_round(binary):
+    """One OpenMPI run: {label: (time_us, busbw)}."""
+    out = subprocess.run(MPI_RUN + [binary], capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"^(\w+)\s+(\S+)\s+([\d.]+)\s+([\d.]+|-)\s+([\d.]+|-)", line)
+        if m:
+            busbw = float(m.group(5)) if m.group(5) != "-" else None
+            found[f"{m.group(1)} {m.group(2)}"] = (float(m.group(3)), busbw)
+    return found
+
+
+def nexar_row(binary, args, nbytes):
+    """One nexar-bench run of one size: (time_us, busbw)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([binary, "--np", "2", "--json", f.name] + args, capture_output=True, text=True, check=True)
+        rows = json.load(open(f.name))
+    row = next(r for r in rows if r["bytes"] == nbytes)
+    if row["wrong"]:
+        sys.exit(f"nexar-bench reported {row['wrong']} wrong elements for {args}")
+    return row["time_us"], row["busbw_gbps"]
+
+
+def fmt(values, unit):
+    med = statistics.median(values)
+    digits = 1 if unit == "us" else 2
+    return f"{med:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--nexar", default=os.path.join(ROOT, "target", "release", "nexar-bench"))
+    p.add_argument("--mpi", default="/tmp/baselines-build/mpi_allreduce")
+    p.add_argument("--build-mpi", action="store_true", help="run the baseline script once to build the MPI binary")
+    a = p.parse_args()
+    if a.build_mpi:
+        env = dict(os.environ, REPS="1", NPS="2", RESULTS=tempfile.mkdtemp())
+        subprocess.run(["bash", os.path.join(BASELINES, "run_mpi.sh")], env=env, check=True, capture_output=True)
+    for path in (a.nexar, a.mpi):
+        if not os.path.exists(path):
+            sys.exit(f"{path} is missing (see this script's help)")
+    mpi = {name: [] for name, *_ in ROWS}
+    nexar = {name: [] for name, *_ in ROWS}
+    for r in range(a.rounds):
+        found = mpi_round(a.mpi)
+        for name, label, args, nbytes, unit in ROWS:
+            t, bw = found[label]
+            mpi[name].append(t if unit == "us" else bw)
+            t, bw = nexar_row(a.nexar, args, nbytes)
+            nexar[name].append(t if unit == "us" else bw)
+        print(f"# round {r + 1}/{a.rounds} done", file=sys.stderr)
+    print(f"# {a.rounds} alternating rounds, np 2, loopback; median (min–max); ratio > 1: nexar ahead")
+    print(f"| {'operation':<18} | unit | {'nexar':<22} | {'OpenMPI TCP':<22} | ratio |")
+    print(f"|{'-' * 20}|------|{'-' * 24}|{'-' * 24}|-------|")
+    for name, _, _, _, unit in ROWS:
+        n, m = statistics.median(nexar[name]), statistics.median(mpi[name])
+        ratio = m / n if unit == "us" else n / m
+        print(f"| {name:<18} | {unit:<4} | {fmt(nexar[name], unit):<22} | {fmt(mpi[name], unit):<22} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
