@@ -103,21 +103,41 @@ impl Inner {
         let dead = self.health.dead();
         let mut cache = crate::sync::lock(&self.routes);
         if cache.dead_seen != Some(dead.len()) {
-            let (me, world, topology) = (self.rank, self.initial_world, self.cfg.topology);
-            let nodes = self.links.capacity();
-            let adjacent = |x: usize| -> Vec<usize> {
-                if x == me {
-                    self.links.iter().map(|l| l.peer() as usize).collect()
-                } else if x < world {
-                    topology.neighbors(x, world)
-                } else {
-                    Vec::new()
-                }
-            };
-            cache.hops = Topology::next_hops(me, nodes, adjacent, |x| dead.binary_search(&x).is_ok());
+            cache.hops = self.first_hops(|x| dead.binary_search(&x).is_ok());
             cache.dead_seen = Some(dead.len());
         }
         cache.hops.get(peer).copied().flatten()
+    }
+
+    /// For every rank, the neighbour that starts a shortest path to it over the ranks for
+    /// which `avoid` is false.
+    fn first_hops(&self, avoid: impl Fn(usize) -> bool) -> Vec<Option<usize>> {
+        let (me, world, topology) = (self.rank, self.initial_world, self.cfg.topology);
+        let adjacent = |x: usize| -> Vec<usize> {
+            if x == me {
+                self.links.iter().map(|l| l.peer() as usize).collect()
+            } else if x < world {
+                topology.neighbors(x, world)
+            } else {
+                Vec::new()
+            }
+        };
+        Topology::next_hops(me, self.links.capacity(), adjacent, avoid)
+    }
+
+    /// The link that carries an envelope for `dst` that arrived from neighbour `from` one hop
+    /// further. Never `from` itself: when the usual route leads back there, the sender knows of
+    /// a failure this rank has not heard of yet (it routed around a rank this one still counts
+    /// as alive), and handing the envelope back would bounce it between the two until its hops
+    /// ran out. The envelope then takes the shortest live path that avoids `from`.
+    fn forward_link(&self, dst: usize, from: usize) -> Option<&PeerLink> {
+        let (Route::Direct(usual) | Route::Relay { via: usual, .. }) = self.route(dst)?;
+        if usual.peer() as usize != from {
+            return Some(usual);
+        }
+        let dead = self.health.dead();
+        let hop = self.first_hops(|x| x == from || dead.binary_search(&x).is_ok()).get(dst).copied().flatten()?;
+        self.links.get(hop)
     }
 }
 
@@ -130,7 +150,7 @@ pub(crate) async fn forward(inner: Weak<Inner>, mut envelopes: mpsc::Receiver<In
             tracing::debug!(src, dst, hops, "dropped a relayed message: too many hops or a dead destination");
             continue;
         }
-        let Some(route) = inner.route(dst as usize) else {
+        let Some(next) = inner.forward_link(dst as usize, incoming.from as usize) else {
             tracing::debug!(src, dst, "dropped a relayed message: no route");
             continue;
         };
@@ -142,7 +162,7 @@ pub(crate) async fn forward(inner: Weak<Inner>, mut envelopes: mpsc::Receiver<In
                 continue;
             }
         };
-        if let Err(e) = route.first_hop().send_queued_parts(&envelope, chunks).await {
+        if let Err(e) = next.send_queued_parts(&envelope, chunks).await {
             tracing::debug!(src, dst, error = %e, "could not forward a relayed message");
         }
     }

@@ -141,6 +141,13 @@ mod tests {
         let hops = Topology::next_hops(0, 6, |x| t.neighbors(x, 6), |x| x == 1);
         assert_eq!(hops[2], Some(5), "with rank 1 dead, rank 2 is reached the other way round");
         assert_eq!(hops[1], None);
+        // Rank 5 has not yet heard that rank 1 died: its shortest path to rank 2 is tied, and
+        // it would hand rank 0's rerouted envelope straight back to rank 0. The relay avoids
+        // the neighbour an envelope came from, which leaves the live way round.
+        let stale = Topology::next_hops(5, 6, |x| t.neighbors(x, 6), |_| false);
+        assert_eq!(stale[2], Some(0));
+        let avoiding_sender = Topology::next_hops(5, 6, |x| t.neighbors(x, 6), |x| x == 0);
+        assert_eq!(avoiding_sender[2], Some(4));
     }
 
     #[test]
