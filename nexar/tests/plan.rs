@@ -164,6 +164,32 @@ async fn fifty(
     all_reduce(b49, BitXor);
 }
 
+/// Large buckets whose buffers end anywhere: mid-record, mid-segment, empty, one element.
+#[nexar::collective_plan]
+async fn scattered(
+    comm: &NexarClient,
+    a: &mut Buf<f32>,
+    b: &mut Buf<f32>,
+    c: &mut Buf<f32>,
+    d: &mut Buf<f32>,
+    e: &mut Buf<f32>,
+    f: &mut Buf<f32>,
+    x: &mut Buf<i32>,
+    y: &mut Buf<i32>,
+) {
+    all_reduce(a, Sum);
+    all_reduce(b, Sum);
+    all_reduce(c, Sum);
+    all_reduce(d, Sum);
+    all_reduce(e, Sum);
+    all_reduce(f, Sum);
+    broadcast(x, 1);
+    broadcast(y, 1);
+}
+
+const SCATTERED: [usize; 6] = [0, 1, 70_001, 300_007, 3, 1_000_003];
+const BROADCAST: [usize; 2] = [65_537, 900_001];
+
 async fn on_ranks<F, Fut>(n: usize, job: F)
 where
     F: Fn(NexarClient) -> Fut,
@@ -485,6 +511,41 @@ async fn a_rank_running_another_plan_is_refused_on_every_rank() {
             c
         }),
     )
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_buckets_of_odd_buffers_match_unfused_calls_bitwise() {
+    tokio::time::timeout(TEST_LIMIT * 2, async {
+        for world in [2, 3] {
+            on_ranks(world, |comm| async move {
+                let r = comm.rank();
+                let mut bufs: Vec<Buf<f32>> =
+                    SCATTERED.iter().enumerate().map(|(i, &n)| Buf::from_vec(data::<f32>(r, i, n))).collect();
+                let mut bcast: Vec<Buf<i32>> =
+                    BROADCAST.iter().enumerate().map(|(i, &n)| Buf::from_vec(data::<i32>(r, 10 + i, n))).collect();
+                for iteration in 0..2 {
+                    let [a, b, c, d, e, f] = &mut bufs[..] else { unreachable!() };
+                    let [x, y] = &mut bcast[..] else { unreachable!() };
+                    scattered(&comm, a, b, c, d, e, f, x, y).await.unwrap();
+                    for (i, got) in bufs.iter().enumerate() {
+                        let mut want = Buf::from_vec(data::<f32>(r, i, SCATTERED[i]));
+                        for _ in 0..=iteration {
+                            comm.all_reduce(&mut want, Sum).await.unwrap();
+                        }
+                        assert!(same(got, &want), "world {world}, buffer {i}, iteration {iteration}");
+                    }
+                    for (i, got) in bcast.iter().enumerate() {
+                        let want = Buf::from_vec(data::<i32>(1, 10 + i, BROADCAST[i]));
+                        assert!(same(got, &want), "world {world}, broadcast {i}");
+                    }
+                }
+                comm
+            })
+            .await;
+        }
+    })
     .await
     .expect("test timed out");
 }

@@ -14,8 +14,10 @@ use tokio::task::JoinHandle;
 
 use super::client::NexarClient;
 use super::exec::CollCall;
+use super::pieces::{Data, Pieces, runs_on_pieces};
 use super::state::CommState;
 use crate::proto::algo::{Algorithm, Collective, Unsupported, generate, select};
+use crate::proto::schedule::Schedule;
 use crate::transport::TransportError;
 
 /// Failures of collectives. Each names the reporting rank and the operation.
@@ -227,13 +229,39 @@ impl NexarClient {
         data: &mut [T],
         input: &[T],
     ) -> Result<(), CollectiveError> {
+        let schedule = self.schedule_for::<T>(seq, &call)?;
+        self.execute(seq, call, &schedule, &mut Data::Flat(data), input).await
+    }
+
+    /// Runs one-buffer collective `call` on `parts`, which its schedule sees as one buffer,
+    /// where they lie: no copy into a contiguous buffer and back. Returns `Ok(false)`, having
+    /// sent nothing, when the schedule needs one contiguous buffer (local copies, scratch
+    /// space); the caller then runs it on a flat copy under the same sequence number.
+    pub(crate) async fn run_collective_in_place<T: Element>(
+        &self,
+        seq: u64,
+        call: CollCall,
+        parts: Vec<&mut [T]>,
+    ) -> Result<bool, CollectiveError> {
+        let schedule = self.schedule_for::<T>(seq, &call)?;
+        let pieces = Pieces::new(parts);
+        if !runs_on_pieces(&schedule) || pieces.len() as u64 != call.count {
+            return Ok(false);
+        }
+        self.execute(seq, call, &schedule, &mut Data::Pieces(pieces), &[]).await?;
+        Ok(true)
+    }
+
+    /// This rank's schedule for `call`, by the algorithm the size table or the configuration
+    /// picks.
+    fn schedule_for<T: Element>(&self, seq: u64, call: &CollCall) -> Result<Schedule, CollectiveError> {
         let (rank, op) = (self.rank(), call.kind.name());
         let count = call.count as usize;
         let algorithm = self.algorithm_for(call.kind, count.saturating_mul(T::DTYPE.size()));
         let schedule = generate(call.kind, algorithm, rank, self.world_size(), count, T::DTYPE.size())
             .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
         tracing::trace!(rank, op, seq, %algorithm, steps = schedule.steps.len(), "collective");
-        self.execute(seq, call, &schedule, data, input).await
+        Ok(schedule)
     }
 
     /// What is wrong with this rank's own call, found before anything is sent.

@@ -9,13 +9,14 @@ use tokio::sync::oneshot;
 
 use super::client::NexarClient;
 use super::collective::CollectiveError;
+use super::pieces::{Data, Parts};
 use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::PeerMsg;
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::transport::TransportError;
 use crate::transport::framed::BlockError;
 use crate::transport::mailbox::{CollCheck, Key, Refusal};
-use crate::transport::pool::pooled_copy;
+use crate::transport::pool::pooled_gather;
 
 /// One collective call as this rank made it.
 #[derive(Clone, Copy, Debug)]
@@ -109,6 +110,32 @@ fn local_pair<'a, T>(
     }
 }
 
+/// Where a received payload is reduced into: consecutive slices, filled in order.
+struct Accumulator<'p, 'd, T> {
+    parts: &'p mut [&'d mut [T]],
+    part: usize,
+    at: usize,
+}
+
+impl<T: Element> Accumulator<'_, '_, T> {
+    /// Reduces `block` into the next elements.
+    fn reduce(&mut self, op: ReduceOp, mut block: &[T]) -> Result<(), nexar_types::ReduceError> {
+        while !block.is_empty() {
+            let Some(part) = self.parts.get_mut(self.part) else {
+                // More elements than the span holds: the router checked lengths, so not reached.
+                return Err(nexar_types::ReduceError::LengthMismatch { left: 0, right: block.len() });
+            };
+            let n = (part.len() - self.at).min(block.len());
+            reduce_slice(op, &mut part[self.at..self.at + n], &block[..n])?;
+            (self.at, block) = (self.at + n, &block[n..]);
+            if self.at == part.len() {
+                (self.part, self.at) = (self.part + 1, 0);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Sends an abort for collective `seq` to every other member, and drops its stale messages here.
 pub(crate) async fn broadcast_abort(client: &NexarClient, seq: u64, reason: &str) {
     client.inner.coll.abort(client.comm.id, seq, reason);
@@ -151,7 +178,7 @@ impl NexarClient {
         seq: u64,
         call: CollCall,
         schedule: &Schedule,
-        data: &mut [T],
+        data: &mut Data<'_, T>,
         input: &[T],
     ) -> Result<(), CollectiveError> {
         let mut guard = AbortOnDrop { client: Some(self.clone()), seq, op: call.kind.name() };
@@ -187,7 +214,7 @@ impl NexarClient {
         seq: u64,
         call: CollCall,
         schedule: &Schedule,
-        data: &mut [T],
+        data: &mut Data<'_, T>,
         input: &[T],
     ) -> Result<(), CollectiveError> {
         let (rank, op) = (self.rank(), call.kind.name());
@@ -203,7 +230,15 @@ impl NexarClient {
         for step in &schedule.steps {
             match *step {
                 Step::Send { to, src } => {
-                    let elems = view(src, data, input, scratch).ok_or_else(|| internal("send span out of bounds"))?;
+                    let out_of_bounds = || internal("send span out of bounds");
+                    let parts = match (src.slot, &*data) {
+                        (Slot::Data, Data::Pieces(p)) => Parts::Many(
+                            p.read(src).ok_or_else(out_of_bounds)?.into_iter().map(bytemuck::cast_slice).collect(),
+                        ),
+                        _ => Parts::One([bytemuck::cast_slice(
+                            view(src, data.flat(), input, scratch).ok_or_else(out_of_bounds)?,
+                        )]),
+                    };
                     let msg = PeerMsg::Coll {
                         comm: self.comm.id,
                         seq,
@@ -213,15 +248,15 @@ impl NexarClient {
                         root: check.root,
                         count: check.count,
                         fingerprint: check.fingerprint,
-                        len: elems.len() as u64,
+                        len: src.len as u64,
                     };
                     let link = self.link(to).ok_or(CollectiveError::Closed { rank, op })?;
                     let transport = |source| CollectiveError::Transport { rank, op, peer: to, source };
                     // A bulk channel that encrypts as it reads takes the payload without a copy.
-                    let done = match link.send_borrowed(&msg, bytemuck::cast_slice(elems)).await {
+                    let done = match link.send_borrowed(&msg, parts.as_slice()).await {
                         Some(done) => done.map_err(transport)?,
                         None => {
-                            let payload = pooled_copy(pool, bytemuck::cast_slice(elems));
+                            let payload = pooled_gather(pool, parts.as_slice());
                             link.send_queued(&msg, Some(payload)).await.map_err(transport)?
                         }
                     };
@@ -250,7 +285,11 @@ impl NexarClient {
                             ),
                         });
                     }
-                    let out = view_mut(dst, data, scratch).ok_or_else(|| internal("receive span out of bounds"))?;
+                    let out_of_bounds = || internal("receive span out of bounds");
+                    let mut out = match (dst.slot, &mut *data) {
+                        (Slot::Data, Data::Pieces(p)) => Parts::Many(p.write(dst).ok_or_else(out_of_bounds)?),
+                        (_, data) => Parts::One([view_mut(dst, data.flat_mut(), scratch).ok_or_else(out_of_bounds)?]),
+                    };
                     let unreadable = |error| CollectiveError::Transport {
                         rank,
                         op,
@@ -258,29 +297,33 @@ impl NexarClient {
                         source: TransportError::Payload { peer: format!("rank {from}"), error },
                     };
                     if reduce {
-                        let mut at = 0;
-                        held.payload
-                            .for_each_block::<T, _>(|block| {
-                                let acc = &mut out[at..at + block.len()];
-                                at += block.len();
-                                reduce_slice(reduction, acc, block)
-                            })
-                            .map_err(|e| match e {
+                        let mut acc = Accumulator { parts: out.as_mut_slice(), part: 0, at: 0 };
+                        held.payload.for_each_block::<T, _>(|block| acc.reduce(reduction, block)).map_err(
+                            |e| match e {
                                 BlockError::Visit(source) => CollectiveError::Reduce { rank, op, source },
                                 BlockError::Payload(error) => unreadable(error),
-                            })?;
+                            },
+                        )?;
                     } else {
-                        held.payload.copy_to(bytemuck::cast_slice_mut(out)).map_err(unreadable)?;
+                        match &mut out {
+                            Parts::One([out]) => held.payload.copy_to(bytemuck::cast_slice_mut(out)),
+                            Parts::Many(outs) => {
+                                let mut bytes: Vec<&mut [u8]> =
+                                    outs.iter_mut().map(|o| bytemuck::cast_slice_mut::<T, u8>(o)).collect();
+                                held.payload.copy_to_parts(&mut bytes)
+                            }
+                        }
+                        .map_err(unreadable)?;
                     }
                 }
                 Step::Copy { src, dst } => {
                     let (from, to) =
-                        local_pair(src, dst, data, input, scratch).ok_or_else(|| internal("copy spans"))?;
+                        local_pair(src, dst, data.flat_mut(), input, scratch).ok_or_else(|| internal("copy spans"))?;
                     to.copy_from_slice(from);
                 }
                 Step::Reduce { src, dst } => {
-                    let (from, to) =
-                        local_pair(src, dst, data, input, scratch).ok_or_else(|| internal("reduce spans"))?;
+                    let (from, to) = local_pair(src, dst, data.flat_mut(), input, scratch)
+                        .ok_or_else(|| internal("reduce spans"))?;
                     reduce_slice(reduction, to, from).map_err(|source| CollectiveError::Reduce { rank, op, source })?;
                 }
             }

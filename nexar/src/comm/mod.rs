@@ -7,6 +7,7 @@ mod exec;
 mod grow;
 mod health;
 mod p2p;
+mod pieces;
 mod recovery;
 mod route;
 mod spin;

@@ -54,7 +54,7 @@ impl Route<'_> {
     pub async fn send_borrowed(
         &self,
         msg: &PeerMsg,
-        payload: &[u8],
+        payload: &[&[u8]],
     ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
         match *self {
             Route::Direct(link) => link.send_borrowed(msg, payload).await,

@@ -1,5 +1,7 @@
-//! Running a plan: flatten each bucket into pooled staging memory, run the phase's collectives
-//! concurrently (one sequence number each, taken in the same order on every rank), copy back.
+//! Running a plan: run the phase's collectives concurrently (one sequence number each, taken
+//! in the same order on every rank). A bucket's buffers are reduced where they lie when its
+//! schedule only sends and receives; otherwise they are flattened into pooled staging memory
+//! and copied back.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -213,6 +215,23 @@ async fn run_unit<'a>(
     match unit {
         Unit::Bucket { kind, op, dtype, elems, .. } => {
             let name = kind.name();
+            let call = CollCall { kind, op, count: elems as u64, fingerprint };
+            // A bucket of buffers the plan writes (allreduce, broadcast) is reduced where its
+            // buffers lie when the schedule allows; otherwise through one flat copy.
+            if args.iter().all(|(_, a)| matches!(a, PlanArg::Write(_))) {
+                let in_place = with_dtype!(dtype, T => {
+                    let mut parts = Vec::with_capacity(args.len());
+                    for (_, a) in args.iter_mut() {
+                        if let PlanArg::Write(b) = a {
+                            parts.push(typed_mut::<T>(b.bytes_mut(), rank, name)?);
+                        }
+                    }
+                    comm.run_collective_in_place::<T>(seq, call, parts).await?
+                });
+                if in_place {
+                    return Ok(args);
+                }
+            }
             let bytes = elems * dtype.size();
             let pool = comm.inner.pool.clone();
             let mut staging = pool.take(bytes);
@@ -225,7 +244,6 @@ async fn run_unit<'a>(
                     at += b.len();
                 }
             }
-            let call = CollCall { kind, op, count: elems as u64, fingerprint };
             let flat = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut staging)[..bytes];
             with_dtype!(dtype, T => {
                 let data = typed_mut::<T>(flat, rank, name)?;

@@ -79,11 +79,12 @@ pub trait BulkChannel: Send + Sync + 'static {
         Box::pin(std::future::ready(()))
     }
 
-    /// Carries a group whose payload is lent for the duration of this call: a channel that
-    /// can must be done reading `payload` when it returns (it copies or encrypts it now), so
-    /// that nothing reads the caller's memory later; the future resolves when the group is
-    /// sent. `None` (the default) makes nexar copy the payload and call [`send`](Self::send).
-    fn send_borrowed(&self, frames: &[Bytes], payload: &[u8]) -> Option<BulkSend> {
+    /// Carries a group whose payload, the concatenation of `payload`'s parts, is lent for the
+    /// duration of this call: a channel that can must be done reading it when it returns (it
+    /// copies or encrypts it now), so that nothing reads the caller's memory later; the future
+    /// resolves when the group is sent. `None` (the default) makes nexar copy the payload and
+    /// call [`send`](Self::send).
+    fn send_borrowed(&self, frames: &[Bytes], payload: &[&[u8]]) -> Option<BulkSend> {
         let _ = (frames, payload);
         None
     }

@@ -253,6 +253,45 @@ impl Payload {
         Ok(())
     }
 
+    /// Writes the payload into `dsts`, one after the other; their lengths must add up to
+    /// [`len`](Self::len). Pieces that fall inside one destination are copied or decrypted
+    /// straight into it; a sealed record that straddles two is opened into a cached buffer
+    /// first. After an error, `dsts` hold unspecified bytes.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use nexar::transport::framed::Payload;
+    /// let payload = Payload::from_bytes(Bytes::from_static(&[1, 2, 3, 4, 5]));
+    /// let (mut a, mut b) = ([0u8; 2], [0u8; 3]);
+    /// payload.copy_to_parts(&mut [&mut a, &mut b]).unwrap();
+    /// assert_eq!((a, b), ([1, 2], [3, 4, 5]));
+    /// ```
+    pub fn copy_to_parts(&self, dsts: &mut [&mut [u8]]) -> Result<(), PayloadError> {
+        let total = dsts.iter().map(|d| d.len()).sum();
+        if total != self.len {
+            return Err(PayloadError::Length { len: self.len, dst: total });
+        }
+        let mut out = Spread { dsts, part: 0, offset: 0 };
+        for piece in &self.pieces {
+            if let Some(whole) = out.contiguous(piece.len()) {
+                piece.write_to(whole)?;
+                continue;
+            }
+            match piece {
+                Piece::Plain(b) => out.write(b),
+                Piece::Sealed(..) => with_opened(piece, |plain| {
+                    out.write(plain);
+                    Ok::<(), std::convert::Infallible>(())
+                })
+                .map_err(|e| match e {
+                    Opened::Payload(e) => e,
+                    Opened::Visit(never) => match never {},
+                })?,
+            }
+        }
+        Ok(())
+    }
+
     /// Calls `f` with the payload as consecutive blocks of `T`. Runs of at least
     /// [`DIRECT_BYTES`] that lie aligned in one piece (a TCP lane's group, usually) are passed
     /// as they are, sealed records once opened into a cached buffer; the rest is staged
@@ -266,15 +305,11 @@ impl Payload {
         for piece in &self.pieces {
             match piece {
                 Piece::Plain(b) => blocks.feed(b).map_err(BlockError::Visit)?,
-                Piece::Sealed(..) => OPENED.with_borrow_mut(|opened| {
-                    let words = piece.len().div_ceil(8);
-                    if opened.len() < words {
-                        opened.resize(words, 0);
-                    }
-                    let plain = &mut bytemuck::cast_slice_mut::<u64, u8>(opened)[..piece.len()];
-                    piece.write_to(plain).map_err(BlockError::Payload)?;
-                    blocks.feed(plain).map_err(BlockError::Visit)
-                })?,
+                Piece::Sealed(..) => with_opened(piece, |plain| blocks.feed(plain).map_err(BlockError::Visit))
+                    .map_err(|e| match e {
+                        Opened::Payload(e) => BlockError::Payload(e),
+                        Opened::Visit(e) => e,
+                    })?,
             }
         }
         blocks.finish().map_err(BlockError::Visit)
@@ -298,6 +333,71 @@ impl Payload {
             }
         }
         Ok(Payload { pieces, len })
+    }
+}
+
+/// Why [`with_opened`] stopped: the record did not open, or the visitor failed.
+enum Opened<E> {
+    Payload(PayloadError),
+    Visit(E),
+}
+
+impl<E> From<PayloadError> for Opened<E> {
+    fn from(e: PayloadError) -> Self {
+        Opened::Payload(e)
+    }
+}
+
+/// Opens sealed `piece` into the thread's cached [`OPENED`] buffer and shows `f` its plaintext.
+fn with_opened<E>(piece: &Piece, f: impl FnOnce(&[u8]) -> Result<(), E>) -> Result<(), Opened<E>> {
+    OPENED.with_borrow_mut(|opened| {
+        let words = piece.len().div_ceil(8);
+        if opened.len() < words {
+            opened.resize(words, 0);
+        }
+        let plain = &mut bytemuck::cast_slice_mut::<u64, u8>(opened)[..piece.len()];
+        piece.write_to(plain)?;
+        f(plain).map_err(Opened::Visit)
+    })
+}
+
+/// A write position in a list of destinations, for [`Payload::copy_to_parts`].
+struct Spread<'s, 'd> {
+    dsts: &'s mut [&'d mut [u8]],
+    part: usize,
+    offset: usize,
+}
+
+impl Spread<'_, '_> {
+    /// Moves past destinations that are full.
+    fn skip_full(&mut self) {
+        while self.part < self.dsts.len() && self.offset == self.dsts[self.part].len() {
+            (self.part, self.offset) = (self.part + 1, 0);
+        }
+    }
+
+    /// The next `len` bytes, when they lie in one destination.
+    fn contiguous(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.skip_full();
+        let room = self.dsts.get(self.part)?.len() - self.offset;
+        if room < len {
+            return None;
+        }
+        let start = self.offset;
+        self.offset += len;
+        Some(&mut self.dsts[self.part][start..start + len])
+    }
+
+    /// Copies `bytes` into the next destinations (the caller checked that they fit).
+    fn write(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            self.skip_full();
+            let Some(dst) = self.dsts.get_mut(self.part) else { return };
+            let n = (dst.len() - self.offset).min(bytes.len());
+            dst[self.offset..self.offset + n].copy_from_slice(&bytes[..n]);
+            self.offset += n;
+            bytes = &bytes[n..];
+        }
     }
 }
 

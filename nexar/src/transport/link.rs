@@ -406,21 +406,23 @@ impl PeerLink {
     /// Sends collective message `msg` with its payload lent for this call over the bulk
     /// channel, when the collective takes the channel and the channel can read a lent payload
     /// at once ([`BulkChannel::send_borrowed`]); `None` otherwise, for the caller to copy the
-    /// payload and queue it (which then takes the same transport).
+    /// payload and queue it (which then takes the same transport). The payload is the
+    /// concatenation of `payload`'s parts.
     pub async fn send_borrowed(
         &self,
         msg: &PeerMsg,
-        payload: &[u8],
+        payload: &[&[u8]],
     ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
         let PeerMsg::Coll { comm, seq, .. } = *msg else { return None };
-        let channel = self.bulk.route((comm, seq), payload.len()).ok()?;
+        let len: usize = payload.iter().map(|p| p.len()).sum();
+        let channel = self.bulk.route((comm, seq), len).ok()?;
         // Dropped while waiting, nothing was read from `payload`.
         channel.room().await;
         let body = match message::encode(msg) {
             Ok(body) => body,
             Err(error) => return Some(Err(TransportError::Protocol { peer: peer_name(self.peer), error })),
         };
-        let frames = [message_frame(&body), raw_header(payload.len() as u64)];
+        let frames = [message_frame(&body), raw_header(len as u64)];
         let sent = channel.send_borrowed(&frames, payload)?;
         let (done, wait) = oneshot::channel();
         let slot = Arc::downgrade(&self.bulk);

@@ -77,9 +77,19 @@ impl Drop for PooledBytes {
 
 /// Copies `data` into a pooled buffer and returns it as `Bytes`.
 pub fn pooled_copy(pool: &Arc<BufferPool>, data: &[u8]) -> Bytes {
-    let mut buf = pool.take(data.len());
-    bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[..data.len()].copy_from_slice(data);
-    Bytes::from_owner(PooledBytes { buf, len: data.len(), pool: pool.clone() })
+    pooled_gather(pool, &[data])
+}
+
+/// Copies the concatenation of `parts` into one pooled buffer and returns it as `Bytes`.
+pub fn pooled_gather(pool: &Arc<BufferPool>, parts: &[&[u8]]) -> Bytes {
+    let len = parts.iter().map(|p| p.len()).sum();
+    let mut buf = pool.take(len);
+    let mut at = 0;
+    for part in parts {
+        bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    Bytes::from_owner(PooledBytes { buf, len, pool: pool.clone() })
 }
 
 #[cfg(test)]
@@ -94,6 +104,7 @@ mod tests {
         let ptr = b.as_ptr();
         drop(b);
         let again = pooled_copy(&pool, &[9; 5]);
+        assert_eq!(&pooled_gather(&pool, &[&[1, 2], &[], &[3]])[..], &[1, 2, 3]);
         assert_eq!(again.as_ptr(), ptr);
         assert_eq!(&again[..], &[9; 5]);
         let big = pool.take(1000);

@@ -225,8 +225,8 @@ impl BulkChannel for TcpLane {
         self.seal_and_queue(&parts)
     }
 
-    fn send_borrowed(&self, frames: &[Bytes], payload: &[u8]) -> Option<BulkSend> {
-        let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).chain([payload]).collect();
+    fn send_borrowed(&self, frames: &[Bytes], payload: &[&[u8]]) -> Option<BulkSend> {
+        let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).chain(payload.iter().copied()).collect();
         Some(self.seal_and_queue(&parts))
     }
 

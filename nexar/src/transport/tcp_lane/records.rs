@@ -224,8 +224,10 @@ impl Sealer {
 }
 
 /// A part at least this long gets records of its own, ending where it ends, rather than
-/// sharing a gathered record with the next part.
-const DIRECT_MIN: usize = 64 << 10;
+/// sharing a gathered record with the next part. At [`DEFER_MIN`], so that a payload made of
+/// several buffers (a plan's bucket) is sealed straight from each, and its receiver, whose
+/// buffers end at the same places, decrypts each record straight into its own buffer.
+const DIRECT_MIN: usize = DEFER_MIN;
 
 /// The most bytes one buffer holds: it is handed on once it reaches [`CHUNK`], so it takes at
 /// most one more record, besides the group's header record.
