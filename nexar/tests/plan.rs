@@ -6,7 +6,7 @@ mod common;
 
 use common::TEST_LIMIT;
 use nexar::prelude::*;
-use nexar::{CollectiveError, bf16};
+use nexar::{BulkTransport, CollectiveError, NexarConfig, bf16};
 
 /// Small integers in any element type: sums are exact whatever the order.
 fn data<T: Element>(rank: usize, buf: usize, len: usize) -> Vec<T> {
@@ -195,7 +195,15 @@ where
     F: Fn(NexarClient) -> Fut,
     Fut: std::future::Future<Output = NexarClient> + Send + 'static,
 {
-    let ranks = NexarClient::bootstrap_local(n).await.unwrap();
+    on_ranks_with(n, NexarConfig::default(), job).await
+}
+
+async fn on_ranks_with<F, Fut>(n: usize, cfg: NexarConfig, job: F)
+where
+    F: Fn(NexarClient) -> Fut,
+    Fut: std::future::Future<Output = NexarClient> + Send + 'static,
+{
+    let ranks = NexarClient::bootstrap_local_with(n, cfg).await.unwrap();
     let tasks: Vec<_> = ranks.into_iter().map(|c| tokio::spawn(job(c))).collect();
     let mut done = Vec::new();
     for t in tasks {
@@ -518,8 +526,11 @@ async fn a_rank_running_another_plan_is_refused_on_every_rank() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_buckets_of_odd_buffers_match_unfused_calls_bitwise() {
     tokio::time::timeout(TEST_LIMIT * 2, async {
-        for world in [2, 3] {
-            on_ranks(world, |comm| async move {
+        // The TCP lane (sealed records opened into each buffer) and QUIC (chunks that straddle
+        // buffers), at two world sizes.
+        for (world, bulk_transport) in [(2, BulkTransport::Tcp), (3, BulkTransport::Tcp), (2, BulkTransport::Quic)] {
+            let cfg = NexarConfig { bulk_transport, ..NexarConfig::default() };
+            on_ranks_with(world, cfg, |comm| async move {
                 let r = comm.rank();
                 let mut bufs: Vec<Buf<f32>> =
                     SCATTERED.iter().enumerate().map(|(i, &n)| Buf::from_vec(data::<f32>(r, i, n))).collect();

@@ -578,17 +578,38 @@ mod tests {
             })
             .unwrap();
             assert_eq!(seen, values);
+            // Into several destinations: cut inside records (opened, then spread) and at
+            // their edges (decrypted in place), with an empty one between.
+            for cuts in [vec![1usize, 5000, 5000, RECORD + 3], vec![RECORD, RECORD + 1, 2 * RECORD - 4]] {
+                let mut out = vec![0u8; payload.len()];
+                let mut dsts: Vec<&mut [u8]> = Vec::new();
+                let mut rest = &mut out[..];
+                let mut at = 0;
+                for cut in cuts {
+                    let (head, tail) = rest.split_at_mut(cut - at);
+                    dsts.push(head);
+                    (rest, at) = (tail, cut);
+                }
+                dsts.push(rest);
+                read.copy_to_parts(&mut dsts).unwrap();
+                assert_eq!(out, payload);
+            }
+            let mut short = [0u8; 4];
+            assert!(matches!(read.copy_to_parts(&mut [&mut short]), Err(PayloadError::Length { dst: 4, .. })));
             // A sealed record outside the payload is refused.
             assert!(Payload::from_group(&group, body.start + 1..body.end, &deferred).is_err());
             assert!(Payload::from_group(&group, body.start..body.end - 1, &deferred).is_err());
             // Altered ciphertext is refused however it is read.
             let mut altered = group.to_vec();
             altered[deferred[1].at + 9] ^= 0x40;
-            let altered = Payload::from_group(&bytes::Bytes::from(altered), body, &deferred).unwrap();
+            let altered = Payload::from_group(&bytes::Bytes::from(altered), body.clone(), &deferred).unwrap();
             assert!(matches!(altered.to_vec(), Err(PayloadError::Forged { len }) if len == deferred[1].len));
             let visited = altered.for_each_block::<u32, ()>(|_| Ok(()));
             assert!(matches!(visited, Err(BlockError::Payload(PayloadError::Forged { .. }))));
             assert!(altered.to_chunks().is_err());
+            let mut whole = vec![0u8; payload.len()];
+            let (x, y) = whole.split_at_mut(deferred[1].at - body.start + 7);
+            assert!(matches!(altered.copy_to_parts(&mut [x, y]), Err(PayloadError::Forged { .. })));
         }
     }
 
