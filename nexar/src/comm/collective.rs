@@ -19,6 +19,7 @@ use super::state::CommState;
 use crate::proto::algo::{Algorithm, Collective, Unsupported, generate, select};
 use crate::proto::schedule::Schedule;
 use crate::transport::TransportError;
+use std::sync::Arc;
 
 /// Failures of collectives. Each names the reporting rank and the operation.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -209,6 +210,46 @@ impl<T: Element, Out> Future for CollectiveHandle<T, Out> {
     }
 }
 
+/// Everything a schedule is generated from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ScheduleKey {
+    kind: Collective,
+    algorithm: Algorithm,
+    rank: usize,
+    world: usize,
+    count: usize,
+    elem: usize,
+}
+
+/// Schedules kept for calls that repeat (a plan's collectives, run every iteration), so they
+/// are generated once. Bounded: when full, it starts over.
+#[derive(Debug, Default)]
+pub(crate) struct ScheduleCache {
+    kept: std::sync::Mutex<Vec<(ScheduleKey, Arc<Schedule>)>>,
+}
+
+/// Schedules a [`ScheduleCache`] keeps at most.
+const CACHED_SCHEDULES: usize = 64;
+
+impl ScheduleCache {
+    /// An empty cache (usable in a `static`).
+    pub(crate) const fn new() -> Self {
+        ScheduleCache { kept: std::sync::Mutex::new(Vec::new()) }
+    }
+
+    fn get(&self, key: &ScheduleKey) -> Option<Arc<Schedule>> {
+        crate::sync::lock(&self.kept).iter().find(|(k, _)| k == key).map(|(_, s)| s.clone())
+    }
+
+    fn keep(&self, key: ScheduleKey, schedule: Arc<Schedule>) {
+        let mut kept = crate::sync::lock(&self.kept);
+        if kept.len() >= CACHED_SCHEDULES {
+            kept.clear();
+        }
+        kept.push((key, schedule));
+    }
+}
+
 impl NexarClient {
     fn algorithm_for(&self, kind: Collective, bytes: usize) -> Algorithm {
         let cfg = self.config();
@@ -229,7 +270,20 @@ impl NexarClient {
         data: &mut [T],
         input: &[T],
     ) -> Result<(), CollectiveError> {
-        let schedule = self.schedule_for::<T>(seq, &call)?;
+        self.run_collective_cached(seq, call, data, input, None).await
+    }
+
+    /// [`run_collective`](Self::run_collective), taking the schedule from `cache` when it
+    /// holds one for this call on this rank (a plan run again).
+    pub(crate) async fn run_collective_cached<T: Element>(
+        &self,
+        seq: u64,
+        call: CollCall,
+        data: &mut [T],
+        input: &[T],
+        cache: Option<&ScheduleCache>,
+    ) -> Result<(), CollectiveError> {
+        let schedule = self.schedule_for::<T>(seq, &call, cache)?;
         self.execute(seq, call, &schedule, &mut Data::Flat(data), input).await
     }
 
@@ -242,8 +296,9 @@ impl NexarClient {
         seq: u64,
         call: CollCall,
         parts: Vec<&mut [T]>,
+        cache: Option<&ScheduleCache>,
     ) -> Result<bool, CollectiveError> {
-        let schedule = self.schedule_for::<T>(seq, &call)?;
+        let schedule = self.schedule_for::<T>(seq, &call, cache)?;
         let pieces = Pieces::new(parts);
         if !runs_on_pieces(&schedule) || pieces.len() as u64 != call.count {
             return Ok(false);
@@ -253,14 +308,28 @@ impl NexarClient {
     }
 
     /// This rank's schedule for `call`, by the algorithm the size table or the configuration
-    /// picks.
-    fn schedule_for<T: Element>(&self, seq: u64, call: &CollCall) -> Result<Schedule, CollectiveError> {
+    /// picks: from `cache` when it has it, else generated (and kept there).
+    fn schedule_for<T: Element>(
+        &self,
+        seq: u64,
+        call: &CollCall,
+        cache: Option<&ScheduleCache>,
+    ) -> Result<Arc<Schedule>, CollectiveError> {
         let (rank, op) = (self.rank(), call.kind.name());
         let count = call.count as usize;
         let algorithm = self.algorithm_for(call.kind, count.saturating_mul(T::DTYPE.size()));
-        let schedule = generate(call.kind, algorithm, rank, self.world_size(), count, T::DTYPE.size())
+        let key =
+            ScheduleKey { kind: call.kind, algorithm, rank, world: self.world_size(), count, elem: T::DTYPE.size() };
+        if let Some(schedule) = cache.and_then(|c| c.get(&key)) {
+            return Ok(schedule);
+        }
+        let schedule = generate(call.kind, algorithm, rank, key.world, count, key.elem)
             .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
         tracing::trace!(rank, op, seq, %algorithm, steps = schedule.steps.len(), "collective");
+        let schedule = Arc::new(schedule);
+        if let Some(cache) = cache {
+            cache.keep(key, schedule.clone());
+        }
         Ok(schedule)
     }
 
@@ -769,7 +838,31 @@ impl NexarClient {
 
 #[cfg(test)]
 mod tests {
+    use super::{Algorithm, CACHED_SCHEDULES, Collective, Schedule, ScheduleCache, ScheduleKey};
     use crate::prelude::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_schedule_cache_finds_what_it_kept_and_stays_bounded() {
+        let key = |count| ScheduleKey {
+            kind: Collective::AllReduce,
+            algorithm: Algorithm::Ring,
+            rank: 0,
+            world: 2,
+            count,
+            elem: 4,
+        };
+        let cache = ScheduleCache::new();
+        assert!(cache.get(&key(1)).is_none());
+        let kept = Arc::new(Schedule::new());
+        cache.keep(key(1), kept.clone());
+        assert!(Arc::ptr_eq(&cache.get(&key(1)).unwrap(), &kept));
+        assert!(cache.get(&key(2)).is_none(), "another count is another schedule");
+        for count in 2..=CACHED_SCHEDULES + 1 {
+            cache.keep(key(count), Arc::new(Schedule::new()));
+        }
+        assert!(crate::sync::lock(&cache.kept).len() <= CACHED_SCHEDULES);
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sequence_numbers_run_past_2_pow_32_without_collisions() {

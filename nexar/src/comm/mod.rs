@@ -17,6 +17,7 @@ mod tcp_lane;
 pub use backend::{BackendError, MAX_SETUP_BODY};
 pub(crate) use client::Inner;
 pub use client::{LinkStats, NexarClient};
+pub(crate) use collective::ScheduleCache;
 pub use collective::{CollectiveError, CollectiveHandle, ExchangeHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
 pub use health::{FailureWatch, PeerFailure};

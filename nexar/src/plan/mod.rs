@@ -176,16 +176,19 @@ impl PlanSpec {
     }
 }
 
-/// The layout a plan computed for the last shapes it ran with (one per plan function).
+/// The layout a plan computed for the last shapes it ran with, and the schedules of its
+/// collectives (one per plan function), so a plan run again plans nothing.
 #[derive(Debug, Default)]
 pub struct PlanCache {
     last: Mutex<Option<(Vec<Shape>, Arc<Layout>)>>,
+    /// The schedules of the plan's collectives, generated on the first run.
+    pub(crate) schedules: crate::comm::ScheduleCache,
 }
 
 impl PlanCache {
     /// An empty cache (usable in a `static`).
     pub const fn new() -> Self {
-        PlanCache { last: Mutex::new(None) }
+        PlanCache { last: Mutex::new(None), schedules: crate::comm::ScheduleCache::new() }
     }
 
     pub(crate) fn layout(&self, spec: &PlanSpec, shapes: &[Shape]) -> Arc<Layout> {

@@ -185,7 +185,8 @@ impl<'a> PlanRun<'a> {
                     .into_iter()
                     .filter_map(|i| slots.get_mut(i).and_then(Option::take).map(|a| (i, a)))
                     .collect();
-                futures.push(Box::pin(run_unit(comm.clone(), self.spec.fingerprint, unit.clone(), seq, taken)));
+                let unit_run = run_unit(comm.clone(), self.spec.fingerprint, unit.clone(), seq, taken, self.cache);
+                futures.push(Box::pin(unit_run));
             }
             for args in join_all(futures).await? {
                 for (i, a) in args {
@@ -210,8 +211,10 @@ async fn run_unit<'a>(
     unit: Unit,
     seq: u64,
     mut args: Vec<(usize, PlanArg<'a>)>,
+    cache: &'static PlanCache,
 ) -> Result<Vec<(usize, PlanArg<'a>)>, CollectiveError> {
     let rank = comm.rank();
+    let schedules = Some(&cache.schedules);
     match unit {
         Unit::Bucket { kind, op, dtype, elems, .. } => {
             let name = kind.name();
@@ -226,7 +229,7 @@ async fn run_unit<'a>(
                             parts.push(typed_mut::<T>(b.bytes_mut(), rank, name)?);
                         }
                     }
-                    comm.run_collective_in_place::<T>(seq, call, parts).await?
+                    comm.run_collective_in_place::<T>(seq, call, parts, schedules).await?
                 });
                 if in_place {
                     return Ok(args);
@@ -247,7 +250,7 @@ async fn run_unit<'a>(
             let flat = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut staging)[..bytes];
             with_dtype!(dtype, T => {
                 let data = typed_mut::<T>(flat, rank, name)?;
-                comm.run_collective::<T>(seq, call, data, &[]).await?;
+                comm.run_collective_cached::<T>(seq, call, data, &[], schedules).await?;
             });
             let flat = &bytemuck::cast_slice::<u64, u8>(&staging)[..bytes];
             let mut at = 0;
@@ -264,7 +267,7 @@ async fn run_unit<'a>(
         }
         Unit::Single(Statement::Barrier) => {
             let call = CollCall { kind: Collective::Barrier, op: None, count: 0, fingerprint };
-            comm.run_collective::<u8>(seq, call, &mut [], &[]).await?;
+            comm.run_collective_cached::<u8>(seq, call, &mut [], &[], schedules).await?;
             Ok(args)
         }
         Unit::Single(st) => {
@@ -302,7 +305,7 @@ async fn run_unit<'a>(
             with_dtype!(send_shape.0, T => {
                 let input = typed::<T>(send.bytes(), rank, name)?;
                 let data = typed_mut::<T>(out.bytes_mut(), rank, name)?;
-                comm.run_collective::<T>(seq, call, data, input).await?;
+                comm.run_collective_cached::<T>(seq, call, data, input, schedules).await?;
             });
             args.push((send_i, send));
             args.push((recv_i, recv));
