@@ -45,7 +45,7 @@ pub fn rpc(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// ```text
 /// #[nexar::collective_plan]
 /// async fn step(comm: &NexarClient, w1: &mut Buf<f32>, w2: &mut Buf<f32>, lr: &mut Buf<f32>) {
-///     all_reduce(w1, Sum);      // w1 and w2 travel as one flat bucket
+///     all_reduce(w1, Sum);      // w1 and w2 travel as one bucket
 ///     all_reduce(w2, Sum);
 ///     broadcast(lr, 0);
 /// }
@@ -55,8 +55,8 @@ pub fn rpc(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// ```
 ///
 /// Allreduces of one element type and reduction (and broadcasts of one element type and root)
-/// are flattened into contiguous buckets under `bucket_bytes` (default 32 MiB); independent
-/// buckets run concurrently. The function returns `Result<(), nexar::CollectiveError>`.
+/// are fused into buckets under `bucket_bytes` (default 32 MiB), each one collective over its
+/// buffers where they lie; independent buckets run concurrently. The function returns `Result<(), nexar::CollectiveError>`.
 #[proc_macro_attribute]
 pub fn collective_plan(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = proc_macro2::TokenStream::from(item);

@@ -2,8 +2,9 @@
 //!
 //! A plan is a list of statements over the plan function's buffers. Compatible statements (all
 //! allreduces with one element type and reduction; all broadcasts with one element type and
-//! root) are flattened into contiguous buckets under a size cap, so many small tensors travel as
-//! few large transfers; the buckets of one phase run concurrently and overlap on the wire. Every
+//! root) are fused into buckets under a size cap, so many small tensors travel as few large
+//! transfers (each bucket is one collective over its buffers, which the executor addresses as
+//! one run where they lie); the buckets of one phase run concurrently and overlap on the wire. Every
 //! collective a plan runs carries the plan's fingerprint, so a rank running another plan gets a
 //! clear error on every rank.
 
@@ -88,7 +89,7 @@ pub(crate) struct Layout {
 /// One collective of a plan run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Unit {
-    /// Buffers flattened into one allreduce or broadcast.
+    /// Buffers fused into one allreduce or broadcast.
     Bucket { kind: Collective, op: Option<ReduceOp>, dtype: DType, members: Vec<usize>, elems: usize },
     /// A statement run as it is (reduce-scatter, all-gather, barrier).
     Single(Statement),
