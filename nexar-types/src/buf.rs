@@ -4,6 +4,7 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 
 use crate::element::Element;
+use crate::segments::{SegmentStage, WholeStage};
 use crate::space::{Host, MemorySpace};
 
 /// An owned, typed buffer of `T` elements in memory space `M` (host memory by default).
@@ -169,6 +170,13 @@ pub enum DeviceError {
         /// What the compiler said.
         log: String,
     },
+    /// A [`SegmentStage`](crate::SegmentStage) was used against its protocol (a bug in the
+    /// operation driving it, reported instead of copying the wrong memory).
+    #[error("segment stage used out of order: {what}")]
+    StageOrder {
+        /// What was asked.
+        what: String,
+    },
 }
 
 /// A buffer's elements as host memory, for reading: borrowed from host buffers, copied out of
@@ -292,6 +300,8 @@ impl<T> fmt::Debug for HostStage<'_, T> {
 pub trait SendBuf {
     /// The element type.
     type Elem: Element;
+    /// Number of elements, without touching them.
+    fn elems(&self) -> usize;
     /// The elements as host memory (a copy for device buffers).
     fn host_view(&self) -> Result<HostView<'_, Self::Elem>, DeviceError>;
 }
@@ -318,12 +328,24 @@ pub trait SendBuf {
 pub trait RecvBuf: SendBuf {
     /// The elements as host memory for writing, committed back by the operation on success.
     fn host_stage(&mut self) -> Result<HostStage<'_, Self::Elem>, DeviceError>;
+
+    /// The elements for an operation that works on segments of at most `segment` elements at
+    /// a time (see [`SegmentStage`]). Host memory is worked on in place; device buffers
+    /// stage each segment through pinned host memory while the others are copied. The
+    /// default stages the whole buffer once through [`host_stage`](Self::host_stage).
+    fn segment_stage(&mut self, segment: usize) -> Result<Box<dyn SegmentStage<Self::Elem> + Send + '_>, DeviceError> {
+        let _ = segment;
+        Ok(Box::new(WholeStage::new(self.host_stage()?)))
+    }
 }
 
 macro_rules! host_buffers {
     ($($(#[$m:meta])* [$($g:tt)*] $ty:ty;)*) => {$(
         impl<$($g)*> SendBuf for $ty {
             type Elem = T;
+            fn elems(&self) -> usize {
+                self[..].len()
+            }
             fn host_view(&self) -> Result<HostView<'_, T>, DeviceError> {
                 Ok(HostView::Borrowed(&self[..]))
             }

@@ -13,7 +13,9 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use crate::adapter::DeviceAdapter;
 use crate::buf::{Buf, DeviceError, HostStage, HostView, RecvBuf, SendBuf, WriteBack};
 use crate::cuda_adapter::CudaAdapter;
+use crate::cuda_segments::CudaSegments;
 use crate::element::Element;
+use crate::segments::SegmentStage;
 use crate::space::Cuda;
 
 /// The elements of a `Buf<T, Cuda>`: device memory, the stream its copies are ordered on, and
@@ -197,6 +199,9 @@ impl<T: Element> WriteBack<T> for Buf<T, Cuda> {
 
 impl<T: Element> SendBuf for Buf<T, Cuda> {
     type Elem = T;
+    fn elems(&self) -> usize {
+        self.len()
+    }
     fn host_view(&self) -> Result<HostView<'_, T>, DeviceError> {
         Ok(HostView::Copied(self.to_host()?))
     }
@@ -206,6 +211,10 @@ impl<T: Element> RecvBuf for Buf<T, Cuda> {
     fn host_stage(&mut self) -> Result<HostStage<'_, T>, DeviceError> {
         let host = self.to_host()?;
         Ok(HostStage::copied(host, self))
+    }
+
+    fn segment_stage(&mut self, segment: usize) -> Result<Box<dyn SegmentStage<T> + Send + '_>, DeviceError> {
+        Ok(Box::new(CudaSegments::new(self, segment)))
     }
 }
 
@@ -233,6 +242,26 @@ mod tests {
                 assert_eq!(big.to_host().unwrap(), data, "the global adapter agrees");
                 let short = adapter.download(&big, &mut back[..10]).unwrap_err();
                 assert!(matches!(short, DeviceError::LengthMismatch { buffer: 100_003, host: 10, .. }));
+                // Segments through two pinned buffers, a shorter last one.
+                {
+                    let ranges: Vec<_> = crate::segment_ranges(big.len(), 40_000).collect();
+                    let mut stage = big.segment_stage(40_000).unwrap();
+                    stage.prefetch(ranges[0].clone()).unwrap();
+                    for (k, range) in ranges.iter().enumerate() {
+                        if let Some(next) = ranges.get(k + 1) {
+                            stage.prefetch(next.clone()).unwrap();
+                        }
+                        let seg = stage.host().unwrap();
+                        assert_eq!(seg.len(), range.len());
+                        assert_eq!(seg, &data[range.clone()], "segment {k} arrived");
+                        seg.iter_mut().for_each(|x| *x += 1);
+                        stage.write_back().unwrap();
+                    }
+                    assert!(stage.write_back().is_err(), "nothing left to write back");
+                    stage.finish().unwrap();
+                }
+                let back = big.to_host().unwrap();
+                assert!(back.iter().zip(&data).all(|(b, d)| *b == d + 1), "every segment written back");
             }
             Err(e) => {
                 let text = e.to_string();

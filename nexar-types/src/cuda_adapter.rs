@@ -18,8 +18,11 @@ use crate::space::Cuda;
 /// Bytes of each pinned staging buffer of [`CudaAdapter::global`].
 pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
-/// Two pinned buffers of one element type on one device.
-type PinnedPair<T> = [PinnedHostSlice<T>; 2];
+/// Idle pinned buffers kept per (device, element type, length).
+const IDLE_PER_KEY: usize = 4;
+
+/// (device, element type, length) of a pool of pinned buffers.
+type PoolKey = (usize, TypeId, usize);
 
 /// The adapter of CUDA device memory (feature `cuda`).
 ///
@@ -37,8 +40,8 @@ type PinnedPair<T> = [PinnedHostSlice<T>; 2];
 #[derive(Debug)]
 pub struct CudaAdapter {
     chunk_bytes: usize,
-    /// Idle pinned pairs by (device, element type), each a `Vec<PinnedPair<T>>`.
-    pools: Mutex<HashMap<(usize, TypeId), Box<dyn Any + Send>>>,
+    /// Idle pinned buffers by (device, element type, length), each a `Vec<PinnedHostSlice<T>>`.
+    pools: Mutex<HashMap<PoolKey, Box<dyn Any + Send>>>,
 }
 
 impl CudaAdapter {
@@ -57,29 +60,50 @@ impl CudaAdapter {
         (self.chunk_bytes / size_of::<T>().max(1)).max(1)
     }
 
-    /// A pinned pair for `T` on `device`, from the pool or new.
-    fn take_pair<T: Element>(&self, device: usize, ctx: &Arc<CudaContext>) -> Result<PinnedPair<T>, DeviceError> {
-        let key = (device, TypeId::of::<T>());
+    /// A pinned buffer of `len` elements of `T` on `device`, from the pool or new.
+    pub(crate) fn take_pinned<T: Element>(
+        &self,
+        device: usize,
+        ctx: &Arc<CudaContext>,
+        len: usize,
+    ) -> Result<PinnedHostSlice<T>, DeviceError> {
+        let key = (device, TypeId::of::<T>(), len);
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(pair) = pools.get_mut(&key).and_then(|p| p.downcast_mut::<Vec<PinnedPair<T>>>()).and_then(Vec::pop)
-        {
-            return Ok(pair);
-        }
+        let idle = pools.get_mut(&key).and_then(|p| p.downcast_mut::<Vec<PinnedHostSlice<T>>>()).and_then(Vec::pop);
         drop(pools);
+        match idle {
+            Some(pinned) => Ok(pinned),
+            None => pinned_zeros(ctx, device, len),
+        }
+    }
+
+    /// Keeps `pinned` for reuse (up to a few per key); every copy of it must have finished.
+    pub(crate) fn give_pinned<T: Element>(&self, device: usize, pinned: PinnedHostSlice<T>) {
+        let key = (device, TypeId::of::<T>(), pinned.len());
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = pools.entry(key).or_insert_with(|| Box::new(Vec::<PinnedHostSlice<T>>::new()));
+        if let Some(pool) = pool.downcast_mut::<Vec<PinnedHostSlice<T>>>()
+            && pool.len() < IDLE_PER_KEY
+        {
+            pool.push(pinned);
+        }
+    }
+
+    /// Two pinned chunk buffers for `T` on `device`.
+    fn take_pair<T: Element>(&self, device: usize, ctx: &Arc<CudaContext>) -> Result<PinnedPair<T>, DeviceError> {
         let len = self.chunk_elems::<T>();
-        Ok([pinned_zeros(ctx, device, len)?, pinned_zeros(ctx, device, len)?])
+        Ok([self.take_pinned(device, ctx, len)?, self.take_pinned(device, ctx, len)?])
     }
 
     fn give_pair<T: Element>(&self, device: usize, pair: PinnedPair<T>) {
-        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-        let pool = pools.entry((device, TypeId::of::<T>())).or_insert_with(|| Box::new(Vec::<PinnedPair<T>>::new()));
-        if let Some(pool) = pool.downcast_mut::<Vec<PinnedPair<T>>>()
-            && pool.len() < 4
-        {
-            pool.push(pair);
+        for pinned in pair {
+            self.give_pinned(device, pinned);
         }
     }
 }
+
+/// Two pinned buffers of one element type on one device.
+type PinnedPair<T> = [PinnedHostSlice<T>; 2];
 
 /// `len` zeroed elements of pinned host memory on `device`.
 fn pinned_zeros<T: Element>(
@@ -88,11 +112,13 @@ fn pinned_zeros<T: Element>(
     len: usize,
 ) -> Result<PinnedHostSlice<T>, DeviceError> {
     let fail = driver("allocating pinned host memory", device);
-    // SAFETY: `alloc_pinned` is unsafe only because the memory starts uninitialised; it is
+    // Plain page-locked memory: `alloc_pinned` would make it write-combined, which the GPU
+    // reads fast but the CPU reads uncached, and the CPU reads every staged element.
+    // SAFETY: allocating is unsafe only because the memory starts uninitialised; it is
     // zeroed here, through a raw pointer, before anything reads it.
     #[allow(unsafe_code)]
     let pinned = unsafe {
-        let mut pinned = ctx.alloc_pinned::<T>(len).map_err(&fail)?;
+        let mut pinned = ctx.alloc_pinned_with_flags::<T>(len, 0).map_err(&fail)?;
         let ptr = pinned.as_mut_ptr().map_err(&fail)?;
         std::ptr::write_bytes(ptr, 0, len);
         pinned

@@ -33,9 +33,12 @@ mod cuda;
 mod cuda_adapter;
 #[cfg(feature = "cuda")]
 mod cuda_reduce;
+#[cfg(feature = "cuda")]
+mod cuda_segments;
 mod element;
 mod id;
 mod op;
+mod segments;
 mod space;
 
 pub use adapter::{CpuAdapter, DeviceAdapter};
@@ -49,6 +52,7 @@ pub use cuda_reduce::{compile_reduce_kernel, reduce_kernel_source};
 pub use element::{DType, Element, UnknownDType};
 pub use id::{stable_hash, stable_id};
 pub use op::{BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce, reduce_slice};
+pub use segments::{SegmentStage, WholeStage, segment_ranges};
 #[cfg(feature = "cuda")]
 pub use space::Cuda;
 pub use space::{Host, MemorySpace};

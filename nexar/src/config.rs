@@ -135,6 +135,12 @@ pub struct NexarConfig {
     /// Smallest collective message that takes the TCP lane (`NEXAR_BULK_MIN_BYTES`, default
     /// 256 KiB): smaller ones stay on QUIC, whose latency path spins.
     pub bulk_min_bytes: usize,
+    /// Largest piece of its buffer an allreduce works on at a time (`NEXAR_SEGMENT_BYTES`,
+    /// default 16 MiB; 0 never splits). A larger buffer runs as consecutive segments under
+    /// one sequence number, which keeps each segment's working set in cache and lets a device
+    /// buffer copy the next and the previous segment while one is on the network. Every rank
+    /// must use the same (a rank that differs fails its allreduces with a length mismatch).
+    pub segment_bytes: usize,
     /// Faults to inject into this rank's datagrams, for testing how an application copes with
     /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
     /// `None` (the default) injects none.
@@ -236,6 +242,7 @@ impl Default for NexarConfig {
             topology: Topology::FullMesh,
             bulk_transport: BulkTransport::Tcp,
             bulk_min_bytes: 256 << 10,
+            segment_bytes: 16 << 20,
         }
     }
 }
@@ -355,6 +362,10 @@ impl NexarConfig {
         }
         if let Some((var, v)) = get("NEXAR_BULK_MIN_BYTES") {
             c.bulk_min_bytes =
+                usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;
+        }
+        if let Some((var, v)) = get("NEXAR_SEGMENT_BYTES") {
+            c.segment_bytes =
                 usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;
         }
         if let Some((var, v)) = get("NEXAR_MIN_WORLD_SIZE") {
@@ -485,6 +496,7 @@ mod tests {
             ("NEXAR_RECOVERY_POLICY", "automatic"),
             ("NEXAR_MIN_WORLD_SIZE", "2"),
             ("NEXAR_MAX_WORLD_SIZE", "16"),
+            ("NEXAR_SEGMENT_BYTES", "4M"),
         ])
         .unwrap();
         assert_eq!(c.heartbeat_timeout, Duration::from_millis(700));
@@ -498,6 +510,7 @@ mod tests {
         assert_eq!(c.max_unmatched_messages, 7);
         assert_eq!(c.max_unmatched_bytes, 1 << 30);
         assert_eq!(c.lane_capacity, 3);
+        assert_eq!(c.segment_bytes, 4 << 20);
     }
 
     #[test]

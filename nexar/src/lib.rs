@@ -43,7 +43,9 @@ pub use nexar_types::{
     BitAnd, BitOr, BitXor, Buf, DType, Element, Host, Max, MemorySpace, Min, Prod, RecvBuf, ReduceError, ReduceOp,
     Reduction, SendBuf, Sum, bf16, f16, reduce, reduce_slice, stable_hash, stable_id,
 };
-pub use nexar_types::{CpuAdapter, DeviceAdapter, DeviceError, HostStage, HostView};
+pub use nexar_types::{
+    CpuAdapter, DeviceAdapter, DeviceError, HostStage, HostView, SegmentStage, WholeStage, segment_ranges,
+};
 #[cfg(feature = "cuda")]
 pub use nexar_types::{Cuda, CudaAdapter, DeviceSpan, compile_reduce_kernel, cuda_device_count, reduce_kernel_source};
 pub use proto::algo::Algorithm;

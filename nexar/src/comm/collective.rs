@@ -9,11 +9,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use nexar_types::{Buf, DeviceError, Element, RecvBuf, ReduceError, ReduceOp, Reduction, SendBuf};
+use nexar_types::{Buf, DeviceError, Element, RecvBuf, ReduceError, ReduceOp, Reduction, SendBuf, segment_ranges};
 use tokio::task::JoinHandle;
 
 use super::client::NexarClient;
-use super::exec::CollCall;
+use super::exec::{CollCall, broadcast_abort};
 use super::pieces::{Data, Pieces, runs_on_pieces};
 use super::state::CommState;
 use crate::proto::algo::{Algorithm, Collective, Unsupported, generate, select};
@@ -348,14 +348,36 @@ impl NexarClient {
         }
     }
 
-    /// A one-buffer collective on `buf`'s elements as host memory (staged through a host copy
-    /// for device buffers, written back only when the collective succeeded).
+    /// Elements per segment when a one-buffer collective of `count` elements of `T` runs as
+    /// consecutive segments ([`NexarConfig::segment_bytes`](crate::NexarConfig::segment_bytes)),
+    /// `None` when it runs whole. Every rank with the same configuration decides the same.
+    ///
+    /// Only allreduce is split. Any element-wise collective could be, but splitting measured
+    /// slower for broadcast and reduce (each segment drains the pipeline of the one before),
+    /// while a split allreduce measured faster (each segment's working set stays in cache).
+    fn segment_len<T: Element>(&self, kind: Collective, count: usize) -> Option<usize> {
+        let bytes = self.config().segment_bytes;
+        if bytes == 0 || kind != Collective::AllReduce {
+            return None;
+        }
+        let segment = (bytes / T::DTYPE.size()).max(1);
+        (count > segment).then_some(segment)
+    }
+
+    /// A one-buffer collective on `buf`'s elements as host memory. A buffer larger than a
+    /// segment runs segment by segment; otherwise a device buffer is staged through one host
+    /// copy, written back only when the collective succeeded.
     async fn collective_staged<B: RecvBuf + ?Sized>(
         &self,
         kind: Collective,
         op: Option<ReduceOp>,
         buf: &mut B,
     ) -> Result<(), CollectiveError> {
+        let total = buf.elems();
+        if let Some(segment) = self.segment_len::<B::Elem>(kind, total) {
+            let seq = self.comm.next_seq();
+            return self.run_segmented(seq, kind, op, buf, segment).await;
+        }
         let mut stage = match buf.host_stage() {
             Ok(stage) => stage,
             Err(source) => return Err(self.fail_device(Self::call(kind, op, 0), source).await),
@@ -400,8 +422,66 @@ impl NexarClient {
         self.run_collective(seq, call, data, input).await
     }
 
+    /// Runs element-wise collective `seq` on `buf` as consecutive segments of `segment`
+    /// elements, each a collective of its own under the same sequence number (its messages
+    /// tagged with the segment), every header carrying the whole count so ranks that disagree
+    /// fail on the first segment, before any of their bytes are reduced. A device buffer stages the segments so
+    /// that the copies of the next and the previous segment run while this one is on the
+    /// network. On failure every rank fails (one abort covers every segment); segments
+    /// before the failing one hold their results, as a host buffer would.
+    async fn run_segmented<B: RecvBuf + ?Sized>(
+        &self,
+        seq: u64,
+        kind: Collective,
+        op: Option<ReduceOp>,
+        buf: &mut B,
+        segment: usize,
+    ) -> Result<(), CollectiveError> {
+        let total = buf.elems();
+        let ranges: Vec<_> = segment_ranges(total, segment).collect();
+        let call = |part: usize| CollCall {
+            kind,
+            op,
+            count: ranges[part].len() as u64,
+            total: total as u64,
+            fingerprint: 0,
+            part: part as u32,
+        };
+        let rank = self.rank();
+        if let Some(reason) = self.bad_call::<B::Elem>(&call(0)) {
+            return Err(self.fail_seq(seq, call(0), reason).await);
+        }
+        let device = |source| CollectiveError::Device { rank, op: kind.name(), source };
+        let mut stage = match buf.segment_stage(segment).and_then(|mut s| s.prefetch(ranges[0].clone()).map(|()| s)) {
+            Ok(stage) => stage,
+            Err(source) => return Err(self.fail_device_seq(seq, call(0), source).await),
+        };
+        for part in 0..ranges.len() {
+            let next = ranges.get(part + 1).map_or(Ok(()), |r| stage.prefetch(r.clone()));
+            let host = match next.and_then(|()| stage.host()) {
+                Ok(host) => host,
+                Err(source) => return Err(self.fail_device_seq(seq, call(part), source).await),
+            };
+            tracing::trace!(rank, op = kind.name(), seq, part, segments = ranges.len(), "segment");
+            self.run_collective(seq, call(part), host, &[]).await?;
+            if let Err(source) = stage.write_back() {
+                if part + 1 < ranges.len() {
+                    broadcast_abort(self, seq, &format!("rank {rank}: {source}")).await;
+                }
+                return Err(device(source));
+            }
+        }
+        stage.finish().map_err(device)
+    }
+
+    /// [`fail_device`](Self::fail_device) for collective `seq`, already numbered.
+    async fn fail_device_seq(&self, seq: u64, call: CollCall, source: DeviceError) -> CollectiveError {
+        let _ = self.fail_seq(seq, call, source.to_string()).await;
+        CollectiveError::Device { rank: self.rank(), op: call.kind.name(), source }
+    }
+
     fn call(kind: Collective, op: Option<ReduceOp>, count: usize) -> CollCall {
-        CollCall { kind, op, count: count as u64, fingerprint: 0 }
+        CollCall::whole(kind, op, count as u64, 0)
     }
 
     /// Reduces `buf` across all ranks with `op`; every rank ends with the result.
@@ -779,7 +859,11 @@ impl NexarClient {
         let client = self.clone();
         let seq = self.comm.next_seq();
         let (rank, op) = (self.rank(), call.kind.name());
+        let segment = self.segment_len::<T>(call.kind, buf.len());
         let task = tokio::spawn(async move {
+            if let Some(segment) = segment {
+                return client.run_segmented(seq, call.kind, call.op, &mut buf, segment).await.map(|()| buf);
+            }
             if let Some(reason) = client.bad_call::<T>(&call) {
                 return Err(client.fail_seq(seq, call, reason).await);
             }

@@ -23,19 +23,30 @@ use crate::transport::pool::pooled_gather;
 pub(crate) struct CollCall {
     pub kind: Collective,
     pub op: Option<ReduceOp>,
-    /// The count the caller passed (buffer length, or block size for block operations).
+    /// Elements this run works on: the count the caller passed (buffer length, or block size
+    /// for block operations), or one segment of it.
     pub count: u64,
+    /// The count the caller passed, which every rank must agree on (equal to `count` unless
+    /// the call is split into segments).
+    pub total: u64,
     pub fingerprint: u64,
+    /// Which segment of the call this run is (0 when not split).
+    pub part: u32,
 }
 
 impl CollCall {
+    /// A call run whole, not split into segments.
+    pub fn whole(kind: Collective, op: Option<ReduceOp>, count: u64, fingerprint: u64) -> Self {
+        CollCall { kind, op, count, total: count, fingerprint, part: 0 }
+    }
+
     fn check<T: Element>(&self) -> CollCheck {
         CollCheck {
             kind: self.kind.code(),
             op: self.op.map_or(0, ReduceOp::to_wire),
             dtype: T::DTYPE.to_wire(),
             root: self.kind.root().unwrap_or(0) as u32,
-            count: self.count,
+            count: self.total,
             fingerprint: self.fingerprint,
         }
     }
@@ -248,6 +259,7 @@ impl NexarClient {
                         root: check.root,
                         count: check.count,
                         fingerprint: check.fingerprint,
+                        part: call.part,
                         len: src.len as u64,
                     };
                     let link = self.link(to).ok_or(CollectiveError::Closed { rank, op })?;
@@ -263,7 +275,8 @@ impl NexarClient {
                     sends.push((to, done));
                 }
                 Step::Recv { from, dst, reduce } => {
-                    let key = Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq };
+                    let key =
+                        Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq, part: call.part };
                     let held = self.take_coll(key, from, dst.len * size_of::<T>(), op, deadline).await?;
                     let theirs = held.check.ok_or_else(|| internal("collective message without a header"))?;
                     if theirs != check {

@@ -332,7 +332,7 @@ impl NexarClient {
 
     fn p2p_key(&self, src: usize, tag: u64) -> Result<Key, P2pError> {
         self.check_peer("recv", src)?;
-        Ok(Key { comm: self.comm.id, src: self.comm.members[src] as u32, tag })
+        Ok(Key { comm: self.comm.id, src: self.comm.members[src] as u32, tag, part: 0 })
     }
 
     async fn take(&self, key: Key, src: usize, op: &'static str) -> Result<Held, P2pError> {

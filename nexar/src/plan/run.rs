@@ -218,7 +218,7 @@ async fn run_unit<'a>(
     match unit {
         Unit::Bucket { kind, op, dtype, elems, .. } => {
             let name = kind.name();
-            let call = CollCall { kind, op, count: elems as u64, fingerprint };
+            let call = CollCall::whole(kind, op, elems as u64, fingerprint);
             // A bucket of buffers the plan writes (allreduce, broadcast) is reduced where its
             // buffers lie when the schedule allows; otherwise through one flat copy.
             if args.iter().all(|(_, a)| matches!(a, PlanArg::Write(_))) {
@@ -266,7 +266,7 @@ async fn run_unit<'a>(
             Ok(args)
         }
         Unit::Single(Statement::Barrier) => {
-            let call = CollCall { kind: Collective::Barrier, op: None, count: 0, fingerprint };
+            let call = CollCall::whole(Collective::Barrier, None, 0, fingerprint);
             comm.run_collective_cached::<u8>(seq, call, &mut [], &[], schedules).await?;
             Ok(args)
         }
@@ -290,7 +290,7 @@ async fn run_unit<'a>(
                 Collective::ReduceScatter => (recv_shape.1, send_shape.1 == recv_shape.1 * world),
                 _ => (send_shape.1, recv_shape.1 == send_shape.1 * world),
             };
-            let call = CollCall { kind, op, count: block as u64, fingerprint };
+            let call = CollCall::whole(kind, op, block as u64, fingerprint);
             if !fits || send_shape.0 != recv_shape.0 {
                 let reason = format!(
                     "{name} buffers of {} and {} elements do not fit {world} ranks",

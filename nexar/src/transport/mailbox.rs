@@ -22,6 +22,8 @@ pub(crate) struct Key {
     pub comm: u64,
     pub src: u32,
     pub tag: u64,
+    /// The segment of a collective (0 for point-to-point messages and unsplit collectives).
+    pub part: u32,
 }
 
 /// A received, not yet consumed, message.
@@ -56,18 +58,21 @@ pub(crate) fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
         return None;
     };
     let dtype = DType::from_wire(dtype).ok()?;
-    Some((Key { comm, src: incoming.from, tag }, Held { dtype, count, payload: incoming.payload, check: None }))
+    Some((
+        Key { comm, src: incoming.from, tag, part: 0 },
+        Held { dtype, count, payload: incoming.payload, check: None },
+    ))
 }
 
 /// Turns a collective message into a mailbox entry keyed by `(comm, src, seq)`.
 pub(crate) fn coll_entry(incoming: Incoming) -> Option<(Key, Held)> {
-    let PeerMsg::Coll { comm, seq, kind, op, dtype, root, count, fingerprint, len } = incoming.msg else {
+    let PeerMsg::Coll { comm, seq, kind, op, dtype, root, count, fingerprint, part, len } = incoming.msg else {
         return None;
     };
     let check = CollCheck { kind, op, dtype, root, count, fingerprint };
     let dtype = DType::from_wire(dtype).ok()?;
     Some((
-        Key { comm, src: incoming.from, tag: seq },
+        Key { comm, src: incoming.from, tag: seq, part },
         Held { dtype, count: len, payload: incoming.payload, check: Some(check) },
     ))
 }
@@ -453,7 +458,7 @@ mod tests {
     }
 
     fn key(tag: u64) -> Key {
-        Key { comm: 0, src: 1, tag }
+        Key { comm: 0, src: 1, tag, part: 0 }
     }
 
     fn first_byte(h: &Held) -> u8 {
@@ -540,7 +545,7 @@ mod tests {
     async fn an_abort_fails_waiters_drops_stale_messages_and_late_arrivals() {
         let mb = Mailbox::new(8, 1 << 20);
         mb.deliver(key(7), held(1)).await;
-        let other = Key { comm: 0, src: 2, tag: 7 };
+        let other = Key { comm: 0, src: 2, tag: 7, part: 0 };
         let pending = match mb.take_or_wait(other) {
             Ok(Err(p)) => p,
             _ => panic!("nothing held for rank 2 yet"),

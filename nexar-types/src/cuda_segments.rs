@@ -1,0 +1,123 @@
+//! The [`SegmentStage`] of `Buf<T, Cuda>`: each segment is copied into its own pinned host
+//! buffer on the buffer's stream, so the device copy of segment `k + 1` and the write-back of
+//! segment `k - 1` run while the operation works on segment `k` in host memory.
+//!
+//! Two pinned buffers of one segment each are enough: a buffer handed back by `write_back` is
+//! only reused by a later `prefetch`, which the stream orders after that write-back.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, PinnedHostSlice};
+
+use crate::buf::{Buf, DeviceError};
+use crate::cuda::driver;
+use crate::cuda_adapter::CudaAdapter;
+use crate::element::Element;
+use crate::segments::{SegmentStage, check_range, out_of_order};
+use crate::space::Cuda;
+
+/// Segments prefetched and not yet written back, at most.
+const IN_FLIGHT: usize = 2;
+
+/// A `Buf<T, Cuda>` staged segment by segment through pinned host memory.
+pub(crate) struct CudaSegments<'a, T: Element> {
+    buf: &'a mut Buf<T, Cuda>,
+    stream: Arc<CudaStream>,
+    device: usize,
+    /// Elements of each pinned buffer: the longest segment.
+    slot_len: usize,
+    /// Prefetched and not yet written back, oldest first.
+    staged: VecDeque<(Range<usize>, PinnedHostSlice<T>)>,
+    /// Pinned buffers whose segment was written back (the stream orders their reuse).
+    free: Vec<PinnedHostSlice<T>>,
+}
+
+impl<'a, T: Element> CudaSegments<'a, T> {
+    /// Segments of at most `segment` elements of `buf`.
+    pub(crate) fn new(buf: &'a mut Buf<T, Cuda>, segment: usize) -> Self {
+        let (_, stream, device) = buf.storage.parts();
+        let stream = stream.clone();
+        let slot_len = segment.clamp(1, buf.len().max(1));
+        CudaSegments { buf, stream, device, slot_len, staged: VecDeque::new(), free: Vec::new() }
+    }
+
+    fn slot(&mut self) -> Result<PinnedHostSlice<T>, DeviceError> {
+        match self.free.pop() {
+            Some(slot) => Ok(slot),
+            None => CudaAdapter::global().take_pinned(self.device, self.stream.context(), self.slot_len),
+        }
+    }
+}
+
+impl<T: Element> SegmentStage<T> for CudaSegments<'_, T> {
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn prefetch(&mut self, range: Range<usize>) -> Result<(), DeviceError> {
+        check_range(&range, self.buf.len())?;
+        if range.len() > self.slot_len || self.staged.len() >= IN_FLIGHT {
+            return Err(out_of_order(&format!(
+                "segment of {} elements with {} in flight (at most {IN_FLIGHT} of {})",
+                range.len(),
+                self.staged.len(),
+                self.slot_len
+            )));
+        }
+        let mut slot = self.slot()?;
+        if !range.is_empty() {
+            let (slice, _, _) = self.buf.storage.parts();
+            self.stream
+                .memcpy_dtoh(&slice.slice(range.clone()), &mut slot)
+                .map_err(driver("copying a segment to the host", self.device))?;
+        }
+        self.staged.push_back((range, slot));
+        Ok(())
+    }
+
+    fn host(&mut self) -> Result<&mut [T], DeviceError> {
+        let device = self.device;
+        let (range, slot) = self.staged.front_mut().ok_or_else(|| out_of_order("no segment was prefetched"))?;
+        // Waits for this buffer's own copy only; the next segment's copy keeps running.
+        let host = slot.as_mut_slice().map_err(driver("copying a segment to the host", device))?;
+        Ok(&mut host[..range.len()])
+    }
+
+    fn write_back(&mut self) -> Result<(), DeviceError> {
+        let (range, slot) = self.staged.pop_front().ok_or_else(|| out_of_order("no segment to write back"))?;
+        let fail = driver("copying a segment to the device", self.device);
+        let (slice, _) = self.buf.storage.parts_mut();
+        let mut target = slice.slice_mut(range.clone());
+        if range.len() == slot.len() {
+            // Asynchronous: the slot's event records the copy, so its reuse waits for it.
+            self.stream.memcpy_htod(&slot, &mut target).map_err(&fail)?;
+        } else if !range.is_empty() {
+            // A shorter (last) segment is copied from part of the slot, which no event tracks:
+            // wait for it here.
+            let host = slot.as_slice().map_err(&fail)?;
+            self.stream.memcpy_htod(&host[..range.len()], &mut target).map_err(&fail)?;
+            self.stream.synchronize().map_err(&fail)?;
+        }
+        self.free.push(slot);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), DeviceError> {
+        self.stream.synchronize().map_err(driver("copying segments", self.device))
+    }
+}
+
+impl<T: Element> Drop for CudaSegments<'_, T> {
+    /// Waits for every copy this stage started (an operation that stops early, or a future
+    /// that is dropped, leaves nothing running), then keeps the pinned buffers for reuse.
+    fn drop(&mut self) {
+        let settled = self.stream.synchronize().is_ok();
+        let slots = self.free.drain(..).chain(self.staged.drain(..).map(|(_, slot)| slot));
+        if settled {
+            slots.for_each(|slot| CudaAdapter::global().give_pinned(self.device, slot));
+        }
+        // Otherwise each buffer waits for its own copies as it is freed.
+    }
+}
