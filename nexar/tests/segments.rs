@@ -114,6 +114,35 @@ async fn ranks_that_split_differently_fail_before_reducing_anything() {
     .expect("test timed out");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_configured_to_split_differently_are_told_so() {
+    logs();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let configs =
+            [1000, 1000, 0].map(|segment_bytes| NexarConfig { segment_bytes, ..NexarConfig::default() }).to_vec();
+        let ranks = NexarClient::bootstrap_local_each(configs).await.unwrap();
+        let results = on_each(&ranks, |c| async move {
+            let start = Instant::now();
+            let err = c.all_reduce(&mut vec![1i32; 600], Sum).await.expect_err("every rank fails");
+            let took = start.elapsed();
+            let mut next = vec![1i32; 200]; // split by nobody
+            c.all_reduce(&mut next, Sum).await.unwrap();
+            assert_eq!(next, vec![3; 200]);
+            (c.rank(), err, took)
+        })
+        .await;
+        for (rank, err, took) in &results {
+            assert!(*took < Duration::from_secs(2), "rank {rank} took {took:?}: {err}");
+            assert!(err.to_string().contains("NEXAR_SEGMENT_BYTES differs"), "rank {rank}: {err}");
+        }
+        let text = results.iter().map(|(_, e, _)| e.to_string()).collect::<Vec<_>>().join("\n");
+        assert!(text.contains("runs it whole") && text.contains("segments of 250 elements"), "{text}");
+        shutdown_all(ranks).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
 /// What a [`Mirror`]'s stage was asked, in order.
 #[derive(Clone, Debug, PartialEq)]
 enum Event {

@@ -445,6 +445,7 @@ impl NexarClient {
             count: ranges[part].len() as u64,
             total: total as u64,
             fingerprint: 0,
+            segment: segment as u64,
             part: part as u32,
         };
         let rank = self.rank();

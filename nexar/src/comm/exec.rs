@@ -30,6 +30,8 @@ pub(crate) struct CollCall {
     /// the call is split into segments).
     pub total: u64,
     pub fingerprint: u64,
+    /// Elements per segment when the call is split (0 when it runs whole).
+    pub segment: u64,
     /// Which segment of the call this run is (0 when not split).
     pub part: u32,
 }
@@ -37,7 +39,7 @@ pub(crate) struct CollCall {
 impl CollCall {
     /// A call run whole, not split into segments.
     pub fn whole(kind: Collective, op: Option<ReduceOp>, count: u64, fingerprint: u64) -> Self {
-        CollCall { kind, op, count, total: count, fingerprint, part: 0 }
+        CollCall { kind, op, count, total: count, fingerprint, segment: 0, part: 0 }
     }
 
     fn check<T: Element>(&self) -> CollCheck {
@@ -48,6 +50,7 @@ impl CollCall {
             root: self.kind.root().unwrap_or(0) as u32,
             count: self.total,
             fingerprint: self.fingerprint,
+            segment: self.segment,
         }
     }
 }
@@ -66,6 +69,15 @@ fn disagreement(ours: &CollCheck, theirs: &CollCheck, me: usize, peer: usize) ->
         format!("rank {peer} reduces with {}, rank {me} with {}", op_name(theirs.op), op_name(ours.op))
     } else if ours.root != theirs.root {
         format!("rank {peer} named root {}, rank {me} named root {}", theirs.root, ours.root)
+    } else if ours.segment != theirs.segment {
+        let split = |n: u64| {
+            if n == 0 { "runs it whole".to_string() } else { format!("splits it into segments of {n} elements") }
+        };
+        format!(
+            "rank {peer} {}, rank {me} {} (NEXAR_SEGMENT_BYTES differs)",
+            split(theirs.segment),
+            split(ours.segment)
+        )
     } else {
         format!("rank {peer} runs plan {:#018x}, rank {me} runs plan {:#018x}", theirs.fingerprint, ours.fingerprint)
     }
@@ -259,6 +271,7 @@ impl NexarClient {
                         root: check.root,
                         count: check.count,
                         fingerprint: check.fingerprint,
+                        segment: check.segment,
                         part: call.part,
                         len: src.len as u64,
                     };

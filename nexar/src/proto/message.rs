@@ -110,8 +110,10 @@ pub enum PeerMsg {
         count: u64,
         /// Fingerprint of the plan the operation belongs to (0 for none).
         fingerprint: u64,
-        /// The segment of the operation this message carries: a large one-buffer collective
-        /// runs as consecutive segments under one sequence number (0 when not split).
+        /// Elements per segment when the operation runs as consecutive segments under one
+        /// sequence number (a large allreduce), 0 when it runs whole.
+        segment: u64,
+        /// The segment this message belongs to (0 when not split).
         part: u32,
         /// Elements in this message.
         len: u64,
@@ -295,7 +297,7 @@ mod tests {
                 PeerMsg::Setup { tag: 7, body: vec![1, 2, 3] },
                 PeerMsg::Heartbeat,
                 PeerMsg::Abort { comm: 1, seq: 2, reason: "count mismatch".into() },
-                PeerMsg::Coll { comm: 1, seq: 2, kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, part: 1, len: 5 },
+                PeerMsg::Coll { comm: 1, seq: 2, kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, segment: 4, part: 1, len: 5 },
             ];
             let mut bytes = encode(&m[which]).unwrap().to_vec();
             let i = flip % bytes.len();

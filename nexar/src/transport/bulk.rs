@@ -480,7 +480,7 @@ impl BulkInbound {
 /// use nexar::proto::message::{PeerMsg, encode};
 /// use nexar::transport::bulk::decode_group;
 ///
-/// let msg = PeerMsg::Coll { comm: 0, seq: 1, kind: 1, op: 1, dtype: 1, root: 0, count: 2, fingerprint: 0, part: 0, len: 2 };
+/// let msg = PeerMsg::Coll { comm: 0, seq: 1, kind: 1, op: 1, dtype: 1, root: 0, count: 2, fingerprint: 0, segment: 0, part: 0, len: 2 };
 /// let mut group = message_frame(&encode(&msg).unwrap()).to_vec();
 /// group.extend_from_slice(&raw_header(8));
 /// group.extend_from_slice(&[0u8; 8]);
@@ -552,7 +552,19 @@ mod tests {
     use proptest::prelude::*;
 
     fn coll(len: u64) -> PeerMsg {
-        PeerMsg::Coll { comm: 3, seq: 9, kind: 1, op: 1, dtype: 1, root: 0, count: len, fingerprint: 0, part: 0, len }
+        PeerMsg::Coll {
+            comm: 3,
+            seq: 9,
+            kind: 1,
+            op: 1,
+            dtype: 1,
+            root: 0,
+            count: len,
+            fingerprint: 0,
+            segment: 0,
+            part: 0,
+            len,
+        }
     }
 
     fn group(msg: &PeerMsg, raw_len: u64, payload: &[u8]) -> Bytes {

@@ -47,6 +47,8 @@ pub(crate) struct CollCheck {
     pub root: u32,
     pub count: u64,
     pub fingerprint: u64,
+    /// Elements per segment (0: the operation runs whole).
+    pub segment: u64,
 }
 
 /// Remembered aborted collectives per mailbox (their late messages are dropped on arrival).
@@ -66,10 +68,11 @@ pub(crate) fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
 
 /// Turns a collective message into a mailbox entry keyed by `(comm, src, seq)`.
 pub(crate) fn coll_entry(incoming: Incoming) -> Option<(Key, Held)> {
-    let PeerMsg::Coll { comm, seq, kind, op, dtype, root, count, fingerprint, part, len } = incoming.msg else {
+    let PeerMsg::Coll { comm, seq, kind, op, dtype, root, count, fingerprint, segment, part, len } = incoming.msg
+    else {
         return None;
     };
-    let check = CollCheck { kind, op, dtype, root, count, fingerprint };
+    let check = CollCheck { kind, op, dtype, root, count, fingerprint, segment };
     let dtype = DType::from_wire(dtype).ok()?;
     Some((
         Key { comm, src: incoming.from, tag: seq, part },
