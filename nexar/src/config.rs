@@ -136,7 +136,7 @@ pub struct NexarConfig {
     /// 256 KiB): smaller ones stay on QUIC, whose latency path spins.
     pub bulk_min_bytes: usize,
     /// Largest piece of its buffer an allreduce works on at a time (`NEXAR_SEGMENT_BYTES`,
-    /// default 16 MiB; 0 never splits). A larger buffer runs as consecutive segments under
+    /// default 8 MiB; 0 never splits). A larger buffer runs as consecutive segments under
     /// one sequence number, which keeps each segment's working set in cache and lets a device
     /// buffer copy the next and the previous segment while one is on the network. Every rank
     /// must use the same (a rank that differs fails its allreduces with a length mismatch).
@@ -242,7 +242,7 @@ impl Default for NexarConfig {
             topology: Topology::FullMesh,
             bulk_transport: BulkTransport::Tcp,
             bulk_min_bytes: 256 << 10,
-            segment_bytes: 16 << 20,
+            segment_bytes: 8 << 20,
         }
     }
 }
