@@ -13,7 +13,7 @@ use nexar_types::{Buf, DeviceError, Element, RecvBuf, ReduceError, ReduceOp, Red
 use tokio::task::JoinHandle;
 
 use super::client::NexarClient;
-use super::exec::{CollCall, broadcast_abort};
+use super::exec::CollCall;
 use super::pieces::{Data, Pieces, runs_on_pieces};
 use super::state::CommState;
 use crate::proto::algo::{Algorithm, Collective, Unsupported, generate, select};
@@ -410,8 +410,7 @@ impl NexarClient {
     /// This rank cannot reach its buffer's memory: tells the others (as for a bad argument)
     /// and reports the device error here.
     async fn fail_device(&self, call: CollCall, source: DeviceError) -> CollectiveError {
-        let _ = self.fail_early(call, source.to_string()).await;
-        CollectiveError::Device { rank: self.rank(), op: call.kind.name(), source }
+        self.fail_device_seq(self.comm.next_seq(), call, source).await
     }
 
     async fn collective<T: Element>(&self, call: CollCall, data: &mut [T], input: &[T]) -> Result<(), CollectiveError> {
@@ -466,10 +465,11 @@ impl NexarClient {
             tracing::trace!(rank, op = kind.name(), seq, part, segments = ranges.len(), "segment");
             self.run_collective(seq, call(part), host, &[]).await?;
             if let Err(source) = stage.write_back() {
-                if part + 1 < ranges.len() {
-                    broadcast_abort(self, seq, &format!("rank {rank}: {source}")).await;
-                }
-                return Err(device(source));
+                // The others may already run the next segment: fail it for them.
+                return Err(match ranges.get(part + 1) {
+                    Some(_) => self.fail_device_seq(seq, call(part + 1), source).await,
+                    None => device(source),
+                });
             }
         }
         stage.finish().map_err(device)
