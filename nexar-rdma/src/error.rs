@@ -49,6 +49,7 @@ pub enum RdmaError {
 
 impl RdmaError {
     /// A failed verbs call, with the OS error it left.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) fn verbs(call: &'static str, err: std::io::Error) -> RdmaError {
         RdmaError::Verbs { call, reason: err.to_string() }
     }

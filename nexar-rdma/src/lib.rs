@@ -31,6 +31,10 @@ mod error;
 #[cfg(feature = "gpudirect")]
 mod gpudirect;
 pub mod setup;
+#[cfg(feature = "verbs")]
+mod verbs;
+#[cfg(not(feature = "verbs"))]
+#[path = "no_verbs.rs"]
 mod verbs;
 mod wire;
 
@@ -38,12 +42,26 @@ pub use attach::{AttachReport, LinkTransport, attach};
 pub use error::RdmaError;
 #[cfg(feature = "gpudirect")]
 pub use gpudirect::{GpuRegion, Refused, gpudirect_support};
-pub use verbs::DeviceInfo;
+
+/// A device ibverbs lists.
+///
+/// ```
+/// let d = nexar_rdma::DeviceInfo { name: "mlx5_0".into(), guid: 0x1234 };
+/// assert_eq!(d.name, "mlx5_0");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Kernel name, e.g. `mlx5_0`.
+    pub name: String,
+    /// Node GUID.
+    pub guid: u64,
+}
 
 /// Which fabric carries the links.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Fabric {
-    /// RDMA NICs through ibverbs (falls back to QUIC where there is none).
+    /// RDMA NICs through ibverbs (falls back to QUIC where there is none, and everywhere in a
+    /// build without the `verbs` feature).
     #[default]
     Verbs,
     /// The in-process emulation of a NIC: ranks of one process only. For tests, and for
@@ -141,6 +159,8 @@ impl RdmaConfig {
 ///     Ok(devices) => println!("{devices:?}"),
 ///     Err(e) => println!("{e}"), // "no RDMA device: ..."
 /// }
+/// # #[cfg(not(feature = "verbs"))]
+/// # assert!(nexar_rdma::devices().unwrap_err().to_string().contains("built without the verbs feature"));
 /// ```
 pub fn devices() -> Result<Vec<DeviceInfo>, RdmaError> {
     verbs::discover()

@@ -16,7 +16,7 @@ use std::ptr;
 
 use ibverbs_sys as ffi;
 
-use crate::RdmaError;
+use crate::{DeviceInfo, RdmaError};
 use crate::setup::{FabricKind, QpOffer};
 use crate::wire::{Completion, Wire};
 
@@ -24,15 +24,6 @@ use crate::wire::{Completion, Wire};
 const PORT: u8 = 1;
 /// `wr_id` of credit writes (data writes use their slot).
 const CREDIT_WR: u64 = u64::MAX;
-
-/// A device ibverbs lists.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceInfo {
-    /// Kernel name, e.g. `mlx5_0`.
-    pub name: String,
-    /// Node GUID.
-    pub guid: u64,
-}
 
 /// Lists RDMA devices; [`RdmaError::NoDevice`] when there are none or the kernel has no
 /// RDMA support.
