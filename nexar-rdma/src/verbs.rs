@@ -16,9 +16,9 @@ use std::ptr;
 
 use ibverbs_sys as ffi;
 
-use crate::{DeviceInfo, RdmaError};
 use crate::setup::{FabricKind, QpOffer};
 use crate::wire::{Completion, Wire};
+use crate::{DeviceInfo, RdmaError};
 
 /// The port every link uses (the first one, as in the ibverbs crate).
 const PORT: u8 = 1;

@@ -135,6 +135,21 @@ pub struct NexarConfig {
     /// Smallest collective message that takes the TCP lane (`NEXAR_BULK_MIN_BYTES`, default
     /// 256 KiB): smaller ones stay on QUIC, whose latency path spins.
     pub bulk_min_bytes: usize,
+    /// Whether the TCP lane encrypts collective payloads (`NEXAR_BULK_ENCRYPTION`: `on`, the
+    /// default, or `off`). **Off is insecure**: for an isolated, trusted fabric only, where
+    /// nexar is compared with MPI, which encrypts nothing. Collective payloads on the TCP lane
+    /// then travel as plaintext, readable and alterable by anyone on the path; the lane's TLS
+    /// handshake, rank-bound certificates and link tokens, and everything on QUIC (control,
+    /// point-to-point, RPC, small collectives), stay authenticated and encrypted. Every rank
+    /// of a cluster must use the same: the seed refuses a worker that differs from the first
+    /// one to join. Each rank logs a warning when it is off.
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_BULK_ENCRYPTION").then(|| "off".into())).unwrap();
+    /// assert!(!cfg.bulk_encryption);
+    /// assert!(nexar::NexarConfig::default().bulk_encryption);
+    /// ```
+    pub bulk_encryption: bool,
     /// Largest piece of its buffer an allreduce works on at a time (`NEXAR_SEGMENT_BYTES`,
     /// default 8 MiB; 0 never splits). A larger buffer runs as consecutive segments under
     /// one sequence number, which keeps each segment's working set in cache and lets a device
@@ -242,6 +257,7 @@ impl Default for NexarConfig {
             topology: Topology::FullMesh,
             bulk_transport: BulkTransport::Tcp,
             bulk_min_bytes: 256 << 10,
+            bulk_encryption: true,
             segment_bytes: 8 << 20,
         }
     }
@@ -363,6 +379,13 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_BULK_MIN_BYTES") {
             c.bulk_min_bytes =
                 usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;
+        }
+        if let Some((var, v)) = get("NEXAR_BULK_ENCRYPTION") {
+            c.bulk_encryption = match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => return Err(invalid(var, &v, "expected on or off")),
+            };
         }
         if let Some((var, v)) = get("NEXAR_SEGMENT_BYTES") {
             c.segment_bytes =

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod affinity;
 pub mod cluster;
 pub mod comm;
 pub mod config;

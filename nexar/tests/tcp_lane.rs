@@ -115,3 +115,54 @@ async fn a_rank_without_the_lane_keeps_its_links_on_quic() {
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_lanes_carry_every_collective() {
+    common::logs();
+    let run = async {
+        let cfg = NexarConfig { bulk_encryption: false, ..tcp(0) };
+        let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
+        common::on_each(&ranks, move |c| async move {
+            for p in (0..3).filter(|p| *p != c.rank()) {
+                assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
+            }
+            common::check_every_collective(&c, &[0, 1, 1000, 300_007, 1 << 20]).await;
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_refuses_a_worker_whose_bulk_encryption_differs_and_the_cluster_still_forms() {
+    common::logs();
+    let run = async {
+        let cfg = NexarConfig { world_size: Some(2), listen_addr: "127.0.0.1:0".parse().unwrap(), ..tcp(0) };
+        let seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
+        let (addr, token) = (seed.local_addr(), seed.token().to_string());
+        let first = {
+            let (token, cfg) = (token.clone(), cfg.clone());
+            tokio::spawn(async move { NexarClient::connect(addr, &token, cfg).await })
+        };
+        // Let the first worker fix the cluster's setting.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let plain = NexarConfig { bulk_encryption: false, ..cfg.clone() };
+        match NexarClient::connect(addr, &token, plain).await {
+            Err(NexarError::Cluster(nexar::ClusterError::JoinRejected { reason, .. })) => {
+                assert!(reason.contains("NEXAR_BULK_ENCRYPTION=off"), "{reason}");
+                assert!(reason.contains("every rank must use the same"), "{reason}");
+            }
+            Err(other) => panic!("refused for another reason: {other}"),
+            Ok(_) => panic!("a worker with another NEXAR_BULK_ENCRYPTION joined"),
+        }
+        let second = NexarClient::connect(addr, &token, cfg).await.unwrap();
+        let first = first.await.unwrap().unwrap();
+        common::on_each(&[first, second], |c| async move {
+            common::check_every_collective(&c, &[1, 300_007]).await;
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}

@@ -58,6 +58,7 @@ pub(crate) async fn join(
         secret: token.secret().to_vec(),
         csr_der,
         listen_addr: listen.to_string(),
+        bulk_encryption: cfg.bulk_encryption,
     };
     write_message(&mut send, &request).await.map_err(|e| connect_err(e.to_string()))?;
 

@@ -48,6 +48,8 @@ struct Shared {
     slots: Mutex<Slots>,
     table: watch::Sender<Option<Vec<SocketAddr>>>,
     members: watch::Sender<usize>,
+    /// `NEXAR_BULK_ENCRYPTION` of the first worker that joined: every later one must match.
+    bulk_encryption: Mutex<Option<bool>>,
 }
 
 struct Slots {
@@ -89,6 +91,7 @@ impl SeedNode {
             slots: Mutex::new(Slots { addrs: vec![None; world], formed: false }),
             table: watch::channel(None).0,
             members: watch::channel(0).0,
+            bulk_encryption: Mutex::new(None),
         });
         let local = endpoint.local_addr().map_err(|e| TransportError::Bind { addr, reason: e.to_string() })?;
         tracing::info!(%local, world, "seed listening");
@@ -182,7 +185,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
         Ok(r) => r?,
         Err(_) => return Err(format!("sent no valid join request within {limit:?}")),
     };
-    let SeedRequest::Join { protocol, secret, csr_der, listen_addr } = req;
+    let SeedRequest::Join { protocol, secret, csr_der, listen_addr, bulk_encryption } = req;
     if !shared.token.secret_matches(&secret) {
         return Err(reject(&conn, &mut send, "invalid join token".into()).await);
     }
@@ -193,6 +196,9 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
             format!("protocol version {protocol} is not supported (seed speaks {PROTOCOL_VERSION})"),
         )
         .await);
+    }
+    if let Err(reason) = agree_on_encryption(shared, bulk_encryption) {
+        return Err(reject(&conn, &mut send, reason).await);
     }
     let mut listen: SocketAddr = match listen_addr.parse() {
         Ok(a) => a,
@@ -231,6 +237,25 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     let result = serve_member(shared, &conn, &mut send, rank).await;
     shared.members.send_modify(|n| *n -= 1);
     result
+}
+
+/// The first worker's `NEXAR_BULK_ENCRYPTION` becomes the cluster's; a worker that differs is
+/// refused, since its lanes could not read its peers' records (nor they its).
+fn agree_on_encryption(shared: &Shared, theirs: bool) -> Result<(), String> {
+    let word = |on: bool| if on { "on" } else { "off" };
+    let mut agreed = crate::sync::lock(&shared.bulk_encryption);
+    match *agreed {
+        None => {
+            *agreed = Some(theirs);
+            Ok(())
+        }
+        Some(cluster) if cluster == theirs => Ok(()),
+        Some(cluster) => Err(format!(
+            "this worker runs with NEXAR_BULK_ENCRYPTION={}, the cluster's first worker with {}: every rank must use the same",
+            word(theirs),
+            word(cluster)
+        )),
+    }
 }
 
 /// After the welcome: publish the table when it is complete, then stay connected until the

@@ -76,8 +76,9 @@ pub(crate) struct Inner {
     pub coll: Arc<Mailbox>,
     /// Reused send and scratch buffers.
     pub pool: Arc<BufferPool>,
-    /// How long receives poll before parking (see `NexarConfig::spin`).
-    pub spin: Duration,
+    /// How long receives poll before parking (see `NexarConfig::spin`), adapted to whether
+    /// spinning pays.
+    pub spin: super::spin::SpinGovernor,
     pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     /// Wakes whoever waits for peers' goodbyes.
     goodbyes: Notify,
@@ -312,7 +313,14 @@ impl NexarClient {
         // The data and raw lanes go straight into the mailboxes; their queues stay unused.
         let LaneReceivers { rpc_requests, rpc_responses, control, .. } = receivers;
         let world = addrs.len();
-        let spin = cfg.spin.unwrap_or_else(|| default_spin(addrs, rank));
+        let spin = super::spin::SpinGovernor::new(cfg.spin.unwrap_or_else(|| default_spin(addrs, rank)));
+        if !cfg.bulk_encryption && cfg.bulk_transport == crate::BulkTransport::Tcp {
+            tracing::warn!(
+                rank,
+                "INSECURE: NEXAR_BULK_ENCRYPTION=off: collective payloads on the TCP lanes travel unencrypted and \
+                 unauthenticated; use it only on a trusted, isolated fabric"
+            );
+        }
         let inner = Arc::new(Inner {
             rank,
             cfg,

@@ -2,7 +2,7 @@
 //! schedule over the links, checks every incoming header against its own call, and turns any
 //! disagreement, timeout or cancellation into an abort that reaches every rank.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nexar_types::{Element, ReduceOp, reduce_slice};
 use tokio::sync::oneshot;
@@ -393,7 +393,7 @@ impl NexarClient {
         };
         // A message that comes through another transport's threads is not worth a core.
         let other_transport = self.inner.links.get(key.src as usize).is_some_and(|l| l.bulk_takes(bytes));
-        let spin = if other_transport { Duration::ZERO } else { self.inner.spin };
+        let spin = if other_transport { None } else { Some(&self.inner.spin) };
         if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin).await.map_err(refused)? {
             return Ok(held);
         }

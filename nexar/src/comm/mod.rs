@@ -10,7 +10,7 @@ mod p2p;
 mod pieces;
 mod recovery;
 mod route;
-mod spin;
+pub(crate) mod spin;
 mod state;
 mod tcp_lane;
 

@@ -350,7 +350,9 @@ impl NexarClient {
             Refusal::Closed | Refusal::Aborted(_) | Refusal::LinkFailed(_) => P2pError::Closed { rank, op },
             Refusal::SourceGone(reason) => P2pError::PeerGone { rank, op, peer: src, reason },
         };
-        if let Some(held) = super::spin::spin_take(&self.inner.mailbox, key, self.inner.spin).await.map_err(refused)? {
+        if let Some(held) =
+            super::spin::spin_take(&self.inner.mailbox, key, Some(&self.inner.spin)).await.map_err(refused)?
+        {
             return Ok(held);
         }
         let pending = match self.inner.mailbox.take_or_wait(key).map_err(refused)? {

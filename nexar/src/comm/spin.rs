@@ -1,27 +1,218 @@
 //! Spin-then-park: a receive that finds nothing polls for a bounded time before it registers a
-//! waiter and lets its thread sleep.
+//! waiter and lets its thread sleep, and the bound adapts to whether spinning pays.
+//!
+//! Spinning pays while the message is on its way and this rank has a core of its own: a thread
+//! wake-up costs tens of microseconds (hundreds on some virtual machines), more than a small
+//! message's flight. It hurts when the rank that must send the message waits for the very core
+//! this rank spins on. That is what a busy host does to unbound ranks: the kernel places a
+//! woken rank on its waker's core, and from then on every step of a collective waits out the
+//! whole spin window before the spinner parks and the peer can run (each 4 KiB allreduce took
+//! twice the window, 2 ms instead of 10 µs). [`SpinGovernor`] sees that every window expires,
+//! shrinks the window to nothing within a few steps, and probes a full window again at growing
+//! intervals, so a rank that gets a core of its own back spins again. Binding ranks to cores
+//! ([`crate::affinity`]) prevents the placement in the first place.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::transport::mailbox::{Held, Key, Mailbox, Refusal};
 
-/// Polls `mailbox` for `key` for up to `limit`, yielding between polls so this runtime keeps
-/// driving its I/O (the message we wait for arrives through it). `Ok(None)` when nothing came.
-///
-/// Waking a parked thread costs tens of microseconds on these machines, more than a small
-/// message's flight; the bound keeps a long wait from burning a core.
-pub(super) async fn spin_take(mailbox: &Mailbox, key: Key, limit: Duration) -> Result<Option<Held>, Refusal> {
-    if limit.is_zero() {
+/// A window this short is not worth a poll: below it the governor stops spinning.
+const MIN_WINDOW_NS: u64 = 4_000;
+/// Waits between two full-window probes while spinning is off; doubled after each probe that
+/// expires, up to [`MAX_PROBE_GAP`].
+const FIRST_PROBE_GAP: u64 = 64;
+/// The longest gap between probes: a co-located rank pays one window per this many waits.
+const MAX_PROBE_GAP: u64 = 8_192;
+
+/// The adaptive spin window of one client: the configured window while messages arrive within
+/// it, halved each time a window expires empty, and restored by the first spin that finds its
+/// message. Shared by every receive of the client; races between them only blur the estimate.
+#[derive(Debug)]
+pub(crate) struct SpinGovernor {
+    /// The configured window, in nanoseconds (0: never spin).
+    max_ns: u64,
+    /// The window the next wait spins for.
+    window_ns: AtomicU64,
+    /// Waits so far (for the probe schedule).
+    waits: AtomicU64,
+    /// The wait at which spinning is next probed while the window is zero.
+    next_probe: AtomicU64,
+    /// The current gap between probes.
+    probe_gap: AtomicU64,
+}
+
+/// How one spin ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spun {
+    /// The message came within the window.
+    Found,
+    /// The window passed without it.
+    Expired,
+}
+
+impl SpinGovernor {
+    /// A governor whose window never exceeds `max`.
+    pub(crate) fn new(max: Duration) -> SpinGovernor {
+        let max_ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+        SpinGovernor {
+            max_ns,
+            window_ns: AtomicU64::new(max_ns),
+            waits: AtomicU64::new(0),
+            next_probe: AtomicU64::new(0),
+            probe_gap: AtomicU64::new(FIRST_PROBE_GAP),
+        }
+    }
+
+    /// The configured window.
+    pub(crate) fn max(&self) -> Duration {
+        Duration::from_nanos(self.max_ns)
+    }
+
+    /// How long the next wait spins.
+    pub(crate) fn window(&self) -> Duration {
+        let n = self.waits.fetch_add(1, Relaxed);
+        let window = self.window_ns.load(Relaxed);
+        if window == 0 && self.max_ns > 0 && n >= self.next_probe.load(Relaxed) {
+            // A probe. Spins expire when the sender waits for this very core, so leave it
+            // first: the probe then tells whether spinning pays elsewhere.
+            crate::affinity::hop_off_current_cpu();
+            return Duration::from_nanos(self.max_ns);
+        }
+        Duration::from_nanos(window)
+    }
+
+    /// Records how a wait's spin of `window` ended.
+    pub(crate) fn record(&self, window: Duration, spun: Spun) {
+        if window.is_zero() {
+            return;
+        }
+        match spun {
+            Spun::Found => {
+                self.window_ns.store(self.max_ns, Relaxed);
+                self.probe_gap.store(FIRST_PROBE_GAP, Relaxed);
+            }
+            Spun::Expired => {
+                let half = self.window_ns.load(Relaxed) / 2;
+                if half >= MIN_WINDOW_NS {
+                    self.window_ns.store(half, Relaxed);
+                    return;
+                }
+                if self.window_ns.swap(0, Relaxed) != 0 {
+                    tracing::debug!(max = ?self.max(), "receive spin: windows keep expiring, parking at once");
+                    // Probe at once (from another core), then at growing intervals.
+                    self.next_probe.store(self.waits.load(Relaxed), Relaxed);
+                    return;
+                }
+                // A probe that expired: wait longer before the next one.
+                let gap = self.probe_gap.load(Relaxed);
+                self.next_probe.store((self.waits.load(Relaxed) + gap).saturating_sub(1), Relaxed);
+                self.probe_gap.store((gap * 2).min(MAX_PROBE_GAP), Relaxed);
+            }
+        }
+    }
+}
+
+/// A gap this long between two polls means this thread lost its core meanwhile: whatever the
+/// spin found then, another thread (perhaps the sender) had to run first.
+const PREEMPTED: Duration = Duration::from_micros(100);
+
+/// Polls `mailbox` for `key` for up to the governor's window, yielding between polls so this
+/// runtime keeps driving its I/O (the message we wait for arrives through it). `Ok(None)` when
+/// nothing came. `spin` is `None` where spinning is not worth a core at all.
+pub(super) async fn spin_take(
+    mailbox: &Mailbox,
+    key: Key,
+    spin: Option<&SpinGovernor>,
+) -> Result<Option<Held>, Refusal> {
+    match spin {
+        Some(governor) => spin_poll(governor, || mailbox.try_take(key)).await,
+        None => Ok(None),
+    }
+}
+
+/// Calls `poll` until it yields a value, fails, or the governor's window passes (`Ok(None)`),
+/// yielding to the runtime between calls. A spin counts as paying only if it found its value
+/// without losing the core on the way; one that found it only after the thread was preempted
+/// (as when the sender shares this core) counts as expired.
+pub(crate) async fn spin_poll<T, E>(
+    governor: &SpinGovernor,
+    mut poll: impl FnMut() -> Result<Option<T>, E>,
+) -> Result<Option<T>, E> {
+    let window = governor.window();
+    if window.is_zero() {
         return Ok(None);
     }
-    let until = Instant::now() + limit;
-    loop {
-        if let Some(held) = mailbox.try_take(key)? {
-            return Ok(Some(held));
+    let start = Instant::now();
+    let (until, mut last, mut preempted) = (start + window, start, false);
+    for polls in 0u64.. {
+        if let Some(value) = poll()? {
+            // Found at once, the spin says nothing about whether spinning pays.
+            if polls > 0 {
+                governor.record(window, if preempted { Spun::Expired } else { Spun::Found });
+            }
+            return Ok(Some(value));
         }
-        if Instant::now() >= until {
+        let now = Instant::now();
+        preempted |= now.duration_since(last) > PREEMPTED;
+        last = now;
+        if now >= until {
+            governor.record(window, Spun::Expired);
             return Ok(None);
         }
         tokio::task::yield_now().await;
+    }
+    unreachable!("a u64 of polls does not run out")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiring_windows_turn_spinning_off_and_probes_back_off() {
+        let g = SpinGovernor::new(Duration::from_millis(1));
+        let mut spun = Vec::new();
+        for _ in 0..20 {
+            let w = g.window();
+            spun.push(w);
+            g.record(w, Spun::Expired);
+        }
+        // 1 ms, 500 µs, ... down to under 4 µs: then off.
+        assert_eq!(spun[0], Duration::from_millis(1));
+        assert_eq!(spun[1], Duration::from_micros(500));
+        let off = spun.iter().position(|w| w.is_zero()).expect("spinning never turned off");
+        assert!(off <= 10, "{spun:?}");
+        // Off: the next probe comes FIRST_PROBE_GAP waits later, then twice as far.
+        let mut probes = Vec::new();
+        for i in 0..1_000u64 {
+            let w = g.window();
+            if !w.is_zero() {
+                assert_eq!(w, Duration::from_millis(1));
+                probes.push(i);
+            }
+            g.record(w, Spun::Expired);
+        }
+        assert!(probes.len() >= 3, "{probes:?}");
+        let gaps: Vec<u64> = probes.windows(2).map(|p| p[1] - p[0]).collect();
+        assert!(gaps.windows(2).all(|g| g[1] == 2 * g[0]), "{gaps:?}");
+    }
+
+    #[test]
+    fn one_spin_that_finds_its_message_restores_the_window() {
+        let g = SpinGovernor::new(Duration::from_micros(800));
+        for _ in 0..12 {
+            let w = g.window();
+            g.record(w, Spun::Expired);
+        }
+        // Wait for the probe, which succeeds.
+        let probe = (0..200).map(|_| g.window()).find(|w| !w.is_zero()).expect("no probe");
+        g.record(probe, Spun::Found);
+        assert_eq!(g.window(), Duration::from_micros(800));
+        // A zero window never changes anything.
+        let never = SpinGovernor::new(Duration::ZERO);
+        assert_eq!(never.window(), Duration::ZERO);
+        never.record(Duration::ZERO, Spun::Expired);
+        assert_eq!(never.window(), Duration::ZERO);
     }
 }

@@ -237,7 +237,7 @@ impl NexarClient {
         let inbound = self.bulk_inbound(peer).ok_or_else(|| format!("rank {peer} is not a peer"))?;
         let cfg = self.config();
         let max_group = cfg.max_message_bytes.saturating_add(GROUP_OVERHEAD);
-        let lane = TcpLane::start(peer, conns, inbound, max_group, cfg.bulk_min_bytes)
+        let lane = TcpLane::start(peer, conns, inbound, max_group, cfg.bulk_min_bytes, cfg.bulk_encryption)
             .map_err(|e| format!("cannot start the lane's threads: {e}"))?;
         self.attach_bulk(peer, Arc::new(lane)).map_err(|e| e.to_string())
     }

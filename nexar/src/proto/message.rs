@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::frame::FrameError;
 
 /// Version of the join protocol; a seed refuses workers that speak another.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// What a worker sends the seed on its join stream.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -28,6 +28,9 @@ pub enum SeedRequest {
         /// Where the worker listens for peers; an unspecified IP is replaced by the address
         /// the seed sees the worker connect from.
         listen_addr: String,
+        /// Whether the worker encrypts collective payloads on its TCP lanes
+        /// (`NEXAR_BULK_ENCRYPTION`): every rank of a cluster must agree.
+        bulk_encryption: bool,
     },
 }
 
@@ -264,6 +267,7 @@ mod tests {
             secret: vec![1; 16],
             csr_der: vec![2; 300],
             listen_addr: "127.0.0.1:5000".into(),
+            bulk_encryption: true,
         };
         assert_eq!(decode::<SeedRequest>(&encode(&m).unwrap()).unwrap(), m);
         let p = PeerMsg::P2p { comm: 0, tag: u64::MAX, dtype: 1, count: 3 };

@@ -7,6 +7,7 @@ use tokio::sync::oneshot;
 
 use super::{RpcError, Status};
 use crate::comm::NexarClient;
+use crate::comm::spin::spin_poll;
 use crate::proto::message::PeerMsg;
 use crate::transport::framed::{Payload, PayloadError};
 
@@ -91,13 +92,15 @@ impl NexarClient {
         let after = self.config().op_timeout;
         let mut rx = rx;
         // Spin-then-park, as receives do: a thread wake-up costs more than a short call.
-        let until = std::time::Instant::now() + self.inner.spin;
-        while std::time::Instant::now() < until {
-            match rx.try_recv() {
-                Ok(reply) => return body_of(reply).map_err(unreadable),
-                Err(oneshot::error::TryRecvError::Empty) => tokio::task::yield_now().await,
-                Err(oneshot::error::TryRecvError::Closed) => return Err(lost("the client is shutting down".into())),
-            }
+        let closed = || lost("the client is shutting down".into());
+        let early = spin_poll(&self.inner.spin, || match rx.try_recv() {
+            Ok(reply) => Ok(Some(reply)),
+            Err(oneshot::error::TryRecvError::Empty) => Ok(None),
+            Err(oneshot::error::TryRecvError::Closed) => Err(closed()),
+        })
+        .await?;
+        if let Some(reply) = early {
+            return body_of(reply).map_err(unreadable);
         }
         tokio::select! {
             reply = rx => {

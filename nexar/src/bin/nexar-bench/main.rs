@@ -10,6 +10,7 @@
 //! rank's time, as in the OpenMPI and Gloo baselines.
 
 mod soak;
+mod spread;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use std::time::Instant;
 use clap::{Parser, ValueEnum};
 use nexar::prelude::*;
 use nexar::{CollectiveError, bf16, f16};
+use spread::Spread;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -107,14 +109,21 @@ async fn run_plan(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collectiv
             }
         }
         comm.all_reduce(&mut times, Max).await?;
-        times.sort_by(f64::total_cmp);
-        let time_us = times[times.len() / 2];
+        let time_us = Spread::of(&times).p50;
         let bytes = PLAN_TENSORS * PLAN_TENSOR_LEN * 4;
         let algbw = bytes as f64 / time_us / 1e3;
         if r == 0 {
             println!("# {mode}: {PLAN_TENSORS} allreduces of {PLAN_TENSOR_LEN} f32 in {time_us:.1} us");
         }
-        rows.push(Row { bytes, count: PLAN_TENSORS, time_us, algbw, busbw: algbw * 2.0 * (w - 1.0) / w, wrong });
+        rows.push(Row {
+            bytes,
+            count: PLAN_TENSORS,
+            time_us,
+            algbw,
+            busbw: algbw * 2.0 * (w - 1.0) / w,
+            wrong,
+            iters: times,
+        });
     }
     if r == 0 {
         println!("# fused plan speed-up over separate calls: {:.1}x", rows[1].time_us / rows[0].time_us);
@@ -135,7 +144,7 @@ async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
     let fail = |e: nexar::RpcError| CollectiveError::Internal { rank: comm.rank(), op: "rpc", what: e.to_string() };
     let mut rows = Vec::new();
     for bytes in sizes(args) {
-        let mut row = Row { bytes, count: 1, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong: 0 };
+        let mut row = Row { bytes, count: 1, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong: 0, iters: Vec::new() };
         if comm.rank() == 0 && comm.world_size() > 1 {
             let payload = vec![7u8; bytes];
             let back = echo::call(comm, 1, payload.clone()).await.map_err(fail)?;
@@ -149,8 +158,8 @@ async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
                 echo::call(comm, 1, payload.clone()).await.map_err(fail)?;
                 times.push(start.elapsed().as_secs_f64() * 1e6);
             }
-            times.sort_by(f64::total_cmp);
-            row.time_us = times[times.len() / 2];
+            row.time_us = Spread::of(&times).p50;
+            row.iters = times;
             let total = (args.iters * 100).max(2_000);
             let start = Instant::now();
             let mut flight: tokio::task::JoinSet<Result<(), nexar::RpcError>> = tokio::task::JoinSet::new();
@@ -184,6 +193,13 @@ async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
         rows.push(row);
     }
     Ok(rows)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum BindTo {
+    Core,
+    None,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -227,6 +243,15 @@ struct Args {
     /// Run the ranks as tasks in this process instead of separate processes.
     #[arg(long)]
     inproc: bool,
+    /// Per-iteration timing: print p50, p99, the largest iteration and the share of
+    /// iterations over 10x the median for each size, and write every iteration to the JSON.
+    #[arg(short = 'I', long = "per-iteration")]
+    per_iteration: bool,
+    /// Bind each rank's runtime thread to a core of its own when the ranks fit the cores
+    /// (`core`, the default, as Open MPI's mpirun binds ranks) or leave placement to the
+    /// kernel (`none`). The TCP lanes' threads are never bound.
+    #[arg(long, value_enum, default_value = "core")]
+    bind_to: BindTo,
     /// Where to write the JSON results.
     #[arg(long, default_value = "nexar-bench.json")]
     json: String,
@@ -271,6 +296,8 @@ struct Row {
     algbw: f64,
     busbw: f64,
     wrong: u64,
+    /// Per-iteration times (the slowest rank's, in order), for `-I`.
+    iters: Vec<f64>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -304,6 +331,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let token = args.token.clone().ok_or("worker needs --token")?;
         let cfg = NexarConfig { listen_addr: "127.0.0.1:0".parse()?, ..NexarConfig::from_env()? };
         let comm = NexarClient::connect(seed, &token, cfg).await?;
+        // The runtime thread (this one: the runtime has one thread) gets a core of its own;
+        // the TCP lanes' threads keep every core.
+        if args.bind_to == BindTo::Core
+            && let Some(cpu) = nexar::affinity::core_for(comm.rank(), comm.world_size())?
+        {
+            nexar::affinity::bind_thread(cpu)?;
+        }
         if args.op == Op::Soak {
             return Ok(soak::run(comm, args).await?);
         }
@@ -527,8 +561,7 @@ async fn run_size<T: Summable>(comm: &NexarClient, args: &Args, bytes: usize) ->
     }
     // The slowest rank's time for each iteration, then the median over iterations.
     comm.all_reduce(&mut times, Max).await?;
-    times.sort_by(f64::total_cmp);
-    let time_us = times[times.len() / 2];
+    let time_us = Spread::of(&times).p50;
     let moved = (recv_len.max(send_len) * size_of::<T>()) as f64;
     let algbw = if time_us > 0.0 { moved / time_us / 1e3 } else { 0.0 };
     let factor = match args.op {
@@ -543,6 +576,7 @@ async fn run_size<T: Summable>(comm: &NexarClient, args: &Args, bytes: usize) ->
         algbw,
         busbw: algbw * factor,
         wrong: wrong_here[0],
+        iters: times,
     })
 }
 
@@ -555,10 +589,17 @@ fn peak_rss_kib() -> u64 {
 }
 
 fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box<dyn std::error::Error>> {
-    let mode = if args.inproc { "one process" } else { "separate processes" };
+    let mode = match (args.inproc, args.bind_to) {
+        (true, _) => "one process",
+        (false, BindTo::Core) => "separate processes, each runtime thread on a core of its own when they fit",
+        (false, BindTo::None) => "separate processes, unbound",
+    };
     let transport = match NexarConfig::from_env()? {
-        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, .. } => {
+        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption: true, .. } => {
             format!("QUIC + TLS, collective messages from {bulk_min_bytes} B on TLS/TCP lanes")
+        }
+        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption: false, .. } => {
+            format!("QUIC + TLS, collective messages from {bulk_min_bytes} B on TCP lanes UNENCRYPTED")
         }
         _ => "QUIC + TLS".to_string(),
     };
@@ -566,19 +607,36 @@ fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box<dyn std::e
         "# nexar-bench: {:?} {:?}, {} ranks ({mode}, {transport} on loopback), {} iterations after {} warm-ups",
         args.op, args.dtype, args.np, args.iters, args.warmup
     );
+    let spread_header = if args.per_iteration {
+        format!(" {:>10} {:>10} {:>10} {:>8}", "p50(us)", "p99(us)", "max(us)", ">10x(%)")
+    } else {
+        String::new()
+    };
     println!(
-        "#{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}",
+        "#{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}{spread_header}",
         "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
     );
     let mut json = String::from("[\n");
     for (i, r) in rows.iter().enumerate() {
+        let spread = Spread::of(&r.iters);
+        let spread_cols = if args.per_iteration {
+            format!(" {:>10.1} {:>10.1} {:>10.1} {:>8.2}", spread.p50, spread.p99, spread.max, spread.over_10x * 100.0)
+        } else {
+            String::new()
+        };
         println!(
-            " {:>12} {:>12} {:>12.1} {:>10.3} {:>10.3} {:>8}",
+            " {:>12} {:>12} {:>12.1} {:>10.3} {:>10.3} {:>8}{spread_cols}",
             r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong
         );
+        let iters = if args.per_iteration {
+            let all: Vec<String> = r.iters.iter().map(|t| format!("{t:.2}")).collect();
+            format!(", \"iter_us\": [{}]", all.join(", "))
+        } else {
+            String::new()
+        };
         json.push_str(&format!(
-            "  {{\"op\": \"{:?}\", \"dtype\": \"{:?}\", \"np\": {}, \"bytes\": {}, \"count\": {}, \"time_us\": {:.3}, \"algbw_gbps\": {:.4}, \"busbw_gbps\": {:.4}, \"wrong\": {}}}{}\n",
-            args.op, args.dtype, args.np, r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong, if i + 1 < rows.len() { "," } else { "" }
+            "  {{\"op\": \"{:?}\", \"dtype\": \"{:?}\", \"np\": {}, \"bytes\": {}, \"count\": {}, \"time_us\": {:.3}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"over_10x\": {:.5}, \"algbw_gbps\": {:.4}, \"busbw_gbps\": {:.4}, \"wrong\": {}{iters}}}{}\n",
+            args.op, args.dtype, args.np, r.bytes, r.count, r.time_us, spread.p50, spread.p99, spread.max, spread.over_10x, r.algbw, r.busbw, r.wrong, if i + 1 < rows.len() { "," } else { "" }
         ));
     }
     json.push(']');

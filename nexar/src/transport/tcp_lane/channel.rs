@@ -143,18 +143,20 @@ pub(crate) struct TcpLane {
 
 impl TcpLane {
     /// Starts the threads of a connected link. Groups from the peer (at most `max_group`
-    /// bytes each) go to `inbound`; groups under `min_bytes` stay on QUIC.
+    /// bytes each) go to `inbound`; groups under `min_bytes` stay on QUIC. Records are
+    /// encrypted unless `encrypt` is false (`NEXAR_BULK_ENCRYPTION=off`).
     pub fn start(
         peer: usize,
         conns: Connected,
         inbound: BulkInbound,
         max_group: u64,
         min_bytes: usize,
+        encrypt: bool,
     ) -> io::Result<TcpLane> {
         let (out_session, out_sock) = conns.outgoing.into_parts();
         let (in_session, in_sock) = conns.incoming.into_parts();
-        let sealer = Sealer::new(out_session)?;
-        let opener = Opener::new(in_session)?;
+        let sealer = Sealer::new(out_session, encrypt)?;
+        let opener = Opener::new(in_session, encrypt)?;
         let sockets = [out_sock.try_clone()?, in_sock.try_clone()?];
         let state = Arc::new(State {
             peer,

@@ -132,15 +132,32 @@ fn derive(session: &dyn Exporter, epoch: u64) -> io::Result<(Arc<LessSafeKey>, [
     Ok((Arc::new(LessSafeKey::new(key)), iv))
 }
 
+/// How a lane's records are protected.
+enum Protection {
+    /// AES-128-GCM with keys exported from the lane's TLS session (the default).
+    Aead(Keys),
+    /// None: records carry their bytes as they are and an all-zero tag
+    /// (`NEXAR_BULK_ENCRYPTION=off`, for trusted fabrics only). The connection itself was
+    /// still authenticated by TLS with the cluster's certificates.
+    Plain,
+}
+
+impl Protection {
+    fn new(session: impl Exporter, encrypt: bool) -> io::Result<Protection> {
+        Ok(if encrypt { Protection::Aead(Keys::new(Box::new(session), KEY_LIMIT)?) } else { Protection::Plain })
+    }
+}
+
 /// Seals groups into records (the sending side of one connection).
 pub(crate) struct Sealer {
-    keys: Keys,
+    keys: Protection,
 }
 
 impl Sealer {
-    /// Seals with keys exported from `session` (one direction of a lane).
-    pub fn new(session: impl Exporter) -> io::Result<Sealer> {
-        Ok(Sealer { keys: Keys::new(Box::new(session), KEY_LIMIT)? })
+    /// Seals with keys exported from `session` (one direction of a lane), or, when `encrypt`
+    /// is false, frames records without encrypting them.
+    pub fn new(session: impl Exporter, encrypt: bool) -> io::Result<Sealer> {
+        Ok(Sealer { keys: Protection::new(session, encrypt)? })
     }
 
     /// Seals one group, the concatenation of `parts`, as records in buffers of about
@@ -200,26 +217,37 @@ impl Sealer {
 
     /// Seals `plain` as one record, encrypting it straight into `out`.
     fn seal_from(&mut self, out: &mut Chunk, plain: &[u8]) -> io::Result<()> {
-        let (header, nonce) = self.record(plain.len())?;
+        let header = (plain.len() as u32).to_le_bytes();
         let (head, body, tag) = out.record(plain.len());
         head.copy_from_slice(&header);
-        self.keys.key.seal_out_of_place_scatter(nonce, Aad::from(header), plain, body, &[], tag).map_err(crypto_err)
+        match &mut self.keys {
+            Protection::Aead(keys) => {
+                let nonce = Nonce::assume_unique_for_key(keys.next(plain.len())?);
+                keys.key.seal_out_of_place_scatter(nonce, Aad::from(header), plain, body, &[], tag).map_err(crypto_err)
+            }
+            Protection::Plain => {
+                body.copy_from_slice(plain);
+                tag.fill(0);
+                Ok(())
+            }
+        }
     }
 
     /// Seals the next `n` bytes of `parts` as one record, gathering them into `out` first.
     fn seal_gathered(&mut self, out: &mut Chunk, parts: &mut Parts, n: usize) -> io::Result<()> {
-        let (header, nonce) = self.record(n)?;
+        let header = (n as u32).to_le_bytes();
         let (head, body, tag) = out.record(n);
         head.copy_from_slice(&header);
         parts.copy_into(body);
-        let sealed = self.keys.key.seal_in_place_separate_tag(nonce, Aad::from(header), body).map_err(crypto_err)?;
-        tag.copy_from_slice(sealed.as_ref());
+        match &mut self.keys {
+            Protection::Aead(keys) => {
+                let nonce = Nonce::assume_unique_for_key(keys.next(n)?);
+                let sealed = keys.key.seal_in_place_separate_tag(nonce, Aad::from(header), body).map_err(crypto_err)?;
+                tag.copy_from_slice(sealed.as_ref());
+            }
+            Protection::Plain => tag.fill(0),
+        }
         Ok(())
-    }
-
-    /// The header and nonce of the next record, of `len` bytes.
-    fn record(&mut self, len: usize) -> io::Result<([u8; HEADER], Nonce)> {
-        Ok(((len as u32).to_le_bytes(), Nonce::assume_unique_for_key(self.keys.next(len)?)))
     }
 }
 
@@ -343,13 +371,14 @@ fn sealed_len(len: usize) -> usize {
 
 /// Opens records (the receiving side of one connection).
 pub(crate) struct Opener {
-    keys: Keys,
+    keys: Protection,
 }
 
 impl Opener {
-    /// Opens with keys exported from `session` (the other end of the sealer's connection).
-    pub fn new(session: impl Exporter) -> io::Result<Opener> {
-        Ok(Opener { keys: Keys::new(Box::new(session), KEY_LIMIT)? })
+    /// Opens with keys exported from `session` (the other end of the sealer's connection),
+    /// or, when `encrypt` is false, reads records as they are.
+    pub fn new(session: impl Exporter, encrypt: bool) -> io::Result<Opener> {
+        Ok(Opener { keys: Protection::new(session, encrypt)? })
     }
 
     /// Reads the next group's header record: `None` at a clean end of the stream between
@@ -398,14 +427,17 @@ impl Opener {
             }
             let record = &mut buf[at..at + n + TAG];
             input.read_exact(record)?;
-            if at >= defer_from && n >= DEFER_MIN {
-                let nonce = self.keys.next(n)?;
-                let mut tag = [0u8; TAG];
-                tag.copy_from_slice(&record[n..]);
-                let sealed = SealedRecord { header, nonce, tag, key: self.keys.key.clone() };
-                deferred.push(Deferred { at, len: n, sealed });
-            } else {
-                self.open(header, record)?;
+            match &mut self.keys {
+                Protection::Aead(keys) if at >= defer_from && n >= DEFER_MIN => {
+                    let nonce = keys.next(n)?;
+                    let mut tag = [0u8; TAG];
+                    tag.copy_from_slice(&record[n..]);
+                    let sealed = SealedRecord { header, nonce, tag, key: keys.key.clone() };
+                    deferred.push(Deferred { at, len: n, sealed });
+                }
+                _ => {
+                    self.open(header, record)?;
+                }
             }
             at += n;
         }
@@ -413,13 +445,18 @@ impl Opener {
     }
 
     fn open<'b>(&mut self, header: [u8; HEADER], record: &'b mut [u8]) -> io::Result<&'b [u8]> {
-        let nonce = Nonce::assume_unique_for_key(self.keys.next(record.len() - TAG)?);
-        let plain = self
-            .keys
-            .key
-            .open_in_place(nonce, Aad::from(header), record)
-            .map_err(|_| crypto_err("a record failed authentication"))?;
-        Ok(plain)
+        let len = record.len() - TAG;
+        match &mut self.keys {
+            Protection::Aead(keys) => {
+                let nonce = Nonce::assume_unique_for_key(keys.next(len)?);
+                let plain = keys
+                    .key
+                    .open_in_place(nonce, Aad::from(header), record)
+                    .map_err(|_| crypto_err("a record failed authentication"))?;
+                Ok(plain)
+            }
+            Protection::Plain => Ok(&record[..len]),
+        }
     }
 }
 
@@ -485,8 +522,8 @@ mod tests {
     }
 
     fn pair(limit: u64) -> (Sealer, Opener) {
-        let sealer = Sealer { keys: Keys::new(Box::new(Fake(7)), limit).unwrap() };
-        let opener = Opener { keys: Keys::new(Box::new(Fake(7)), limit).unwrap() };
+        let sealer = Sealer { keys: Protection::Aead(Keys::new(Box::new(Fake(7)), limit).unwrap()) };
+        let opener = Opener { keys: Protection::Aead(Keys::new(Box::new(Fake(7)), limit).unwrap()) };
         (sealer, opener)
     }
 
@@ -542,6 +579,52 @@ mod tests {
         assert_eq!(d.sealed.open_into(&altered, &mut plain), Err(Forged));
         let first = &deferred[0];
         assert_eq!(first.sealed.open_into(&buf[d.at..d.at + d.len], &mut plain), Err(Forged));
+    }
+
+    #[test]
+    fn plain_records_carry_groups_as_they_are_and_leave_nothing_sealed() {
+        let (mut sealer, mut opener) = (Sealer { keys: Protection::Plain }, Opener { keys: Protection::Plain });
+        let payload: Vec<u8> = (0..2 * RECORD + DEFER_MIN + 3).map(|i| (i % 251) as u8).collect();
+        for parts in [vec![&b"frames"[..], &payload[..]], vec![&payload[..7], &payload[7..]], vec![&payload[..1]]] {
+            let mut wire = Vec::new();
+            // Reused buffers with old bytes in them: nothing of them may reach the wire.
+            sealer
+                .seal_group(
+                    &parts,
+                    || vec![0xee; 4 * RECORD],
+                    |c, _| {
+                        wire.extend_from_slice(&c);
+                        true
+                    },
+                )
+                .unwrap();
+            let whole: Vec<u8> = parts.concat();
+            assert!(
+                wire.windows(whole.len().min(64)).any(|w| w == &whole[..whole.len().min(64)]),
+                "plaintext on the wire"
+            );
+            assert!(!wire.contains(&0xee), "stale buffer bytes on the wire");
+            let mut r = &wire[..];
+            let GroupHead { len, lead } = opener.read_group_head(&mut r).unwrap().unwrap();
+            let mut buf = vec![0u8; len as usize + TAG];
+            let mut deferred = Vec::new();
+            opener.read_group(&mut r, &mut buf, lead as usize, &mut deferred).unwrap();
+            assert!(deferred.is_empty(), "plain records are never left sealed");
+            assert_eq!(&buf[..len as usize], &whole[..]);
+            assert!(r.is_empty());
+        }
+        // A record length past the group's end is still refused.
+        let mut wire = Vec::new();
+        sealer
+            .seal_group(&[&payload[..100]], Vec::new, |c, _| {
+                wire.extend_from_slice(&c);
+                true
+            })
+            .unwrap();
+        let mut r = &wire[..];
+        opener.read_group_head(&mut r).unwrap().unwrap();
+        let mut short = vec![0u8; 50 + TAG];
+        assert!(opener.read_group(&mut r, &mut short, 0, &mut Vec::new()).is_err());
     }
 
     #[test]
@@ -640,7 +723,8 @@ mod tests {
         }
         assert!(receive(&mut opener, &mut r).unwrap().is_none(), "goodbye");
         assert!(r.is_empty());
-        assert!(opener.keys.epoch >= 2, "the keys changed ({} epochs)", opener.keys.epoch);
+        let Protection::Aead(keys) = &opener.keys else { panic!("the lane encrypts") };
+        assert!(keys.epoch >= 2, "the keys changed ({} epochs)", keys.epoch);
     }
 
     /// Reads one group off `wire` as the lane and the executor do: the head, the records (the

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Small-message latency on a quiet and on a busy machine: nexar-bench against OpenMPI-TCP.
+
+A training job always has other work on its cores. This script runs, for each background load
+in turn (none; a niced `cargo build`; a niced memory-bound copy on every core), several
+alternating rounds of:
+  - OpenMPI over TCP (np 2, loopback; mpirun binds each rank to a core by default), with
+    `bench/mpi_latency.c`, which times each iteration as nexar-bench -I does;
+  - nexar-bench with each rank bound to a core (its default, as mpirun does);
+  - nexar-bench with placement left to the kernel (`--bind-to none`), which is what a program
+    started by a launcher that does not bind sees;
+and prints, per load and side, the median over runs of each run's p50 and p99 for a 4 KiB
+allreduce and a barrier, plus the share of iterations over 10x the run's median.
+
+    bench/busy.py --rounds 5
+    bench/busy.py --rounds 3 --loads quiet,build
+
+Needs `target/release/nexar-bench` and OpenMPI (`mpicc`, `mpirun`); the script compiles
+`bench/mpi_latency.c` itself. The build load compiles nexar into its own target directory
+(`/tmp/nexar-busy-target`, removed afterwards); the memory load is `dd` from /dev/zero to
+/dev/null in 32 MiB blocks, one per core. Both run at `nice -n 15`.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from compare_mpi import MPI_RUN, ROOT
+
+BUILD_TARGET = "/tmp/nexar-busy-target"
+
+ITERS = 1000
+
+# (row name, mpi_latency's label, nexar-bench arguments)
+ROWS = [
+    ("allreduce 4 KiB", "allreduce_4KiB", ["-b", "4K", "-e", "4K", "-n", str(ITERS), "-w", "50"]),
+    ("barrier", "barrier", ["--op", "barrier", "-n", str(ITERS), "-w", "50"]),
+]
+
+
+def mpi_run(binary):
+    """One OpenMPI run: {label: (p50, p99, share over 10x)}."""
+    out = subprocess.run(MPI_RUN + [binary, str(ITERS)], capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) == 9:
+            found[words[0]] = (float(words[2]), float(words[4]), float(words[8]))
+    return found
+
+
+class Load:
+    """A background load, started and stopped with the `with` statement."""
+
+    def __init__(self, kind):
+        self.kind, self.procs = kind, []
+
+    def __enter__(self):
+        cores = os.cpu_count() or 1
+        if self.kind == "build":
+            # Rebuilds for as long as the load is wanted.
+            script = (
+                f"while :; do cargo build --release -p nexar --target-dir {BUILD_TARGET} >/dev/null 2>&1; "
+                f"cargo clean -p nexar --release --target-dir {BUILD_TARGET} >/dev/null 2>&1; done"
+            )
+            self.procs.append(subprocess.Popen(["nice", "-n", "15", "bash", "-c", script], cwd=ROOT, start_new_session=True))
+            time.sleep(20)  # past dependency resolution, into compilation
+        elif self.kind == "memory":
+            for _ in range(cores):
+                self.procs.append(subprocess.Popen(
+                    ["nice", "-n", "15", "dd", "if=/dev/zero", "of=/dev/null", "bs=32M"],
+                    stderr=subprocess.DEVNULL, start_new_session=True))
+            time.sleep(1)
+        elif self.kind != "quiet":
+            sys.exit(f"unknown load {self.kind!r}")
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        if self.kind == "build":
+            shutil.rmtree(BUILD_TARGET, ignore_errors=True)
+
+
+def nexar_run(binary, args, bind):
+    """One nexar-bench run: (p50, p99, share over 10x) in microseconds and percent."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([binary, "--np", "2", "-I", "--bind-to", bind, "--json", f.name] + args,
+                       capture_output=True, text=True, check=True)
+        row = json.load(open(f.name))[0]
+    if row["wrong"]:
+        sys.exit(f"nexar-bench reported {row['wrong']} wrong elements for {args}")
+    return row["p50_us"], row["p99_us"], 100.0 * row["over_10x"]
+
+
+def med(values, digits=1):
+    return f"{statistics.median(values):.{digits}f}" if values else "-"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--loads", default="quiet,build,memory")
+    p.add_argument("--nexar", default=os.path.join(ROOT, "target", "release", "nexar-bench"))
+    a = p.parse_args()
+    if not os.path.exists(a.nexar):
+        sys.exit(f"{a.nexar} is missing (cargo build --release -p nexar --bin nexar-bench)")
+    mpi = os.path.join(tempfile.mkdtemp(), "mpi_latency")
+    subprocess.run(["mpicc", "-O3", "-o", mpi, os.path.join(ROOT, "bench", "mpi_latency.c")], check=True)
+    sides = ["OpenMPI-TCP", "nexar, bound", "nexar, unbound"]
+    print(f"# {a.rounds} alternating rounds per load, np 2, loopback, {ITERS} iterations a run; medians over")
+    print("# runs of each run's p50 / p99 (us) and of its share of iterations over 10x its median")
+    print(f"| load | operation | {' | '.join(sides)} |")
+    print(f"|---|---|{'---|' * len(sides)}")
+    for kind in a.loads.split(","):
+        got = {(row, side): [] for row, *_ in ROWS for side in sides}
+        with Load(kind):
+            for r in range(a.rounds):
+                found = mpi_run(mpi)
+                for name, label, args in ROWS:
+                    got[(name, "OpenMPI-TCP")].append(found[label])
+                    got[(name, "nexar, bound")].append(nexar_run(a.nexar, args, "core"))
+                    got[(name, "nexar, unbound")].append(nexar_run(a.nexar, args, "none"))
+                print(f"# {kind}: round {r + 1}/{a.rounds} done", file=sys.stderr)
+        for name, *_ in ROWS:
+            cells = []
+            for side in sides:
+                runs = got[(name, side)]
+                p50, p99, over = ([x[i] for x in runs] for i in range(3))
+                cells.append(f"p50 {med(p50)} / p99 {med(p99)} / >10x {med(over, 2)} %")
+            print(f"| {kind} | {name} | {' | '.join(cells)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+//! Binding rank processes to cores, as `mpirun` does by default.
+//!
+//! Ranks that wait for messages spin for a while before they park (see
+//! [`NexarConfig::spin`](crate::NexarConfig::spin)). That pays only while each rank has a core
+//! of its own. On a busy host the kernel's wake-up placement tends to put two ranks that wake
+//! each other on the same core (the waker's), and from then on each spinner holds the core that
+//! the peer needs to send its reply: every step costs a whole spin window (the "2 ms mode",
+//! `bench/busy.sh`). Binding each rank on a host to its own core, the default of Open MPI's
+//! `mpirun` for small jobs, makes that placement impossible.
+//!
+//! The core is chosen among those this process may use ([`allowed_cpus`]), so a binding made by
+//! a scheduler (SLURM's `--cpu-bind`, a cgroup cpuset, `taskset`) is respected.
+//!
+//! ```no_run
+//! // Local rank 1 of 2 ranks on this host: bind the thread that drives the rank to one core.
+//! match nexar::affinity::core_for(1, 2)? {
+//!     Some(cpu) => nexar::affinity::bind_thread(cpu)?,
+//!     None => println!("more ranks than cores here: not binding"),
+//! }
+//! # Ok::<(), nexar::affinity::AffinityError>(())
+//! ```
+
+use rustix::thread::{CpuSet, Pid, sched_getaffinity, sched_setaffinity};
+
+/// Why a binding failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AffinityError {
+    /// The kernel refused to report or change the CPU set.
+    #[error("cannot {what}: {source}")]
+    Os {
+        /// What was being done.
+        what: &'static str,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// A CPU asked for is not one this process may use.
+    #[error("cpu {cpu} is not in this process's allowed set {allowed:?}")]
+    NotAllowed {
+        /// The CPU asked for.
+        cpu: usize,
+        /// The CPUs this process may use.
+        allowed: Vec<usize>,
+    },
+}
+
+fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> AffinityError {
+    move |e| AffinityError::Os { what, source: e.into() }
+}
+
+/// The CPUs the calling thread may run on, in increasing order.
+///
+/// ```
+/// let cpus = nexar::affinity::allowed_cpus().unwrap();
+/// assert!(!cpus.is_empty());
+/// ```
+pub fn allowed_cpus() -> Result<Vec<usize>, AffinityError> {
+    let set = sched_getaffinity(None).map_err(os("read this process's CPU set"))?;
+    Ok((0..CpuSet::MAX_CPU).filter(|c| set.is_set(*c)).collect())
+}
+
+/// The core for local rank `local_rank` of `local_world` ranks on this host: the
+/// `local_rank`-th allowed CPU, or `None` when the host has fewer allowed CPUs than local ranks
+/// (ranks that share cores must not be bound, or they could not spread out).
+///
+/// ```
+/// let n = nexar::affinity::allowed_cpus().unwrap().len();
+/// assert!(nexar::affinity::core_for(0, 1).unwrap().is_some());
+/// assert_eq!(nexar::affinity::core_for(0, n + 1).unwrap(), None);
+/// ```
+pub fn core_for(local_rank: usize, local_world: usize) -> Result<Option<usize>, AffinityError> {
+    let allowed = allowed_cpus()?;
+    if local_world == 0 || local_world > allowed.len() || local_rank >= local_world {
+        return Ok(None);
+    }
+    Ok(Some(allowed[local_rank]))
+}
+
+/// Binds the calling thread (and the threads it starts later) to `cpu`, leaving the process's
+/// other threads where they are: the thread that runs a rank's receives gets a core of its
+/// own, while helper threads (the TCP lanes' readers and writers) still use every core.
+///
+/// ```no_run
+/// nexar::affinity::bind_thread(0)?;
+/// # Ok::<(), nexar::affinity::AffinityError>(())
+/// ```
+pub fn bind_thread(cpu: usize) -> Result<(), AffinityError> {
+    let allowed = allowed_cpus()?;
+    if !allowed.contains(&cpu) {
+        return Err(AffinityError::NotAllowed { cpu, allowed });
+    }
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    sched_setaffinity(None, &set).map_err(os("bind this thread"))?;
+    tracing::debug!(cpu, "bound this thread");
+    Ok(())
+}
+
+/// Binds every thread of this process, and the threads it starts later, to `cpus`.
+///
+/// ```no_run
+/// nexar::affinity::bind_process(&[0])?;
+/// # Ok::<(), nexar::affinity::AffinityError>(())
+/// ```
+pub fn bind_process(cpus: &[usize]) -> Result<(), AffinityError> {
+    let allowed = allowed_cpus()?;
+    let mut set = CpuSet::new();
+    for &cpu in cpus {
+        if !allowed.contains(&cpu) {
+            return Err(AffinityError::NotAllowed { cpu, allowed });
+        }
+        set.set(cpu);
+    }
+    // The calling thread first (threads it starts inherit its set), then every other thread
+    // this process already has.
+    sched_setaffinity(None, &set).map_err(os("bind this thread"))?;
+    let tasks =
+        std::fs::read_dir("/proc/self/task").map_err(|e| AffinityError::Os { what: "list threads", source: e })?;
+    for task in tasks.flatten() {
+        let tid = task.file_name().to_str().and_then(|t| t.parse::<i32>().ok()).and_then(Pid::from_raw);
+        if let Some(tid) = tid {
+            // A thread that ended meanwhile is no error.
+            match sched_setaffinity(Some(tid), &set) {
+                Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+                Err(e) => return Err(os("bind a thread")(e)),
+            }
+        }
+    }
+    tracing::debug!(?cpus, "bound this process");
+    Ok(())
+}
+
+/// Moves the calling thread off the CPU it runs on, then gives it back its whole CPU set (so it
+/// stays where the kernel put it until the kernel moves it again). `false` when the thread may
+/// use only one CPU or the kernel refused.
+///
+/// This is how a rank that finds itself sharing a core with the peer it waits for (every spin
+/// expires, see `comm::spin`) breaks the placement the kernel's wake-ups keep choosing.
+pub(crate) fn hop_off_current_cpu() -> bool {
+    let Ok(allowed) = sched_getaffinity(None) else { return false };
+    let current = rustix::thread::sched_getcpu();
+    if allowed.count() < 2 || !allowed.is_set(current) {
+        return false;
+    }
+    let mut elsewhere = allowed;
+    elsewhere.unset(current);
+    // Changing the set migrates the thread before the call returns.
+    let moved = sched_setaffinity(None, &elsewhere).is_ok();
+    let restored = sched_setaffinity(None, &allowed).is_ok();
+    tracing::debug!(from = current, to = rustix::thread::sched_getcpu(), moved, restored, "hopped off a shared core");
+    moved && restored
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binds_and_unbinds_within_the_allowed_set() {
+        let allowed = allowed_cpus().unwrap();
+        let last = *allowed.last().unwrap();
+        // A thread of its own, so other tests keep the whole set.
+        std::thread::spawn(move || {
+            let mut set = CpuSet::new();
+            set.set(last);
+            sched_setaffinity(None, &set).unwrap();
+            assert_eq!(allowed_cpus().unwrap(), vec![last]);
+            assert_eq!(core_for(0, 1).unwrap(), Some(last));
+            assert_eq!(core_for(0, 2).unwrap(), None);
+            assert_eq!(core_for(1, 1).unwrap(), None);
+        })
+        .join()
+        .unwrap();
+        let outside = allowed.last().unwrap() + 1;
+        assert!(matches!(bind_process(&[outside]), Err(AffinityError::NotAllowed { cpu, .. }) if cpu == outside));
+    }
+
+    #[test]
+    fn a_hop_leaves_the_current_cpu_and_keeps_the_whole_set() {
+        std::thread::spawn(|| {
+            let before = allowed_cpus().unwrap();
+            let from = rustix::thread::sched_getcpu();
+            let hopped = hop_off_current_cpu();
+            assert_eq!(allowed_cpus().unwrap(), before);
+            if before.len() >= 2 {
+                assert!(hopped);
+                assert_ne!(rustix::thread::sched_getcpu(), from);
+            } else {
+                assert!(!hopped, "one allowed CPU: nowhere to hop");
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
