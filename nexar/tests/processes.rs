@@ -169,7 +169,8 @@ async fn killing_a_worker_process_mid_allreduce_fails_the_others_naming_it() {
         let mut seed = start_seed(3).await;
         let spawn_worker = || {
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_nexar-bench"));
-            cmd.args(["--worker", "--seed", &seed.addr, "--token", &seed.token])
+            cmd.args(["--worker", "--seed", &seed.addr])
+                .env("NEXAR_TOKEN", &seed.token)
                 .args(["-b", "4M", "-e", "4M", "--op", "allreduce", "-n", "1000000", "-w", "0", "--json", "/dev/null"])
                 .env("NEXAR_IDLE_TIMEOUT_MS", "2000")
                 .stdout(Stdio::null())
@@ -217,7 +218,8 @@ async fn survive_a_killed_worker(bulk_transport: &str) {
         let mut seed = start_seed(4).await;
         let spawn_worker = || {
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_nexar-bench"));
-            cmd.args(["--worker", "--seed", &seed.addr, "--token", &seed.token])
+            cmd.args(["--worker", "--seed", &seed.addr])
+                .env("NEXAR_TOKEN", &seed.token)
                 .args(["--op", "soak", "--seconds", "8", "--survive", "-e", "4M", "--mix", "allreduce"])
                 .env("NEXAR_HEARTBEAT_TIMEOUT_MS", "2000")
                 .env("NEXAR_HEARTBEAT_INTERVAL_MS", "200")

@@ -1,7 +1,10 @@
 //! Cluster formation: join tokens, the seed node, workers joining through it, in-process
-//! clusters, and the direct peer mesh.
+//! clusters, and the direct peer mesh; and finding out how the job was launched ([`launcher`],
+//! with SLURM host lists parsed by [`hostlist`]).
 
+pub mod hostlist;
 mod join;
+pub mod launcher;
 mod local;
 mod mesh;
 mod seed;

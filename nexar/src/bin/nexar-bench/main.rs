@@ -271,9 +271,6 @@ struct Args {
     /// (internal) the seed a worker joins.
     #[arg(long, hide = true)]
     seed: Option<SocketAddr>,
-    /// (internal) the join token.
-    #[arg(long, hide = true)]
-    token: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -328,8 +325,11 @@ fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.worker {
         let seed = args.seed.ok_or("worker needs --seed")?;
-        let token = args.token.clone().ok_or("worker needs --token")?;
-        let cfg = NexarConfig { listen_addr: "127.0.0.1:0".parse()?, ..NexarConfig::from_env()? };
+        // The token comes through the environment (NEXAR_TOKEN), never the command line, where
+        // any user of the host could read it.
+        let env = NexarConfig::from_env()?;
+        let token = env.token.clone().ok_or("worker needs NEXAR_TOKEN")?;
+        let cfg = NexarConfig { listen_addr: "127.0.0.1:0".parse()?, ..env };
         let comm = NexarClient::connect(seed, &token, cfg).await?;
         // The runtime thread (this one: the runtime has one thread) gets a core of its own;
         // the TCP lanes' threads keep every core.
@@ -398,7 +398,8 @@ async fn launch(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..args.np {
         let mut cmd = tokio::process::Command::new(&me);
         cmd.args(std::env::args().skip(1))
-            .args(["--worker", "--seed", &seed.local_addr().to_string(), "--token", &seed.token().to_string()])
+            .args(["--worker", "--seed", &seed.local_addr().to_string()])
+            .env("NEXAR_TOKEN", seed.token().to_string())
             .stdout(Stdio::piped())
             .kill_on_drop(true);
         children.push(cmd.spawn()?);
