@@ -67,7 +67,7 @@ class Load:
         if self.kind == "build":
             # Rebuilds for as long as the load is wanted.
             script = (
-                f"while :; do cargo build --release -p nexar --target-dir {BUILD_TARGET} >/dev/null 2>&1; "
+                f"while :; do cargo build --release -p nexar --features cli --target-dir {BUILD_TARGET} >/dev/null 2>&1; "
                 f"cargo clean -p nexar --release --target-dir {BUILD_TARGET} >/dev/null 2>&1; done"
             )
             self.procs.append(subprocess.Popen(["nice", "-n", "15", "bash", "-c", script], cwd=ROOT, start_new_session=True))
@@ -115,7 +115,7 @@ def main():
     p.add_argument("--nexar", default=os.path.join(ROOT, "target", "release", "nexar-bench"))
     a = p.parse_args()
     if not os.path.exists(a.nexar):
-        sys.exit(f"{a.nexar} is missing (cargo build --release -p nexar --bin nexar-bench)")
+        sys.exit(f"{a.nexar} is missing (cargo build --release -p nexar --features cli --bin nexar-bench)")
     mpi = os.path.join(tempfile.mkdtemp(), "mpi_latency")
     subprocess.run(["mpicc", "-O3", "-o", mpi, os.path.join(ROOT, "bench", "mpi_latency.c")], check=True)
     sides = ["OpenMPI-TCP", "nexar, bound", "nexar, unbound"]

@@ -8,7 +8,7 @@ busbw divided by busbw, or time divided by time for latencies).
 
     bench/compare_mpi.py --rounds 5
 
-Needs `target/release/nexar-bench` (`cargo build --release -p nexar --bin nexar-bench`) and the
+Needs `target/release/nexar-bench` (`cargo build --release -p nexar --features cli --bin nexar-bench`) and the
 baseline binary that `../shared/bench/baselines/run_mpi.sh` builds (`/tmp/baselines-build/
 mpi_allreduce`, with OpenMPI installed); `--build-mpi` runs that script once first.
 """
