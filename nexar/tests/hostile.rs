@@ -105,6 +105,8 @@ async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
         let err = NexarClient::connect(addr, &foreign, cfg.clone()).await.unwrap_err();
         assert!(matches!(&err, NexarError::Cluster(ClusterError::Transport(TransportError::Connect { .. }))), "{err}");
         assert!(err.to_string().contains("not from the CA named in the join token"), "{err}");
+        assert!(err.to_string().contains("the token belongs to another seed or an earlier run"), "{err}");
+        assert!(!err.to_string().contains("error 40"), "{err}");
 
         for conn in [&junk, &huge] {
             match closed_within(conn, Duration::from_secs(10)).await {

@@ -46,9 +46,19 @@ pub(crate) async fn join(
     let client = with_transport(seed_client(token.ca_fingerprint())?, cfg);
     let connecting =
         endpoint.connect_with(client, seed_addr, SEED_SERVER_NAME).map_err(|e| connect_err(e.to_string()))?;
-    let seed = timed(cfg.connect_timeout, "connecting to the seed", connecting)
-        .await?
-        .map_err(|e| connect_err(e.to_string()))?;
+    let seed = timed(cfg.connect_timeout, "connecting to the seed", connecting).await?.map_err(|e| {
+        // rustls reports our verifier's refusal as "error 40: unexpected error: …": say what
+        // it means and what to do instead.
+        let text = e.to_string();
+        connect_err(if text.contains(crate::transport::tls::FOREIGN_SEED) {
+            format!(
+                "{}: the token belongs to another seed or an earlier run of this one; use the token this seed printed",
+                crate::transport::tls::FOREIGN_SEED
+            )
+        } else {
+            text
+        })
+    })?;
     let (mut send, mut recv) = seed.open_bi().await.map_err(|e| connect_err(e.to_string()))?;
 
     let (pending, csr_der) = PendingIdentity::generate()?;

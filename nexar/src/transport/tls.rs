@@ -299,6 +299,9 @@ pub fn seed_client(ca_fingerprint: [u8; 32]) -> Result<quinn::ClientConfig, Tran
     quic_client(tls)
 }
 
+/// Why a worker refuses a seed whose CA is not the one its token names.
+pub(crate) const FOREIGN_SEED: &str = "the seed's certificate is not from the CA named in the join token";
+
 /// Verifies the seed against the CA fingerprint carried in the join token (kubeadm's
 /// discovery-token-ca-cert-hash, for QUIC).
 #[derive(Debug)]
@@ -316,9 +319,10 @@ impl ServerCertVerifier for PinnedCaVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let ca = intermediates.iter().find(|c| fingerprint(c) == self.ca_fingerprint).ok_or_else(|| {
-            rustls::Error::General("the seed's certificate is not from the CA named in the join token".into())
-        })?;
+        let ca = intermediates
+            .iter()
+            .find(|c| fingerprint(c) == self.ca_fingerprint)
+            .ok_or_else(|| rustls::Error::General(FOREIGN_SEED.into()))?;
         let ca = CertificateDer::from(ca.to_vec());
         let roots = roots(&ca).map_err(|e| rustls::Error::General(e.to_string()))?;
         let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, self.provider.clone())
