@@ -9,10 +9,10 @@
 //! over `-n` iterations after `-w` warm-ups. Time is the median over iterations of the slowest
 //! rank's time, as in the OpenMPI and Gloo baselines.
 
+mod report;
 mod soak;
 mod spread;
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Instant;
@@ -20,6 +20,7 @@ use std::time::Instant;
 use clap::{Parser, ValueEnum};
 use nexar::prelude::*;
 use nexar::{CollectiveError, bf16, f16};
+use report::report;
 use spread::Spread;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -587,67 +588,4 @@ fn peak_rss_kib() -> u64 {
         .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l.to_string()))
         .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         .unwrap_or(0)
-}
-
-fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box<dyn std::error::Error>> {
-    let mode = match (args.inproc, args.bind_to) {
-        (true, _) => "one process",
-        (false, BindTo::Core) => "separate processes, each runtime thread on a core of its own when they fit",
-        (false, BindTo::None) => "separate processes, unbound",
-    };
-    let transport = match NexarConfig::from_env()? {
-        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption: true, .. } => {
-            format!("QUIC + TLS, collective messages from {bulk_min_bytes} B on TLS/TCP lanes")
-        }
-        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption: false, .. } => {
-            format!("QUIC + TLS, collective messages from {bulk_min_bytes} B on TCP lanes UNENCRYPTED")
-        }
-        _ => "QUIC + TLS".to_string(),
-    };
-    println!(
-        "# nexar-bench: {:?} {:?}, {} ranks ({mode}, {transport} on loopback), {} iterations after {} warm-ups",
-        args.op, args.dtype, args.np, args.iters, args.warmup
-    );
-    let spread_header = if args.per_iteration {
-        format!(" {:>10} {:>10} {:>10} {:>8}", "p50(us)", "p99(us)", "max(us)", ">10x(%)")
-    } else {
-        String::new()
-    };
-    println!(
-        "#{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}{spread_header}",
-        "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
-    );
-    let mut json = String::from("[\n");
-    for (i, r) in rows.iter().enumerate() {
-        let spread = Spread::of(&r.iters);
-        let spread_cols = if args.per_iteration {
-            format!(" {:>10.1} {:>10.1} {:>10.1} {:>8.2}", spread.p50, spread.p99, spread.max, spread.over_10x * 100.0)
-        } else {
-            String::new()
-        };
-        println!(
-            " {:>12} {:>12} {:>12.1} {:>10.3} {:>10.3} {:>8}{spread_cols}",
-            r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong
-        );
-        let iters = if args.per_iteration {
-            let all: Vec<String> = r.iters.iter().map(|t| format!("{t:.2}")).collect();
-            format!(", \"iter_us\": [{}]", all.join(", "))
-        } else {
-            String::new()
-        };
-        json.push_str(&format!(
-            "  {{\"op\": \"{:?}\", \"dtype\": \"{:?}\", \"np\": {}, \"bytes\": {}, \"count\": {}, \"time_us\": {:.3}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"over_10x\": {:.5}, \"algbw_gbps\": {:.4}, \"busbw_gbps\": {:.4}, \"wrong\": {}{iters}}}{}\n",
-            args.op, args.dtype, args.np, r.bytes, r.count, r.time_us, spread.p50, spread.p99, spread.max, spread.over_10x, r.algbw, r.busbw, r.wrong, if i + 1 < rows.len() { "," } else { "" }
-        ));
-    }
-    json.push(']');
-    let whose = if args.inproc { "the process" } else { "the largest rank process" };
-    println!("# peak RSS of {whose}: {} MiB", peak_kib / 1024);
-    std::fs::File::create(&args.json)?.write_all(json.as_bytes())?;
-    println!("# results written to {}", args.json);
-    let total_wrong: u64 = rows.iter().map(|r| r.wrong).sum();
-    if total_wrong > 0 {
-        return Err(format!("{total_wrong} wrong elements").into());
-    }
-    Ok(())
 }
