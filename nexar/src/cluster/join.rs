@@ -1,15 +1,16 @@
-//! A worker joining through the seed: verify the seed by the token's CA fingerprint, prove the
-//! token's secret, get a rank and a certificate for a key generated here, then wait for the
-//! peer table.
+//! A worker joining through the seed: verify the seed by the token's CA fingerprint and prove
+//! the token's secret (or exchange proofs of the job's shared secret), get a rank and a
+//! certificate for a key generated here, then wait for the peer table.
 
 use std::net::SocketAddr;
 
 use quinn::{Connection, Endpoint};
 use rustls::pki_types::CertificateDer;
 
-use super::{ClusterError, JoinToken};
+use super::secret::{Role, SharedSecret, exported};
+use super::{ClusterError, JoinToken, MismatchSide};
 use crate::config::NexarConfig;
-use crate::proto::message::{PROTOCOL_VERSION, SeedRequest, SeedResponse};
+use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
 use crate::transport::TransportError;
 use crate::transport::endpoint::{server_with_transport, with_transport};
 use crate::transport::framed::{read_message, write_message};
@@ -31,19 +32,37 @@ pub(crate) struct Joined {
     pub running: bool,
 }
 
+/// How a worker proves it may join.
+#[derive(Clone, Debug)]
+pub(crate) enum Credentials {
+    /// The token the seed printed: it pins the seed's CA and carries a secret.
+    Token(JoinToken),
+    /// The job's shared secret: the seed proves it first, then the worker.
+    Secret(SharedSecret),
+}
+
+/// QUIC close code a worker closes its seed connection with when the seed could not prove it
+/// knows the shared secret.
+pub(crate) const CLOSE_SEED_UNPROVEN: u32 = 2;
+
 /// Joins the cluster through the seed at `seed_addr`. `endpoint` is the worker's own endpoint:
 /// once the seed has signed its certificate, the endpoint starts accepting peers.
 pub(crate) async fn join(
     endpoint: &Endpoint,
     seed_addr: SocketAddr,
-    token: &JoinToken,
+    credentials: &Credentials,
+    claim: &RankClaim,
     cfg: &NexarConfig,
 ) -> Result<Joined, ClusterError> {
     let proto = |reason: String| ClusterError::SeedProtocol { seed: seed_addr, reason };
     let connect_err = |reason: String| {
         ClusterError::Transport(TransportError::Connect { peer: "the seed".into(), addr: seed_addr, reason })
     };
-    let client = with_transport(seed_client(token.ca_fingerprint())?, cfg);
+    let pin = match credentials {
+        Credentials::Token(token) => Some(token.ca_fingerprint()),
+        Credentials::Secret(_) => None,
+    };
+    let client = with_transport(seed_client(pin)?, cfg);
     let connecting =
         endpoint.connect_with(client, seed_addr, SEED_SERVER_NAME).map_err(|e| connect_err(e.to_string()))?;
     let seed = timed(cfg.connect_timeout, "connecting to the seed", connecting).await?.map_err(|e| {
@@ -65,12 +84,19 @@ pub(crate) async fn join(
     let listen = endpoint.local_addr().map_err(|e| connect_err(e.to_string()))?;
     let request = SeedRequest::Join {
         protocol: PROTOCOL_VERSION,
-        secret: token.secret().to_vec(),
+        auth: match credentials {
+            Credentials::Token(token) => JoinAuth::Token { secret: token.secret().to_vec() },
+            Credentials::Secret(_) => JoinAuth::SharedSecret,
+        },
+        claim: claim.clone(),
         csr_der,
         listen_addr: listen.to_string(),
         bulk_encryption: cfg.bulk_encryption,
     };
     write_message(&mut send, &request).await.map_err(|e| connect_err(e.to_string()))?;
+    if let Credentials::Secret(secret) = credentials {
+        exchange_proofs(&seed, &mut send, &mut recv, secret, seed_addr, cfg).await?;
+    }
 
     let welcome = timed(
         cfg.connect_timeout,
@@ -84,13 +110,20 @@ pub(crate) async fn join(
         SeedResponse::Welcome { rank, world_size, cluster_id, cert_der, ca_der, running } => {
             (rank, world_size, cluster_id, cert_der, ca_der, running)
         }
+        SeedResponse::Reject { reason } if reason == super::seed::WRONG_SECRET => {
+            return Err(ClusterError::SecretMismatch { seed: seed_addr, side: MismatchSide::Worker });
+        }
         SeedResponse::Reject { reason } => {
             return Err(ClusterError::JoinRejected { seed: seed_addr, reason });
         }
         other => return Err(proto(format!("expected a welcome, got {other:?}"))),
     };
-    if fingerprint(&ca_der) != token.ca_fingerprint() {
-        return Err(proto("the CA certificate it sent does not match the token's fingerprint".into()));
+    let expected_ca = match credentials {
+        Credentials::Token(token) => token.ca_fingerprint(),
+        Credentials::Secret(_) => presented_ca(&seed).ok_or_else(|| proto("it presented no CA certificate".into()))?,
+    };
+    if fingerprint(&ca_der) != expected_ca {
+        return Err(proto("the CA certificate it sent is not the one its TLS session presented".into()));
     }
     if rank >= world || rank_from_cert(&cert_der)? != rank {
         return Err(proto(format!("the certificate it signed is not bound to rank {rank} of {world}")));
@@ -120,6 +153,46 @@ pub(crate) async fn join(
         .map(|a| a.parse::<SocketAddr>().map_err(|_| proto(format!("peer address {a:?} does not parse"))))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Joined { rank: rank as usize, addrs, identity, ca, seed, running })
+}
+
+/// The shared-secret handshake, worker side: check the seed's proof first, and only then send
+/// this worker's own. A seed that cannot prove it knows the secret learns nothing from us.
+async fn exchange_proofs(
+    seed: &Connection,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    secret: &SharedSecret,
+    seed_addr: SocketAddr,
+    cfg: &NexarConfig,
+) -> Result<(), ClusterError> {
+    let proto = |reason: String| ClusterError::SeedProtocol { seed: seed_addr, reason };
+    let exported = exported(seed).map_err(proto)?;
+    let first = timed(
+        cfg.connect_timeout,
+        "waiting for the seed's proof of the secret",
+        read_message::<SeedResponse>(recv, MAX_SEED_RESPONSE),
+    )
+    .await?
+    .map_err(|e| proto(e.to_string()))?
+    .ok_or_else(|| proto("the seed closed the join stream without proving the secret".into()))?;
+    match first {
+        SeedResponse::SecretProof { proof } if secret.verify(Role::Seed, &exported, &proof) => {}
+        SeedResponse::SecretProof { .. } => {
+            seed.close(CLOSE_SEED_UNPROVEN.into(), b"the seed does not know this job's secret");
+            return Err(ClusterError::SecretMismatch { seed: seed_addr, side: MismatchSide::Seed });
+        }
+        SeedResponse::Reject { reason } => return Err(ClusterError::JoinRejected { seed: seed_addr, reason }),
+        other => return Err(proto(format!("expected the seed's proof of the secret, got {other:?}"))),
+    }
+    let proof = SeedRequest::SecretProof { proof: secret.proof(Role::Joiner, &exported) };
+    write_message(send, &proof).await.map_err(|e| proto(e.to_string()))?;
+    Ok(())
+}
+
+/// The CA certificate the seed presented in its TLS handshake (the last of its chain).
+fn presented_ca(seed: &Connection) -> Option<[u8; 32]> {
+    let chain = seed.peer_identity()?.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    chain.last().map(|ca| fingerprint(ca))
 }
 
 async fn timed<F: std::future::Future>(

@@ -7,15 +7,17 @@ mod join;
 pub mod launcher;
 mod local;
 mod mesh;
+mod secret;
 mod seed;
 mod token;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub(crate) use join::join;
+pub(crate) use join::{Credentials, Joined, join};
 pub(crate) use local::bootstrap_local;
 pub(crate) use mesh::{MeshSetup, form_mesh};
+pub use secret::{MIN_SECRET_LEN, SecretError, SharedSecret};
 pub use seed::SeedNode;
 pub use token::JoinToken;
 
@@ -37,6 +39,52 @@ pub enum ClusterError {
         seed: SocketAddr,
         /// Its reason.
         reason: String,
+    },
+    /// The two ends of a join hold different shared secrets (`NEXAR_SECRET`), or one of them is
+    /// not part of this job.
+    #[error("{}", mismatch_text(*seed, *side))]
+    SecretMismatch {
+        /// The seed's address.
+        seed: SocketAddr,
+        /// Which side found the other's proof wrong.
+        side: MismatchSide,
+    },
+    /// The job's shared secret cannot be used.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// The launcher's variables cannot be used.
+    #[error(transparent)]
+    Launcher(#[from] launcher::LauncherError),
+    /// Started by a launcher, but no shared secret is set.
+    #[error(
+        "{launcher} launch detected, but neither NEXAR_SECRET nor NEXAR_SECRET_FILE is set: every rank of the job \
+         must hold the same secret of at least 16 bytes so that ranks can authenticate each other. Add one line:\n  \
+         sbatch script:   export NEXAR_SECRET=$(openssl rand -hex 16)   (srun passes it to every task)\n  \
+         torchrun:        NEXAR_SECRET=<32 hex digits, the same on every node> torchrun ...\n  \
+         mpirun:          NEXAR_SECRET=$(openssl rand -hex 16) mpirun -x NEXAR_SECRET ...\n  \
+         Kubernetes:      env: [{{name: NEXAR_SECRET, valueFrom: {{secretKeyRef: {{name: nexar-job, key: secret}}}}}}]\n\
+         (`nexar launch` generates one for you)"
+    )]
+    NoSecret {
+        /// The launcher recognised.
+        launcher: launcher::Launcher,
+    },
+    /// The seed could not be reached before the join deadline.
+    #[error(
+        "could not reach the seed at {seed} (from {source_vars}) within {after:?} (NEXAR_JOIN_TIMEOUT_MS); \
+         {attempts} attempts, the last: {last}"
+    )]
+    SeedUnreachable {
+        /// The seed's location, as the launcher gave it.
+        seed: String,
+        /// The variables it came from.
+        source_vars: String,
+        /// How long this rank tried.
+        after: Duration,
+        /// How many times.
+        attempts: u32,
+        /// The last attempt's error.
+        last: String,
     },
     /// The seed answered something the join protocol does not allow.
     #[error("the seed at {seed} broke the join protocol: {reason}")]
@@ -68,4 +116,28 @@ pub enum ClusterError {
     /// The transport failed underneath.
     #[error(transparent)]
     Transport(#[from] TransportError),
+}
+
+/// Which end of a join refused the other's proof of the shared secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MismatchSide {
+    /// This worker found the seed's proof wrong: the seed is not this job's, or holds another
+    /// secret.
+    Seed,
+    /// The seed found this worker's proof wrong.
+    Worker,
+}
+
+fn mismatch_text(seed: SocketAddr, side: MismatchSide) -> String {
+    match side {
+        MismatchSide::Seed => format!(
+            "the seed at {seed} could not prove it knows this job's secret: either this rank's NEXAR_SECRET \
+             (or NEXAR_SECRET_FILE) differs from the one the seed was started with, or the process at {seed} is \
+             not this job's seed; this rank refused it and sent nothing secret"
+        ),
+        MismatchSide::Worker => format!(
+            "the seed at {seed} refused this rank's proof of the secret: this rank's NEXAR_SECRET (or \
+             NEXAR_SECRET_FILE) differs from the seed's; every rank of a job must hold the same secret"
+        ),
+    }
 }

@@ -9,16 +9,21 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use super::join::CLOSE_SEED_UNPROVEN;
+use super::secret::{Role, SharedSecret, exported};
 use super::{ClusterError, JoinToken};
 use crate::config::NexarConfig;
 use crate::proto::frame::MAX_JOIN_FRAME;
-use crate::proto::message::{PROTOCOL_VERSION, SeedRequest, SeedResponse};
+use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
 use crate::transport::framed::{read_message, write_message};
 use crate::transport::tls::{ClusterCa, SEED_SERVER_NAME, seed_server};
 use crate::transport::{TransportError, endpoint};
 
 /// QUIC close code for a refused join.
 const CLOSE_REJECTED: u32 = 1;
+
+/// The reason a seed gives a worker whose proof of the shared secret is wrong.
+pub(crate) const WRONG_SECRET: &str = "the worker's proof of the shared secret is wrong";
 
 /// A running seed node.
 ///
@@ -42,6 +47,9 @@ pub struct SeedNode {
 struct Shared {
     ca: ClusterCa,
     token: JoinToken,
+    /// The job's shared secret, when the seed was started with one: workers may prove it
+    /// instead of presenting the token.
+    secret: Option<SharedSecret>,
     cluster_id: u64,
     world: usize,
     cfg: NexarConfig,
@@ -50,11 +58,15 @@ struct Shared {
     members: watch::Sender<usize>,
     /// `NEXAR_BULK_ENCRYPTION` of the first worker that joined: every later one must match.
     bulk_encryption: Mutex<Option<bool>>,
+    /// The launcher generation of the first worker that named one: every later one must match.
+    generation: Mutex<Option<String>>,
 }
 
 struct Slots {
     /// Where each rank listens; `None` for a rank not joined yet (before formation) or gone.
     addrs: Vec<Option<SocketAddr>>,
+    /// For each rank a worker asked for by its launcher's number, the variable it read it from.
+    claimed_by: Vec<Option<String>>,
     formed: bool,
 }
 
@@ -72,6 +84,37 @@ impl SeedNode {
     /// A fresh CA and join token are generated; [`token`](Self::token) returns the token to
     /// hand to workers.
     pub async fn bind(addr: SocketAddr, config: NexarConfig) -> Result<SeedNode, ClusterError> {
+        Self::start(addr, config, None).await
+    }
+
+    /// Like [`bind`](Self::bind), and also admits workers that prove they know the job's shared
+    /// secret (what [`NexarClient::init`](crate::NexarClient::init) does under a launcher). The
+    /// seed proves it first, on the same TLS session, so a worker never trusts a seed that
+    /// does not know the secret.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// use nexar::cluster::SharedSecret;
+    /// let mut cfg = nexar::NexarConfig::default();
+    /// cfg.world_size = Some(4);
+    /// let secret = SharedSecret::new(std::env::var("NEXAR_SECRET").unwrap_or_default())?;
+    /// let seed = nexar::SeedNode::bind_with_secret("0.0.0.0:7000".parse().unwrap(), cfg, secret).await?;
+    /// seed.wait_formed().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn bind_with_secret(
+        addr: SocketAddr,
+        config: NexarConfig,
+        secret: SharedSecret,
+    ) -> Result<SeedNode, ClusterError> {
+        Self::start(addr, config, Some(secret)).await
+    }
+
+    async fn start(
+        addr: SocketAddr,
+        config: NexarConfig,
+        secret: Option<SharedSecret>,
+    ) -> Result<SeedNode, ClusterError> {
         config.validate().map_err(|e| ClusterError::Transport(TransportError::Tls(e.to_string())))?;
         let world = config.world_size.ok_or(ClusterError::InvalidWorldSize(0))?;
         if world == 0 {
@@ -85,13 +128,15 @@ impl SeedNode {
         let shared = Arc::new(Shared {
             ca,
             token: token.clone(),
+            secret,
             cluster_id: rand::random(),
             world,
             cfg: config,
-            slots: Mutex::new(Slots { addrs: vec![None; world], formed: false }),
+            slots: Mutex::new(Slots { addrs: vec![None; world], claimed_by: vec![None; world], formed: false }),
             table: watch::channel(None).0,
             members: watch::channel(0).0,
             bulk_encryption: Mutex::new(None),
+            generation: Mutex::new(None),
         });
         let local = endpoint.local_addr().map_err(|e| TransportError::Bind { addr, reason: e.to_string() })?;
         tracing::info!(%local, world, "seed listening");
@@ -181,13 +226,15 @@ async fn pre_auth(incoming: quinn::Incoming) -> Result<(Connection, SendStream, 
 async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<(), String> {
     let remote = incoming.remote_address();
     let limit = shared.cfg.handshake_timeout;
-    let (conn, mut send, _recv, req) = match tokio::time::timeout(limit, pre_auth(incoming)).await {
+    let (conn, mut send, mut recv, req) = match tokio::time::timeout(limit, pre_auth(incoming)).await {
         Ok(r) => r?,
         Err(_) => return Err(format!("sent no valid join request within {limit:?}")),
     };
-    let SeedRequest::Join { protocol, secret, csr_der, listen_addr, bulk_encryption } = req;
-    if !shared.token.secret_matches(&secret) {
-        return Err(reject(&conn, &mut send, "invalid join token".into()).await);
+    let SeedRequest::Join { protocol, auth, claim, csr_der, listen_addr, bulk_encryption } = req else {
+        return Err(reject(&conn, &mut send, "expected a join request first".into()).await);
+    };
+    if let Err(reason) = authenticate(shared, &conn, &mut send, &mut recv, auth).await {
+        return Err(reject(&conn, &mut send, reason).await);
     }
     if protocol != PROTOCOL_VERSION {
         return Err(reject(
@@ -197,7 +244,8 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
         )
         .await);
     }
-    if let Err(reason) = agree_on_encryption(shared, bulk_encryption) {
+    if let Err(reason) = agree_on_encryption(shared, bulk_encryption).and_then(|()| agree_on_generation(shared, &claim))
+    {
         return Err(reject(&conn, &mut send, reason).await);
     }
     let mut listen: SocketAddr = match listen_addr.parse() {
@@ -209,7 +257,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     if listen.ip().is_unspecified() {
         listen.set_ip(remote.ip());
     }
-    let (rank, world, running) = match claim_slot(shared, listen) {
+    let (rank, world, running) = match claim_slot(shared, listen, &claim) {
         Ok(r) => r,
         Err(reason) => return Err(reject(&conn, &mut send, reason).await),
     };
@@ -232,11 +280,70 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
         release_slot(shared, rank);
         return Err(format!("lost before the welcome: {e}"));
     }
-    tracing::info!(rank, %listen, "worker joined");
+    tracing::info!(rank, %listen, %remote, "worker joined");
     shared.members.send_modify(|n| *n += 1);
     let result = serve_member(shared, &conn, &mut send, rank).await;
     shared.members.send_modify(|n| *n -= 1);
     result
+}
+
+/// Checks the worker's proof that it may join: the token's secret, or, on a seed that holds
+/// the job's shared secret, the exchange of proofs (the seed's first). Returns the reason to
+/// refuse it.
+async fn authenticate(
+    shared: &Shared,
+    conn: &Connection,
+    send: &mut SendStream,
+    recv: &mut RecvStream,
+    auth: JoinAuth,
+) -> Result<(), String> {
+    let secret = match auth {
+        JoinAuth::Token { secret } if shared.token.secret_matches(&secret) => return Ok(()),
+        JoinAuth::Token { .. } => return Err("invalid join token".into()),
+        JoinAuth::SharedSecret => shared.secret.as_ref().ok_or_else(|| {
+            "this seed was started with a join token, not a shared secret: join with the token it printed \
+             (NEXAR_SEED_ADDR and NEXAR_TOKEN)"
+                .to_string()
+        })?,
+    };
+    let exported = exported(conn)?;
+    write_message(send, &SeedResponse::SecretProof { proof: secret.proof(Role::Seed, &exported) })
+        .await
+        .map_err(|e| format!("lost before the seed's proof: {e}"))?;
+    let answer = tokio::time::timeout(shared.cfg.handshake_timeout, read_message::<SeedRequest>(recv, MAX_JOIN_FRAME))
+        .await
+        .map_err(|_| format!("sent no proof of the secret within {:?}", shared.cfg.handshake_timeout))?;
+    match answer {
+        Ok(Some(SeedRequest::SecretProof { proof })) if secret.verify(Role::Joiner, &exported, &proof) => Ok(()),
+        Ok(Some(SeedRequest::SecretProof { .. })) => Err(WRONG_SECRET.into()),
+        Ok(_) => Err("expected the worker's proof of the secret".into()),
+        Err(_) => match conn.close_reason() {
+            Some(quinn::ConnectionError::ApplicationClosed(close))
+                if close.error_code == CLOSE_SEED_UNPROVEN.into() =>
+            {
+                Err("the worker holds a different secret (NEXAR_SECRET): it refused this seed's proof".into())
+            }
+            other => Err(format!("the worker left during the secret exchange ({other:?})")),
+        },
+    }
+}
+
+/// A torch elastic restart starts a new generation: a worker left over from an earlier one is
+/// refused, naming both.
+fn agree_on_generation(shared: &Shared, claim: &RankClaim) -> Result<(), String> {
+    let Some(theirs) = &claim.generation else { return Ok(()) };
+    let mut agreed = crate::sync::lock(&shared.generation);
+    match agreed.as_ref() {
+        None => {
+            *agreed = Some(theirs.clone());
+            Ok(())
+        }
+        Some(ours) if ours == theirs => Ok(()),
+        Some(ours) => Err(format!(
+            "this worker belongs to launcher generation {theirs}, the cluster to {ours} \
+             (TORCHELASTIC_RUN_ID/TORCHELASTIC_RESTART_COUNT): a worker from another restart of the job"
+        )),
+    }
 }
 
 /// The first worker's `NEXAR_BULK_ENCRYPTION` becomes the cluster's; a worker that differs is
@@ -285,8 +392,20 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
 /// Gives a joining worker its rank: a free one while the cluster forms, a new one after (up to
 /// `max_world_size` ranks ever). Returns the rank, the world size it joins, and whether the
 /// cluster is already running.
-fn claim_slot(shared: &Shared, addr: SocketAddr) -> Result<(usize, usize, bool), String> {
+fn claim_slot(shared: &Shared, addr: SocketAddr, claim: &RankClaim) -> Result<(usize, usize, bool), String> {
     let mut slots = crate::sync::lock(&shared.slots);
+    if let Some(world) = claim.world_size
+        && world as usize != shared.world
+    {
+        return Err(format!(
+            "this worker read {}={world}, but the cluster forms with {} ranks (the seed's world size): \
+             every rank must be started with the same world size",
+            claim.world_var, shared.world
+        ));
+    }
+    if let Some(wanted) = claim.rank {
+        return claim_named_slot(shared, &mut slots, addr, wanted as usize, claim);
+    }
     if slots.formed {
         let max = shared.cfg.max_world_size;
         if slots.addrs.len() >= max {
@@ -301,19 +420,57 @@ fn claim_slot(shared: &Shared, addr: SocketAddr) -> Result<(usize, usize, bool),
         return Err(format!("the cluster is full (world size {})", shared.world));
     };
     slots.addrs[rank] = Some(addr);
+    publish_if_complete(shared, &mut slots);
+    Ok((rank, shared.world, false))
+}
+
+/// Gives a worker the rank its launcher numbered it with, refusing a rank out of range, a
+/// rank already taken (naming the variable each claimant read), and a rank after formation.
+fn claim_named_slot(
+    shared: &Shared,
+    slots: &mut Slots,
+    addr: SocketAddr,
+    rank: usize,
+    claim: &RankClaim,
+) -> Result<(usize, usize, bool), String> {
+    let var = &claim.rank_var;
+    if rank >= shared.world {
+        return Err(format!("this worker read {var}={rank}, outside the cluster's {} ranks", shared.world));
+    }
+    if let Some(holder) = slots.addrs[rank] {
+        let their_var = slots.claimed_by[rank].as_deref().unwrap_or("no variable: the seed assigned it");
+        return Err(format!(
+            "rank {rank} is taken twice: the worker at {holder} holds it ({their_var}), and this worker read \
+             {var}={rank}; two processes of the job were given the same rank"
+        ));
+    }
+    if slots.formed {
+        return Err(format!("this worker read {var}={rank}, but the cluster has formed and rank {rank} has left it"));
+    }
+    slots.addrs[rank] = Some(addr);
+    slots.claimed_by[rank] = Some(var.clone());
+    publish_if_complete(shared, slots);
+    Ok((rank, shared.world, false))
+}
+
+/// Publishes the peer table once every rank is present.
+fn publish_if_complete(shared: &Shared, slots: &mut Slots) {
     if slots.addrs.iter().all(Option::is_some) {
         slots.formed = true;
         let table: Vec<SocketAddr> = slots.addrs.iter().flatten().copied().collect();
         tracing::info!(world = table.len(), "every worker has joined; publishing the peer table");
         shared.table.send_replace(Some(table));
     }
-    Ok((rank, shared.world, false))
 }
 
 /// Frees the rank of a worker that left: before formation another worker may take it; after,
 /// the number stays used and later joiners do not dial it.
 fn release_slot(shared: &Shared, rank: usize) {
-    crate::sync::lock(&shared.slots).addrs[rank] = None;
+    let mut slots = crate::sync::lock(&shared.slots);
+    slots.addrs[rank] = None;
+    if let Some(by) = slots.claimed_by.get_mut(rank) {
+        *by = None;
+    }
 }
 
 /// Tells the worker why it was refused, gives the answer a moment to arrive, and closes.

@@ -94,6 +94,8 @@ pub(crate) struct Inner {
     pub peer_registries: Mutex<Vec<Option<HashMap<u64, u64>>>>,
     /// Which peers are alive.
     pub health: Health,
+    /// What the launcher said of this rank, and the seed it hosts (set by `init`).
+    pub launch: std::sync::OnceLock<super::init::Launched>,
     /// Woken whenever a rank that joined later connects.
     pub joined: Notify,
     /// The world size the cluster formed with (the topology is laid over it).
@@ -193,7 +195,17 @@ impl NexarClient {
         config.validate()?;
         let token: JoinToken = token.parse()?;
         let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
-        let joined = cluster::join(&endpoint, seed_addr, &token, &config).await?;
+        let claim = crate::proto::message::RankClaim::default();
+        let joined = cluster::join(&endpoint, seed_addr, &cluster::Credentials::Token(token), &claim, &config).await?;
+        Self::from_joined(endpoint, joined, config).await
+    }
+
+    /// The client of a worker the seed has welcomed: connects it to its peers.
+    pub(crate) async fn from_joined(
+        endpoint: Endpoint,
+        joined: cluster::Joined,
+        config: NexarConfig,
+    ) -> Result<NexarClient, NexarError> {
         let mut config = config;
         if joined.running {
             // A late joiner connects to every live rank, whatever the topology: the others
@@ -340,6 +352,7 @@ impl NexarClient {
             next_req: AtomicU64::new(0),
             peer_registries: Mutex::new(vec![None; capacity]),
             health: Health::new(liveness),
+            launch: std::sync::OnceLock::new(),
             joined: Notify::new(),
             initial_world: addrs.len(),
             routes: route_cache(),

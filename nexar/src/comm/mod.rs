@@ -6,6 +6,7 @@ mod collective;
 mod exec;
 mod grow;
 mod health;
+mod init;
 mod p2p;
 mod pieces;
 mod recovery;

@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::frame::FrameError;
 
 /// Version of the join protocol; a seed refuses workers that speak another.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// What a worker sends the seed on its join stream.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -21,8 +21,10 @@ pub enum SeedRequest {
     Join {
         /// Must equal [`PROTOCOL_VERSION`].
         protocol: u32,
-        /// The secret half of the join token.
-        secret: Vec<u8>,
+        /// How the worker proves it may join.
+        auth: JoinAuth,
+        /// The rank and world size the worker's launcher gave it, if any.
+        claim: RankClaim,
         /// A PKCS#10 request for the worker's own key, which never leaves the worker.
         csr_der: Vec<u8>,
         /// Where the worker listens for peers; an unspecified IP is replaced by the address
@@ -32,6 +34,41 @@ pub enum SeedRequest {
         /// (`NEXAR_BULK_ENCRYPTION`): every rank of a cluster must agree.
         bulk_encryption: bool,
     },
+    /// The worker's proof that it knows the job's shared secret, sent after it has checked the
+    /// seed's ([`SeedResponse::SecretProof`]).
+    SecretProof {
+        /// HMAC-SHA256 keyed by the secret over the joiner's label and the TLS exporter value.
+        proof: Vec<u8>,
+    },
+}
+
+/// How a worker proves it may join.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum JoinAuth {
+    /// The secret half of the join token the seed printed.
+    Token {
+        /// The token's secret.
+        secret: Vec<u8>,
+    },
+    /// Knowledge of the job's shared secret (`NEXAR_SECRET`), proved after the seed has proved
+    /// it first.
+    SharedSecret,
+}
+
+/// What a worker's launcher said about it, with the variables each value was read from, so the
+/// seed can refuse a duplicate rank or a disagreeing world size by name.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct RankClaim {
+    /// The rank the launcher gave the worker; `None` lets the seed choose.
+    pub rank: Option<u32>,
+    /// The variable the rank came from.
+    pub rank_var: String,
+    /// The world size the launcher gave the worker.
+    pub world_size: Option<u32>,
+    /// The variable the world size came from.
+    pub world_var: String,
+    /// The launcher's job generation (torch elastic's run id and restart count).
+    pub generation: Option<String>,
 }
 
 /// What the seed answers on a join stream.
@@ -59,6 +96,12 @@ pub enum SeedResponse {
         cluster_id: u64,
         /// Listening address of every rank.
         addrs: Vec<String>,
+    },
+    /// The seed's proof that it knows the job's shared secret, sent first on a
+    /// [`JoinAuth::SharedSecret`] join.
+    SecretProof {
+        /// HMAC-SHA256 keyed by the secret over the seed's label and the TLS exporter value.
+        proof: Vec<u8>,
     },
     /// The join was refused.
     Reject {
@@ -264,7 +307,8 @@ mod tests {
     fn messages_round_trip() {
         let m = SeedRequest::Join {
             protocol: PROTOCOL_VERSION,
-            secret: vec![1; 16],
+            auth: JoinAuth::Token { secret: vec![1; 16] },
+            claim: RankClaim { rank: Some(3), rank_var: "RANK".into(), ..Default::default() },
             csr_der: vec![2; 300],
             listen_addr: "127.0.0.1:5000".into(),
             bulk_encryption: true,

@@ -286,9 +286,11 @@ pub fn seed_server(identity: &Identity) -> Result<quinn::ServerConfig, Transport
     quic_server(tls)
 }
 
-/// A worker's configuration for dialling the seed: the seed must present a chain whose CA has
-/// the token's fingerprint.
-pub fn seed_client(ca_fingerprint: [u8; 32]) -> Result<quinn::ClientConfig, TransportError> {
+/// A worker's configuration for dialling the seed. With a join token's fingerprint, the seed
+/// must present a chain whose CA has it. With `None` (a job authenticated by a shared secret),
+/// the seed's certificate must chain to the CA it presents, and the worker trusts that CA only
+/// once the seed has proved, on this very session, that it knows the secret.
+pub fn seed_client(ca_fingerprint: Option<[u8; 32]>) -> Result<quinn::ClientConfig, TransportError> {
     let mut tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(rustls_err("tls versions"))?
@@ -303,10 +305,11 @@ pub fn seed_client(ca_fingerprint: [u8; 32]) -> Result<quinn::ClientConfig, Tran
 pub(crate) const FOREIGN_SEED: &str = "the seed's certificate is not from the CA named in the join token";
 
 /// Verifies the seed against the CA fingerprint carried in the join token (kubeadm's
-/// discovery-token-ca-cert-hash, for QUIC).
+/// discovery-token-ca-cert-hash, for QUIC), or, with no fingerprint, against the CA the seed
+/// presents (the shared secret's proof then authenticates the session).
 #[derive(Debug)]
 struct PinnedCaVerifier {
-    ca_fingerprint: [u8; 32],
+    ca_fingerprint: Option<[u8; 32]>,
     provider: Arc<CryptoProvider>,
 }
 
@@ -319,10 +322,15 @@ impl ServerCertVerifier for PinnedCaVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let ca = intermediates
-            .iter()
-            .find(|c| fingerprint(c) == self.ca_fingerprint)
-            .ok_or_else(|| rustls::Error::General(FOREIGN_SEED.into()))?;
+        let ca = match self.ca_fingerprint {
+            Some(pin) => intermediates
+                .iter()
+                .find(|c| fingerprint(c) == pin)
+                .ok_or_else(|| rustls::Error::General(FOREIGN_SEED.into()))?,
+            None => intermediates
+                .last()
+                .ok_or_else(|| rustls::Error::General("the seed presented no CA certificate".into()))?,
+        };
         let ca = CertificateDer::from(ca.to_vec());
         let roots = roots(&ca).map_err(|e| rustls::Error::General(e.to_string()))?;
         let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, self.provider.clone())

@@ -1,0 +1,58 @@
+//! The program a launcher starts: `nexar launch`, srun, mpirun or torchrun start several copies
+//! of it, and each joins the cluster with one call, [`NexarClient::init`], which finds out how
+//! it was started. Every rank all-reduces a vector, checks the sum, and prints one line.
+//!
+//! ```text
+//! cargo build --release -p nexar-examples --example launched -p nexar --features nexar/cli
+//! target/release/nexar launch -n 4 target/release/examples/launched
+//! NEXAR_SECRET=$(openssl rand -hex 16) srun -n 4 target/release/examples/launched
+//! NEXAR_SECRET=$(openssl rand -hex 16) NEXAR_SEED_ADDR=127.0.0.1:29400 \
+//!     mpirun -n 4 -x NEXAR_SECRET -x NEXAR_SEED_ADDR target/release/examples/launched
+//! NEXAR_SECRET=$(openssl rand -hex 16) torchrun --nproc-per-node 4 --no-python target/release/examples/launched
+//! ```
+//!
+//! `LAUNCHED_LEN` sets the vector's length (default 1 Mi elements); `LAUNCHED_FAIL_RANK=r` makes
+//! rank `r` exit with code 3 after joining, to see how a job reports a failed rank.
+
+use nexar::prelude::*;
+
+#[tokio::main]
+async fn main() -> Result<(), NexarError> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NEXAR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let len: usize = std::env::var("LAUNCHED_LEN").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 20);
+    let comm = NexarClient::init().await?;
+    let (me, world) = (comm.rank(), comm.world_size());
+    if std::env::var("LAUNCHED_FAIL_RANK").ok().and_then(|v| v.parse().ok()) == Some(me) {
+        eprintln!("rank {me}: failing on purpose (LAUNCHED_FAIL_RANK)");
+        std::process::exit(3);
+    }
+    // Rank r contributes r + 1 in every element: the sum is 1 + 2 + … + world.
+    let mut data: Buf<f64> = Buf::from_vec(vec![(me + 1) as f64; len]);
+    let started = std::time::Instant::now();
+    comm.all_reduce(&mut data, Sum).await?;
+    let took = started.elapsed();
+    let expected = (world * (world + 1) / 2) as f64;
+    let wrong = data.iter().filter(|&&x| x != expected).count();
+    comm.barrier().await?;
+    let launcher = comm.launcher().map_or("no launcher".to_string(), |l| l.to_string());
+    let local = match (comm.local_rank(), comm.local_world_size()) {
+        (Some(r), Some(n)) => format!("local rank {r} of {n}"),
+        (Some(r), None) => format!("local rank {r}"),
+        _ => "local rank unknown".to_string(),
+    };
+    println!(
+        "rank {me} of {world} ({local}, {launcher}): all_reduce of {len} f64 {} in {took:?}",
+        if wrong == 0 { format!("= {expected} everywhere: ok") } else { format!("WRONG in {wrong} elements") }
+    );
+    comm.shutdown().await;
+    if wrong != 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

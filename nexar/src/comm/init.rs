@@ -1,0 +1,296 @@
+//! [`NexarClient::init`]: one call that joins the cluster under whatever started this process
+//! (`nexar launch`, torchrun, SLURM's srun, mpirun, a Kubernetes JobSet, or a seed address and
+//! token given by hand).
+//!
+//! Under a launcher, the rank the launcher numbered 0 hosts the seed inside its own process,
+//! every rank (rank 0 included) joins it with the job's shared secret, and each keeps the rank
+//! its launcher gave it.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use quinn::Endpoint;
+
+use super::client::NexarClient;
+use crate::cluster::launcher::{self, Field, LaunchEnv, Launcher};
+use crate::cluster::{self, ClusterError, Credentials, Joined, SeedNode, SharedSecret};
+use crate::config::{ConfigError, NexarConfig};
+use crate::error::NexarError;
+use crate::proto::message::RankClaim;
+use crate::transport::endpoint;
+
+/// The first wait between attempts to reach the seed; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The first attempt's limit for the QUIC handshake with the seed; it doubles up to the
+/// configured connect timeout, so a seed that is not up yet costs little.
+const FIRST_ATTEMPT: Duration = Duration::from_millis(500);
+
+/// What the launcher said of this rank, kept for the rank's lifetime.
+pub(crate) struct Launched {
+    /// The launcher recognised (`None`: none, a single rank).
+    pub launcher: Option<Launcher>,
+    pub local_rank: Option<usize>,
+    pub local_world_size: Option<usize>,
+    /// The seed this rank hosts (the launcher's rank 0): it lives as long as the rank, so that
+    /// the others stay connected to it.
+    pub _seed: Option<SeedNode>,
+}
+
+impl NexarClient {
+    /// Joins the cluster under whatever launched this process, configured from the `NEXAR_*`
+    /// variables ([`NexarConfig::from_env`]). One log line (at info level) says which launcher
+    /// was found and which variables were read.
+    ///
+    /// Launchers are recognised in this order (see [`launcher`](crate::cluster::launcher)):
+    /// a seed address and token set by hand (`NEXAR_SEED_ADDR`, `NEXAR_TOKEN`); `nexar launch`;
+    /// torchrun (and Kubernetes PyTorchJob); Open MPI's mpirun; SLURM's srun; MPICH; a Kubernetes
+    /// JobSet. With none of them, the program runs as a single rank, as an MPI program started
+    /// without mpirun does.
+    ///
+    /// Under a launcher, every rank must hold the job's secret (`NEXAR_SECRET`, or
+    /// `NEXAR_SECRET_FILE` naming a file only its owner can read); `nexar launch` generates one.
+    /// The launcher's rank 0 hosts the seed in its own process; the others retry until it is up,
+    /// for up to `NEXAR_JOIN_TIMEOUT_MS`. Each rank keeps the rank its launcher gave it, and
+    /// [`local_rank`](Self::local_rank) says which device to use.
+    ///
+    /// ```no_run
+    /// use nexar::prelude::*;
+    /// # async fn run() -> Result<(), NexarError> {
+    /// let comm = NexarClient::init().await?;
+    /// let gpu = comm.local_rank().unwrap_or(0);
+    /// let mut grads = vec![1.0f32; 1024];
+    /// comm.all_reduce(&mut grads[..], ReduceOp::Sum).await?;
+    /// comm.shutdown().await;
+    /// # let _ = gpu; Ok(()) }
+    /// ```
+    pub async fn init() -> Result<NexarClient, NexarError> {
+        Self::init_with(NexarConfig::from_env()?).await
+    }
+
+    /// [`init`](Self::init) with a configuration built by the program (its seed address and
+    /// token, if set, count as a launch by hand; the launcher is still read from the
+    /// environment).
+    pub async fn init_with(config: NexarConfig) -> Result<NexarClient, NexarError> {
+        config.validate()?;
+        let env = launcher::detect_env().map_err(ClusterError::from)?;
+        let Some(env) = env else {
+            tracing::info!(
+                "nexar init: no launcher found (no NEXAR_SEED_ADDR and NEXAR_TOKEN, nexar launch, torchrun, mpirun, \
+                 SLURM or JobSet variables): running as a single rank"
+            );
+            let client = NexarClient::bootstrap_local_with(1, config).await?.remove(0);
+            client.remember_launch(Launched {
+                launcher: None,
+                local_rank: Some(0),
+                local_world_size: Some(1),
+                _seed: None,
+            });
+            return Ok(client);
+        };
+        tracing::info!("nexar init: launched by {}", env.describe());
+        let (credentials, seed) = match env.launcher {
+            Launcher::Explicit => {
+                let token =
+                    config.token.clone().ok_or(ConfigError::Missing { what: "the join token", var: "NEXAR_TOKEN" })?;
+                (Credentials::Token(token.parse()?), None)
+            }
+            launcher => {
+                let secret = SharedSecret::from_lookup(|var| std::env::var(var).ok())
+                    .map_err(ClusterError::from)?
+                    .ok_or(ClusterError::NoSecret { launcher })?;
+                let seed = if env.rank == Some(0) { Some(host_seed(&env, &config, &secret).await?) } else { None };
+                (Credentials::Secret(secret), seed)
+            }
+        };
+        let claim = claim_of(&env);
+        let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
+        // Rank 0 reaches the seed it hosts over loopback; the others at the launcher's address.
+        let target = match &seed {
+            Some(seed) => Target::Local(loopback(seed.local_addr())),
+            None => Target::Remote(&env),
+        };
+        let joined = join_with_retry(&endpoint, target, &credentials, &claim, &config).await?;
+        let client = NexarClient::from_joined(endpoint, joined, config).await?;
+        client.remember_launch(Launched {
+            launcher: Some(env.launcher),
+            local_rank: env.local_rank,
+            local_world_size: env.local_world_size,
+            _seed: seed,
+        });
+        Ok(client)
+    }
+
+    /// This rank's index among the ranks on its host, as the launcher numbered it
+    /// (`LOCAL_RANK`, `SLURM_LOCALID`, `OMPI_COMM_WORLD_LOCAL_RANK`, …): the GPU to use. `None`
+    /// when the launcher does not say, or the client was not made by [`init`](Self::init).
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// let device = comm.local_rank().unwrap_or(0);
+    /// # }
+    /// ```
+    pub fn local_rank(&self) -> Option<usize> {
+        self.inner.launch.get().and_then(|l| l.local_rank)
+    }
+
+    /// The number of ranks on this host, as the launcher gave it (`LOCAL_WORLD_SIZE`,
+    /// `SLURM_NTASKS_PER_NODE`, `OMPI_COMM_WORLD_LOCAL_SIZE`, …). `None` when it does not say.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// println!("{} ranks on this host", comm.local_world_size().unwrap_or(1));
+    /// # }
+    /// ```
+    pub fn local_world_size(&self) -> Option<usize> {
+        self.inner.launch.get().and_then(|l| l.local_world_size)
+    }
+
+    /// The launcher [`init`](Self::init) found; `None` for a single rank started without one,
+    /// or a client made another way.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// if let Some(l) = comm.launcher() { println!("started by {l}"); }
+    /// # }
+    /// ```
+    pub fn launcher(&self) -> Option<Launcher> {
+        self.inner.launch.get().and_then(|l| l.launcher)
+    }
+
+    fn remember_launch(&self, launched: Launched) {
+        // A fresh client: nothing was set before.
+        let _ = self.inner.launch.set(launched);
+    }
+}
+
+/// The rank and world size the launcher gave, with their variables, for the seed to check.
+fn claim_of(env: &LaunchEnv) -> RankClaim {
+    let var = |field| env.var_of(field).unwrap_or_default().to_string();
+    RankClaim {
+        rank: env.rank.and_then(|r| u32::try_from(r).ok()),
+        rank_var: var(Field::Rank),
+        world_size: env.world_size.and_then(|w| u32::try_from(w).ok()),
+        world_var: var(Field::WorldSize),
+        generation: env.generation.clone(),
+    }
+}
+
+/// Starts the seed in this process (the launcher's rank 0), listening on every interface at
+/// the launcher's seed port.
+async fn host_seed(env: &LaunchEnv, config: &NexarConfig, secret: &SharedSecret) -> Result<SeedNode, ClusterError> {
+    let world = env.world_size.ok_or(ClusterError::InvalidWorldSize(0))?;
+    let any: IpAddr = match env.seed.host.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => Ipv6Addr::UNSPECIFIED.into(),
+        _ => Ipv4Addr::UNSPECIFIED.into(),
+    };
+    let addr = SocketAddr::new(any, env.seed.port);
+    let mut seed_cfg = config.clone();
+    seed_cfg.world_size = Some(world);
+    let port_var = env.var_of(Field::SeedPort).unwrap_or("?");
+    let seed = SeedNode::bind_with_secret(addr, seed_cfg, secret.clone()).await.map_err(|e| ClusterError::Mesh {
+        rank: 0,
+        reason: format!(
+            "rank 0 hosts the seed, but could not listen on port {} (from {port_var}): {e}; is another job using \
+             it? choose another port",
+            env.seed.port
+        ),
+    })?;
+    tracing::info!(addr = %seed.local_addr(), world, "rank 0 hosts the seed");
+    Ok(seed)
+}
+
+/// The loopback address of the same family and port.
+fn loopback(addr: SocketAddr) -> SocketAddr {
+    let ip: IpAddr = if addr.is_ipv6() { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() };
+    SocketAddr::new(ip, addr.port())
+}
+
+/// Where a rank finds the seed.
+enum Target<'a> {
+    /// The seed this process hosts.
+    Local(SocketAddr),
+    /// The seed the launcher names: resolved afresh on each attempt (a pod's DNS name may
+    /// appear only after the pod starts).
+    Remote(&'a LaunchEnv),
+}
+
+impl Target<'_> {
+    fn describe(&self) -> (String, String) {
+        match self {
+            Target::Local(addr) => (addr.to_string(), "this process, which hosts it".into()),
+            Target::Remote(env) => {
+                let host = env.var_of(Field::SeedHost).unwrap_or("?");
+                let port = env.var_of(Field::SeedPort).unwrap_or("?");
+                let vars = if host == port { host.to_string() } else { format!("{host} and {port}") };
+                (env.seed.to_string(), vars)
+            }
+        }
+    }
+
+    async fn resolve(&self) -> Result<SocketAddr, String> {
+        match self {
+            Target::Local(addr) => Ok(*addr),
+            Target::Remote(env) => {
+                let text = env.seed.to_string();
+                let mut addrs =
+                    tokio::net::lookup_host(&text).await.map_err(|e| format!("cannot resolve {text}: {e}"))?;
+                addrs.next().ok_or_else(|| format!("{text} resolves to no address"))
+            }
+        }
+    }
+}
+
+/// Joins through the seed, retrying with backoff while it cannot be reached (it may not be up
+/// yet), until the join timeout. A seed that answers and refuses is not retried.
+async fn join_with_retry(
+    endpoint: &Endpoint,
+    target: Target<'_>,
+    credentials: &Credentials,
+    claim: &RankClaim,
+    config: &NexarConfig,
+) -> Result<Joined, ClusterError> {
+    let started = tokio::time::Instant::now();
+    let deadline = started + config.join_timeout;
+    let (mut backoff, mut attempt_limit, mut attempts) = (FIRST_BACKOFF, FIRST_ATTEMPT, 0u32);
+    loop {
+        attempts += 1;
+        let mut attempt_cfg = config.clone();
+        attempt_cfg.connect_timeout = attempt_limit.min(config.connect_timeout);
+        let error = match target.resolve().await {
+            Ok(addr) => match cluster::join(endpoint, addr, credentials, claim, &attempt_cfg).await {
+                Ok(joined) => return Ok(joined),
+                Err(e) if unreachable_yet(&e) => e.to_string(),
+                Err(e) => return Err(e),
+            },
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() + backoff >= deadline {
+            let (seed, source_vars) = target.describe();
+            return Err(ClusterError::SeedUnreachable {
+                seed,
+                source_vars,
+                after: started.elapsed(),
+                attempts,
+                last: error,
+            });
+        }
+        tracing::debug!(attempts, %error, "the seed cannot be reached yet; trying again");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+        attempt_limit = (attempt_limit * 2).min(config.connect_timeout);
+    }
+}
+
+/// Whether a join failed only because the seed could not be reached (not up yet, or its
+/// address not resolvable yet), rather than because it refused.
+fn unreachable_yet(e: &ClusterError) -> bool {
+    match e {
+        ClusterError::Timeout { what, .. } => what.starts_with("connecting to the seed"),
+        ClusterError::Transport(crate::transport::TransportError::Connect { reason, .. }) => {
+            !reason.contains(crate::transport::tls::FOREIGN_SEED)
+                && (reason.contains("timed out") || reason.contains("refused") || reason.contains("reset"))
+        }
+        _ => false,
+    }
+}
