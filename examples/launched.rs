@@ -17,7 +17,7 @@
 use nexar::prelude::*;
 
 #[tokio::main]
-async fn main() -> Result<(), NexarError> {
+async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("NEXAR_LOG")
@@ -25,6 +25,16 @@ async fn main() -> Result<(), NexarError> {
         )
         .with_writer(std::io::stderr)
         .init();
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("launched: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), NexarError> {
     let len: usize = std::env::var("LAUNCHED_LEN").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 20);
     let comm = NexarClient::init().await?;
     let (me, world) = (comm.rank(), comm.world_size());

@@ -133,18 +133,7 @@ pub(crate) async fn join(
     endpoint.set_server_config(Some(server_with_transport(mesh_server(&identity, &ca)?, cfg)));
     tracing::info!(rank, world, cluster_id, "joined; waiting for the other workers");
 
-    let table = timed(
-        cfg.join_timeout,
-        "waiting for every worker to join",
-        read_message::<SeedResponse>(&mut recv, MAX_SEED_RESPONSE),
-    )
-    .await?
-    .map_err(|e| proto(e.to_string()))?
-    .ok_or_else(|| proto("the seed closed the join stream before publishing the peer table".into()))?;
-    let addrs = match table {
-        SeedResponse::PeerTable { cluster_id: id, addrs } if id == cluster_id => addrs,
-        other => return Err(proto(format!("expected the peer table, got {other:?}"))),
-    };
+    let addrs = wait_for_table(&mut recv, cluster_id, world, seed_addr, cfg).await?;
     if addrs.len() != world as usize {
         return Err(proto(format!("the peer table lists {} ranks, the welcome said {world}", addrs.len())));
     }
@@ -153,6 +142,35 @@ pub(crate) async fn join(
         .map(|a| a.parse::<SocketAddr>().map_err(|_| proto(format!("peer address {a:?} does not parse"))))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Joined { rank: rank as usize, addrs, identity, ca, seed, running })
+}
+
+/// Reads the seed's progress notes until it publishes the peer table. A worker that gives up
+/// says how many ranks had joined and what the seed refused.
+async fn wait_for_table(
+    recv: &mut quinn::RecvStream,
+    cluster_id: u64,
+    world: u32,
+    seed_addr: SocketAddr,
+    cfg: &NexarConfig,
+) -> Result<Vec<String>, ClusterError> {
+    let proto = |reason: String| ClusterError::SeedProtocol { seed: seed_addr, reason };
+    let deadline = tokio::time::Instant::now() + cfg.join_timeout;
+    let (mut joined, mut refused) = (0u32, Vec::new());
+    loop {
+        let next = tokio::time::timeout_at(deadline, read_message::<SeedResponse>(recv, MAX_SEED_RESPONSE)).await;
+        let Ok(next) = next else {
+            return Err(ClusterError::JoinIncomplete { seed: seed_addr, after: cfg.join_timeout, joined, world, refused });
+        };
+        match next.map_err(|e| proto(e.to_string()))? {
+            Some(SeedResponse::PeerTable { cluster_id: id, addrs }) if id == cluster_id => return Ok(addrs),
+            Some(SeedResponse::Progress { joined: j, refused: r, .. }) => {
+                tracing::debug!(joined = j, world, refused = ?r, "waiting for the other workers");
+                (joined, refused) = (j, r);
+            }
+            Some(other) => return Err(proto(format!("expected the peer table, got {other:?}"))),
+            None => return Err(proto("the seed closed the join stream before publishing the peer table".into())),
+        }
+    }
 }
 
 /// The shared-secret handshake, worker side: check the seed's proof first, and only then send

@@ -69,6 +69,20 @@ pub enum ClusterError {
         /// The launcher recognised.
         launcher: launcher::Launcher,
     },
+    /// Joined, but the other workers did not all join before the join timeout.
+    #[error("{}", incomplete_text(*seed, *after, *joined, *world, refused))]
+    JoinIncomplete {
+        /// The seed's address.
+        seed: SocketAddr,
+        /// How long this rank waited.
+        after: Duration,
+        /// Workers joined, as the seed last said.
+        joined: u32,
+        /// Workers the cluster waits for.
+        world: u32,
+        /// The seed's last refusals, "address: reason".
+        refused: Vec<String>,
+    },
     /// The seed could not be reached before the join deadline.
     #[error(
         "could not reach the seed at {seed} (from {source_vars}) within {after:?} (NEXAR_JOIN_TIMEOUT_MS); \
@@ -140,4 +154,18 @@ fn mismatch_text(seed: SocketAddr, side: MismatchSide) -> String {
              NEXAR_SECRET_FILE) differs from the seed's; every rank of a job must hold the same secret"
         ),
     }
+}
+
+fn incomplete_text(seed: SocketAddr, after: Duration, joined: u32, world: u32, refused: &[String]) -> String {
+    let mut text = format!(
+        "the cluster did not form within {after:?} (NEXAR_JOIN_TIMEOUT_MS): {joined} of {world} ranks had joined \
+         the seed at {seed}; "
+    );
+    if refused.is_empty() {
+        text += "the seed refused nobody, so the missing ranks never reached it (not started, crashed, or given \
+                 another seed address)";
+    } else {
+        text += &format!("the seed refused: {}", refused.join("; "));
+    }
+    text
 }

@@ -58,9 +58,26 @@ struct Shared {
     members: watch::Sender<usize>,
     /// `NEXAR_BULK_ENCRYPTION` of the first worker that joined: every later one must match.
     bulk_encryption: Mutex<Option<bool>>,
+    /// How many workers have joined, and the last refusals, for the workers still waiting.
+    progress: watch::Sender<Progress>,
     /// The launcher generation of the first worker that named one: every later one must match.
     generation: Mutex<Option<String>>,
 }
+
+/// What waiting workers are told while the cluster forms.
+#[derive(Default)]
+struct Progress {
+    joined: usize,
+    /// The last [`MAX_REFUSALS_SHOWN`] refusals: "address: reason".
+    refused: Vec<String>,
+}
+
+/// How many refusals waiting workers are told of.
+const MAX_REFUSALS_SHOWN: usize = 4;
+
+/// The least time between two progress notes to one waiting worker: notes coalesce, so a large
+/// cluster forming does not cost each waiting worker one note per join.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 struct Slots {
     /// Where each rank listens; `None` for a rank not joined yet (before formation) or gone.
@@ -137,6 +154,7 @@ impl SeedNode {
             members: watch::channel(0).0,
             bulk_encryption: Mutex::new(None),
             generation: Mutex::new(None),
+            progress: watch::channel(Progress::default()).0,
         });
         let local = endpoint.local_addr().map_err(|e| TransportError::Bind { addr, reason: e.to_string() })?;
         tracing::info!(%local, world, "seed listening");
@@ -231,13 +249,14 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
         Err(_) => return Err(format!("sent no valid join request within {limit:?}")),
     };
     let SeedRequest::Join { protocol, auth, claim, csr_der, listen_addr, bulk_encryption } = req else {
-        return Err(reject(&conn, &mut send, "expected a join request first".into()).await);
+        return Err(reject(shared, &conn, &mut send, "expected a join request first".into()).await);
     };
     if let Err(reason) = authenticate(shared, &conn, &mut send, &mut recv, auth).await {
-        return Err(reject(&conn, &mut send, reason).await);
+        return Err(reject(shared, &conn, &mut send, reason).await);
     }
     if protocol != PROTOCOL_VERSION {
         return Err(reject(
+            shared,
             &conn,
             &mut send,
             format!("protocol version {protocol} is not supported (seed speaks {PROTOCOL_VERSION})"),
@@ -246,12 +265,12 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     }
     if let Err(reason) = agree_on_encryption(shared, bulk_encryption).and_then(|()| agree_on_generation(shared, &claim))
     {
-        return Err(reject(&conn, &mut send, reason).await);
+        return Err(reject(shared, &conn, &mut send, reason).await);
     }
     let mut listen: SocketAddr = match listen_addr.parse() {
         Ok(a) => a,
         Err(_) => {
-            return Err(reject(&conn, &mut send, format!("listen address {listen_addr:?} does not parse")).await);
+            return Err(reject(shared, &conn, &mut send, format!("listen address {listen_addr:?} does not parse")).await);
         }
     };
     if listen.ip().is_unspecified() {
@@ -259,13 +278,13 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     }
     let (rank, world, running) = match claim_slot(shared, listen, &claim) {
         Ok(r) => r,
-        Err(reason) => return Err(reject(&conn, &mut send, reason).await),
+        Err(reason) => return Err(reject(shared, &conn, &mut send, reason).await),
     };
     let cert = match shared.ca.sign_csr(&csr_der, rank as u32) {
         Ok(c) => c,
         Err(e) => {
             release_slot(shared, rank);
-            return Err(reject(&conn, &mut send, e.to_string()).await);
+            return Err(reject(shared, &conn, &mut send, e.to_string()).await);
         }
     };
     let welcome = SeedResponse::Welcome {
@@ -369,16 +388,39 @@ fn agree_on_encryption(shared: &Shared, theirs: bool) -> Result<(), String> {
 /// worker leaves. A worker that leaves before the cluster forms frees its rank.
 async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream, rank: usize) -> Result<(), String> {
     let mut table = shared.table.subscribe();
-    let addrs = tokio::select! {
-        formed = table.wait_for(|t| t.is_some()) => match formed {
+    let mut progress = shared.progress.subscribe();
+    progress.mark_changed();
+    let addrs = loop {
+        let note = tokio::select! {
+            formed = table.wait_for(|t| t.is_some()) => {
+                if formed.is_err() {
+                    return Err("seed stopping".to_string());
+                }
+                None
+            }
+            changed = progress.changed() => {
+                if changed.is_err() {
+                    return Err("seed stopping".to_string());
+                }
+                let p = progress.borrow_and_update();
+                Some(SeedResponse::Progress {
+                    joined: p.joined as u32,
+                    world_size: shared.world as u32,
+                    refused: p.refused.clone(),
+                })
+            }
+            reason = conn.closed() => {
+                release_slot(shared, rank);
+                return Err(format!("rank {rank} left before the cluster formed ({reason}); its rank is free again"));
+            }
+        };
+        let Some(note) = note else {
             // A worker that joins the running cluster gets the table as it is now.
-            Ok(_) => crate::sync::lock(&shared.slots).table(),
-            Err(_) => return Err("seed stopping".to_string()),
-        },
-        reason = conn.closed() => {
-            release_slot(shared, rank);
-            return Err(format!("rank {rank} left before the cluster formed ({reason}); its rank is free again"));
-        }
+            break crate::sync::lock(&shared.slots).table();
+        };
+        write_message(send, &note).await.map_err(|e| format!("rank {rank} lost while waiting: {e}"))?;
+        // Coalesce notes, but not at the table's expense.
+        let _ = tokio::time::timeout(PROGRESS_EVERY, async { table.wait_for(|t| t.is_some()).await.is_ok() }).await;
     };
     let msg =
         SeedResponse::PeerTable { cluster_id: shared.cluster_id, addrs: addrs.iter().map(|a| a.to_string()).collect() };
@@ -453,8 +495,11 @@ fn claim_named_slot(
     Ok((rank, shared.world, false))
 }
 
-/// Publishes the peer table once every rank is present.
+/// Tells waiting workers how many have joined, and publishes the peer table once every rank
+/// is present.
 fn publish_if_complete(shared: &Shared, slots: &mut Slots) {
+    let joined = slots.addrs.iter().filter(|a| a.is_some()).count();
+    shared.progress.send_modify(|p| p.joined = joined);
     if slots.addrs.iter().all(Option::is_some) {
         slots.formed = true;
         let table: Vec<SocketAddr> = slots.addrs.iter().flatten().copied().collect();
@@ -468,13 +513,25 @@ fn publish_if_complete(shared: &Shared, slots: &mut Slots) {
 fn release_slot(shared: &Shared, rank: usize) {
     let mut slots = crate::sync::lock(&shared.slots);
     slots.addrs[rank] = None;
+    if !slots.formed {
+        let joined = slots.addrs.iter().filter(|a| a.is_some()).count();
+        shared.progress.send_modify(|p| p.joined = joined);
+    }
     if let Some(by) = slots.claimed_by.get_mut(rank) {
         *by = None;
     }
 }
 
 /// Tells the worker why it was refused, gives the answer a moment to arrive, and closes.
-async fn reject(conn: &Connection, send: &mut SendStream, reason: String) -> String {
+async fn reject(shared: &Shared, conn: &Connection, send: &mut SendStream, reason: String) -> String {
+    let remote = conn.remote_address();
+    tracing::info!(%remote, %reason, "refused a worker");
+    shared.progress.send_modify(|p| {
+        if p.refused.len() == MAX_REFUSALS_SHOWN {
+            p.refused.remove(0);
+        }
+        p.refused.push(format!("{remote}: {reason}"));
+    });
     let _ = write_message(send, &SeedResponse::Reject { reason: reason.clone() }).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send.stopped()).await;

@@ -200,6 +200,32 @@ impl NexarClient {
         Self::from_joined(endpoint, joined, config).await
     }
 
+    /// Joins through a seed started with the job's shared secret
+    /// ([`SeedNode::bind_with_secret`](crate::SeedNode::bind_with_secret), or the seed that
+    /// [`init`](Self::init)'s rank 0 hosts). The seed proves it knows the secret first, on this
+    /// TLS session; only then does this worker prove it, and trust the CA the seed presented.
+    /// The seed assigns the rank.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// use nexar::cluster::SharedSecret;
+    /// let secret = SharedSecret::new(std::env::var("NEXAR_SECRET").unwrap_or_default())?;
+    /// let client = nexar::NexarClient::connect_with_secret("10.0.0.1:7000".parse().unwrap(), &secret, Default::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with_secret(
+        seed_addr: SocketAddr,
+        secret: &cluster::SharedSecret,
+        config: NexarConfig,
+    ) -> Result<NexarClient, NexarError> {
+        config.validate()?;
+        let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
+        let claim = crate::proto::message::RankClaim::default();
+        let credentials = cluster::Credentials::Secret(secret.clone());
+        let joined = cluster::join(&endpoint, seed_addr, &credentials, &claim, &config).await?;
+        Self::from_joined(endpoint, joined, config).await
+    }
+
     /// The client of a worker the seed has welcomed: connects it to its peers.
     pub(crate) async fn from_joined(
         endpoint: Endpoint,

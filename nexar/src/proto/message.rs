@@ -103,6 +103,16 @@ pub enum SeedResponse {
         /// HMAC-SHA256 keyed by the secret over the seed's label and the TLS exporter value.
         proof: Vec<u8>,
     },
+    /// While the cluster forms: how many workers have joined, and the seed's last refusals, so
+    /// a worker that times out can say why.
+    Progress {
+        /// Workers joined so far.
+        joined: u32,
+        /// Workers the cluster waits for.
+        world_size: u32,
+        /// The last refusals, each "address: reason".
+        refused: Vec<String>,
+    },
     /// The join was refused.
     Reject {
         /// Why, in words.

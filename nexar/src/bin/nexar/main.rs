@@ -1,9 +1,13 @@
-//! The `nexar` command: run a seed node, or join a cluster as a worker and check the mesh.
+//! The `nexar` command: launch a job's ranks, run a seed node, or join a cluster as a worker
+//! and check the mesh.
 //!
 //! ```text
+//! nexar launch -n 4 --tag-output ./my-program args…
 //! nexar seed --bind 0.0.0.0:7000 --world-size 4
 //! nexar check --seed 10.0.0.1:7000 --token nexar1.…
 //! ```
+
+mod launch;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -21,6 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start the ranks of a job on this host, like `mpirun -n` or `torchrun --nproc-per-node`:
+    /// each runs the program, which joins with `NexarClient::init()`.
+    Launch(launch::LaunchArgs),
     /// Run a seed node: print the join token, admit workers, publish the peer table.
     Seed {
         /// Address to listen on.
@@ -68,7 +75,19 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()).await {
+    let command = match Cli::parse().command {
+        Command::Launch(args) => {
+            return match launch::run(args).await {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("nexar launch: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        other => other,
+    };
+    match run(command).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -77,9 +96,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+/// The commands other than `launch`, which needs no configuration of its own.
+async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = NexarConfig::from_env()?;
-    match cli.command {
+    match command {
+        Command::Launch(_) => Err("`nexar launch` is run by main".into()),
         Command::Seed { bind, world_size, exit_when_done } => {
             if world_size.is_some() {
                 cfg.world_size = world_size;
