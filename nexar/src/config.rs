@@ -297,7 +297,12 @@ impl NexarConfig {
             c.world_size = Some(n);
         }
         if let Some((var, v)) = get("NEXAR_SEED_ADDR") {
-            c.seed_addr = Some(parse(var, &v)?);
+            match v.parse::<SocketAddr>() {
+                Ok(addr) => c.seed_addr = Some(addr),
+                // A host name and port (a pod's DNS name): resolved when joining.
+                Err(_) if is_host_and_port(&v) => {}
+                Err(_) => return Err(invalid(var, &v, "host:port, such as 10.0.0.1:7000 or head-0.train:7000")),
+            }
         }
         if let Some((var, v)) = get("NEXAR_TOKEN") {
             crate::cluster::JoinToken::from_str(&v).map_err(|e| invalid(var, &v, &e.to_string()))?;
@@ -491,6 +496,13 @@ fn parse_size(var: &'static str, value: &str) -> Result<u64, ConfigError> {
     let n: u64 =
         digits.trim().parse().map_err(|_| invalid(var, value, "expected a size such as 1048576, 64K, 16M or 4G"))?;
     n.checked_mul(1 << shift).ok_or_else(|| invalid(var, value, "size overflows 64 bits"))
+}
+
+/// `name:port` with a plausible host name and a port from 1 to 65535.
+fn is_host_and_port(text: &str) -> bool {
+    let Some((host, port)) = text.rsplit_once(':') else { return false };
+    let host_ok = !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ fn free_addrs(n: usize) -> Vec<SocketAddr> {
 /// whatever the test wants afterwards.
 async fn raw_seed_connection(seed: SocketAddr, token: &JoinToken, cfg: &NexarConfig) -> quinn::Connection {
     let endpoint = bind(loopback(), cfg, None).unwrap();
-    let client = with_transport(seed_client(token.ca_fingerprint()).unwrap(), cfg);
+    let client = with_transport(seed_client(Some(token.ca_fingerprint())).unwrap(), cfg);
     endpoint.connect_with(client, seed, "seed.nexar").unwrap().await.unwrap()
 }
 

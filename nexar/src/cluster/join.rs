@@ -159,16 +159,33 @@ async fn wait_for_table(
     loop {
         let next = tokio::time::timeout_at(deadline, read_message::<SeedResponse>(recv, MAX_SEED_RESPONSE)).await;
         let Ok(next) = next else {
-            return Err(ClusterError::JoinIncomplete { seed: seed_addr, after: cfg.join_timeout, joined, world, refused });
+            return Err(ClusterError::JoinIncomplete {
+                seed: seed_addr,
+                after: cfg.join_timeout,
+                joined,
+                world,
+                refused,
+            });
         };
-        match next.map_err(|e| proto(e.to_string()))? {
+        let lost = |reason: String| ClusterError::SeedLost {
+            seed: seed_addr,
+            reason,
+            joined,
+            world,
+            refused: refused.clone(),
+        };
+        let next = match next {
+            Err(crate::transport::framed::ReadFrameError::Closed(reason)) => return Err(lost(reason)),
+            other => other.map_err(|e| proto(e.to_string()))?,
+        };
+        match next {
             Some(SeedResponse::PeerTable { cluster_id: id, addrs }) if id == cluster_id => return Ok(addrs),
             Some(SeedResponse::Progress { joined: j, refused: r, .. }) => {
                 tracing::debug!(joined = j, world, refused = ?r, "waiting for the other workers");
                 (joined, refused) = (j, r);
             }
             Some(other) => return Err(proto(format!("expected the peer table, got {other:?}"))),
-            None => return Err(proto("the seed closed the join stream before publishing the peer table".into())),
+            None => return Err(lost("it closed the join stream".into())),
         }
     }
 }
@@ -197,6 +214,9 @@ async fn exchange_proofs(
         SeedResponse::SecretProof { proof } if secret.verify(Role::Seed, &exported, &proof) => {}
         SeedResponse::SecretProof { .. } => {
             seed.close(CLOSE_SEED_UNPROVEN.into(), b"the seed does not know this job's secret");
+            // Give the endpoint driver a moment to send the close, so that the seed logs why
+            // (this rank is about to fail, and its process may exit at once).
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             return Err(ClusterError::SecretMismatch { seed: seed_addr, side: MismatchSide::Seed });
         }
         SeedResponse::Reject { reason } => return Err(ClusterError::JoinRejected { seed: seed_addr, reason }),

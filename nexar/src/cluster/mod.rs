@@ -83,6 +83,21 @@ pub enum ClusterError {
         /// The seed's last refusals, "address: reason".
         refused: Vec<String>,
     },
+    /// Joined, but the seed went away before every worker had joined (under a launcher, the
+    /// seed lives in rank 0: it ended).
+    #[error("the seed at {seed} went away before the cluster formed ({reason}): {}", progress_text(*joined, *world, refused))]
+    SeedLost {
+        /// The seed's address.
+        seed: SocketAddr,
+        /// How the connection ended.
+        reason: String,
+        /// Workers joined, as the seed last said.
+        joined: u32,
+        /// Workers the cluster waits for.
+        world: u32,
+        /// The seed's last refusals, "address: reason".
+        refused: Vec<String>,
+    },
     /// The seed could not be reached before the join deadline.
     #[error(
         "could not reach the seed at {seed} (from {source_vars}) within {after:?} (NEXAR_JOIN_TIMEOUT_MS); \
@@ -157,10 +172,15 @@ fn mismatch_text(seed: SocketAddr, side: MismatchSide) -> String {
 }
 
 fn incomplete_text(seed: SocketAddr, after: Duration, joined: u32, world: u32, refused: &[String]) -> String {
-    let mut text = format!(
-        "the cluster did not form within {after:?} (NEXAR_JOIN_TIMEOUT_MS): {joined} of {world} ranks had joined \
-         the seed at {seed}; "
-    );
+    format!(
+        "the cluster did not form within {after:?} (NEXAR_JOIN_TIMEOUT_MS) at the seed at {seed}: {}",
+        progress_text(joined, world, refused)
+    )
+}
+
+/// How far the cluster got, and whom the seed refused.
+fn progress_text(joined: u32, world: u32, refused: &[String]) -> String {
+    let mut text = format!("{joined} of {world} ranks had joined; ");
     if refused.is_empty() {
         text += "the seed refused nobody, so the missing ranks never reached it (not started, crashed, or given \
                  another seed address)";

@@ -270,7 +270,9 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     let mut listen: SocketAddr = match listen_addr.parse() {
         Ok(a) => a,
         Err(_) => {
-            return Err(reject(shared, &conn, &mut send, format!("listen address {listen_addr:?} does not parse")).await);
+            return Err(
+                reject(shared, &conn, &mut send, format!("listen address {listen_addr:?} does not parse")).await
+            );
         }
     };
     if listen.ip().is_unspecified() {

@@ -254,7 +254,22 @@ impl NexarClient {
     /// Joins using `NEXAR_SEED_ADDR`, `NEXAR_TOKEN` and the other `NEXAR_*` variables.
     pub async fn from_env() -> Result<NexarClient, NexarError> {
         let config = NexarConfig::from_env()?;
-        let seed = config.seed_addr.ok_or(ConfigError::Missing { what: "the seed address", var: "NEXAR_SEED_ADDR" })?;
+        let seed = match config.seed_addr {
+            Some(addr) => addr,
+            None => {
+                // A host name: resolve it.
+                let text = std::env::var("NEXAR_SEED_ADDR")
+                    .map_err(|_| ConfigError::Missing { what: "the seed address", var: "NEXAR_SEED_ADDR" })?;
+                let resolved = tokio::net::lookup_host(&text).await.ok().and_then(|mut a| a.next());
+                resolved.ok_or_else(|| ClusterError::SeedUnreachable {
+                    seed: text.clone(),
+                    source_vars: "NEXAR_SEED_ADDR".into(),
+                    after: Duration::ZERO,
+                    attempts: 1,
+                    last: "the host name does not resolve".into(),
+                })?
+            }
+        };
         let token = config.token.clone().ok_or(ConfigError::Missing { what: "the join token", var: "NEXAR_TOKEN" })?;
         Self::connect(seed, &token, config).await
     }

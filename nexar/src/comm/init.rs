@@ -24,7 +24,7 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// The first attempt's limit for the QUIC handshake with the seed; it doubles up to the
 /// configured connect timeout, so a seed that is not up yet costs little.
-const FIRST_ATTEMPT: Duration = Duration::from_millis(500);
+const FIRST_ATTEMPT: Duration = Duration::from_secs(1);
 
 /// What the launcher said of this rank, kept for the rank's lifetime.
 pub(crate) struct Launched {
