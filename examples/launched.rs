@@ -11,8 +11,10 @@
 //! NEXAR_SECRET=$(openssl rand -hex 16) torchrun --nproc-per-node 4 --no-python target/release/examples/launched
 //! ```
 //!
-//! `LAUNCHED_LEN` sets the vector's length (default 1 Mi elements); `LAUNCHED_FAIL_RANK=r` makes
-//! rank `r` exit with code 3 after joining, to see how a job reports a failed rank.
+//! `LAUNCHED_LEN` sets the vector's length (default 1 Mi elements). To see how a job reports a
+//! failed rank: `LAUNCHED_FAIL_RANK=r` makes rank `r` exit with code 3 after joining,
+//! `LAUNCHED_QUIT_RANK=r` makes it return an error (dropping its client without `shutdown()`),
+//! and `LAUNCHED_PANIC_RANK=r` makes it panic.
 
 use nexar::prelude::*;
 
@@ -42,10 +44,24 @@ async fn run() -> Result<(), NexarError> {
         eprintln!("rank {me}: failing on purpose (LAUNCHED_FAIL_RANK)");
         std::process::exit(3);
     }
+    let rank_var = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<usize>().ok()) == Some(me);
+    if rank_var("LAUNCHED_QUIT_RANK") {
+        // Returns an error the way `?` does, dropping the client without `shutdown()`.
+        return Err(NexarError::Config(nexar::ConfigError::Missing {
+            what: "a reason to go on",
+            var: "LAUNCHED_QUIT_RANK",
+        }));
+    }
+    if rank_var("LAUNCHED_PANIC_RANK") {
+        panic!("rank {me} panics on purpose (LAUNCHED_PANIC_RANK)");
+    }
     // Rank r contributes r + 1 in every element: the sum is 1 + 2 + … + world.
     let mut data: Buf<f64> = Buf::from_vec(vec![(me + 1) as f64; len]);
     let started = std::time::Instant::now();
-    comm.all_reduce(&mut data, Sum).await?;
+    if let Err(e) = comm.all_reduce(&mut data, Sum).await {
+        eprintln!("rank {me}: all_reduce failed after {} ms: {e}", started.elapsed().as_millis());
+        return Err(e.into());
+    }
     let took = started.elapsed();
     let expected = (world * (world + 1) / 2) as f64;
     let wrong = data.iter().filter(|&&x| x != expected).count();

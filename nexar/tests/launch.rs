@@ -350,8 +350,7 @@ fn a_duplicate_rank_and_a_disagreeing_world_size_are_refused_by_name() {
 async fn a_fake_seed_is_refused_and_a_token_seed_says_how_to_join() {
     use nexar::cluster::{MismatchSide, SharedSecret};
     use nexar::{ClusterError, NexarClient, NexarConfig, NexarError, SeedNode};
-    let mut cfg = NexarConfig::default();
-    cfg.world_size = Some(2);
+    let cfg = NexarConfig { world_size: Some(2), ..Default::default() };
     let real = SharedSecret::new(SECRET).unwrap();
     let other = SharedSecret::new("a different secret of the same length").unwrap();
     let fake = SeedNode::bind_with_secret("127.0.0.1:0".parse().unwrap(), cfg.clone(), other).await.unwrap();
@@ -365,4 +364,39 @@ async fn a_fake_seed_is_refused_and_a_token_seed_says_how_to_join() {
     let token_seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
     let err = NexarClient::connect_with_secret(token_seed.local_addr(), &real, cfg).await.unwrap_err();
     assert!(err.to_string().contains("started with a join token"), "{err}");
+}
+
+/// A rank that ends without `shutdown()` (an error returned with `?`, or a panic) tells its
+/// peers at once: their pending all-reduce fails naming it and why, long before the heartbeat
+/// timeout (set to 60 s here, so that only the prompt notice can explain a prompt failure).
+fn a_rank_that_ends_early_fails_its_peers_at_once(var: &'static str) {
+    let port = free_port();
+    let outputs = run_ranks(|r| {
+        let mut vars = torchrun_vars(r, port);
+        vars.extend([(var, "1".to_string()), ("NEXAR_HEARTBEAT_TIMEOUT_MS", "60000".into())]);
+        vars
+    });
+    assert!(!outputs[1].status.success());
+    for r in [0, 2, 3] {
+        let err = text(&outputs[r].stderr);
+        assert!(!outputs[r].status.success(), "rank {r} should have failed: {err}");
+        let line = err.lines().find(|l| l.starts_with(&format!("rank {r}: all_reduce failed after ")));
+        let line = line.unwrap_or_else(|| panic!("rank {r} did not report its failed all_reduce: {err}"));
+        assert!(line.contains("rank 1") && line.contains("without calling shutdown()"), "rank {r}: {line}");
+        // Far below the 60 s heartbeat timeout (the issue asks for 1 s; the bound here is
+        // generous for a busy machine, and the figure is printed).
+        let ms: u64 = line["rank 0: all_reduce failed after ".len()..].split(' ').next().unwrap().parse().unwrap();
+        eprintln!("rank {r}'s all_reduce failed {ms} ms after it started");
+        assert!(ms < 30_000, "{line}");
+    }
+}
+
+#[test]
+fn a_rank_that_returns_an_error_without_shutdown_fails_its_peers_at_once() {
+    a_rank_that_ends_early_fails_its_peers_at_once("LAUNCHED_QUIT_RANK");
+}
+
+#[test]
+fn a_rank_that_panics_fails_its_peers_at_once() {
+    a_rank_that_ends_early_fails_its_peers_at_once("LAUNCHED_PANIC_RANK");
 }

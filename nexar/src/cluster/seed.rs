@@ -216,8 +216,13 @@ async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
         let shared = shared.clone();
         tokio::spawn(
             async move {
-                if let Err(reason) = serve_connection(incoming, &shared).await {
-                    tracing::warn!(%remote, %reason, "dropped a connection to the seed");
+                match serve_connection(incoming, &shared).await {
+                    Ok(()) => {}
+                    // A joiner retrying gives up on a slow handshake; a scanner never completes one.
+                    Err(reason) if reason.starts_with("handshake failed") => {
+                        tracing::debug!(%remote, %reason, "a connection to the seed did not complete its handshake");
+                    }
+                    Err(reason) => tracing::warn!(%remote, %reason, "dropped a connection to the seed"),
                 }
             }
             .instrument(tracing::info_span!("join", %remote)),

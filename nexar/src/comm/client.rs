@@ -44,6 +44,10 @@ const DEFAULT_SPIN: Duration = Duration::from_millis(1);
 /// How long closing waits for peers to acknowledge what was sent.
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
+/// How long dropping a client without `shutdown()` blocks, at most, so that its close reaches
+/// the peers before the process exits.
+const DROP_CLOSE_WAIT: Duration = Duration::from_millis(500);
+
 /// One rank's handle on a nexar cluster: its rank, the world size, and every operation.
 ///
 /// Cheap to clone; all clones share the rank's connections. Operations may run concurrently
@@ -602,13 +606,20 @@ impl NexarClient {
                 let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
             }
         };
-        if tokio::time::timeout(inner.cfg.op_timeout, all_gone).await.is_err() {
+        // A peer that never calls shutdown() is not waited for longer than it would take to
+        // declare it dead.
+        let limit = inner.cfg.heartbeat_timeout.min(inner.cfg.op_timeout);
+        if tokio::time::timeout(limit, all_gone).await.is_err() {
+            let missing: Vec<usize> =
+                inner.links.iter().map(|l| l.peer() as usize).filter(|&p| !inner.health.has_left(p)).collect();
             tracing::warn!(
                 rank = inner.rank,
-                "not every peer said goodbye within the operation timeout; closing anyway"
+                ?missing,
+                "shutdown: ranks {missing:?} did not say goodbye within {limit:?} (they never called shutdown()); \
+                 closing anyway"
             );
         }
-        close_links(&inner.links, FLUSH_LIMIT).await;
+        close_links(&inner.links, FLUSH_LIMIT, "shutdown").await;
         inner.mailbox.close();
         inner.coll.close();
         if let Some(seed) = &self.inner.seed {
@@ -658,12 +669,12 @@ async fn wait_all(all: Vec<crate::transport::bulk::BulkClosed>) {
     }
 }
 
-async fn close_links(links: &Links, limit: Duration) {
+async fn close_links(links: &Links, limit: Duration, reason: &str) {
     flush_all(links, limit).await;
     let goodbyes: Vec<_> = links.iter().map(|link| link.bulk_slot().goodbye()).collect();
     let _ = tokio::time::timeout(limit, wait_all(goodbyes)).await;
     for link in links.iter() {
-        link.close(CLOSE_SHUTDOWN, "shutdown");
+        link.close(CLOSE_SHUTDOWN, reason);
     }
 }
 
@@ -707,17 +718,33 @@ impl Drop for Inner {
         let links = std::mem::take(&mut self.links);
         let endpoint = self.endpoint.clone();
         let seed = self.seed.take();
+        // Without `shutdown()`, peers learn at once that this rank left, and why, rather than
+        // from a heartbeat timeout: the way a program that returns an error with `?` ends.
+        let clean = self.health.is_shutting_down();
+        let reason = if clean {
+            "shutdown".to_string()
+        } else {
+            format!("rank {} dropped its client without calling shutdown() (its program ended or failed)", self.rank)
+        };
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let close = async move {
-            close_links(&links, FLUSH_LIMIT).await;
+            close_links(&links, FLUSH_LIMIT, &reason).await;
             if let Some(seed) = seed {
                 seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
             }
-            endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+            endpoint.close(CLOSE_SHUTDOWN.into(), reason.as_bytes());
+            let _ = done_tx.send(());
         };
         // Flush in the background when a runtime is there to run it; otherwise close at once.
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
+                let flavor = handle.runtime_flavor();
                 handle.spawn(close);
+                // The process may be about to exit (main returned): on a runtime whose other
+                // threads can run the close, give it a moment to reach the peers.
+                if !clean && flavor == tokio::runtime::RuntimeFlavor::MultiThread {
+                    let _ = done_rx.recv_timeout(DROP_CLOSE_WAIT);
+                }
             }
             Err(_) => self.endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown"),
         }

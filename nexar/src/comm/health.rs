@@ -125,6 +125,11 @@ impl Health {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
 
+    /// Whether this rank is shutting down (or aborted).
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
     pub fn said_goodbye(&self, peer: usize) {
         self.lock().left.push(peer);
     }
