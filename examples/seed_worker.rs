@@ -11,7 +11,7 @@
 //!
 //! ```text
 //! cargo run --release --example seed_worker -- seed --bind 0.0.0.0:7000 --world-size 3
-//! cargo run --release --example seed_worker -- worker --seed 10.0.0.1:7000 --token nexar1.…
+//! NEXAR_TOKEN=nexar1.… cargo run --release --example seed_worker -- worker --seed 10.0.0.1:7000
 //! ```
 
 use std::net::SocketAddr;
@@ -40,7 +40,9 @@ enum Role {
     Worker {
         #[arg(long)]
         seed: SocketAddr,
-        #[arg(long)]
+        /// The join token (or NEXAR_TOKEN; the demo passes it that way, so that it never
+        /// shows in a process list).
+        #[arg(long, env = "NEXAR_TOKEN", hide_env_values = true)]
         token: String,
         #[arg(long, default_value = "0.0.0.0:0")]
         listen: SocketAddr,
@@ -118,7 +120,8 @@ async fn demo(workers: usize) -> anyhow::Result<()> {
     for _ in 0..workers {
         children.push(
             tokio::process::Command::new(&me)
-                .args(["worker", "--seed", &addr, "--token", &token, "--listen", "127.0.0.1:0"])
+                .args(["worker", "--seed", &addr, "--listen", "127.0.0.1:0"])
+                .env("NEXAR_TOKEN", &token)
                 .kill_on_drop(true)
                 .spawn()?,
         );

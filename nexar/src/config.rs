@@ -45,7 +45,7 @@ pub enum ConfigError {
 /// cfg.op_timeout = Duration::from_secs(30);
 /// assert_eq!(cfg.max_unmatched_messages, 1024);
 /// ```
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct NexarConfig {
     /// Number of workers the seed waits for before it publishes the peer table
     /// (`NEXAR_WORLD_SIZE`). Needed by the seed only.
@@ -85,6 +85,9 @@ pub struct NexarConfig {
     pub max_unmatched_bytes: u64,
     /// Capacity of each receive lane, in messages (`NEXAR_LANE_CAPACITY`).
     pub lane_capacity: usize,
+    /// How many RPC requests a rank handles at once (`NEXAR_MAX_RPC_HANDLERS`); further
+    /// requests wait on their lane, which holds up their callers.
+    pub max_rpc_handlers: usize,
     /// UDP socket send and receive buffer size in bytes (`NEXAR_SOCKET_BUFFER_BYTES`).
     pub socket_buffer_bytes: usize,
     /// How long a waiting receive or collective step keeps polling before it parks its thread
@@ -160,6 +163,51 @@ pub struct NexarConfig {
     /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
     /// `None` (the default) injects none.
     pub chaos: Option<NetChaos>,
+}
+
+/// Like a derived `Debug`, except that the join token is never shown.
+///
+/// ```
+/// let mut cfg = nexar::NexarConfig::default();
+/// cfg.token = Some("nexar1.secret.fingerprint".into());
+/// assert!(!format!("{cfg:?}").contains("secret"));
+/// ```
+impl std::fmt::Debug for NexarConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NexarConfig")
+            .field("world_size", &self.world_size)
+            .field("seed_addr", &self.seed_addr)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("listen_addr", &self.listen_addr)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("join_timeout", &self.join_timeout)
+            .field("mesh_timeout", &self.mesh_timeout)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("max_unmatched_messages", &self.max_unmatched_messages)
+            .field("max_unmatched_bytes", &self.max_unmatched_bytes)
+            .field("lane_capacity", &self.lane_capacity)
+            .field("max_rpc_handlers", &self.max_rpc_handlers)
+            .field("socket_buffer_bytes", &self.socket_buffer_bytes)
+            .field("spin", &self.spin)
+            .field("allreduce_algorithm", &self.allreduce_algorithm)
+            .field("broadcast_algorithm", &self.broadcast_algorithm)
+            .field("barrier_algorithm", &self.barrier_algorithm)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("heartbeat_timeout", &self.heartbeat_timeout)
+            .field("recovery_policy", &self.recovery_policy)
+            .field("min_world_size", &self.min_world_size)
+            .field("max_world_size", &self.max_world_size)
+            .field("topology", &self.topology)
+            .field("bulk_transport", &self.bulk_transport)
+            .field("bulk_min_bytes", &self.bulk_min_bytes)
+            .field("bulk_encryption", &self.bulk_encryption)
+            .field("segment_bytes", &self.segment_bytes)
+            .field("chaos", &self.chaos)
+            .finish()
+    }
 }
 
 /// What carries collective payloads between ranks; see [`NexarConfig::bulk_transport`].
@@ -243,6 +291,7 @@ impl Default for NexarConfig {
             max_unmatched_messages: 1024,
             max_unmatched_bytes: 1 << 30,
             lane_capacity: 256,
+            max_rpc_handlers: 256,
             socket_buffer_bytes: 8 << 20,
             spin: None,
             allreduce_algorithm: None,
@@ -305,7 +354,7 @@ impl NexarConfig {
             }
         }
         if let Some((var, v)) = get("NEXAR_TOKEN") {
-            crate::cluster::JoinToken::from_str(&v).map_err(|e| invalid(var, &v, &e.to_string()))?;
+            crate::cluster::JoinToken::from_str(&v).map_err(|e| invalid(var, "<redacted>", &e.to_string()))?;
             c.token = Some(v);
         }
         if let Some((var, v)) = get("NEXAR_LISTEN_ADDR") {
@@ -344,6 +393,9 @@ impl NexarConfig {
         }
         if let Some((var, v)) = get("NEXAR_LANE_CAPACITY") {
             c.lane_capacity = positive(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_MAX_RPC_HANDLERS") {
+            c.max_rpc_handlers = positive(var, &v)?;
         }
         if let Some((var, v)) = get("NEXAR_SOCKET_BUFFER_BYTES") {
             c.socket_buffer_bytes =

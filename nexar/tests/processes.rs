@@ -49,8 +49,9 @@ async fn start_seed_with(world: usize, env: &[(&str, &str)], args: &[&str]) -> S
 
 fn worker(seed: &str, token: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new(NEXAR);
-    cmd.args(["check", "--seed", seed, "--token", token, "--listen", "127.0.0.1:0"])
+    cmd.args(["check", "--seed", seed, "--listen", "127.0.0.1:0"])
         .args(extra)
+        .env("NEXAR_TOKEN", token)
         .env("NEXAR_LOG", "warn")
         .kill_on_drop(true);
     cmd

@@ -90,8 +90,9 @@ pub(crate) struct Inner {
     seed: Option<Connection>,
     /// The RPC functions linked into this program.
     pub registry: Arc<Registry>,
-    /// Calls waiting for their response, by request id.
-    pub rpc_pending: Mutex<HashMap<u64, oneshot::Sender<(u8, Payload)>>>,
+    /// Calls waiting for their response, by (the world rank called, request id): only the rank
+    /// a call went to can answer it.
+    pub rpc_pending: Mutex<HashMap<(u32, u64), RpcReply>>,
     /// The next request id.
     pub next_req: AtomicU64,
     /// What each peer said it serves: function id → signature hash.
@@ -116,6 +117,9 @@ pub(crate) struct Inner {
     /// Transport back ends' setup messages waiting to be taken.
     pub setup: super::backend::SetupInbox,
 }
+
+/// Where a pending RPC call's answer goes: (status, payload).
+pub(crate) type RpcReply = oneshot::Sender<(u8, Payload)>;
 
 /// Counters of one peer link, from [`NexarClient::link_stats`].
 ///
@@ -346,7 +350,21 @@ impl NexarClient {
         let (forward_tx, forward_rx): (Vec<_>, Vec<_>) =
             (0..Lane::COUNT).map(|_| mpsc::channel(cfg.lane_capacity)).unzip();
         let queues = forward_tx.try_into().map_err(|_| ClusterError::Mesh { rank, reason: "lane count".into() })?;
-        let hook = RelayHook { local: rank as u32, forward: queues, max_payload: cfg.max_message_bytes };
+        // Only ranks the topology gives no direct link to this one are ever relayed here (a rank
+        // that joins later links to everyone directly).
+        let mut relayed_sources = vec![false; capacity];
+        if !running {
+            let neighbors = cfg.topology.neighbors(rank, addrs.len());
+            for (src, relayed) in relayed_sources.iter_mut().enumerate().take(addrs.len()) {
+                *relayed = src != rank && neighbors.binary_search(&src).is_err();
+            }
+        }
+        let hook = RelayHook {
+            local: rank as u32,
+            forward: queues,
+            max_payload: cfg.max_message_bytes,
+            relayed_sources: relayed_sources.into(),
+        };
         let senders = senders
             .with_liveness(liveness.clone())
             .with_relay(hook)
@@ -409,7 +427,9 @@ impl NexarClient {
         let world_comm = Arc::new(CommState::world(rank, world));
         let span = tracing::debug_span!("rank", rank);
         let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span.clone()));
-        let requests = tokio::spawn(serve_requests(Arc::downgrade(&inner), rpc_requests).instrument(span.clone()));
+        let max_handlers = inner.cfg.max_rpc_handlers;
+        let requests =
+            tokio::spawn(serve_requests(Arc::downgrade(&inner), rpc_requests, max_handlers).instrument(span.clone()));
         let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span.clone()));
         let (interval, timeout) = (inner.cfg.heartbeat_interval, inner.cfg.heartbeat_timeout);
         let health = tokio::spawn(monitor(Arc::downgrade(&inner), interval, timeout).instrument(span.clone()));

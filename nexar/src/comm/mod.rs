@@ -6,6 +6,8 @@ mod collective;
 mod exec;
 mod grow;
 mod health;
+#[cfg(test)]
+mod hostile_member_tests;
 mod init;
 mod p2p;
 mod pieces;

@@ -14,12 +14,13 @@ use crate::transport::framed::{Payload, PayloadError};
 /// Removes a pending call's entry however the call ends (answered, timed out, cancelled).
 struct Pending<'a> {
     client: &'a NexarClient,
-    req: u64,
+    /// (the world rank called, request id).
+    key: (u32, u64),
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        crate::sync::lock(&self.client.inner.rpc_pending).remove(&self.req);
+        crate::sync::lock(&self.client.inner.rpc_pending).remove(&self.key);
     }
 }
 
@@ -85,8 +86,9 @@ impl NexarClient {
         let unreadable = |e: PayloadError| RpcError::Codec { rank, peer, name, what: format!("the reply: {e}") };
         let req = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel::<(u8, Payload)>();
-        crate::sync::lock(&self.inner.rpc_pending).insert(req, tx);
-        let _pending = Pending { client: self, req };
+        let key = (world_peer as u32, req);
+        crate::sync::lock(&self.inner.rpc_pending).insert(key, tx);
+        let _pending = Pending { client: self, key };
         let msg = PeerMsg::RpcRequest { req, func, sig, len: args.len() as u64 };
         link.send_queued(&msg, Some(args)).await.map_err(|e| lost(e.to_string()))?;
         let after = self.config().op_timeout;

@@ -1,5 +1,5 @@
-//! The serving side: every client answers RPC requests by itself, one task per request, so a
-//! slow or panicking handler never stops the others.
+//! The serving side: every client answers RPC requests by itself, one task per request (up to
+//! a bound), so a slow or panicking handler never stops the others.
 
 use std::sync::Weak;
 
@@ -36,9 +36,13 @@ pub(crate) async fn run_handler(registry: &super::Registry, func: u64, sig: u64,
     }
 }
 
-/// Answers the requests that arrive on the `rpc_requests` lane.
-pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<Incoming>) {
+/// Answers the requests that arrive on the `rpc_requests` lane, running at most
+/// `max_handlers` at once: beyond that the lane stops being read, which holds up the callers
+/// (and only them) instead of spawning without bound.
+pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<Incoming>, max_handlers: usize) {
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(max_handlers.max(1)));
     while let Some(incoming) = lane.recv().await {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
         let PeerMsg::RpcRequest { req, func, sig, .. } = incoming.msg else { continue };
         let Some(registry) = inner.upgrade().map(|i| i.registry.clone()) else { return };
         let body = match incoming.payload.to_vec() {
@@ -50,6 +54,7 @@ pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<
         };
         let (inner, from) = (inner.clone(), incoming.from as usize);
         tokio::spawn(async move {
+            let _permit = permit;
             let (status, reply) = run_handler(&registry, func, sig, body).await;
             let Some(inner) = inner.upgrade() else { return };
             let msg = PeerMsg::RpcResponse { req, status: status as u8, len: reply.len() as u64 };
@@ -67,8 +72,17 @@ pub(crate) async fn serve_responses(inner: Weak<Inner>, mut lane: mpsc::Receiver
     while let Some(incoming) = lane.recv().await {
         let PeerMsg::RpcResponse { req, status, .. } = incoming.msg else { continue };
         let Some(inner) = inner.upgrade() else { return };
-        if let Some(tx) = crate::sync::lock(&inner.rpc_pending).remove(&req) {
-            let _ = tx.send((status, incoming.payload));
+        // Keyed by the responder: a rank can answer only the calls made to it.
+        match crate::sync::lock(&inner.rpc_pending).remove(&(incoming.from, req)) {
+            Some(tx) => {
+                let _ = tx.send((status, incoming.payload));
+            }
+            None => tracing::warn!(
+                peer = incoming.from,
+                req,
+                "dropped an rpc response: no call with this id is waiting for this rank (it was not asked, or the call \
+                 already ended)"
+            ),
         }
     }
 }

@@ -108,6 +108,28 @@ pub(crate) struct RelayHook {
     pub forward: [mpsc::Sender<Incoming>; Lane::COUNT],
     /// Largest payload a carried message may have.
     pub max_payload: u64,
+    /// By world rank: whether that rank may reach this one through a relay, which is only when
+    /// the topology gives the two no direct link. A rank with a direct link never needs one, so
+    /// an envelope naming it as the sender is forged.
+    pub relayed_sources: std::sync::Arc<[bool]>,
+}
+
+impl RelayHook {
+    /// Why an envelope from `via` that claims to carry `src`'s message to this rank is refused.
+    fn refuse_source(&self, src: u32, via: u32) -> Option<String> {
+        if src == self.local {
+            Some(format!("rank {via} relayed a message that claims to come from this rank"))
+        } else if src == via {
+            Some(format!("rank {via} wrapped its own message in a relay envelope"))
+        } else if !self.relayed_sources.get(src as usize).copied().unwrap_or(false) {
+            Some(format!(
+                "rank {via} relayed a message that claims to come from rank {src}, which never reaches this rank through \
+                 a relay (it has a direct link here, or is not in the cluster)"
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 impl std::fmt::Debug for LaneSenders {
@@ -190,6 +212,10 @@ impl LaneSenders {
         let incoming = match (&incoming.msg, &self.relay) {
             (PeerMsg::Relay { src, dst, .. }, Some(hook)) if *dst == hook.local => {
                 let (src, via) = (*src, incoming.from);
+                if let Some(why) = hook.refuse_source(src, via) {
+                    tracing::warn!(src, via, %why, "refused a relayed message");
+                    return Ok(());
+                }
                 match unpack_relayed(&incoming, hook.max_payload) {
                     Ok(inner) => inner,
                     Err(error) => {

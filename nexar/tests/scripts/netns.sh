@@ -52,7 +52,7 @@ TOKEN=$(sed -n 's/^token: //p' "$LOG/seed")
 
 pids=()
 for i in 1 2 3; do
-  ip netns exec "${PREFIX}h$i" timeout 120 "$BIN" check --seed "$SEED_ADDR" --token "$TOKEN" \
+  NEXAR_TOKEN="$TOKEN" ip netns exec "${PREFIX}h$i" timeout 120 "$BIN" check --seed "$SEED_ADDR" \
     --listen "$NET.$((i + 1)):0" --big-mib 4 >"$LOG/w$i" 2>&1 &
   pids+=($!)
 done

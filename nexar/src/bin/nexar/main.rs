@@ -46,8 +46,9 @@ enum Command {
         /// The seed's address (or NEXAR_SEED_ADDR).
         #[arg(long)]
         seed: Option<SocketAddr>,
-        /// The join token the seed printed (or NEXAR_TOKEN).
-        #[arg(long)]
+        /// The join token the seed printed (prefer NEXAR_TOKEN: a command line shows in every
+        /// user's process list).
+        #[arg(long, env = "NEXAR_TOKEN", hide_env_values = true)]
         token: Option<String>,
         /// Address to listen on for peers (or NEXAR_LISTEN_ADDR).
         #[arg(long)]
@@ -108,7 +109,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             let seed = SeedNode::bind(bind, cfg).await?;
             println!("listening: {}", seed.local_addr());
             println!("token: {}", seed.token());
-            println!("workers join with: nexar check --seed {} --token {}", seed.local_addr(), seed.token());
+            println!("workers join with: NEXAR_TOKEN={} nexar check --seed {}", seed.token(), seed.local_addr());
             let table = seed.wait_formed().await?;
             println!("formed: {} ranks", table.len());
             for (rank, addr) in table.iter().enumerate() {

@@ -1,0 +1,81 @@
+//! A member of the cluster, holding valid credentials, sends crafted messages on its links:
+//! the honest ranks refuse them and carry on (issue 16's hostile-member cases that need the
+//! crate's internals to craft).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::client::NexarClient;
+use super::route::Route;
+use crate::proto::message::PeerMsg;
+
+fn u32_bytes(values: &[u32]) -> Bytes {
+    Bytes::copy_from_slice(bytemuck::cast_slice(values))
+}
+
+/// Rank 2 relays a point-to-point message to rank 0 "from rank 1" (on a full mesh, where rank 1
+/// has its own link to rank 0): rank 0 drops it, and rank 1's real message arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_forges_its_sender_is_refused() {
+    let ranks = NexarClient::bootstrap_local(3).await.unwrap();
+    let tag = 7;
+    let forged = [0xdead_beefu32; 4];
+    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag, dtype: nexar_types::DType::U32.to_wire(), count: 4 };
+    let via = ranks[2].inner.links.get(0).expect("rank 2 links to rank 0");
+    Route::Relay { via, src: 1, dst: 0 }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    // Also claiming to be the receiver itself, and wrapping its own message.
+    Route::Relay { via, src: 0, dst: 0 }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    Route::Relay { via, src: 2, dst: 0 }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+
+    let mut got = [0u32; 4];
+    let early = tokio::time::timeout(Duration::from_millis(500), ranks[0].recv(&mut got[..], 1, tag)).await;
+    assert!(early.is_err(), "rank 0 took a forged message as rank 1's: {got:?}");
+    let early = tokio::time::timeout(Duration::from_millis(200), ranks[0].recv(&mut got[..], 2, tag)).await;
+    assert!(early.is_err(), "rank 0 took a relayed copy of rank 2's own message: {got:?}");
+
+    let real = [1u32, 2, 3, 4];
+    let (sent, received) = tokio::join!(ranks[1].send(&real[..], 0, tag), ranks[0].recv(&mut got[..], 1, tag));
+    sent.unwrap();
+    received.unwrap();
+    assert_eq!(got, real);
+    // The cluster carries on: every rank all-reduces correctly.
+    let sums = futures_all(&ranks).await;
+    assert!(sums.iter().all(|s| *s == 6), "{sums:?}");
+}
+
+async fn futures_all(ranks: &[NexarClient]) -> Vec<u64> {
+    let mut tasks = Vec::new();
+    for comm in ranks {
+        let comm = comm.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut v = [comm.rank() as u64 + 1];
+            comm.all_reduce(&mut v[..], crate::Sum).await.unwrap();
+            v[0]
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Rank 2 answers a call that rank 0 made to rank 1: the answer is dropped, and rank 1's own
+/// answer completes the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rpc_response_from_the_wrong_rank_is_refused() {
+    let ranks = NexarClient::bootstrap_local(3).await.unwrap();
+    let req = 4242;
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    crate::sync::lock(&ranks[0].inner.rpc_pending).insert((1, req), tx);
+    let forged = PeerMsg::RpcResponse { req, status: 0, len: 6 };
+    ranks[2].inner.links.get(0).unwrap().send(&forged, Some(Bytes::from_static(b"forged"))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "rank 0 took rank 2's answer to a call made to rank 1");
+
+    let real = PeerMsg::RpcResponse { req, status: 0, len: 4 };
+    ranks[1].inner.links.get(0).unwrap().send(&real, Some(Bytes::from_static(b"real"))).await.unwrap();
+    let (status, payload) = tokio::time::timeout(Duration::from_secs(30), rx).await.unwrap().unwrap();
+    assert_eq!((status, payload.to_vec().unwrap()), (0, b"real".to_vec()));
+}
