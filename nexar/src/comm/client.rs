@@ -816,15 +816,7 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                     tracing::warn!(from = incoming.from, "ignored an admission that does not name this rank");
                 }
             }
-            PeerMsg::Suspect { rank, reason } => {
-                let (from, rank) = (incoming.from as usize, rank as usize);
-                if rank == inner.rank {
-                    inner.excluded_by(from, &format!("rank {from} declared rank {rank} dead: {reason}"));
-                } else {
-                    // Passed on, so the news floods sparse topologies too (each rank once).
-                    inner.peer_failed(rank, format!("rank {from} declared it dead: {reason}"), true, true);
-                }
-            }
+            PeerMsg::Suspect { rank, reason } => inner.suspected(incoming.from as usize, rank as usize, reason),
             PeerMsg::Setup { tag: crate::transport::bulk::BULK_DOWN_TAG, body } => {
                 if let Some(link) = inner.links.get(incoming.from as usize) {
                     // Answered with what this side carried, so both sides fail the same set.

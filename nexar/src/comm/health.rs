@@ -8,7 +8,7 @@
 //! to the dead rank, so a rank that was only slow or partitioned away learns that it has been
 //! excluded instead of carrying on with a different view of the cluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -75,7 +75,9 @@ type Rebuilds = (u64, Option<Result<Arc<CommState>, RecoveryError>>);
 struct Verdicts {
     dead: BTreeMap<usize, PeerFailure>,
     /// Peers that said goodbye: their silence is not a failure.
-    left: Vec<usize>,
+    left: BTreeSet<usize>,
+    /// Peers another rank reported dead that this rank is checking for itself.
+    checking: BTreeSet<usize>,
     /// Set when another rank declared this one dead: the reason.
     excluded: Option<String>,
 }
@@ -131,7 +133,7 @@ impl Health {
     }
 
     pub fn said_goodbye(&self, peer: usize) {
-        self.lock().left.push(peer);
+        self.lock().left.insert(peer);
     }
 
     /// Whether `peer` said goodbye.
@@ -141,6 +143,35 @@ impl Health {
 }
 
 impl Inner {
+    /// Rank `from` reports that world rank `rank` is dead. One report is not enough to evict a
+    /// rank, or a single faulty or hostile member could evict anyone: this rank pings `rank`
+    /// itself and declares it dead only if it does not answer (and passes the news on, so it
+    /// floods sparse topologies). A report about this rank itself is ignored: peers that
+    /// declare it dead close their connections to it, which this rank does act on.
+    pub(crate) fn suspected(self: &Arc<Self>, from: usize, rank: usize, reason: String) {
+        if rank == self.rank {
+            tracing::warn!(from, %reason, "ignored a report that this rank is dead");
+            return;
+        }
+        if rank >= self.links.capacity() || self.health.is_dead(rank) || !self.health.lock().checking.insert(rank) {
+            return;
+        }
+        let within = (2 * self.cfg.heartbeat_interval).min(self.cfg.heartbeat_timeout);
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(inner) = weak.upgrade() else { return };
+            let answers = inner.peer_answers(rank, within).await;
+            inner.health.lock().checking.remove(&rank);
+            if answers {
+                tracing::warn!(from, rank, %reason, "rank {from} reported rank {rank} dead, but it answers: ignored");
+            } else {
+                let why =
+                    format!("rank {from} declared it dead ({reason}), and it did not answer a ping within {within:?}");
+                inner.peer_failed(rank, why, true, true);
+            }
+        });
+    }
+
     /// Whether world rank `peer` answers a ping over QUIC within `within`.
     pub(crate) async fn peer_answers(&self, peer: usize, within: Duration) -> bool {
         let Some(route) = self.route(peer) else { return false };

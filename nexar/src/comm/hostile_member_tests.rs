@@ -79,3 +79,27 @@ async fn an_rpc_response_from_the_wrong_rank_is_refused() {
     let (status, payload) = tokio::time::timeout(Duration::from_secs(30), rx).await.unwrap().unwrap();
     assert_eq!((status, payload.to_vec().unwrap()), (0, b"real".to_vec()));
 }
+
+/// Rank 2 tells rank 0 that rank 1 is dead, and that rank 0 itself is: rank 0 checks rank 1
+/// for itself (it answers) and ignores the report about itself; nobody is evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_rank_cannot_evict_another_or_the_receiver_with_a_suspect() {
+    let fast = crate::NexarConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        heartbeat_timeout: Duration::from_millis(1000),
+        ..Default::default()
+    };
+    let ranks = NexarClient::bootstrap_local_with(3, fast).await.unwrap();
+    let to_0 = ranks[2].inner.links.get(0).unwrap();
+    for rank in [1, 0] {
+        let lie = PeerMsg::Suspect { rank, reason: "a lie".into() };
+        to_0.send(&lie, None).await.unwrap();
+    }
+    // Longer than the check takes (two heartbeat intervals).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for c in &ranks {
+        assert!(c.failed_ranks().is_empty(), "rank {} now counts {:?} dead", c.rank(), c.failed_ranks());
+    }
+    let sums = futures_all(&ranks).await;
+    assert!(sums.iter().all(|s| *s == 6), "{sums:?}");
+}
