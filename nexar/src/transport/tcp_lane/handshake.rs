@@ -4,7 +4,7 @@
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
@@ -55,8 +55,45 @@ fn with_timeouts(sock: &TcpStream, limit: Option<Duration>) -> io::Result<()> {
     sock.set_write_timeout(limit)
 }
 
-/// Dials the lane listener of world rank `peer` at `addr` and says hello (blocking, each step
-/// within `limit`).
+/// Reads and writes on a socket that fail once `deadline` has passed, however slowly the bytes
+/// trickle in: a per-read timeout alone would let a peer that sends a byte now and then hold
+/// the handshake open for ever.
+struct Deadlined<'a> {
+    sock: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Deadlined<'_> {
+    /// Sets the socket's timeouts to what is left before the deadline.
+    fn arm(&self) -> io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the lane handshake ran past its deadline"));
+        }
+        with_timeouts(self.sock, Some(left))
+    }
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        (&mut &*self.sock).read(buf)
+    }
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm()?;
+        (&mut &*self.sock).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&mut &*self.sock).flush()
+    }
+}
+
+/// Dials the lane listener of world rank `peer` at `addr` and says hello (blocking, the whole
+/// of it within `limit`).
 pub(crate) fn dial(
     tls: &LaneTls,
     addr: SocketAddr,
@@ -64,34 +101,40 @@ pub(crate) fn dial(
     hello: Hello,
     limit: Duration,
 ) -> io::Result<StreamOwned<ClientConnection, TcpStream>> {
+    let deadline = Instant::now() + limit;
     let sock = TcpStream::connect_timeout(&addr, limit)?;
     sock.set_nodelay(true)?;
     keep_alive(&sock)?;
-    with_timeouts(&sock, Some(limit))?;
     let name = ServerName::try_from(rank_server_name(peer)).map_err(tls_io)?;
-    let conn = ClientConnection::new(tls.client.clone(), name).map_err(tls_io)?;
-    let mut stream = StreamOwned::new(conn, sock);
-    // Completes the handshake (the peer's certificate must name `peer`) before the hello.
-    stream.write_all(&hello)?;
-    stream.flush()?;
-    with_timeouts(&stream.sock, None)?;
-    Ok(stream)
+    let mut conn = ClientConnection::new(tls.client.clone(), name).map_err(tls_io)?;
+    {
+        let mut io = Deadlined { sock: &sock, deadline };
+        let mut stream = rustls::Stream::new(&mut conn, &mut io);
+        // Completes the handshake (the peer's certificate must name `peer`) before the hello.
+        stream.write_all(&hello)?;
+        stream.flush()?;
+    }
+    with_timeouts(&sock, None)?;
+    Ok(StreamOwned::new(conn, sock))
 }
 
-/// Answers a connection to the lane listener (blocking, each step within `limit`): the
+/// Answers a connection to the lane listener (blocking, the whole of it within `limit`): the
 /// dialler's hello and the world rank its certificate is bound to.
 pub(crate) fn answer(
     tls: &LaneTls,
     sock: TcpStream,
     limit: Duration,
 ) -> io::Result<(Hello, u32, StreamOwned<ServerConnection, TcpStream>)> {
+    let deadline = Instant::now() + limit;
     sock.set_nodelay(true)?;
     keep_alive(&sock)?;
-    with_timeouts(&sock, Some(limit))?;
-    let conn = ServerConnection::new(tls.server.clone()).map_err(tls_io)?;
-    let mut stream = StreamOwned::new(conn, sock);
+    let mut conn = ServerConnection::new(tls.server.clone()).map_err(tls_io)?;
     let mut hello: Hello = [0; TOKEN_LEN + 4];
-    stream.read_exact(&mut hello)?;
+    {
+        let mut io = Deadlined { sock: &sock, deadline };
+        rustls::Stream::new(&mut conn, &mut io).read_exact(&mut hello)?;
+    }
+    let stream = StreamOwned::new(conn, sock);
     let cert = stream
         .conn
         .peer_certificates()
@@ -135,6 +178,39 @@ mod tests {
         let (answer, dialled) = answered(server, move |addr| dial(&client, addr, 1, hello, LIMIT).map(|_| ()));
         dialled.unwrap();
         assert_eq!(answer.unwrap(), (hello, 0));
+    }
+
+    /// A dialler that sends one byte every 50 ms never lets a per-read timeout expire; the
+    /// handshake's single deadline still ends it.
+    #[test]
+    fn a_slowloris_handshake_ends_at_the_deadline() {
+        let ca = ClusterCa::generate().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let trickle = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                // A TLS record header promising a long ClientHello, then a byte at a time.
+                let _ = s.write_all(&[0x16, 3, 1, 0x3f, 0xff]);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if s.write_all(&[0]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        let (sock, _) = listener.accept().unwrap();
+        let started = Instant::now();
+        let err = answer(&rank_tls(&ca, 1), sock, Duration::from_millis(500)).map(|_| ()).unwrap_err();
+        let took = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        trickle.join().unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        // 16 KiB at 20 bytes a second would take 13 minutes; the deadline ends it long before.
+        assert!(took < Duration::from_secs(60), "took {took:?}");
     }
 
     #[test]
