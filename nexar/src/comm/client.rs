@@ -339,10 +339,13 @@ impl NexarClient {
             Err(e) => return Err(e.into()),
         }
         let registry = Arc::new(Registry::collect().map_err(ClusterError::RpcRegistry)?);
-        let mailbox = Arc::new(Mailbox::new(cfg.max_unmatched_messages, cfg.max_unmatched_bytes));
+        // The limits are shared fairly among the peers (each has a reserved share).
+        let senders = addrs.len().saturating_sub(1).max(1);
+        let mailbox = Arc::new(Mailbox::with_senders(cfg.max_unmatched_messages, cfg.max_unmatched_bytes, senders));
         // Collective messages are bounded by the schedules that send them; the limit only
         // stops a runaway peer.
-        let coll = Arc::new(Mailbox::new(COLL_MAX_HELD, cfg.max_unmatched_bytes.max(cfg.max_message_bytes)));
+        let coll =
+            Arc::new(Mailbox::with_senders(COLL_MAX_HELD, cfg.max_unmatched_bytes.max(cfg.max_message_bytes), senders));
         let (senders, receivers) = lanes(cfg.lane_capacity);
         // Room for ranks that join the running cluster later.
         let capacity = cfg.max_world_size.max(addrs.len());

@@ -2,9 +2,15 @@
 //!
 //! Messages arrive on the data lane in per-sender order. A `recv` for `(comm, src, tag)` takes
 //! the oldest held message with that key, or waits for one. Messages nobody has asked for yet
-//! are held, up to a configured count and byte size; beyond that the dispatcher stops reading
-//! (QUIC flow control pushes back on the sender) and `recv`s that cannot be served from what
-//! is held fail with a clear error instead of waiting. No message is ever dropped.
+//! are held, up to a configured count and byte size; beyond that the sender's link stops being
+//! read (QUIC flow control pushes back on the sender) and `recv`s from that sender that cannot
+//! be served from what is held fail with a clear error instead of waiting. No message is ever
+//! dropped.
+//!
+//! The limits are shared fairly: half of each is reserved, in equal shares, for the senders,
+//! and the other half is a pool any sender may use beyond its share. A sender that floods this
+//! rank with messages nobody asked for fills its share and the pool, and then only its own link
+//! pauses: every other sender still has its share.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -118,9 +124,11 @@ struct State {
     held: HashMap<Key, VecDeque<Held>>,
     count: usize,
     bytes: u64,
-    /// A message that arrived while the store was full, kept here (not dropped) until there is
-    /// room or a `recv` asks for it.
-    overflow: Option<(Key, Held)>,
+    /// Per sender: a message that arrived while the sender had no room, kept here (not dropped)
+    /// until there is room or a `recv` asks for it. Only that sender's link waits meanwhile.
+    overflow: HashMap<u32, (Key, Held)>,
+    /// Messages and bytes held, per sender.
+    per_src: HashMap<u32, (usize, u64)>,
     waiters: HashMap<Key, VecDeque<Waiter>>,
     next_waiter: u64,
     closed: bool,
@@ -134,15 +142,21 @@ struct State {
 }
 
 impl State {
-    fn push_back(&mut self, key: Key, msg: Held) {
+    fn count_in(&mut self, src: u32, len: u64) {
         self.count += 1;
-        self.bytes += msg.payload.len() as u64;
+        self.bytes += len;
+        let share = self.per_src.entry(src).or_default();
+        share.0 += 1;
+        share.1 += len;
+    }
+
+    fn push_back(&mut self, key: Key, msg: Held) {
+        self.count_in(key.src, msg.payload.len() as u64);
         self.held.entry(key).or_default().push_back(msg);
     }
 
     fn push_front(&mut self, key: Key, msg: Held) {
-        self.count += 1;
-        self.bytes += msg.payload.len() as u64;
+        self.count_in(key.src, msg.payload.len() as u64);
         self.held.entry(key).or_default().push_front(msg);
     }
 
@@ -152,8 +166,16 @@ impl State {
         if queue.is_empty() {
             self.held.remove(key);
         }
+        let len = msg.payload.len() as u64;
         self.count -= 1;
-        self.bytes -= msg.payload.len() as u64;
+        self.bytes -= len;
+        if let Some(share) = self.per_src.get_mut(&key.src) {
+            share.0 -= 1;
+            share.1 -= len;
+            if share.0 == 0 {
+                self.per_src.remove(&key.src);
+            }
+        }
         Some(msg)
     }
 }
@@ -164,19 +186,62 @@ pub(crate) struct Mailbox {
     room: Notify,
     max_count: usize,
     max_bytes: u64,
+    /// What each sender may always hold (half the limits, in equal shares).
+    share_count: usize,
+    share_bytes: u64,
 }
 
 impl Mailbox {
+    /// A store for one sender's worth of fairness (tests).
+    #[cfg(test)]
     pub fn new(max_count: usize, max_bytes: u64) -> Self {
-        Mailbox { state: Mutex::new(State::default()), room: Notify::new(), max_count, max_bytes }
+        Self::with_senders(max_count, max_bytes, 1)
+    }
+
+    /// A store whose limits are shared fairly among `senders` senders (see the module docs).
+    pub fn with_senders(max_count: usize, max_bytes: u64, senders: usize) -> Self {
+        let senders = senders.max(1);
+        Mailbox {
+            state: Mutex::new(State::default()),
+            room: Notify::new(),
+            max_count,
+            max_bytes,
+            share_count: max_count / 2 / senders,
+            share_bytes: max_bytes / 2 / senders as u64,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         crate::sync::lock(&self.state)
     }
 
-    fn has_room(&self, st: &State, len: u64) -> bool {
-        st.count == 0 || (st.count < self.max_count && st.bytes + len <= self.max_bytes)
+    /// Whether `src` may hold one more message of `len` bytes: within its own share, or in
+    /// the pool (what the limits leave beyond every sender's share), and always within the
+    /// limits. An empty store takes any one message.
+    fn has_room(&self, st: &State, src: u32, len: u64) -> bool {
+        if st.count == 0 {
+            return true;
+        }
+        if st.count >= self.max_count || st.bytes + len > self.max_bytes {
+            return false;
+        }
+        let (count, bytes) = st.per_src.get(&src).copied().unwrap_or_default();
+        if count < self.share_count && bytes + len <= self.share_bytes {
+            return true;
+        }
+        // Beyond its share: what every sender holds past its own share, with this message.
+        let (mut pool_count, mut pool_bytes) = (0usize, 0u64);
+        for (&s, &(c, b)) in &st.per_src {
+            let (c, b) = if s == src { (c + 1, b + len) } else { (c, b) };
+            pool_count += c.saturating_sub(self.share_count);
+            pool_bytes += b.saturating_sub(self.share_bytes);
+        }
+        if !st.per_src.contains_key(&src) {
+            pool_count += 1usize.saturating_sub(self.share_count);
+            pool_bytes += len.saturating_sub(self.share_bytes);
+        }
+        // The pool is the half of the limits that is not reserved.
+        pool_count <= self.max_count - self.max_count / 2 && pool_bytes <= self.max_bytes - self.max_bytes / 2
     }
 
     /// Fails every waiting receive and every later one: the rank is shutting down.
@@ -188,8 +253,8 @@ impl Mailbox {
                 let _ = tx.send(Err(Refusal::Closed));
             }
         }
-        // Nobody will take the parked message: let the lane it holds up go.
-        st.overflow = None;
+        // Nobody will take the parked messages: let the links they hold up go.
+        st.overflow.clear();
         self.room.notify_waiters();
     }
 
@@ -216,14 +281,14 @@ impl Mailbox {
         }
         loop {
             let notified = self.room.notified();
-            if self.lock().overflow.is_none() {
+            if !self.lock().overflow.contains_key(&key.src) {
                 return;
             }
             notified.await;
         }
     }
 
-    /// Hands `msg` to a waiting receive, holds it, or parks it as the overflow message.
+    /// Hands `msg` to a waiting receive, holds it, or parks it as its sender's overflow message.
     fn try_deliver(&self, key: Key, mut msg: Held) -> Delivered {
         let mut st = self.lock();
         if st.closed || st.aborted.contains_key(&(key.comm, key.tag)) {
@@ -245,20 +310,29 @@ impl Mailbox {
             }
             st.waiters.remove(&key);
         }
-        if self.has_room(&st, msg.payload.len() as u64) {
+        if self.has_room(&st, key.src, msg.payload.len() as u64) {
             st.push_back(key, msg);
             return Delivered::Done;
         }
-        if st.overflow.is_some() {
+        if st.overflow.contains_key(&key.src) {
             return Delivered::Busy(msg);
         }
         let (count, bytes) = (st.count, st.bytes);
-        tracing::warn!(held = count, held_bytes = bytes, "unmatched-message limit reached; pausing the data lane");
-        st.overflow = Some((key, msg));
-        // Every waiting receive is for a key that is not held and cannot arrive while the
-        // lane is paused: tell them now rather than let them time out.
-        for (_, queue) in st.waiters.drain() {
-            for (_, tx) in queue {
+        let (src_count, src_bytes) = st.per_src.get(&key.src).copied().unwrap_or_default();
+        tracing::warn!(
+            src = key.src,
+            held = count,
+            held_bytes = bytes,
+            from_src = src_count,
+            from_src_bytes = src_bytes,
+            "unmatched-message limit reached for this sender; pausing its link"
+        );
+        st.overflow.insert(key.src, (key, msg));
+        // Every receive waiting on this sender is for a key that is not held and cannot arrive
+        // while its link is paused: tell them now rather than let them time out.
+        let keys: Vec<Key> = st.waiters.keys().copied().filter(|k| k.src == key.src).collect();
+        for k in keys {
+            for (_, tx) in st.waiters.remove(&k).unwrap_or_default() {
                 let _ = tx.send(Err(Refusal::Full { held: count, held_bytes: bytes }));
             }
         }
@@ -288,7 +362,9 @@ impl Mailbox {
             self.refill(&mut st);
             return Ok(Ok(msg));
         }
-        if let Some((_, msg)) = st.overflow.take_if(|(k, _)| *k == key) {
+        if st.overflow.get(&key.src).is_some_and(|(k, _)| *k == key)
+            && let Some((_, msg)) = st.overflow.remove(&key.src)
+        {
             self.room.notify_waiters();
             return Ok(Ok(msg));
         }
@@ -302,7 +378,7 @@ impl Mailbox {
         if let Some(reason) = st.gone.get(&key.src) {
             return Err(Refusal::SourceGone(reason.clone()));
         }
-        if st.overflow.is_some() {
+        if st.overflow.contains_key(&key.src) {
             return Err(Refusal::Full { held: st.count, held_bytes: st.bytes });
         }
         let id = st.next_waiter;
@@ -312,11 +388,18 @@ impl Mailbox {
         Ok(Err(PendingRecv { mailbox: self, key, id, rx: Some(rx) }))
     }
 
-    /// Moves the overflow message into the store once there is room.
+    /// Moves parked messages into the store once there is room for them.
     fn refill(&self, st: &mut State) {
-        let fits = st.overflow.as_ref().is_some_and(|(_, msg)| self.has_room(st, msg.payload.len() as u64));
-        if fits && let Some((key, msg)) = st.overflow.take() {
-            st.push_back(key, msg);
+        let parked: Vec<u32> = st.overflow.keys().copied().collect();
+        let mut moved = false;
+        for src in parked {
+            let fits = st.overflow.get(&src).is_some_and(|(_, msg)| self.has_room(st, src, msg.payload.len() as u64));
+            if fits && let Some((key, msg)) = st.overflow.remove(&src) {
+                st.push_back(key, msg);
+                moved = true;
+            }
+        }
+        if moved {
             self.room.notify_waiters();
         }
     }
@@ -384,8 +467,9 @@ impl Mailbox {
         for k in keys {
             while st.pop(&k).is_some() {}
         }
-        if st.overflow.as_ref().is_some_and(|(k, _)| matching(k)) {
-            st.overflow = None;
+        let before = st.overflow.len();
+        st.overflow.retain(|_, (k, _)| !matching(k));
+        if st.overflow.len() != before {
             self.room.notify_waiters();
         }
         self.refill(&mut st);
@@ -494,7 +578,7 @@ mod tests {
         let mb2 = mb.clone();
         let blocked = tokio::spawn(async move { mb2.deliver(key(3), held(3)).await });
         tokio::task::yield_now().await;
-        while mb.lock().overflow.is_none() {
+        while mb.lock().overflow.is_empty() {
             tokio::task::yield_now().await;
         }
         assert!(matches!(mb.take_or_wait(key(9)), Err(Refusal::Full { held: 2, .. })));
@@ -520,7 +604,7 @@ mod tests {
                 tokio::spawn(async move { mb.deliver(key(u64::from(t)), held(t)).await })
             })
             .collect();
-        while mb.lock().overflow.is_none() {
+        while mb.lock().overflow.is_empty() {
             tokio::task::yield_now().await;
         }
         for _ in 0..10 {
@@ -542,6 +626,48 @@ mod tests {
         for b in blocked {
             b.await.unwrap();
         }
+    }
+
+    /// Sender 1 floods the store with messages nobody asked for: it fills its share and the
+    /// pool, and only its own link pauses. Sender 2 keeps its share, and a receive waiting on
+    /// sender 2 is not failed.
+    #[tokio::test]
+    async fn one_flooding_sender_pauses_only_its_own_link() {
+        let mb = std::sync::Arc::new(Mailbox::with_senders(8, 1 << 20, 2));
+        let from = |src: u32, tag: u64| Key { comm: 0, src, tag, part: 0 };
+        let waiting = match mb.take_or_wait(from(2, 99)) {
+            Ok(Err(p)) => p,
+            _ => panic!("nothing held from rank 2 yet"),
+        };
+        // Share 8/2/2 = 2, pool 4: six messages fit, the seventh parks.
+        for t in 0..6 {
+            mb.deliver(from(1, t), held(t as u8)).await;
+        }
+        let flood = {
+            let mb = mb.clone();
+            tokio::spawn(async move { mb.deliver(from(1, 6), held(6)).await })
+        };
+        while mb.lock().overflow.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(mb.take_or_wait(from(1, 50)), Err(Refusal::Full { .. })), "rank 1's link is paused");
+        // Rank 2 still delivers within its share, without waiting, and its receive is served.
+        mb.deliver(from(2, 1), held(21)).await;
+        mb.deliver(from(2, 99), held(99)).await;
+        assert_eq!(first_byte(&waiting.wait().await.unwrap()), 99);
+        match mb.take_or_wait(from(2, 1)) {
+            Ok(Ok(h)) => assert_eq!(first_byte(&h), 21),
+            _ => panic!("rank 2's message was not held"),
+        }
+        // Taking rank 1's messages lets its link go on; nothing is lost.
+        for t in 0..7u64 {
+            match mb.take_or_wait(from(1, t)) {
+                Ok(Ok(h)) => assert_eq!(u64::from(first_byte(&h)), t),
+                _ => panic!("rank 1's message {t} was lost"),
+            }
+        }
+        flood.await.unwrap();
+        assert_eq!(mb.held(), (0, 0));
     }
 
     #[tokio::test]
