@@ -98,6 +98,19 @@ fn assert_formed(outputs: &[Output], launcher: &str) {
     }
 }
 
+/// A launcher's output holds one line per rank, `[rank r] ` first when `tagged`:
+/// `rank r of 4 (local rank r of 4, <launcher>): … ok`.
+fn assert_job_lines(out: &Output, what: &str, tagged: bool, launcher: &str) {
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{what} failed ({}): {stdout}\n{stderr}", out.status);
+    for r in 0..RANKS {
+        let prefix = if tagged { format!("[rank {r}] ") } else { String::new() };
+        let line = stdout.lines().find(|l| l.starts_with(&format!("{prefix}rank {r} of 4 ")));
+        let line = line.unwrap_or_else(|| panic!("{what}: no line for rank {r} in {stdout:?}\n{stderr}"));
+        assert!(line.contains(&format!("local rank {r} of 4, {launcher}")) && line.contains("ok"), "{line}");
+    }
+}
+
 /// Loud when a real launcher is missing here, fatal in CI (which installs it).
 fn require_tool(tool: &str, installed_by: &str) -> bool {
     let found =
@@ -141,14 +154,7 @@ fn nexar_launch_starts_four_ranks_that_form_the_cluster_with_tagged_output() {
         .arg(launched())
         .spawn()
         .expect("start nexar launch");
-    let out = wait(child, "nexar launch");
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "nexar launch failed: {stdout}\n{}", text(&out.stderr));
-    for r in 0..RANKS {
-        let line = stdout.lines().find(|l| l.starts_with(&format!("[rank {r}] rank {r} of 4 ")));
-        let line = line.unwrap_or_else(|| panic!("no tagged line for rank {r} in {stdout:?}"));
-        assert!(line.contains(&format!("local rank {r} of 4, nexar launch")) && line.contains("ok"), "{line}");
-    }
+    assert_job_lines(&wait(child, "nexar launch"), "nexar launch", true, "nexar launch");
 }
 
 #[test]
@@ -237,14 +243,7 @@ fn a_real_mpirun_starts_four_ranks_that_form_the_cluster() {
         .arg(launched())
         .spawn()
         .expect("start mpirun");
-    let out = wait(child, "mpirun");
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "mpirun failed: {stdout}\n{}", text(&out.stderr));
-    for r in 0..RANKS {
-        let line = stdout.lines().find(|l| l.starts_with(&format!("rank {r} of 4 ")));
-        let line = line.unwrap_or_else(|| panic!("no line for rank {r} in {stdout:?}"));
-        assert!(line.contains(&format!("local rank {r} of 4, open mpi")) && line.contains("ok"), "{line}");
-    }
+    assert_job_lines(&wait(child, "mpirun"), "mpirun", false, "open mpi");
 }
 
 #[test]
@@ -260,12 +259,7 @@ fn a_real_srun_on_a_one_node_slurm_cluster_starts_four_ranks_that_form_the_clust
         eprintln!("{msg}");
         return;
     }
-    assert!(out.status.success(), "srun failed: {stdout}\n{stderr}");
-    for r in 0..RANKS {
-        let line = stdout.lines().find(|l| l.starts_with(&format!("rank {r} of 4 ")));
-        let line = line.unwrap_or_else(|| panic!("no line for rank {r} in {stdout:?}\n{stderr}"));
-        assert!(line.contains(&format!("local rank {r} of 4, slurm")) && line.contains("ok"), "{line}");
-    }
+    assert_job_lines(&out, "srun", false, "slurm");
 }
 
 #[test]
