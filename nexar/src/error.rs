@@ -35,3 +35,17 @@ pub enum NexarError {
     #[error(transparent)]
     Backend(#[from] crate::BackendError),
 }
+
+/// The job's shared secret cannot be used (a cluster-formation error).
+impl From<crate::cluster::SecretError> for NexarError {
+    fn from(e: crate::cluster::SecretError) -> Self {
+        NexarError::Cluster(e.into())
+    }
+}
+
+/// The launcher's variables cannot be used (a cluster-formation error).
+impl From<crate::cluster::launcher::LauncherError> for NexarError {
+    fn from(e: crate::cluster::launcher::LauncherError) -> Self {
+        NexarError::Cluster(e.into())
+    }
+}
