@@ -144,19 +144,34 @@ impl Health {
 
 impl Inner {
     /// Rank `from` reports that world rank `rank` is dead. One report is not enough to evict a
-    /// rank, or a single faulty or hostile member could evict anyone: this rank pings `rank`
-    /// itself and declares it dead only if it does not answer (and passes the news on, so it
-    /// floods sparse topologies). A report about this rank itself is ignored: peers that
+    /// rank that this rank hears from, or a single faulty or hostile member could evict anyone:
+    /// this rank pings it and declares it dead only if it does not answer. A rank this rank has
+    /// not heard from lately either is declared dead at once. Either way the news is passed on,
+    /// so it floods sparse topologies. A report about this rank itself is ignored: peers that
     /// declare it dead close their connections to it, which this rank does act on.
     pub(crate) fn suspected(self: &Arc<Self>, from: usize, rank: usize, reason: String) {
         if rank == self.rank {
             tracing::warn!(from, %reason, "ignored a report that this rank is dead");
             return;
         }
-        if rank >= self.links.capacity() || self.health.is_dead(rank) || !self.health.lock().checking.insert(rank) {
+        if rank >= self.links.capacity() || self.health.is_dead(rank) {
             return;
         }
         let within = (2 * self.cfg.heartbeat_interval).min(self.cfg.heartbeat_timeout);
+        // This rank's own evidence agrees: it has not heard from that rank for a while either
+        // (as with a rank it has no direct link to, on a sparse topology), or their connection
+        // is gone. Then the news is passed on at once.
+        let silent = self.health.liveness.silent_for(rank);
+        let closed = self.links.get(rank).is_some_and(|l| l.connection().close_reason().is_some());
+        if silent > within || closed {
+            let why =
+                format!("rank {from} declared it dead ({reason}), and this rank has not heard from it for {silent:?}");
+            self.peer_failed(rank, why, true, true);
+            return;
+        }
+        if !self.health.lock().checking.insert(rank) {
+            return;
+        }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(inner) = weak.upgrade() else { return };
