@@ -129,29 +129,26 @@ pub async fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error
                 let status = status.map_err(|e| format!("waiting for rank {rank}: {e}"))?;
                 if !status.success() && outcome.is_none() {
                     let code = exit_code_of(status);
-                    eprintln!(
-                        "nexar launch: rank {rank} (pid {pid}) {}; stopping the other ranks",
-                        describe(status)
-                    );
+                    say(&format!("rank {rank} (pid {pid}) {}; stopping the other ranks", describe(status)));
                     outcome = Some(ExitCode::from(code));
                     stop(&ranks, Signal::TERM);
                     kill_timer.as_mut().reset(tokio::time::Instant::now() + GRACE);
                 }
             }
             _ = interrupt.recv(), if outcome.is_none() => {
-                eprintln!("nexar launch: interrupted; stopping every rank");
+                say("interrupted; stopping every rank");
                 outcome = Some(ExitCode::from(130));
                 stop(&ranks, Signal::INT);
                 kill_timer.as_mut().reset(tokio::time::Instant::now() + GRACE);
             }
             _ = terminate.recv(), if outcome.is_none() => {
-                eprintln!("nexar launch: terminated; stopping every rank");
+                say("terminated; stopping every rank");
                 outcome = Some(ExitCode::from(143));
                 stop(&ranks, Signal::TERM);
                 kill_timer.as_mut().reset(tokio::time::Instant::now() + GRACE);
             }
             _ = &mut kill_timer, if !killed => {
-                eprintln!("nexar launch: ranks still running {GRACE:?} after being told to stop; killing them");
+                say(&format!("ranks still running {GRACE:?} after being told to stop; killing them"));
                 stop(&ranks, Signal::KILL);
                 killed = true;
             }
@@ -159,6 +156,13 @@ pub async fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error
     }
     while copies.join_next().await.is_some() {}
     Ok(outcome.unwrap_or(ExitCode::SUCCESS))
+}
+
+/// Writes one line to stderr in a single write, so that it is not interleaved with the lines
+/// the ranks write to the same stderr at the same moment (`eprintln!` may write in pieces).
+pub fn say(message: &str) {
+    let line = format!("nexar launch: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Sends `sig` to every rank's process group (a rank's own children included). A group that
@@ -169,7 +173,7 @@ fn stop(ranks: &[Started], sig: Signal) {
         if let Err(e) = kill_process_group(pid, sig)
             && e != rustix::io::Errno::SRCH
         {
-            eprintln!("nexar launch: could not signal rank {} (pid {}): {e}", r.rank, r.pid);
+            say(&format!("could not signal rank {} (pid {}): {e}", r.rank, r.pid));
         }
     }
 }
@@ -205,14 +209,15 @@ async fn copy_tagged(from: impl AsyncRead + Unpin, rank: usize, stderr: bool) {
                 if line.last() != Some(&b'\n') {
                     line.push(b'\n');
                 }
-                let prefix = format!("[rank {rank}] ");
+                // One write per line, prefix included, so lines never interleave.
+                let mut tagged = format!("[rank {rank}] ").into_bytes();
+                tagged.extend_from_slice(&line);
                 // A closed stdout (say, `| head`) only stops the copying.
                 let written = if stderr {
-                    let mut out = std::io::stderr().lock();
-                    out.write_all(prefix.as_bytes()).and_then(|()| out.write_all(&line))
+                    std::io::stderr().lock().write_all(&tagged)
                 } else {
                     let mut out = std::io::stdout().lock();
-                    out.write_all(prefix.as_bytes()).and_then(|()| out.write_all(&line)).and_then(|()| out.flush())
+                    out.write_all(&tagged).and_then(|()| out.flush())
                 };
                 if written.is_err() {
                     return;

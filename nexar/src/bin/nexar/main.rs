@@ -81,7 +81,7 @@ async fn main() -> ExitCode {
             return match launch::run(args).await {
                 Ok(code) => code,
                 Err(e) => {
-                    eprintln!("nexar launch: {e}");
+                    launch::say(&e.to_string());
                     ExitCode::FAILURE
                 }
             };
