@@ -25,6 +25,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// The first attempt's limit for the QUIC handshake with the seed; it doubles up to the
 /// configured connect timeout, so a seed that is not up yet costs little.
 const FIRST_ATTEMPT: Duration = Duration::from_secs(1);
+/// How much longer than the join timeout a rank that reached a launcher's seed waits for the
+/// cluster to form. The seed's host (rank 0) decides when formation has failed: it gives up
+/// first, at its own join timeout, and every other rank then hears the same verdict from the
+/// seed (who joined, who was refused) instead of racing it with a deadline of its own.
+const SEED_VERDICT_GRACE: Duration = Duration::from_secs(3);
 
 /// What the launcher said of this rank, kept for the rank's lifetime.
 pub(crate) struct Launched {
@@ -257,10 +262,27 @@ async fn join_with_retry(
         attempts += 1;
         let mut attempt_cfg = config.clone();
         attempt_cfg.connect_timeout = attempt_limit.min(config.connect_timeout);
+        attempt_cfg.join_timeout = match target {
+            // Measured from this process's start: it ends before any other rank's wait does,
+            // since the others can reach the seed only after it is up.
+            Target::Local(_) => deadline.saturating_duration_since(tokio::time::Instant::now()),
+            Target::Remote(_) => config.join_timeout + SEED_VERDICT_GRACE,
+        };
         let error = match target.resolve().await {
             Ok(addr) => match cluster::join(endpoint, addr, credentials, claim, &attempt_cfg).await {
                 Ok(joined) => return Ok(joined),
                 Err(e) if unreachable_yet(&e) => e.to_string(),
+                // The wait was cut to what was left of (or stretched past) the join timeout;
+                // the user set the timeout, so that is the figure to name.
+                Err(ClusterError::JoinIncomplete { seed, joined, world, refused, .. }) => {
+                    return Err(ClusterError::JoinIncomplete {
+                        seed,
+                        after: config.join_timeout,
+                        joined,
+                        world,
+                        refused,
+                    });
+                }
                 Err(e) => return Err(e),
             },
             Err(e) => e,
