@@ -493,15 +493,21 @@ pub fn decode_group(group: &Bytes, max_payload: u64) -> Result<(PeerMsg, Payload
 
 /// [`decode_group`] for a group whose records in `deferred` are still sealed: those must lie
 /// in the payload, whose bytes nobody reads before they are opened.
-fn decode_sealed_group(
+///
+/// Where the payload starts is what the receiver parses here, not the sender's placement hint
+/// that decided which records were left sealed: the frames are parsed only from the group's
+/// opened (authenticated) prefix, and a frame that reaches into a sealed record is refused
+/// before any of its bytes are read.
+pub(crate) fn decode_sealed_group(
     group: &Bytes,
     deferred: &[Deferred],
     max_payload: u64,
 ) -> Result<(PeerMsg, Payload), FrameError> {
-    let (header, rest) = frame_header(group, 0, MAX_CONTROL_FRAME)?;
+    let opened = &group[..deferred.first().map_or(group.len(), |d| d.at.min(group.len()))];
+    let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
     header.expect(FrameKind::Message)?;
-    let body_end = body_end(rest, header.len, group.len())?;
-    let msg: PeerMsg = message::decode(&group[rest..body_end])?;
+    let body_end = body_end(rest, header.len, opened.len())?;
+    let msg: PeerMsg = message::decode(&opened[rest..body_end])?;
     if !matches!(msg, PeerMsg::Coll { .. }) {
         return Err(FrameError::InvalidMessage(format!(
             "a bulk transport carries collective payloads only, not {:?} messages",
@@ -511,7 +517,7 @@ fn decode_sealed_group(
     let Some((expected, limit)) = announced_payload(&msg, max_payload)? else {
         return Err(FrameError::InvalidMessage("a collective message without a payload".into()));
     };
-    let (raw, start) = frame_header(group, body_end, limit)?;
+    let (raw, start) = frame_header(opened, body_end, limit)?;
     raw.expect(FrameKind::Raw)?;
     if raw.len != expected {
         return Err(raw_length_disagrees(expected, raw.len));

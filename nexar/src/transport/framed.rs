@@ -122,12 +122,17 @@ impl Piece {
         }
     }
 
-    /// The piece's plaintext into `out`, as long as the piece.
+    /// The piece's plaintext into `out`, as long as the piece. A sealed record is decrypted
+    /// straight into `out`, and AES-GCM decrypts before it checks the tag: a record that fails
+    /// leaves `out` zeroed, never holding bytes that an attacker chose.
     fn write_to(&self, out: &mut [u8]) -> Result<(), PayloadError> {
         match self {
             Piece::Plain(b) => out.copy_from_slice(b),
             Piece::Sealed(cipher, record) => {
-                record.open_into(cipher, out).map_err(|_| PayloadError::Forged { len: cipher.len() })?
+                if record.open_into(cipher, out).is_err() {
+                    out.fill(0);
+                    return Err(PayloadError::Forged { len: cipher.len() });
+                }
             }
         }
         Ok(())
@@ -239,8 +244,9 @@ impl Payload {
     }
 
     /// Writes the payload into `dst`, which must be exactly [`len`](Self::len) bytes: a copy
-    /// of the bytes as they arrived, or sealed records decrypted straight into `dst`. After an
-    /// error, `dst` holds unspecified bytes.
+    /// of the bytes as they arrived, or sealed records decrypted straight into `dst`. After a
+    /// [`PayloadError::Forged`], each byte of `dst` holds the payload's authenticated byte, its
+    /// old value or zero (the record that failed): never a byte the sender did not seal.
     pub fn copy_to(&self, dst: &mut [u8]) -> Result<(), PayloadError> {
         if dst.len() != self.len {
             return Err(PayloadError::Length { len: self.len, dst: dst.len() });
@@ -256,7 +262,8 @@ impl Payload {
     /// Writes the payload into `dsts`, one after the other; their lengths must add up to
     /// [`len`](Self::len). Pieces that fall inside one destination are copied or decrypted
     /// straight into it; a sealed record that straddles two is opened into a cached buffer
-    /// first. After an error, `dsts` hold unspecified bytes.
+    /// first. After an error, as with [`copy_to`](Self::copy_to), no destination holds a byte
+    /// that failed authentication.
     ///
     /// ```
     /// use bytes::Bytes;

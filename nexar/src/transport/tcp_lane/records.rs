@@ -693,6 +693,75 @@ mod tests {
             let mut whole = vec![0u8; payload.len()];
             let (x, y) = whole.split_at_mut(deferred[1].at - body.start + 7);
             assert!(matches!(altered.copy_to_parts(&mut [x, y]), Err(PayloadError::Forged { .. })));
+            // Decrypted straight into the caller's buffer, the altered record leaves no byte
+            // there but old values, authenticated bytes and zeros where it failed.
+            const OLD: u8 = 0xA5;
+            for parts in [1usize, 2] {
+                let mut dst = vec![OLD; payload.len()];
+                let failed = deferred[1].at - body.start..deferred[1].at - body.start + deferred[1].len;
+                let copied = if parts == 1 {
+                    altered.copy_to(&mut dst)
+                } else {
+                    let (x, y) = dst.split_at_mut(failed.start);
+                    altered.copy_to_parts(&mut [x, y])
+                };
+                assert!(matches!(copied, Err(PayloadError::Forged { .. })));
+                assert!(dst[failed.clone()].iter().all(|&b| b == 0), "the failed record's bytes are cleared");
+                for (i, &b) in dst.iter().enumerate().filter(|(i, _)| !failed.contains(i)) {
+                    assert!(b == OLD || b == payload[i], "byte {i}: {b:#x} is neither old nor the payload's");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn frames_are_parsed_only_from_opened_records_whatever_the_senders_placement_hint() {
+        use crate::proto::frame::{message_frame, raw_header};
+        use crate::proto::message::{PeerMsg, encode};
+        use crate::transport::bulk::decode_sealed_group;
+        let payload = vec![9u8; 4 * DEFER_MIN];
+        let len = payload.len() as u64 / 4; // f32 elements
+        let msg = PeerMsg::Coll {
+            comm: 0,
+            seq: 1,
+            kind: 1,
+            op: 1,
+            dtype: 1,
+            root: 0,
+            count: len,
+            fingerprint: 0,
+            segment: 0,
+            part: 0,
+            len,
+        };
+        let (message, raw) = (message_frame(&encode(&msg).unwrap()), raw_header(payload.len() as u64));
+        let (mut sealer, mut opener) = pair(1 << 30);
+        let whole = [&message[..], &raw[..], &payload[..]].concat();
+        // An honest sender's parts; then a hostile one's: one part, so its hint says that the
+        // payload starts at byte 0 and the record holding the frames is left sealed.
+        for (parts, hostile) in [(vec![&message[..], &raw[..], &payload[..]], false), (vec![&whole[..]], true)] {
+            let mut wire = Vec::new();
+            sealer
+                .seal_group(&parts, Vec::new, |c, _| {
+                    wire.extend_from_slice(&c);
+                    true
+                })
+                .unwrap();
+            let mut r = &wire[..];
+            let head = opener.read_group_head(&mut r).unwrap().unwrap();
+            let mut buf = vec![0u8; head.len as usize + TAG];
+            let mut deferred = Vec::new();
+            opener.read_group(&mut r, &mut buf, head.lead as usize, &mut deferred).unwrap();
+            buf.truncate(head.len as usize);
+            let decoded = decode_sealed_group(&bytes::Bytes::from(buf), &deferred, 1 << 30);
+            if hostile {
+                assert_eq!(deferred.first().map(|d| d.at), Some(0), "the frames were left sealed");
+                let err = decoded.unwrap_err().to_string();
+                assert!(err.contains("group ends inside a frame header at byte 0"), "{err}");
+            } else {
+                let (got, read) = decoded.unwrap();
+                assert_eq!((got, read.to_vec().unwrap()), (msg.clone(), payload.clone()));
+            }
         }
     }
 
