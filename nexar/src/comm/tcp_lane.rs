@@ -11,7 +11,7 @@ use rustls::{ServerConnection, StreamOwned};
 use tokio::sync::oneshot;
 
 use super::client::NexarClient;
-use crate::transport::tcp_lane::{Connected, LaneMsg, LaneTls, TOKEN_LEN, TcpLane, answer, dial, lane_tag};
+use crate::transport::tcp_lane::{Connected, LaneMsg, LaneTls, ReadLimits, TOKEN_LEN, TcpLane, answer, dial, lane_tag};
 
 /// Room in a received group for the frames around the largest payload.
 const GROUP_OVERHEAD: u64 = 256 << 10;
@@ -236,8 +236,12 @@ impl NexarClient {
     fn start_tcp_lane(&self, peer: usize, conns: Connected) -> Result<(), String> {
         let inbound = self.bulk_inbound(peer).ok_or_else(|| format!("rank {peer} is not a peer"))?;
         let cfg = self.config();
-        let max_group = cfg.max_message_bytes.saturating_add(GROUP_OVERHEAD);
-        let lane = TcpLane::start(peer, conns, inbound, max_group, cfg.bulk_min_bytes, cfg.bulk_encryption)
+        let limits = ReadLimits {
+            max_group: cfg.max_message_bytes.saturating_add(GROUP_OVERHEAD),
+            // An operation waiting for the group fails at its own timeout anyway.
+            group_deadline: cfg.op_timeout,
+        };
+        let lane = TcpLane::start(peer, conns, inbound, limits, cfg.bulk_min_bytes, cfg.bulk_encryption)
             .map_err(|e| format!("cannot start the lane's threads: {e}"))?;
         self.attach_bulk(peer, Arc::new(lane)).map_err(|e| e.to_string())
     }

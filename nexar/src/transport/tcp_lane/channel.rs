@@ -8,12 +8,13 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc as std_mpsc};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::records::{CHUNK, Deferred, GOODBYE, GroupHead, Opener, Sealed, Sealer, TAG};
+use super::records::{CHUNK, Deferred, GOODBYE, GroupHead, GroupSink, Opener, Sealed, Sealer, TAG};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
 
@@ -24,7 +25,7 @@ pub const TCP_LANE_NAME: &str = "tcp-tls";
 const DELIVERY_QUEUE: usize = 4;
 
 /// How long the writer tries to say goodbye when the lane is dropped.
-const GOODBYE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The reader's buffer for record headers (record bodies bypass it).
 const READ_BUFFER: usize = 8 << 10;
@@ -142,14 +143,14 @@ pub(crate) struct TcpLane {
 }
 
 impl TcpLane {
-    /// Starts the threads of a connected link. Groups from the peer (at most `max_group`
-    /// bytes each) go to `inbound`; groups under `min_bytes` stay on QUIC. Records are
-    /// encrypted unless `encrypt` is false (`NEXAR_BULK_ENCRYPTION=off`).
+    /// Starts the threads of a connected link. Groups from the peer (within `limits`) go to
+    /// `inbound`; groups under `min_bytes` stay on QUIC. Records are encrypted unless
+    /// `encrypt` is false (`NEXAR_BULK_ENCRYPTION=off`).
     pub fn start(
         peer: usize,
         conns: Connected,
         inbound: BulkInbound,
-        max_group: u64,
+        limits: ReadLimits,
         min_bytes: usize,
         encrypt: bool,
     ) -> io::Result<TcpLane> {
@@ -176,7 +177,7 @@ impl TcpLane {
         let reader = state.clone();
         std::thread::Builder::new()
             .name(format!("nexar-tcp-rx-{peer}"))
-            .spawn(move || read_groups(&reader, in_sock, opener, max_group, delivered))?;
+            .spawn(move || read_groups(&reader, in_sock, opener, limits, delivered))?;
         tokio::spawn(deliver(state.clone(), inbound, groups));
         Ok(TcpLane { state, sending: Mutex::new(Some(Sending { sealer, jobs })), spare, min_bytes })
     }
@@ -320,12 +321,35 @@ fn write_records(state: &State, mut out: TcpStream, queue: std_mpsc::Receiver<Jo
     }
 }
 
-/// The reader thread: whole groups, each checked against `max_group` before it is allocated.
-fn read_groups(state: &State, sock: TcpStream, mut opener: Opener, max_group: u64, delivered: mpsc::Sender<Received>) {
-    let mut input = io::BufReader::with_capacity(READ_BUFFER, sock);
+/// What the reader allows a peer: the longest group, and how long one group's bytes may take
+/// to arrive once it has begun.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadLimits {
+    /// The longest group in bytes, checked before anything is allocated for it.
+    pub max_group: u64,
+    /// From a group's first byte to its last.
+    pub group_deadline: Duration,
+}
+
+/// The reader thread: whole groups, each checked against the limits; between groups it waits
+/// as long as the link lives.
+fn read_groups(
+    state: &State,
+    sock: TcpStream,
+    mut opener: Opener,
+    limits: ReadLimits,
+    delivered: mpsc::Sender<Received>,
+) {
+    let mut input = io::BufReader::with_capacity(READ_BUFFER, Deadlined::new(sock, limits.group_deadline));
     let pool = Arc::new(RecvPool::default());
     let why = loop {
-        match read_group(&mut opener, &mut input, max_group, &pool) {
+        let read = read_group(&mut opener, &mut input, limits.max_group, &pool);
+        // Bytes of the next group already buffered mean that it has begun.
+        let begun = !input.buffer().is_empty();
+        if let Err(e) = input.get_mut().between_groups(begun) {
+            break Some(e);
+        }
+        match read {
             Ok(Some(group)) => {
                 if delivered.blocking_send(group).is_err() {
                     break None;
@@ -339,6 +363,58 @@ fn read_groups(state: &State, sock: TcpStream, mut opener: Opener, max_group: u6
         None => state.stop("the peer said goodbye", Stop::Goodbye),
         Some(e) if !state.failed.load(Ordering::SeqCst) => state.stop(&format!("reading: {e}"), Stop::Failed),
         Some(_) => {}
+    }
+}
+
+/// The reader's socket, with a deadline for each group: it starts at the first byte that
+/// arrives after the previous group and ends `limit` later, so a peer that starts a group and
+/// then trickles or stalls fails the lane instead of holding the reader and the group's buffer
+/// for ever. Between groups a read waits without limit.
+struct Deadlined {
+    sock: TcpStream,
+    limit: Duration,
+    until: Option<Instant>,
+}
+
+impl Deadlined {
+    fn new(sock: TcpStream, limit: Duration) -> Deadlined {
+        Deadlined { sock, limit, until: None }
+    }
+
+    /// A group ended: the next one has `begun` (its first bytes are buffered already) or not.
+    fn between_groups(&mut self, begun: bool) -> io::Result<()> {
+        self.until = None;
+        if begun { self.arm() } else { self.sock.set_read_timeout(None) }
+    }
+
+    fn arm(&mut self) -> io::Result<()> {
+        self.until = Some(Instant::now() + self.limit);
+        self.sock.set_read_timeout(Some(self.limit))
+    }
+
+    fn late(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("a group's bytes did not all arrive within {:?} of its first (the operation timeout)", self.limit),
+        )
+    }
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.until.is_some_and(|until| Instant::now() >= until) {
+            return Err(self.late());
+        }
+        match self.sock.read(buf) {
+            Ok(n) => {
+                if n > 0 && self.until.is_none() {
+                    self.arm()?;
+                }
+                Ok(n)
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Err(self.late()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -371,15 +447,16 @@ fn read_group(
     let mut group = RecvPool::take(pool, len, lead);
     let mut deferred = Vec::new();
     let defer_from = usize::try_from(lead).unwrap_or(usize::MAX);
-    opener.read_group(input, group.with_tag_room(), defer_from, &mut deferred)?;
+    opener.read_group(input, &mut group, defer_from, &mut deferred)?;
     Ok(Some(Received { group: Bytes::from_owner(group), deferred }))
 }
 
 /// Receive buffers the reader reuses once nexar is done with the groups in them, so a busy
-/// lane neither zeroes nor faults in fresh pages for every group.
+/// lane neither zeroes nor faults in fresh pages for every group. Buffers are words, so that
+/// their start is [`ALIGN`]-aligned wherever the allocator puts them.
 #[derive(Default)]
 struct RecvPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Vec<Vec<u64>>>,
 }
 
 /// Buffers kept for reuse per lane (each way), the largest one kept, and the most bytes kept.
@@ -388,60 +465,74 @@ const POOLED_MAX: usize = 65 << 20;
 const POOLED_BYTES: usize = 80 << 20;
 /// The alignment a group's largest part gets (that of any element type).
 const ALIGN: usize = 8;
+/// The room a fresh buffer starts with; it doubles as the group's records arrive. A peer that
+/// announces a large group and sends less makes this rank hold what it sent, not what it
+/// announced.
+const FIRST_ROOM: usize = 1 << 20;
 
 impl RecvPool {
-    /// A group of `len` bytes (contents unspecified: the caller overwrites them all), placed
-    /// so that its byte `lead` is [`ALIGN`]-aligned: a payload that starts there can be reduced
-    /// straight from the buffer.
+    /// A buffer for a group of `len` bytes, placed so that its byte `lead` is
+    /// [`ALIGN`]-aligned: a payload that starts there can be reduced straight from the buffer.
+    /// A pooled buffer comes as it is (the reader overwrites what it uses); a fresh one starts
+    /// small and grows as records arrive ([`GroupSink::room`]).
     fn take(pool: &Arc<RecvPool>, len: usize, lead: u64) -> PooledGroup {
-        let need = len + TAG + ALIGN - 1;
-        let mut buf = {
+        let start = (ALIGN - (lead as usize) % ALIGN) % ALIGN;
+        let words = (start + len + TAG).div_ceil(ALIGN);
+        let buf = {
             let mut free = crate::sync::lock(&pool.free);
             // The most recently returned one large enough (its pages are the likeliest to be
-            // in cache), else the largest (grown below).
-            let fits = free.iter().rposition(|b| b.len() >= need);
+            // in cache), else the largest (grown as the group arrives).
+            let fits = free.iter().rposition(|b| b.len() >= words);
             let largest = free.iter().enumerate().max_by_key(|(_, b)| b.len()).map(|(i, _)| i);
             fits.or(largest).map(|i| free.swap_remove(i)).unwrap_or_default()
         };
-        if buf.len() < need {
-            buf.resize(need, 0);
-        }
-        let lead_at = (buf.as_ptr() as usize).wrapping_add(lead as usize);
-        let start = (ALIGN - lead_at % ALIGN) % ALIGN;
         PooledGroup { buf, start, len, pool: Arc::downgrade(pool) }
     }
 }
 
 /// One received group in a pooled buffer; dropping it gives the buffer back.
 struct PooledGroup {
-    buf: Vec<u8>,
+    buf: Vec<u64>,
+    /// Where the group starts in the buffer, in bytes.
     start: usize,
     len: usize,
     pool: std::sync::Weak<RecvPool>,
 }
 
-impl PooledGroup {
-    /// The group's bytes and room for a record's tag after them, as the opener wants them.
-    fn with_tag_room(&mut self) -> &mut [u8] {
-        &mut self.buf[self.start..self.start + self.len + TAG]
+impl GroupSink for PooledGroup {
+    fn group_len(&self) -> usize {
+        self.len
+    }
+
+    fn room(&mut self, upto: usize) -> &mut [u8] {
+        let need = (self.start + upto).div_ceil(ALIGN);
+        if self.buf.len() < need {
+            let whole = (self.start + self.len + TAG).div_ceil(ALIGN);
+            let grown = (self.buf.len() * 2).max(FIRST_ROOM / ALIGN).min(whole).max(need);
+            self.buf.resize(grown, 0);
+        }
+        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.buf)[self.start..self.start + upto]
     }
 }
 
 impl AsRef<[u8]> for PooledGroup {
     fn as_ref(&self) -> &[u8] {
-        &self.buf[self.start..self.start + self.len]
+        let bytes = bytemuck::cast_slice::<u64, u8>(&self.buf);
+        // Only a group read whole is handed over; an empty one may have no room at all.
+        bytes.get(self.start..self.start + self.len).unwrap_or_default()
     }
 }
 
 impl Drop for PooledGroup {
     fn drop(&mut self) {
-        if self.buf.len() > POOLED_MAX {
+        let bytes = self.buf.len() * ALIGN;
+        if bytes > POOLED_MAX {
             return;
         }
         if let Some(pool) = self.pool.upgrade() {
             let mut free = crate::sync::lock(&pool.free);
-            let kept: usize = free.iter().map(Vec::len).sum();
-            if free.len() < POOLED && kept + self.buf.len() <= POOLED_BYTES {
+            let kept: usize = free.iter().map(|b| b.len() * ALIGN).sum();
+            if free.len() < POOLED && kept + bytes <= POOLED_BYTES {
                 free.push(std::mem::take(&mut self.buf));
             }
         }
@@ -467,21 +558,64 @@ mod tests {
     fn received_buffers_come_back_to_the_pool_and_place_the_lead_aligned() {
         let pool = Arc::new(RecvPool::default());
         let mut g = RecvPool::take(&pool, 90, 0);
-        g.with_tag_room().fill(3);
+        g.room(90 + TAG).fill(3);
         let bytes = Bytes::from_owner(g);
         assert_eq!(bytes.len(), 90);
         assert_eq!(bytes.as_ptr() as usize % ALIGN, 0);
         drop(bytes);
         assert_eq!(crate::sync::lock(&pool.free).len(), 1, "the buffer came back");
         let reused = RecvPool::take(&pool, 50, 0);
-        assert!(reused.buf.len() >= 90 + TAG, "and is reused");
+        assert!(reused.buf.len() * ALIGN >= 90 + TAG, "and is reused");
         drop(reused);
         for lead in [1u64, 74, 77, u64::MAX] {
             let mut g = RecvPool::take(&pool, 200, lead);
-            g.with_tag_room().fill(1);
+            g.room(200 + TAG).fill(1);
             let bytes = Bytes::from_owner(g);
             assert_eq!(bytes.len(), 200);
             assert_eq!((bytes.as_ptr() as usize).wrapping_add(lead as usize) % ALIGN, 0, "lead {lead}");
         }
+    }
+
+    #[test]
+    fn a_group_that_stalls_after_its_first_bytes_fails_while_an_idle_lane_waits() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (sock, _) = listener.accept().unwrap();
+        let limit = Duration::from_millis(300);
+        let mut input = io::BufReader::with_capacity(READ_BUFFER, Deadlined::new(sock, limit));
+        // Idle between groups for longer than the limit: nothing fails.
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(3 * limit);
+            peer.write_all(b"abc").unwrap();
+            peer
+        });
+        let mut first = [0u8; 3];
+        input.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"abc");
+        let _peer = writer.join().unwrap();
+        // The group begun, its bytes stop: the read fails, naming the deadline.
+        let mut rest = [0u8; 10];
+        let err = input.read_exact(&mut rest).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(err.to_string().contains("did not all arrive within 300ms"), "{err}");
+    }
+
+    #[test]
+    fn an_announced_group_costs_memory_only_as_its_records_arrive() {
+        let pool = Arc::new(RecvPool::default());
+        let len = 4usize << 30;
+        let mut g = RecvPool::take(&pool, len, 3);
+        assert!(g.buf.is_empty(), "nothing is held for an announcement");
+        g.room(1000)[..4].copy_from_slice(b"abcd");
+        assert!(g.buf.len() * ALIGN <= FIRST_ROOM, "{} bytes for 1000", g.buf.len() * ALIGN);
+        // Growing keeps what arrived and stays within twice what arrived.
+        let got = 3 * FIRST_ROOM + 5;
+        assert_eq!(&g.room(got)[..4], b"abcd");
+        assert!(g.buf.len() * ALIGN <= 2 * (got + ALIGN), "{} bytes for {got}", g.buf.len() * ALIGN);
+        // and never past the group's own length.
+        let mut small = RecvPool::take(&pool, 3 * FIRST_ROOM / 2, 0);
+        small.room(FIRST_ROOM + 1);
+        small.room(FIRST_ROOM + 9);
+        assert_eq!(small.buf.len() * ALIGN, (3 * FIRST_ROOM / 2 + TAG).next_multiple_of(ALIGN));
     }
 }

@@ -20,7 +20,7 @@ mod records;
 mod setup;
 
 pub use channel::TCP_LANE_NAME;
-pub(crate) use channel::{Connected, TcpLane};
+pub(crate) use channel::{Connected, ReadLimits, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
 pub(crate) use records::{Deferred, SealedRecord};
 pub(crate) use setup::{LaneMsg, TOKEN_LEN, lane_tag};

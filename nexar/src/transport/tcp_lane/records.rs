@@ -404,19 +404,19 @@ impl Opener {
         GroupHead::decode(plain).map(Some)
     }
 
-    /// Reads the records of a `buf.len() - TAG`-byte group into `buf`, each where its
+    /// Reads the records of a [`GroupSink::group_len`]-byte group into `buf`, each where its
     /// plaintext belongs, so the group ends up whole at the start of `buf`. Records that start
     /// at `defer_from` or later and hold at least [`DEFER_MIN`] bytes stay sealed and are
     /// listed in `deferred` (whoever reads them opens them straight into their destination);
     /// the others are decrypted where they land.
-    pub fn read_group(
+    pub fn read_group<S: GroupSink + ?Sized>(
         &mut self,
         input: &mut impl Read,
-        buf: &mut [u8],
+        buf: &mut S,
         defer_from: usize,
         deferred: &mut Vec<Deferred>,
     ) -> io::Result<()> {
-        let len = buf.len() - TAG;
+        let len = buf.group_len();
         let mut at = 0;
         while at < len {
             let mut header = [0u8; HEADER];
@@ -425,7 +425,7 @@ impl Opener {
             if n == 0 || n > RECORD || n > len - at {
                 return Err(crypto_err(format!("a {n}-byte record with {} bytes of its group left", len - at)));
             }
-            let record = &mut buf[at..at + n + TAG];
+            let record = &mut buf.room(at + n + TAG)[at..];
             input.read_exact(record)?;
             match &mut self.keys {
                 Protection::Aead(keys) if at >= defer_from && n >= DEFER_MIN => {
@@ -457,6 +457,38 @@ impl Opener {
             }
             Protection::Plain => Ok(&record[..len]),
         }
+    }
+}
+
+/// Where [`Opener::read_group`] puts a group: room that may grow as records arrive, so that
+/// a group's announced length costs memory only once its bytes have come.
+pub(crate) trait GroupSink {
+    /// The group's length in bytes.
+    fn group_len(&self) -> usize;
+    /// The group's first `upto` bytes (at most its length and a tag), made room for: a slice
+    /// of exactly `upto` bytes, whose first bytes hold what earlier calls' slices were given.
+    fn room(&mut self, upto: usize) -> &mut [u8];
+}
+
+/// A slice holds a group of its length less a tag.
+impl GroupSink for [u8] {
+    fn group_len(&self) -> usize {
+        self.len().saturating_sub(TAG)
+    }
+
+    fn room(&mut self, upto: usize) -> &mut [u8] {
+        &mut self[..upto]
+    }
+}
+
+/// As its slice.
+impl GroupSink for Vec<u8> {
+    fn group_len(&self) -> usize {
+        self.as_slice().group_len()
+    }
+
+    fn room(&mut self, upto: usize) -> &mut [u8] {
+        self.as_mut_slice().room(upto)
     }
 }
 
