@@ -131,6 +131,53 @@ async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
     .expect("test timed out");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_it_authenticates_a_stranger_gets_one_stream_and_a_place_among_a_capped_few() {
+    logs();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let cfg = NexarConfig { world_size: Some(2), handshake_timeout: Duration::from_secs(3), ..Default::default() };
+        let seed = SeedNode::bind(loopback(), cfg.clone()).await.unwrap();
+        let (addr, token) = (seed.local_addr(), seed.token().clone());
+
+        // One stream, the join stream; no second one, and none the other way.
+        let conn = raw_seed_connection(addr, &token, &cfg).await;
+        let (mut join, _recv) = conn.open_bi().await.unwrap();
+        join.write_all(&[0x01]).await.unwrap();
+        let wait = Duration::from_millis(500);
+        assert!(tokio::time::timeout(wait, conn.open_bi()).await.is_err(), "a second stream was allowed");
+        assert!(tokio::time::timeout(wait, conn.open_uni()).await.is_err(), "a unidirectional stream was allowed");
+
+        // The seed serves a capped number of unauthenticated connections at once (64 for a
+        // small cluster); one more is refused at once rather than held.
+        let mut silent = vec![conn];
+        while silent.len() < 64 {
+            silent.push(raw_seed_connection(addr, &token, &cfg).await);
+        }
+        let endpoint = bind(loopback(), &cfg, None).unwrap();
+        let client = with_transport(seed_client(Some(token.ca_fingerprint())).unwrap(), &cfg);
+        let refused = endpoint.connect_with(client, addr, "seed.nexar").unwrap().await.unwrap_err();
+        assert!(matches!(refused, quinn::ConnectionError::ConnectionClosed(_)), "{refused}");
+        assert!(refused.to_string().contains("refused to accept a new connection"), "{refused}");
+
+        // Once the silent ones have been dropped at the handshake timeout, workers join.
+        for conn in &silent {
+            closed_within(conn, Duration::from_secs(30)).await;
+        }
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..2 {
+            let (token, cfg) = (token.to_string(), cfg.clone());
+            workers.spawn(async move { NexarClient::connect(addr, &token, cfg).await });
+        }
+        let mut ranks = Vec::new();
+        while let Some(r) = workers.join_next().await {
+            ranks.push(r.unwrap().expect("a real worker failed to join"));
+        }
+        ring_exchange(ranks).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -139,7 +139,12 @@ impl SeedNode {
         }
         let ca = ClusterCa::generate()?;
         let identity = ca.issue(SEED_SERVER_NAME)?;
-        let server = endpoint::server_with_transport(seed_server(&identity)?, &config);
+        let mut server = seed_server(&identity)?;
+        server
+            .transport_config(endpoint::seed_transport_config(&config))
+            .migration(false)
+            .incoming_buffer_size(SEED_WINDOW_BYTES)
+            .incoming_buffer_size_total(SEED_WINDOW_BYTES * unauthenticated_cap(world) as u64);
         let endpoint = endpoint::bind(addr, &config, Some(server))?;
         let token = JoinToken::generate(ca.fingerprint());
         let shared = Arc::new(Shared {
@@ -210,13 +215,38 @@ impl Drop for SeedNode {
     }
 }
 
+/// Early data a connection that has not completed its handshake may buffer at the seed.
+const SEED_WINDOW_BYTES: u64 = 16 << 10;
+
+/// Connections the seed serves at once before they have authenticated (the token or the
+/// shared secret): enough for every worker of the cluster to join at the same moment, and
+/// never so many that strangers can make the seed hold more than a few MiB. A connection over
+/// the cap is refused at once; a worker retries.
+fn unauthenticated_cap(world: usize) -> usize {
+    world.saturating_mul(2).clamp(64, 8192)
+}
+
 async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
+    let unauthenticated = Arc::new(tokio::sync::Semaphore::new(unauthenticated_cap(shared.world)));
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
+        // A spoofed source address gets one small Retry packet and nothing more: only a peer
+        // that receives at its address comes back with the token.
+        if !incoming.remote_address_validated() && incoming.may_retry() {
+            if let Err(e) = incoming.retry() {
+                tracing::debug!(%remote, error = %e, "could not ask a connection to the seed to validate its address");
+            }
+            continue;
+        }
+        let Ok(pass) = unauthenticated.clone().try_acquire_owned() else {
+            tracing::warn!(%remote, cap = unauthenticated_cap(shared.world), "refused a connection to the seed: too many are joining at once");
+            incoming.refuse();
+            continue;
+        };
         let shared = shared.clone();
         tokio::spawn(
             async move {
-                match serve_connection(incoming, &shared).await {
+                match serve_connection(incoming, &shared, pass).await {
                     Ok(()) => {}
                     // A joiner retrying gives up on a slow handshake; a scanner never completes one.
                     Err(reason) if reason.starts_with("handshake failed") => {
@@ -246,7 +276,13 @@ async fn pre_auth(incoming: quinn::Incoming) -> Result<(Connection, SendStream, 
     Ok((conn, send, recv, req))
 }
 
-async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<(), String> {
+/// Serves one connection; `pass` (one of the seed's places for connections that have not
+/// authenticated) is given back once it has, or when it ends.
+async fn serve_connection(
+    incoming: quinn::Incoming,
+    shared: &Shared,
+    pass: tokio::sync::OwnedSemaphorePermit,
+) -> Result<(), String> {
     let remote = incoming.remote_address();
     let limit = shared.cfg.handshake_timeout;
     let (conn, mut send, mut recv, req) = match tokio::time::timeout(limit, pre_auth(incoming)).await {
@@ -259,6 +295,7 @@ async fn serve_connection(incoming: quinn::Incoming, shared: &Shared) -> Result<
     if let Err(reason) = authenticate(shared, &conn, &mut send, &mut recv, auth).await {
         return Err(reject(shared, &conn, &mut send, reason).await);
     }
+    drop(pass);
     if protocol != PROTOCOL_VERSION {
         return Err(reject(
             shared,

@@ -40,7 +40,38 @@ pub fn transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
     Arc::new(t)
 }
 
-/// Binds a UDP socket with large buffers and wraps it in a quinn endpoint.
+/// Flow-control window of the seed's one join stream, and of a whole connection to it: the
+/// join frames are at most a few KiB ([`crate::proto::frame::MAX_JOIN_FRAME`]).
+const SEED_WINDOW: u32 = 16 << 10;
+
+/// Transport parameters of the seed's connections. Anyone who can reach the seed's port gets
+/// this far before proving anything, so they allow only what a join needs: one bidirectional
+/// stream opened by the worker, no unidirectional ones, no datagrams, and windows of a few KiB,
+/// so a connection that never completes its join holds next to nothing. What the seed sends
+/// (the peer table) is governed by the worker's own windows.
+///
+/// ```
+/// let t = nexar::transport::endpoint::seed_transport_config(&nexar::NexarConfig::default());
+/// drop(t);
+/// ```
+pub fn seed_transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
+    let mut t = TransportConfig::default();
+    let idle = IdleTimeout::try_from(cfg.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX));
+    t.max_idle_timeout(Some(idle));
+    t.keep_alive_interval(Some(cfg.idle_timeout / 5));
+    t.max_concurrent_bidi_streams(VarInt::from_u32(1));
+    t.max_concurrent_uni_streams(VarInt::from_u32(0));
+    t.stream_receive_window(VarInt::from_u32(SEED_WINDOW));
+    t.receive_window(VarInt::from_u32(SEED_WINDOW));
+    t.datagram_receive_buffer_size(None);
+    let mut mtu = MtuDiscoveryConfig::default();
+    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    t.mtu_discovery_config(Some(mtu));
+    Arc::new(t)
+}
+
+/// Binds a UDP socket with large buffers and wraps it in a quinn endpoint. A `server`
+/// keeps the transport parameters it was given ([`server_with_transport`] for the mesh's).
 pub fn bind(
     addr: SocketAddr,
     cfg: &NexarConfig,
@@ -62,10 +93,6 @@ pub fn bind(
     socket.bind(&addr.into()).map_err(|e| fail(e.to_string()))?;
     let mut endpoint_config = quinn::EndpointConfig::default();
     endpoint_config.max_udp_payload_size(MAX_UDP_PAYLOAD).map_err(|e| fail(e.to_string()))?;
-    let server = server.map(|mut s| {
-        s.transport_config(transport_config(cfg));
-        s
-    });
     let runtime = Arc::new(quinn::TokioRuntime);
     let socket = quinn::Runtime::wrap_udp_socket(&*runtime, socket.into()).map_err(|e| fail(e.to_string()))?;
     let socket = match &cfg.chaos {
