@@ -78,8 +78,10 @@ struct Verdicts {
     left: BTreeSet<usize>,
     /// Peers another rank reported dead that this rank is checking for itself.
     checking: BTreeSet<usize>,
-    /// Set when another rank declared this one dead: the reason.
+    /// Set when the other ranks declared this one dead: the reason.
     excluded: Option<String>,
+    /// Peers that cut their link to this rank, declaring it dead, and what they said.
+    declared_me_dead: BTreeMap<usize, String>,
 }
 
 /// One rank's view of which peers are alive.
@@ -120,6 +122,11 @@ impl Health {
     /// Why this rank was excluded by the others, if it was.
     pub fn excluded(&self) -> Option<String> {
         self.lock().excluded.clone()
+    }
+
+    /// What the peers that cut this rank, declaring it dead, said (each names itself).
+    pub fn declared_me_dead(&self) -> Vec<String> {
+        self.lock().declared_me_dead.values().cloned().collect()
     }
 
     /// From now on, silence and closed connections are the orderly end of the cluster.
@@ -274,8 +281,7 @@ impl Inner {
         }
     }
 
-    /// Records that another rank declared this one dead.
-    /// Records that another rank (`by`) declared this one dead, for `why` (which names both):
+    /// Records that the other ranks (the latest: `by`) declared this one dead, for `why`:
     /// this rank leaves everyone, so that no peer keeps it in its view of the cluster.
     pub(crate) fn excluded_by(&self, by: usize, why: &str) {
         let why = bounded(why.to_string());
@@ -298,6 +304,30 @@ impl Inner {
         self.health.events.send_modify(|_| {});
     }
 
+    /// `peer` cut its link to this rank, declaring this rank dead, for `why`. One peer's word
+    /// does not exclude a rank (a faulty or hostile member could evict anyone that way): this
+    /// rank leaves only once most of its direct peers have cut it, as they all do when this
+    /// rank really was stalled or cut off. Until then it counts `peer` as gone (their link is
+    /// gone either way) and tells the others, who check `peer` for themselves.
+    fn declared_dead_by(&self, peer: usize, why: &str) {
+        let peers = self.links.iter().count();
+        let votes = {
+            let mut v = self.health.lock();
+            v.declared_me_dead.insert(peer, why.to_string());
+            v.declared_me_dead.len()
+        };
+        if votes * 2 > peers {
+            self.excluded_by(peer, &format!("{why} ({votes} of this rank's {peers} peers cut it)"));
+        } else {
+            tracing::warn!(rank = self.rank, peer, %why, votes, peers, "a peer cut this rank; not a majority, so this rank stays");
+            let reason = format!(
+                "it declared this rank dead and cut their link ({why}); {votes} of this rank's {peers} peers have, \
+                 not a majority, so this rank stays and counts rank {peer} as gone"
+            );
+            self.peer_failed(peer, reason, false, true);
+        }
+    }
+
     /// Judges how a peer's connection ended.
     pub(crate) fn connection_ended(&self, peer: usize, reason: &ConnectionError) {
         let orderly = self.health.shutting_down.load(Ordering::Relaxed) || self.health.has_left(peer);
@@ -309,7 +339,7 @@ impl Inner {
         }
         match reason {
             ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_DECLARED_DEAD.into() => {
-                self.excluded_by(peer, &String::from_utf8_lossy(&close.reason));
+                self.declared_dead_by(peer, &String::from_utf8_lossy(&close.reason));
             }
             ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_EXCLUDED.into() => {
                 self.peer_failed(peer, String::from_utf8_lossy(&close.reason).into_owned(), false, true);

@@ -100,3 +100,45 @@ async fn one_rank_cannot_evict_another_or_the_receiver_with_a_suspect() {
     let sums = futures_all(&ranks).await;
     assert!(sums.iter().all(|s| *s == 6), "{sums:?}");
 }
+
+/// Rank 3 cuts its link to rank 0 with the "declared dead" code: one member's word does not
+/// exclude rank 0, which counts rank 3 as gone and carries on with ranks 1 and 2 (who check
+/// rank 3 for themselves and keep it). When most of rank 0's peers have cut it, it leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_member_declaring_a_rank_dead_does_not_exclude_it_but_most_of_its_peers_do() {
+    use super::health::CLOSE_DECLARED_DEAD;
+    let ranks = NexarClient::bootstrap_local(4).await.unwrap();
+    ranks[3].inner.links.get(0).unwrap().close(CLOSE_DECLARED_DEAD, "rank 3 declared rank 0 dead: a lie");
+    let limit = Duration::from_secs(30);
+    tokio::time::timeout(limit, async {
+        while ranks[0].failed_ranks() != [3] {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("rank 0 counts rank 3 as gone");
+    // Longer than the others' check of rank 3 takes (two heartbeat intervals).
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(ranks[0].inner.health.excluded(), None, "one member excluded rank 0");
+    for c in &ranks[1..3] {
+        assert!(c.failed_ranks().is_empty(), "rank {} now counts {:?} dead", c.rank(), c.failed_ranks());
+    }
+    let (tag, sent) = (9, [5u32, 6, 7]);
+    let mut got = [0u32; 3];
+    let (s, r) = tokio::join!(ranks[1].send(&sent[..], 0, tag), ranks[0].recv(&mut got[..], 1, tag));
+    s.unwrap();
+    r.unwrap();
+    assert_eq!(got, sent);
+
+    // Rank 1 cuts rank 0 as well: two of its three peers, a majority, and rank 0 leaves.
+    ranks[1].inner.links.get(0).unwrap().close(CLOSE_DECLARED_DEAD, "rank 1 declared rank 0 dead: silent");
+    tokio::time::timeout(limit, async {
+        while ranks[0].inner.health.excluded().is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("rank 0 leaves once most of its peers cut it");
+    let why = ranks[0].inner.health.excluded().unwrap();
+    assert!(why.contains("2 of this rank's 3 peers cut it"), "{why}");
+}

@@ -203,7 +203,11 @@ impl NexarClient {
         };
         self.check_not_excluded()?;
         if decided.contains(&me) {
-            let reason = "the survivors agreed to leave it out".to_string();
+            let mut reason = "the survivors agreed to leave it out".to_string();
+            let cut_by = self.inner.health.declared_me_dead();
+            if !cut_by.is_empty() {
+                reason = format!("{reason}; before that, {}", cut_by.join("; "));
+            }
             return Err(RecoveryError::Excluded { rank: me, reason });
         }
         linger(view, decided.clone(), decided_by, self.config().heartbeat_timeout * 2);
