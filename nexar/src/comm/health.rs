@@ -6,7 +6,9 @@
 //! rank reports it dead, or when the application says so
 //! ([`report_failure`](NexarClient::report_failure)). Every survivor then cuts its connection
 //! to the dead rank, so a rank that was only slow or partitioned away learns that it has been
-//! excluded instead of carrying on with a different view of the cluster.
+//! excluded (once most of its peers have cut it) instead of carrying on with a different view
+//! of the cluster. One peer's word excludes nobody: a rank cut by a minority counts those
+//! peers as gone, and the survivors' agreement settles who stays.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
