@@ -73,6 +73,10 @@ pub struct NexarConfig {
     pub handshake_timeout: Duration,
     /// Limit for one send or receive (`NEXAR_OP_TIMEOUT_MS`).
     pub op_timeout: Duration,
+    /// How long the seed's CA and the certificates it issues stay valid, and so how long its
+    /// join token admits workers (`NEXAR_CERT_LIFETIME_HOURS`, default 720: 30 days). Set it
+    /// longer than the job runs: links formed after it (an elastic join) fail their handshake.
+    pub cert_lifetime: Duration,
     /// A connection with no traffic for this long is closed (`NEXAR_IDLE_TIMEOUT_MS`);
     /// keep-alives are sent at a fifth of it, so idle clusters stay connected.
     pub idle_timeout: Duration,
@@ -184,6 +188,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("mesh_timeout", &self.mesh_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("op_timeout", &self.op_timeout)
+            .field("cert_lifetime", &self.cert_lifetime)
             .field("idle_timeout", &self.idle_timeout)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("max_unmatched_messages", &self.max_unmatched_messages)
@@ -286,6 +291,7 @@ impl Default for NexarConfig {
             mesh_timeout: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(5),
             op_timeout: Duration::from_secs(120),
+            cert_lifetime: crate::transport::tls::DEFAULT_CERT_LIFETIME,
             idle_timeout: Duration::from_secs(30),
             max_message_bytes: crate::proto::frame::MAX_FRAME_LEN,
             max_unmatched_messages: 1024,
@@ -384,6 +390,13 @@ impl NexarConfig {
                 return Err(invalid(var, &v, "expected 1 byte to 4 GiB"));
             }
             c.max_message_bytes = n;
+        }
+        if let Some((var, v)) = get("NEXAR_CERT_LIFETIME_HOURS") {
+            let hours: u64 = parse(var, &v)?;
+            if hours == 0 || hours > 24 * 365 * 100 {
+                return Err(invalid(var, &v, "expected 1 hour to 100 years"));
+            }
+            c.cert_lifetime = Duration::from_secs(hours * 3600);
         }
         if let Some((var, v)) = get("NEXAR_MAX_UNMATCHED_MESSAGES") {
             c.max_unmatched_messages = positive(var, &v)?;

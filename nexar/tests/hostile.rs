@@ -178,6 +178,21 @@ async fn before_it_authenticates_a_stranger_gets_one_stream_and_a_place_among_a_
     .expect("test timed out");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_whose_certificates_expired_admits_nobody_more() {
+    logs();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let cfg = NexarConfig { world_size: Some(2), cert_lifetime: Duration::from_secs(1), ..Default::default() };
+        let seed = SeedNode::bind(loopback(), cfg.clone()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let err = NexarClient::connect(seed.local_addr(), &seed.token().to_string(), cfg).await.unwrap_err();
+        assert!(err.to_string().contains("the seed's certificate has expired"), "{err}");
+        assert!(err.to_string().contains("NEXAR_CERT_LIFETIME_HOURS"), "{err}");
+    })
+    .await
+    .expect("test timed out");
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

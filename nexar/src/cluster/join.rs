@@ -74,6 +74,10 @@ pub(crate) async fn join(
                 "{}: the token belongs to another seed or an earlier run of this one; use the token this seed printed",
                 crate::transport::tls::FOREIGN_SEED
             )
+        } else if text.contains("certificate expired") {
+            "the seed's certificate has expired (the seed's NEXAR_CERT_LIFETIME_HOURS ran out): it admits nobody \
+             more; start a new job, with a longer lifetime if it must run longer"
+                .to_string()
         } else {
             text
         })

@@ -137,7 +137,7 @@ impl SeedNode {
         if world == 0 {
             return Err(ClusterError::InvalidWorldSize(0));
         }
-        let ca = ClusterCa::generate()?;
+        let ca = ClusterCa::generate_valid_for(config.cert_lifetime)?;
         let identity = ca.issue(SEED_SERVER_NAME)?;
         let mut server = seed_server(&identity)?;
         server
@@ -212,6 +212,15 @@ impl SeedNode {
 impl Drop for SeedNode {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// A lifetime in the largest whole unit that fits it.
+fn humanize(d: std::time::Duration) -> String {
+    match d.as_secs() {
+        s if s >= 86_400 && s % 86_400 == 0 => format!("{} days", s / 86_400),
+        s if s >= 3600 && s % 3600 == 0 => format!("{} hours", s / 3600),
+        _ => format!("{d:?}"),
     }
 }
 
@@ -296,6 +305,14 @@ async fn serve_connection(
         return Err(reject(shared, &conn, &mut send, reason).await);
     }
     drop(pass);
+    if std::time::SystemTime::now() >= shared.ca.expires_at() {
+        let reason = format!(
+            "this seed's certificates expired {} after it started (NEXAR_CERT_LIFETIME_HOURS): it admits nobody \
+             more; start a new job",
+            humanize(shared.cfg.cert_lifetime)
+        );
+        return Err(reject(shared, &conn, &mut send, reason).await);
+    }
     if protocol != PROTOCOL_VERSION {
         return Err(reject(
             shared,

@@ -140,13 +140,41 @@ impl PendingIdentity {
 /// The cluster's certificate authority. Lives in the seed (or in memory for a local cluster).
 pub struct ClusterCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
+    /// When the CA and every certificate it issues stop being valid.
+    not_after: time::OffsetDateTime,
 }
 
+/// How long a cluster's certificates are valid unless configured
+/// ([`NexarConfig::cert_lifetime`](crate::NexarConfig::cert_lifetime)): 30 days.
+pub const DEFAULT_CERT_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+/// How far back certificates are valid from, for clocks a little behind the seed's.
+const CLOCK_SKEW: time::Duration = time::Duration::hours(1);
+
 impl ClusterCa {
-    /// Generates a new CA with a fresh key.
+    /// Generates a new CA with a fresh key, valid for [`DEFAULT_CERT_LIFETIME`].
     pub fn generate() -> Result<Self, TransportError> {
+        Self::generate_valid_for(DEFAULT_CERT_LIFETIME)
+    }
+
+    /// Generates a new CA with a fresh key; it and every certificate it issues are valid for
+    /// `lifetime` from now (an hour earlier too, for clocks behind this one's), not for
+    /// centuries: a key that leaks outlives its use by at most that.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// let ca = nexar::transport::tls::ClusterCa::generate_valid_for(Duration::from_secs(3600)).unwrap();
+    /// assert!(ca.expires_at() > SystemTime::now() && ca.expires_at() < SystemTime::now() + Duration::from_secs(3601));
+    /// ```
+    pub fn generate_valid_for(lifetime: std::time::Duration) -> Result<Self, TransportError> {
+        let now = time::OffsetDateTime::now_utc();
+        let lifetime = time::Duration::try_from(lifetime)
+            .map_err(|e| TransportError::Tls(format!("certificate lifetime {lifetime:?}: {e}")))?;
+        let not_after = now
+            .checked_add(lifetime)
+            .ok_or_else(|| TransportError::Tls(format!("certificate lifetime {lifetime} runs past the calendar")))?;
         let key = KeyPair::generate().map_err(tls_err("generating the ca key"))?;
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(tls_err("ca params"))?;
+        (params.not_before, params.not_after) = (now - CLOCK_SKEW, not_after);
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "nexar cluster ca");
         params.distinguished_name = dn;
@@ -154,7 +182,12 @@ impl ClusterCa {
         params.key_usages =
             vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let issuer = CertifiedIssuer::self_signed(params, key).map_err(tls_err("self-signing the ca"))?;
-        Ok(ClusterCa { issuer })
+        Ok(ClusterCa { issuer, not_after })
+    }
+
+    /// When the CA and the certificates it issued stop being valid.
+    pub fn expires_at(&self) -> std::time::SystemTime {
+        self.not_after.into()
     }
 
     /// The CA certificate (DER).
@@ -167,8 +200,9 @@ impl ClusterCa {
         fingerprint(self.issuer.der())
     }
 
-    fn leaf_params(name: &str) -> Result<CertificateParams, TransportError> {
+    fn leaf_params(&self, name: &str) -> Result<CertificateParams, TransportError> {
         let mut params = CertificateParams::new(vec![name.to_string()]).map_err(tls_err("leaf params"))?;
+        (params.not_before, params.not_after) = (time::OffsetDateTime::now_utc() - CLOCK_SKEW, self.not_after);
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, name);
         params.distinguished_name = dn;
@@ -183,7 +217,7 @@ impl ClusterCa {
     pub fn sign_csr(&self, csr_der: &[u8], rank: u32) -> Result<CertificateDer<'static>, TransportError> {
         let csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())
             .map_err(tls_err("invalid certificate signing request"))?;
-        let params = Self::leaf_params(&rank_server_name(rank))?;
+        let params = self.leaf_params(&rank_server_name(rank))?;
         let cert = params.signed_by(&csr.public_key, &self.issuer).map_err(tls_err("signing"))?;
         Ok(cert.der().clone())
     }
@@ -192,7 +226,7 @@ impl ClusterCa {
     /// and the ranks of an in-process cluster).
     pub fn issue(&self, name: &str) -> Result<Identity, TransportError> {
         let key = KeyPair::generate().map_err(tls_err("generating a key"))?;
-        let cert = Self::leaf_params(name)?.signed_by(&key, &self.issuer).map_err(tls_err("signing"))?;
+        let cert = self.leaf_params(name)?.signed_by(&key, &self.issuer).map_err(tls_err("signing"))?;
         Ok(Identity {
             chain: vec![cert.der().clone(), self.cert_der()],
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
@@ -377,5 +411,20 @@ mod tests {
         assert!(ca.sign_csr(b"junk", 1).is_err());
         let seed = ca.issue(SEED_SERVER_NAME).unwrap();
         assert!(rank_from_cert(seed.cert()).is_err());
+    }
+
+    #[test]
+    fn certificates_are_valid_for_the_configured_lifetime_not_for_centuries() {
+        let lifetime = std::time::Duration::from_secs(48 * 3600);
+        let ca = ClusterCa::generate_valid_for(lifetime).unwrap();
+        let (_pending, csr) = PendingIdentity::generate().unwrap();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        for der in [ca.cert_der(), ca.sign_csr(&csr, 0).unwrap(), ca.issue(SEED_SERVER_NAME).unwrap().cert().clone()] {
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+            let (from, to) = (cert.validity().not_before.timestamp(), cert.validity().not_after.timestamp());
+            assert!(from <= now && from >= now - 3700, "valid from {from}, now {now}");
+            assert!((to - now - 48 * 3600).abs() <= 5, "valid until {to}, now {now}");
+        }
+        assert!(ClusterCa::generate_valid_for(std::time::Duration::from_secs(u64::MAX)).is_err());
     }
 }
