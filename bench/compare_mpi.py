@@ -35,6 +35,7 @@ MPI_RUN = [
 # (row name, MPI output label, nexar-bench arguments, bytes of the nexar row, unit)
 ROWS = [
     ("allreduce 4 KiB", "allreduce 4KiB", ["-b", "4K", "-e", "4K", "-n", "500", "-w", "50"], 4096, "us"),
+    ("allreduce 64 KiB", "allreduce 64KiB", ["-b", "64K", "-e", "64K", "-n", "300", "-w", "30"], 64 << 10, "us"),
     ("allreduce 1 MiB", "allreduce 1MiB", ["-b", "1M", "-e", "1M", "-n", "50", "-w", "5"], 1 << 20, "GB/s"),
     ("allreduce 16 MiB", "allreduce 16MiB", ["-b", "16M", "-e", "16M", "-n", "20", "-w", "5"], 16 << 20, "GB/s"),
     ("allreduce 64 MiB", "allreduce 64MiB", ["-b", "64M", "-e", "64M", "-n", "10", "-w", "3"], 64 << 20, "GB/s"),
@@ -55,10 +56,11 @@ def mpi_round(binary):
     return found
 
 
-def nexar_row(binary, args, nbytes):
+def nexar_row(binary, args, nbytes, env=None):
     """One nexar-bench run of one size: (time_us, busbw)."""
+    env = dict(os.environ, **(env or {}))
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([binary, "--np", "2", "--json", f.name] + args, capture_output=True, text=True, check=True)
+        subprocess.run([binary, "--np", "2", "--json", f.name] + args, capture_output=True, text=True, check=True, env=env)
         rows = json.load(open(f.name))
     row = next(r for r in rows if r["bytes"] == nbytes)
     if row["wrong"]:
@@ -78,6 +80,8 @@ def main():
     p.add_argument("--nexar", default=os.path.join(ROOT, "target", "release", "nexar-bench"))
     p.add_argument("--mpi", default="/tmp/baselines-build/mpi_allreduce")
     p.add_argument("--build-mpi", action="store_true", help="run the baseline script once to build the MPI binary")
+    p.add_argument("--plaintext", action="store_true",
+                   help="also run nexar with NEXAR_BULK_ENCRYPTION=off in each round (trusted fabrics only)")
     a = p.parse_args()
     if a.build_mpi:
         env = dict(os.environ, REPS="1", NPS="2", RESULTS=tempfile.mkdtemp())
@@ -85,23 +89,33 @@ def main():
     for path in (a.nexar, a.mpi):
         if not os.path.exists(path):
             sys.exit(f"{path} is missing (see this script's help)")
+    sides = [("nexar", {})]
+    if a.plaintext:
+        sides.append(("nexar plaintext", {"NEXAR_BULK_ENCRYPTION": "off"}))
     mpi = {name: [] for name, *_ in ROWS}
-    nexar = {name: [] for name, *_ in ROWS}
+    nexar = {side: {name: [] for name, *_ in ROWS} for side, _ in sides}
     for r in range(a.rounds):
         found = mpi_round(a.mpi)
         for name, label, args, nbytes, unit in ROWS:
             t, bw = found[label]
             mpi[name].append(t if unit == "us" else bw)
-            t, bw = nexar_row(a.nexar, args, nbytes)
-            nexar[name].append(t if unit == "us" else bw)
+            for side, env in sides:
+                t, bw = nexar_row(a.nexar, args, nbytes, env)
+                nexar[side][name].append(t if unit == "us" else bw)
         print(f"# round {r + 1}/{a.rounds} done", file=sys.stderr)
     print(f"# {a.rounds} alternating rounds, np 2, loopback; median (min–max); ratio > 1: nexar ahead")
-    print(f"| {'operation':<18} | unit | {'nexar':<22} | {'OpenMPI TCP':<22} | ratio |")
-    print(f"|{'-' * 20}|------|{'-' * 24}|{'-' * 24}|-------|")
+    head = "".join(f" {side:<22} |" for side, _ in sides) + f" {'OpenMPI TCP':<22} |" + "".join(
+        f" ratio{'' if side == 'nexar' else ' (plain)'} |" for side, _ in sides)
+    print(f"| {'operation':<18} | unit |{head}")
+    print(f"|{'-' * 20}|------|" + f"{'-' * 24}|" * (len(sides) + 1) + "-------|" * len(sides))
     for name, _, _, _, unit in ROWS:
-        n, m = statistics.median(nexar[name]), statistics.median(mpi[name])
-        ratio = m / n if unit == "us" else n / m
-        print(f"| {name:<18} | {unit:<4} | {fmt(nexar[name], unit):<22} | {fmt(mpi[name], unit):<22} | {ratio:.2f} |")
+        m = statistics.median(mpi[name])
+        cells = "".join(f" {fmt(nexar[side][name], unit):<22} |" for side, _ in sides)
+        ratios = ""
+        for side, _ in sides:
+            n = statistics.median(nexar[side][name])
+            ratios += f" {(m / n if unit == 'us' else n / m):.2f} |"
+        print(f"| {name:<18} | {unit:<4} |{cells} {fmt(mpi[name], unit):<22} |{ratios}")
 
 
 if __name__ == "__main__":
