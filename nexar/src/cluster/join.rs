@@ -15,7 +15,7 @@ use crate::transport::TransportError;
 use crate::transport::endpoint::{server_with_transport, with_transport};
 use crate::transport::framed::{read_message, write_message};
 use crate::transport::tls::{
-    Identity, PendingIdentity, SEED_SERVER_NAME, fingerprint, mesh_server, rank_from_cert, seed_client,
+    Identity, KeyPin, PendingIdentity, SEED_SERVER_NAME, fingerprint, key_pin, mesh_server, rank_from_cert, seed_client,
 };
 
 /// Largest seed response a worker reads (the peer table of a large cluster fits).
@@ -25,6 +25,8 @@ const MAX_SEED_RESPONSE: u64 = 16 << 20;
 pub(crate) struct Joined {
     pub rank: usize,
     pub addrs: Vec<SocketAddr>,
+    /// Each rank's key pin as the seed certified it (`None`: a rank that has left).
+    pub pins: Vec<Option<KeyPin>>,
     pub identity: Identity,
     pub ca: CertificateDer<'static>,
     pub seed: Connection,
@@ -137,7 +139,7 @@ pub(crate) async fn join(
     endpoint.set_server_config(Some(server_with_transport(mesh_server(&identity, &ca)?, cfg)));
     tracing::info!(rank, world, cluster_id, "joined; waiting for the other workers");
 
-    let addrs = wait_for_table(&mut recv, cluster_id, world, seed_addr, cfg).await?;
+    let (addrs, pins) = wait_for_table(&mut recv, cluster_id, world, seed_addr, cfg).await?;
     if addrs.len() != world as usize {
         return Err(proto(format!("the peer table lists {} ranks, the welcome said {world}", addrs.len())));
     }
@@ -145,7 +147,10 @@ pub(crate) async fn join(
         .iter()
         .map(|a| a.parse::<SocketAddr>().map_err(|_| proto(format!("peer address {a:?} does not parse"))))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Joined { rank: rank as usize, addrs, identity, ca, seed, running })
+    if pins.get(rank as usize).copied().flatten() != Some(key_pin(identity.cert())?) {
+        return Err(proto(format!("the peer table does not pin this worker's own key for rank {rank}")));
+    }
+    Ok(Joined { rank: rank as usize, addrs, pins, identity, ca, seed, running })
 }
 
 /// Reads the seed's progress notes until it publishes the peer table. A worker that gives up
@@ -156,7 +161,7 @@ async fn wait_for_table(
     world: u32,
     seed_addr: SocketAddr,
     cfg: &NexarConfig,
-) -> Result<Vec<String>, ClusterError> {
+) -> Result<(Vec<String>, Vec<Option<KeyPin>>), ClusterError> {
     let proto = |reason: String| ClusterError::SeedProtocol { seed: seed_addr, reason };
     let deadline = tokio::time::Instant::now() + cfg.join_timeout;
     let (mut joined, mut refused) = (0u32, Vec::new());
@@ -183,7 +188,21 @@ async fn wait_for_table(
             other => other.map_err(|e| proto(e.to_string()))?,
         };
         match next {
-            Some(SeedResponse::PeerTable { cluster_id: id, addrs }) if id == cluster_id => return Ok(addrs),
+            Some(SeedResponse::PeerTable { cluster_id: id, addrs, keys }) if id == cluster_id => {
+                if keys.len() != addrs.len() {
+                    return Err(proto(format!("a peer table of {} ranks with {} key pins", addrs.len(), keys.len())));
+                }
+                let pins = keys
+                    .iter()
+                    .map(|k| match k.len() {
+                        0 => Ok(None),
+                        _ => {
+                            KeyPin::try_from(&k[..]).map(Some).map_err(|_| proto(format!("a {}-byte key pin", k.len())))
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                return Ok((addrs, pins));
+            }
             Some(SeedResponse::Progress { joined: j, refused: r, .. }) => {
                 tracing::debug!(joined = j, world, refused = ?r, "waiting for the other workers");
                 (joined, refused) = (j, r);

@@ -17,7 +17,7 @@ use crate::config::NexarConfig;
 use crate::proto::topology::Topology;
 use crate::transport::endpoint::with_transport;
 use crate::transport::link::{LaneSenders, PeerLink};
-use crate::transport::tls::{Identity, mesh_client, rank_from_cert, rank_server_name};
+use crate::transport::tls::{Identity, KeyPin, key_pin, mesh_client, rank_from_cert, rank_server_name};
 
 /// QUIC close code for a connection the acceptor refuses.
 const CLOSE_REFUSED: u32 = 3;
@@ -42,6 +42,9 @@ pub(crate) struct MeshSetup<'a> {
     /// died (the seed learns of that only when its own connection to it times out), so it is
     /// left out instead of failing the join.
     pub late: bool,
+    /// Each rank's key pin from the seed's peer table (`None`, or no entry: not pinned; a
+    /// static or in-process cluster, or a rank that joins later).
+    pub pins: &'a [Option<KeyPin>],
 }
 
 /// A formed mesh: one link per other rank, the task that keeps accepting (ranks that join
@@ -59,16 +62,37 @@ pub(crate) fn is_absent(addr: &SocketAddr) -> bool {
 
 /// The rank an authenticated connection's client certificate is bound to.
 fn peer_rank(conn: &Connection) -> Result<u32, String> {
+    rank_from_cert(&peer_leaf(conn)?).map_err(|e| e.to_string())
+}
+
+/// Whether the connection's peer holds the key the seed certified for `peer`, where the peer
+/// table pins one.
+fn check_pin(pins: &[Option<KeyPin>], peer: usize, conn: &Connection) -> Result<(), String> {
+    let Some(Some(pinned)) = pins.get(peer) else { return Ok(()) };
+    let leaf = peer_leaf(conn)?;
+    let key = key_pin(&leaf).map_err(|e| e.to_string())?;
+    if &key == pinned {
+        Ok(())
+    } else {
+        Err(format!(
+            "its certificate for rank {peer} holds another key than the one the seed certified for that rank \
+             (an older certificate, from a worker that left before the cluster formed?)"
+        ))
+    }
+}
+
+/// The leaf certificate an authenticated connection's peer presented.
+fn peer_leaf(conn: &Connection) -> Result<CertificateDer<'static>, String> {
     let identity = conn.peer_identity().ok_or("no certificate presented")?;
     let certs = identity.downcast::<Vec<CertificateDer<'static>>>().map_err(|_| "unexpected peer identity type")?;
-    let leaf = certs.first().ok_or("empty certificate chain")?;
-    rank_from_cert(leaf).map_err(|e| e.to_string())
+    certs.first().cloned().ok_or_else(|| "empty certificate chain".to_string())
 }
 
 /// Connects `setup.rank` to every other rank. Returns once all `world - 1` links are up, or
 /// fails naming the ranks that are missing when `cfg.mesh_timeout` runs out.
 pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Result<Mesh, ClusterError> {
-    let MeshSetup { rank, addrs, identity, ca, cfg, lanes, capacity, elastic, topology, late } = setup;
+    let MeshSetup { rank, addrs, identity, ca, cfg, lanes, capacity, elastic, topology, late, pins } = setup;
+    let pins: Arc<Vec<Option<KeyPin>>> = Arc::new(pins.to_vec());
     let world = addrs.len();
     let deadline = Instant::now() + cfg.mesh_timeout;
     let mesh_err = |reason: String| ClusterError::Mesh { rank, reason };
@@ -83,7 +107,7 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
     let expected: Arc<Mutex<Vec<bool>>> = Arc::new(Mutex::new((0..capacity.max(world)).map(expect).collect()));
     let (accepted_tx, mut accepted_rx) = mpsc::channel::<(u32, Connection)>(world.max(16));
     let acceptor = tokio::spawn(
-        accept_peers(endpoint.clone(), expected.clone(), accepted_tx, cfg.connect_timeout)
+        accept_peers(endpoint.clone(), expected.clone(), pins.clone(), accepted_tx, cfg.connect_timeout)
             .instrument(tracing::debug_span!("acceptor", rank)),
     );
 
@@ -107,6 +131,13 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
             Some(done) = dials.join_next(), if !dials.is_empty() => {
                 let (peer, result) = done.map_err(|e| mesh_err(format!("a dial task failed: {e}")))?;
                 missing -= 1;
+                let result = result.and_then(|conn| match check_pin(&pins, peer, &conn) {
+                    Ok(()) => Ok(conn),
+                    Err(why) => {
+                        conn.close(CLOSE_REFUSED.into(), b"not the key the seed certified");
+                        Err(format!("rank {rank} dialled rank {peer}: {why}"))
+                    }
+                });
                 match result {
                     Ok(conn) => links[peer] = Some(spawn_link(peer, conn)),
                     Err(reason) if late => tracing::warn!(rank, peer, %reason, "left out a listed rank that did not answer"),
@@ -212,12 +243,13 @@ async fn dial(
 async fn accept_peers(
     endpoint: Endpoint,
     expected: Arc<Mutex<Vec<bool>>>,
+    pins: Arc<Vec<Option<KeyPin>>>,
     accepted: mpsc::Sender<(u32, Connection)>,
     handshake_limit: Duration,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
-        let (expected, accepted) = (expected.clone(), accepted.clone());
+        let (expected, accepted, pins) = (expected.clone(), accepted.clone(), pins.clone());
         tokio::spawn(
             async move {
                 let conn = match tokio::time::timeout(handshake_limit, incoming).await {
@@ -239,6 +271,11 @@ async fn accept_peers(
                         return;
                     }
                 };
+                if let Err(why) = check_pin(&pins, peer as usize, &conn) {
+                    tracing::warn!(%remote, peer, %why, "refused a peer connection");
+                    conn.close(CLOSE_REFUSED.into(), b"not the key the seed certified");
+                    return;
+                }
                 let admit = {
                     let mut exp = crate::sync::lock(&expected);
                     match exp.get_mut(peer as usize) {
@@ -256,5 +293,54 @@ async fn accept_peers(
             }
             .in_current_span(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::endpoint::{bind, server_with_transport, with_transport};
+    use crate::transport::tls::{ClusterCa, mesh_server};
+
+    /// A peer presenting a valid certificate for rank 1 is admitted as rank 1 only if the key
+    /// in it is the one the peer table pins for rank 1 (or nothing is pinned).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_key_the_seed_certified_passes_for_a_pinned_rank() {
+        let cfg = NexarConfig::default();
+        let ca = ClusterCa::generate().unwrap();
+        let ca_der = ca.cert_der();
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let (listener, dialler) = (ca.issue(&rank_server_name(0)).unwrap(), ca.issue(&rank_server_name(1)).unwrap());
+        // The same rank's certificate with another key: what a worker that left before the
+        // cluster formed still holds.
+        let stale = ca.issue(&rank_server_name(1)).unwrap();
+        let server =
+            bind(loopback, &cfg, Some(server_with_transport(mesh_server(&listener, &ca_der).unwrap(), &cfg))).unwrap();
+        let at = server.local_addr().unwrap();
+        let accepting = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            for _ in 0..2 {
+                conns.push(server.accept().await.unwrap().await.unwrap());
+            }
+            (server, conns)
+        });
+        let client = bind(loopback, &cfg, None).unwrap();
+        let mut dialled = Vec::new();
+        for id in [&dialler, &stale] {
+            let config = with_transport(mesh_client(id, &ca_der).unwrap(), &cfg);
+            dialled.push(client.connect_with(config, at, &rank_server_name(0)).unwrap().await.unwrap());
+        }
+        let (_server, accepted) = accepting.await.unwrap();
+        let pins = [Some(key_pin(listener.cert()).unwrap()), Some(key_pin(dialler.cert()).unwrap())];
+        // The acceptor's view: both present rank 1, only one holds the pinned key.
+        let verdicts: Vec<bool> = accepted.iter().map(|c| check_pin(&pins, 1, c).is_ok()).collect();
+        assert_eq!(verdicts.iter().filter(|ok| **ok).count(), 1, "{verdicts:?}");
+        let refused = accepted.iter().find_map(|c| check_pin(&pins, 1, c).err()).unwrap();
+        assert!(refused.contains("another key than the one the seed certified"), "{refused}");
+        // Unpinned (static clusters, later joiners): both pass.
+        assert!(accepted.iter().all(|c| check_pin(&[None, None], 1, c).is_ok() && check_pin(&[], 1, c).is_ok()));
+        // The dialler's view of the listener.
+        assert!(check_pin(&pins, 0, &dialled[0]).is_ok());
+        assert!(check_pin(&[Some(key_pin(stale.cert()).unwrap())], 0, &dialled[0]).is_err());
     }
 }

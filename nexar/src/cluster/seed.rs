@@ -16,7 +16,7 @@ use crate::config::NexarConfig;
 use crate::proto::frame::MAX_JOIN_FRAME;
 use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
 use crate::transport::framed::{read_message, write_message};
-use crate::transport::tls::{ClusterCa, SEED_SERVER_NAME, seed_server};
+use crate::transport::tls::{ClusterCa, KeyPin, SEED_SERVER_NAME, key_pin_of_request, seed_server};
 use crate::transport::{TransportError, endpoint};
 
 /// QUIC close code for a refused join.
@@ -84,6 +84,8 @@ struct Slots {
     addrs: Vec<Option<SocketAddr>>,
     /// For each rank a worker asked for by its launcher's number, the variable it read it from.
     claimed_by: Vec<Option<String>>,
+    /// The pin of each rank's certified key, set with its address.
+    keys: Vec<Option<KeyPin>>,
     formed: bool,
 }
 
@@ -91,6 +93,20 @@ impl Slots {
     /// The peer table as it stands: ranks that left are listed with port 0.
     fn table(&self) -> Vec<SocketAddr> {
         self.addrs.iter().map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))).collect()
+    }
+
+    /// Each rank's key pin as the peer table lists it (empty: none).
+    fn pins(&self, ranks: usize) -> Vec<Vec<u8>> {
+        (0..ranks).map(|r| self.keys.get(r).copied().flatten().map(|k| k.to_vec()).unwrap_or_default()).collect()
+    }
+
+    /// Takes `rank` for a worker at `addr` whose key has pin `key`.
+    fn occupy(&mut self, rank: usize, addr: SocketAddr, key: KeyPin) {
+        if self.keys.len() <= rank {
+            self.keys.resize(rank + 1, None);
+        }
+        self.addrs[rank] = Some(addr);
+        self.keys[rank] = Some(key);
     }
 }
 
@@ -154,7 +170,12 @@ impl SeedNode {
             cluster_id: rand::random(),
             world,
             cfg: config,
-            slots: Mutex::new(Slots { addrs: vec![None; world], claimed_by: vec![None; world], formed: false }),
+            slots: Mutex::new(Slots {
+                addrs: vec![None; world],
+                claimed_by: vec![None; world],
+                keys: vec![None; world],
+                formed: false,
+            }),
             table: watch::channel(None).0,
             members: watch::channel(0).0,
             bulk_encryption: Mutex::new(None),
@@ -337,7 +358,11 @@ async fn serve_connection(
     if listen.ip().is_unspecified() {
         listen.set_ip(remote.ip());
     }
-    let (rank, world, running) = match claim_slot(shared, listen, &claim) {
+    let key = match key_pin_of_request(&csr_der) {
+        Ok(key) => key,
+        Err(e) => return Err(reject(shared, &conn, &mut send, e.to_string()).await),
+    };
+    let (rank, world, running) = match claim_slot(shared, listen, key, &claim) {
         Ok(r) => r,
         Err(reason) => return Err(reject(shared, &conn, &mut send, reason).await),
     };
@@ -483,8 +508,12 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
         // Coalesce notes, but not at the table's expense.
         let _ = tokio::time::timeout(PROGRESS_EVERY, async { table.wait_for(|t| t.is_some()).await.is_ok() }).await;
     };
-    let msg =
-        SeedResponse::PeerTable { cluster_id: shared.cluster_id, addrs: addrs.iter().map(|a| a.to_string()).collect() };
+    let keys = crate::sync::lock(&shared.slots).pins(addrs.len());
+    let msg = SeedResponse::PeerTable {
+        cluster_id: shared.cluster_id,
+        addrs: addrs.iter().map(|a| a.to_string()).collect(),
+        keys,
+    };
     write_message(send, &msg).await.map_err(|e| format!("rank {rank} lost before the peer table: {e}"))?;
     conn.closed().await;
     tracing::debug!(rank, "worker disconnected from the seed");
@@ -495,7 +524,12 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
 /// Gives a joining worker its rank: a free one while the cluster forms, a new one after (up to
 /// `max_world_size` ranks ever). Returns the rank, the world size it joins, and whether the
 /// cluster is already running.
-fn claim_slot(shared: &Shared, addr: SocketAddr, claim: &RankClaim) -> Result<(usize, usize, bool), String> {
+fn claim_slot(
+    shared: &Shared,
+    addr: SocketAddr,
+    key: KeyPin,
+    claim: &RankClaim,
+) -> Result<(usize, usize, bool), String> {
     let mut slots = crate::sync::lock(&shared.slots);
     if let Some(world) = claim.world_size
         && world as usize != shared.world
@@ -507,22 +541,23 @@ fn claim_slot(shared: &Shared, addr: SocketAddr, claim: &RankClaim) -> Result<(u
         ));
     }
     if let Some(wanted) = claim.rank {
-        return claim_named_slot(shared, &mut slots, addr, wanted as usize, claim);
+        return claim_named_slot(shared, &mut slots, (addr, key), wanted as usize, claim);
     }
     if slots.formed {
         let max = shared.cfg.max_world_size;
         if slots.addrs.len() >= max {
             return Err(format!("the cluster has reached its maximum size of {max} ranks (NEXAR_MAX_WORLD_SIZE)"));
         }
-        slots.addrs.push(Some(addr));
+        slots.addrs.push(None);
         let rank = slots.addrs.len() - 1;
+        slots.occupy(rank, addr, key);
         tracing::info!(rank, "a worker joins the running cluster");
         return Ok((rank, slots.addrs.len(), true));
     }
     let Some(rank) = slots.addrs.iter().position(Option::is_none) else {
         return Err(format!("the cluster is full (world size {})", shared.world));
     };
-    slots.addrs[rank] = Some(addr);
+    slots.occupy(rank, addr, key);
     publish_if_complete(shared, &mut slots);
     Ok((rank, shared.world, false))
 }
@@ -532,7 +567,7 @@ fn claim_slot(shared: &Shared, addr: SocketAddr, claim: &RankClaim) -> Result<(u
 fn claim_named_slot(
     shared: &Shared,
     slots: &mut Slots,
-    addr: SocketAddr,
+    (addr, key): (SocketAddr, KeyPin),
     rank: usize,
     claim: &RankClaim,
 ) -> Result<(usize, usize, bool), String> {
@@ -550,7 +585,7 @@ fn claim_named_slot(
     if slots.formed {
         return Err(format!("this worker read {var}={rank}, but the cluster has formed and rank {rank} has left it"));
     }
-    slots.addrs[rank] = Some(addr);
+    slots.occupy(rank, addr, key);
     slots.claimed_by[rank] = Some(var.clone());
     publish_if_complete(shared, slots);
     Ok((rank, shared.world, false))
@@ -574,6 +609,9 @@ fn publish_if_complete(shared: &Shared, slots: &mut Slots) {
 fn release_slot(shared: &Shared, rank: usize) {
     let mut slots = crate::sync::lock(&shared.slots);
     slots.addrs[rank] = None;
+    if let Some(key) = slots.keys.get_mut(rank) {
+        *key = None;
+    }
     if !slots.formed {
         let joined = slots.addrs.iter().filter(|a| a.is_some()).count();
         shared.progress.send_modify(|p| p.joined = joined);

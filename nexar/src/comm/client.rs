@@ -150,6 +150,14 @@ impl std::fmt::Debug for NexarClient {
     }
 }
 
+/// A rank's join through a seed: the connection it keeps to the seed, whether the cluster was
+/// already running, and the peer table's key pins (each rank admitted only with its own key).
+pub(crate) struct SeedSession {
+    pub conn: Connection,
+    pub running: bool,
+    pub pins: Vec<Option<crate::transport::tls::KeyPin>>,
+}
+
 impl NexarClient {
     /// Forms an `n`-rank cluster inside this process, connected by real, encrypted QUIC on
     /// 127.0.0.1, and returns one client per rank (index = rank).
@@ -253,7 +261,7 @@ impl NexarClient {
             &joined.identity,
             &joined.ca,
             config,
-            Some((joined.seed, joined.running)),
+            Some(SeedSession { conn: joined.seed, running: joined.running, pins: joined.pins }),
         )
         .await?;
         Ok(client)
@@ -321,12 +329,13 @@ impl NexarClient {
         identity: &Identity,
         ca: &CertificateDer<'static>,
         cfg: NexarConfig,
-        seed: Option<(Connection, bool)>,
+        seed: Option<SeedSession>,
     ) -> Result<NexarClient, ClusterError> {
-        // Joined through a seed (elastic), and whether the cluster was already running then.
-        let (seed, running) = match seed {
-            Some((conn, running)) => (Some(conn), running),
-            None => (None, false),
+        // Joined through a seed (elastic), whether the cluster was already running then, and
+        // the keys the seed certified.
+        let (seed, running, pins) = match seed {
+            Some(SeedSession { conn, running, pins }) => (Some(conn), running, pins),
+            None => (None, false, Vec::new()),
         };
         match rank_from_cert(identity.cert()) {
             Ok(bound) if bound as usize == rank => {}
@@ -385,6 +394,7 @@ impl NexarClient {
             elastic,
             topology,
             late: running,
+            pins: &pins,
         };
         let mesh = cluster::form_mesh(&endpoint, setup).await?;
         let mut late = mesh.late;

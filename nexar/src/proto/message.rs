@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::frame::FrameError;
 
 /// Version of the join protocol; a seed refuses workers that speak another.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// What a worker sends the seed on its join stream.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -96,6 +96,9 @@ pub enum SeedResponse {
         cluster_id: u64,
         /// Listening address of every rank.
         addrs: Vec<String>,
+        /// Each rank's key pin (SHA-256 of the public key the seed certified for it), in rank
+        /// order; empty for a rank that has left.
+        keys: Vec<Vec<u8>>,
     },
     /// The seed's proof that it knows the job's shared secret, sent first on a
     /// [`JoinAuth::SharedSecret`] join.
@@ -341,7 +344,7 @@ mod tests {
 
         #[test]
         fn mutated_messages_never_panic_the_decoders(flip in 0usize..64, xor in 1u8..=255) {
-            let m = SeedResponse::PeerTable { cluster_id: 9, addrs: vec!["127.0.0.1:1".into(), "[::1]:2".into()] };
+            let m = SeedResponse::PeerTable { cluster_id: 9, addrs: vec!["127.0.0.1:1".into(), "[::1]:2".into()], keys: vec![vec![7; 32], Vec::new()] };
             let mut bytes = encode(&m).unwrap().to_vec();
             let i = flip % bytes.len();
             bytes[i] ^= xor;

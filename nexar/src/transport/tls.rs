@@ -30,6 +30,35 @@ pub fn rank_server_name(rank: u32) -> String {
     format!("rank-{rank}.nexar")
 }
 
+/// A key's pin: SHA-256 of the public key a certificate (or a signing request) carries. The
+/// seed lists each rank's pin in the peer table, so that only the holder of the key the seed
+/// certified for a rank is admitted as that rank, even by a peer that also holds an older,
+/// still valid certificate for the same rank (a worker that left before the cluster formed).
+pub type KeyPin = [u8; 32];
+
+/// The pin of the key in a certificate (DER).
+///
+/// ```
+/// use nexar::transport::tls::{ClusterCa, key_pin};
+/// let ca = ClusterCa::generate().unwrap();
+/// let (a, b) = (ca.issue("rank-0.nexar").unwrap(), ca.issue("rank-0.nexar").unwrap());
+/// assert_ne!(key_pin(a.cert()).unwrap(), key_pin(b.cert()).unwrap(), "two keys, two pins");
+/// ```
+pub fn key_pin(cert_der: &[u8]) -> Result<KeyPin, TransportError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
+        .map_err(|e| TransportError::Tls(format!("unparsable certificate: {e}")))?;
+    Ok(fingerprint(&cert.public_key().subject_public_key.data))
+}
+
+/// The pin of the key in a certificate signing request (DER): equal to [`key_pin`] of the
+/// certificate signed from it.
+pub fn key_pin_of_request(csr_der: &[u8]) -> Result<KeyPin, TransportError> {
+    use x509_parser::prelude::FromDer;
+    let (_, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
+        .map_err(|e| TransportError::Tls(format!("unparsable certificate signing request: {e}")))?;
+    Ok(fingerprint(&csr.certification_request_info.subject_pki.subject_public_key.data))
+}
+
 /// The rank a certificate is bound to, read from its subject alternative name.
 pub fn rank_from_cert(der: &[u8]) -> Result<u32, TransportError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der)
