@@ -142,3 +142,23 @@ async fn one_member_declaring_a_rank_dead_does_not_exclude_it_but_most_of_its_pe
     let why = ranks[0].inner.health.excluded().unwrap();
     assert!(why.contains("2 of this rank's 3 peers cut it"), "{why}");
 }
+
+/// A member may open only a few streams towards a rank at once (a link uses one per lane), so
+/// it cannot push many messages at once into the rank's memory, each up to the message limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cannot_open_more_streams_than_a_link_uses() {
+    let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+    let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    let mut opened = Vec::new();
+    let limit = 2 * crate::transport::link::Lane::COUNT;
+    for _ in 0..limit + 4 {
+        match tokio::time::timeout(Duration::from_millis(300), conn.open_uni()).await {
+            // The peer's limit is known here: opening past it waits for credit.
+            Ok(Ok(s)) => opened.push(s),
+            Ok(Err(e)) => panic!("{e}"),
+            Err(_) => break,
+        }
+    }
+    assert!(opened.len() <= limit, "{} streams opened at once", opened.len());
+    assert!(tokio::time::timeout(Duration::from_millis(300), conn.open_bi()).await.is_err(), "a bidirectional stream");
+}

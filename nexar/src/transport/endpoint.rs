@@ -11,8 +11,11 @@ use crate::config::NexarConfig;
 
 /// Largest UDP payload nexar sends; GSO batches of 10 such datagrams stay under 64 KiB.
 pub const MAX_UDP_PAYLOAD: u16 = 6500;
-/// Streams a peer may open towards us at once (one per lane and direction is what we use).
-const MAX_STREAMS: u32 = 256;
+/// Unidirectional streams a peer may open towards us at once. A link keeps one per lane and
+/// direction for its life; twice that leaves room for a stream that is being replaced, and no
+/// more, since each open stream may be carrying a message of up to `max_message_bytes` into
+/// this rank's memory. A link opens no bidirectional streams.
+const MAX_UNI_STREAMS: u32 = 2 * crate::transport::link::Lane::COUNT as u32;
 /// Initial congestion window in bytes.
 const INITIAL_WINDOW: u64 = 1 << 20;
 /// Acknowledge every 16 ack-eliciting packets instead of every 2.
@@ -24,8 +27,8 @@ pub fn transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
     let idle = IdleTimeout::try_from(cfg.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX));
     t.max_idle_timeout(Some(idle));
     t.keep_alive_interval(Some(cfg.idle_timeout / 5));
-    t.max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS));
-    t.max_concurrent_bidi_streams(VarInt::from_u32(MAX_STREAMS));
+    t.max_concurrent_uni_streams(VarInt::from_u32(MAX_UNI_STREAMS));
+    t.max_concurrent_bidi_streams(VarInt::from_u32(0));
     let mut mtu = MtuDiscoveryConfig::default();
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
