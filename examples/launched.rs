@@ -14,7 +14,9 @@
 //! `LAUNCHED_LEN` sets the vector's length (default 1 Mi elements). To see how a job reports a
 //! failed rank: `LAUNCHED_FAIL_RANK=r` makes rank `r` exit with code 3 after joining,
 //! `LAUNCHED_QUIT_RANK=r` makes it return an error (dropping its client without `shutdown()`),
-//! and `LAUNCHED_PANIC_RANK=r` makes it panic.
+//! and `LAUNCHED_PANIC_RANK=r` makes it panic. `LAUNCHED_HOLD_DIR=d` makes every rank write
+//! its pid to `d/pid.RANK` once joined and then wait (to see what becomes of ranks whose
+//! launcher is killed).
 
 use nexar::prelude::*;
 
@@ -54,6 +56,14 @@ async fn run() -> Result<(), NexarError> {
     }
     if rank_var("LAUNCHED_PANIC_RANK") {
         panic!("rank {me} panics on purpose (LAUNCHED_PANIC_RANK)");
+    }
+    if let Ok(dir) = std::env::var("LAUNCHED_HOLD_DIR") {
+        let file = std::path::Path::new(&dir).join(format!("pid.{me}"));
+        if let Err(e) = std::fs::write(&file, std::process::id().to_string()) {
+            eprintln!("rank {me}: cannot write {}: {e}", file.display());
+            std::process::exit(4);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(600)).await;
     }
     // Rank r contributes r + 1 in every element: the sum is 1 + 2 + … + world.
     let mut data: Buf<f64> = Buf::from_vec(vec![(me + 1) as f64; len]);

@@ -204,6 +204,35 @@ fn sigint_to_nexar_launch_leaves_no_rank_behind() {
 }
 
 #[test]
+fn ranks_end_with_a_nexar_launch_that_is_killed_with_sigkill() {
+    let dir = std::env::temp_dir().join(format!("nexar-launch-sigkill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hold = [("LAUNCHED_HOLD_DIR", dir.display().to_string())];
+    let child = clean(nexar(), &hold).args(["launch", "-n", "3"]).arg(launched()).spawn().unwrap();
+    let started = Instant::now();
+    while (0..3).any(|r| !dir.join(format!("pid.{r}")).exists()) {
+        assert!(started.elapsed() < PROCESS_LIMIT, "the ranks did not form and hold");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids: Vec<String> =
+        (0..3).map(|r| std::fs::read_to_string(dir.join(format!("pid.{r}"))).unwrap().trim().to_string()).collect();
+    // No handler of the launcher's runs: only the kernel can tell the ranks.
+    let launch_pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(launch_pid, rustix::process::Signal::KILL).unwrap();
+    let out = wait(child, "nexar launch");
+    assert_eq!(out.status.code(), None, "killed by a signal");
+    let alive =
+        |pid: &String| std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "));
+    let ended = Instant::now();
+    while pids.iter().any(alive) {
+        let left: Vec<&String> = pids.iter().filter(|p| alive(p)).collect();
+        assert!(ended.elapsed() < PROCESS_LIMIT, "ranks {left:?} outlived their launcher");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn torchrun_variables_form_the_cluster() {
     let port = free_port();
     assert_formed(&run_ranks(|r| torchrun_vars(r, port)), "torchrun");

@@ -343,6 +343,10 @@ pub fn detect_env() -> Result<Option<LaunchEnv>, LauncherError> {
 }
 
 /// The first port of the range from which SLURM jobs' seed ports are derived.
+/// The variable in which `nexar launch` tells each rank its own process id, so that a rank
+/// whose parent it is can end when it does.
+pub const LAUNCH_PID_VAR: &str = "NEXAR_LAUNCH_PID";
+
 const SLURM_PORT_BASE: u16 = 20_000;
 /// How many ports that range spans.
 const SLURM_PORT_SPAN: u64 = 20_000;

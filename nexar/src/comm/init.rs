@@ -94,6 +94,9 @@ impl NexarClient {
             return Ok(client);
         };
         tracing::info!("nexar init: launched by {}", env.describe());
+        if env.launcher == Launcher::NexarLaunch {
+            end_with_the_launcher();
+        }
         let (credentials, seed) = match env.launcher {
             Launcher::Explicit => {
                 let token =
@@ -203,6 +206,30 @@ async fn host_seed(env: &LaunchEnv, config: &NexarConfig, secret: &SharedSecret)
     })?;
     tracing::info!(addr = %seed.local_addr(), world, "rank 0 hosts the seed");
     Ok(seed)
+}
+
+/// Under `nexar launch`: asks the kernel to send this process SIGTERM when the launcher that
+/// started it ends, however it ends (a `kill -9` of the launcher included, which no signal
+/// handler of its sees), so no rank is left behind. Only when the launcher is this process's
+/// own parent: a rank started through a wrapper (a shell script) is reached by the launcher's
+/// signals to the process group instead.
+fn end_with_the_launcher() {
+    let launcher = std::env::var(launcher::LAUNCH_PID_VAR).ok().and_then(|v| v.parse::<i32>().ok());
+    let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
+    match (launcher, parent) {
+        (Some(launcher), Some(parent)) if launcher == parent => {
+            match rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM)) {
+                // The launcher may have ended between the two calls: then the signal never comes.
+                Ok(()) if rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(launcher) => {
+                    tracing::error!(launcher, "the nexar launch that started this rank has ended; so does this rank");
+                    std::process::exit(143);
+                }
+                Ok(()) => tracing::debug!(launcher, "this rank ends with its launcher"),
+                Err(e) => tracing::warn!(launcher, error = %e, "could not tie this rank's life to its launcher's"),
+            }
+        }
+        _ => tracing::debug!(?launcher, ?parent, "nexar launch is not this rank's parent (a wrapper runs it)"),
+    }
 }
 
 /// The loopback address of the same family and port.

@@ -90,6 +90,8 @@ pub async fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error
             .env("NEXAR_LAUNCH_LOCAL_RANK", local.to_string())
             .env("NEXAR_LAUNCH_LOCAL_WORLD_SIZE", args.nproc.to_string())
             .env("NEXAR_LAUNCH_SEED", &seed)
+            // A rank whose parent this is ends with it, even if it is killed with SIGKILL.
+            .env(nexar::cluster::launcher::LAUNCH_PID_VAR, std::process::id().to_string())
             // A seed address and token set by hand would take precedence in `init`.
             .env_remove("NEXAR_SEED_ADDR")
             .env_remove("NEXAR_TOKEN")
