@@ -162,3 +162,41 @@ async fn a_member_cannot_open_more_streams_than_a_link_uses() {
     assert!(opened.len() <= limit, "{} streams opened at once", opened.len());
     assert!(tokio::time::timeout(Duration::from_millis(300), conn.open_bi()).await.is_err(), "a bidirectional stream");
 }
+
+/// A member announces two 40 MiB messages on the data lane over two streams of its own: the
+/// first is read as it comes; the second is not read until the first is handed over (the
+/// lane's 64 MiB in-flight budget), so QUIC's flow control holds the member instead of this
+/// rank's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
+    use crate::proto::frame::{message_frame, raw_header};
+    use crate::proto::message::encode;
+    let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+    let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    let len: u64 = 40 << 20;
+    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag: 77, dtype: nexar_types::DType::U8.to_wire(), count: len };
+    let head = [message_frame(&encode(&msg).unwrap()).to_vec(), raw_header(len).to_vec()].concat();
+    let chunk = vec![7u8; 1 << 20];
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let mut s = conn.open_uni().await.unwrap();
+        s.write_all(&head).await.unwrap();
+        streams.push(s);
+    }
+    // Whichever stream the receiver takes first holds 40 MiB of the lane's budget and is read
+    // as its bytes come; the other waits for the budget, is not read, and its writer stalls.
+    let mut writers = tokio::task::JoinSet::new();
+    for (i, mut s) in streams.into_iter().enumerate() {
+        let chunk = chunk.clone();
+        writers.spawn(async move {
+            for _ in 0..8 {
+                s.write_all(&chunk).await.unwrap();
+            }
+            (i, s)
+        });
+    }
+    let first = tokio::time::timeout(Duration::from_secs(60), writers.join_next()).await;
+    assert!(first.is_ok(), "neither message was read as it came");
+    let second = tokio::time::timeout(Duration::from_secs(2), writers.join_next()).await;
+    assert!(second.is_err(), "a second 40 MiB message was read beside the first: over the lane's budget");
+}

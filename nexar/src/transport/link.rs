@@ -607,15 +607,32 @@ async fn write_lane(
     }
 }
 
+/// Payload bytes a peer may have on their way into this rank at once on one lane, over all
+/// its streams: read but not yet handed to a mailbox or a collective. A message larger than
+/// this still goes through, alone, so no size the message limit allows waits for ever. Each
+/// lane has its own budget, so a lane that waits for its mailbox (unmatched messages) never
+/// holds up another lane's messages, as before.
+pub const INFLIGHT_BYTES_PER_LANE: u64 = 64 << 20;
+/// The budget's unit.
+const INFLIGHT_UNIT: u64 = 64 << 10;
+
+/// The budget's units a `len`-byte payload takes.
+fn inflight_units(len: u64) -> u32 {
+    len.div_ceil(INFLIGHT_UNIT).min(INFLIGHT_BYTES_PER_LANE / INFLIGHT_UNIT) as u32
+}
+
 async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64) {
+    let units = (INFLIGHT_BYTES_PER_LANE / INFLIGHT_UNIT) as usize;
+    let budget: Arc<[tokio::sync::Semaphore; Lane::COUNT]> =
+        Arc::new(std::array::from_fn(|_| tokio::sync::Semaphore::new(units)));
     loop {
         match conn.accept_uni().await {
             Ok(recv) => {
                 let conn = conn.clone();
-                let lanes = lanes.clone();
+                let (lanes, budget) = (lanes.clone(), budget.clone());
                 tokio::spawn(
                     async move {
-                        if let Err(error) = read_stream(recv, peer, &lanes, max_payload).await {
+                        if let Err(error) = read_stream(recv, peer, &lanes, max_payload, &budget).await {
                             tracing::error!(peer, %error, "closing the connection: the peer broke the wire protocol");
                             conn.close(CLOSE_PROTOCOL_VIOLATION.into(), error.to_string().as_bytes());
                         }
@@ -633,7 +650,13 @@ async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64
 
 /// Reads frames from one stream until it ends. Only protocol violations are errors; a stream
 /// that closes mid-frame because the connection went away ends quietly.
-async fn read_stream(mut recv: RecvStream, peer: u32, lanes: &LaneSenders, max_payload: u64) -> Result<(), FrameError> {
+async fn read_stream(
+    mut recv: RecvStream,
+    peer: u32,
+    lanes: &LaneSenders,
+    max_payload: u64,
+    budget: &[tokio::sync::Semaphore; Lane::COUNT],
+) -> Result<(), FrameError> {
     loop {
         let msg: PeerMsg = match next_message(&mut recv).await {
             Ok(Some(m)) => m,
@@ -641,6 +664,7 @@ async fn read_stream(mut recv: RecvStream, peer: u32, lanes: &LaneSenders, max_p
             Err(ReadFrameError::Closed(_)) => return Ok(()),
             Err(ReadFrameError::Frame(e)) => return Err(e),
         };
+        let mut held = None;
         let payload = match announced_payload(&msg, max_payload)? {
             None => Payload::default(),
             Some((expected, limit)) => match read_header(&mut recv, limit).await {
@@ -648,6 +672,12 @@ async fn read_stream(mut recv: RecvStream, peer: u32, lanes: &LaneSenders, max_p
                     h.expect(FrameKind::Raw)?;
                     if h.len != expected {
                         return Err(raw_length_disagrees(expected, h.len));
+                    }
+                    // Until the budget has room, this stream is not read, and QUIC's flow
+                    // control holds the peer.
+                    match budget[Lane::of(&msg) as usize].acquire_many(inflight_units(h.len)).await {
+                        Ok(permit) => held = Some(permit),
+                        Err(_) => return Ok(()),
                     }
                     match Payload::read(&mut recv, h.len).await {
                         Ok(p) => p,
@@ -659,7 +689,9 @@ async fn read_stream(mut recv: RecvStream, peer: u32, lanes: &LaneSenders, max_p
                 Err(ReadFrameError::Frame(e)) => return Err(e),
             },
         };
-        if lanes.deliver(Incoming { from: peer, msg, payload }).await.is_err() {
+        let delivered = lanes.deliver(Incoming { from: peer, msg, payload }).await;
+        drop(held);
+        if delivered.is_err() {
             return Ok(());
         }
     }
