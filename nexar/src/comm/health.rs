@@ -312,11 +312,19 @@ impl Inner {
     /// rank really was stalled or cut off. Until then it counts `peer` as gone (their link is
     /// gone either way) and tells the others, who check `peer` for themselves.
     fn declared_dead_by(&self, peer: usize, why: &str) {
-        let peers = self.links.iter().count();
-        let votes = {
+        let (votes, peers) = {
             let mut v = self.health.lock();
             v.declared_me_dead.insert(peer, why.to_string());
-            v.declared_me_dead.len()
+            // The peers that count: those this rank still holds alive, and those that cut it
+            // (which it may since have counted as gone). Ranks long dead have no say, so a
+            // rank stalled among few survivors still learns that it was left.
+            let peers = self
+                .links
+                .iter()
+                .map(|l| l.peer() as usize)
+                .filter(|p| !v.dead.contains_key(p) || v.declared_me_dead.contains_key(p))
+                .count();
+            (v.declared_me_dead.len(), peers)
         };
         if votes * 2 > peers {
             self.excluded_by(peer, &format!("{why} ({votes} of this rank's {peers} peers cut it)"));

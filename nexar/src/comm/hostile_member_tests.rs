@@ -200,3 +200,25 @@ async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
     let second = tokio::time::timeout(Duration::from_secs(2), writers.join_next()).await;
     assert!(second.is_err(), "a second 40 MiB message was read beside the first: over the lane's budget");
 }
+
+/// Among few survivors the majority is of those still alive: rank 0 has counted ranks 2 and
+/// 3 as dead, so when rank 1, its one live peer, cuts it, rank 0 leaves (rather than both
+/// sides carrying on alone, each counting the other as gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_majority_that_excludes_a_rank_counts_only_its_live_peers() {
+    use super::health::CLOSE_DECLARED_DEAD;
+    let ranks = NexarClient::bootstrap_local(4).await.unwrap();
+    for dead in [2, 3] {
+        ranks[0].report_failure(dead, "gone, for the test").unwrap();
+    }
+    ranks[1].inner.links.get(0).unwrap().close(CLOSE_DECLARED_DEAD, "rank 1 declared rank 0 dead: silent");
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while ranks[0].inner.health.excluded().is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("rank 0 leaves when its only live peer cuts it");
+    let why = ranks[0].inner.health.excluded().unwrap();
+    assert!(why.contains("1 of this rank's 1 peers cut it"), "{why}");
+}
