@@ -552,12 +552,13 @@ fn body_end_exact(start: usize, len: u64, total: usize) -> Result<usize, FrameEr
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::proto::frame::{message_frame, raw_header};
     use proptest::prelude::*;
 
-    fn coll(len: u64) -> PeerMsg {
+    /// A collective message announcing `len` f32 elements (for tests that build groups).
+    pub(crate) fn coll(len: u64) -> PeerMsg {
         PeerMsg::Coll {
             comm: 3,
             seq: 9,

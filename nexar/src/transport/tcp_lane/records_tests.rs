@@ -211,23 +211,11 @@ fn payloads_with_sealed_records_read_back_exactly_and_refuse_altered_bytes() {
 #[test]
 fn frames_are_parsed_only_from_opened_records_whatever_the_senders_placement_hint() {
     use crate::proto::frame::{message_frame, raw_header};
-    use crate::proto::message::{PeerMsg, encode};
+    use crate::proto::message::encode;
     use crate::transport::bulk::decode_sealed_group;
     let payload = vec![9u8; 4 * DEFER_MIN];
     let len = payload.len() as u64 / 4; // f32 elements
-    let msg = PeerMsg::Coll {
-        comm: 0,
-        seq: 1,
-        kind: 1,
-        op: 1,
-        dtype: 1,
-        root: 0,
-        count: len,
-        fingerprint: 0,
-        segment: 0,
-        part: 0,
-        len,
-    };
+    let msg = crate::transport::bulk::tests::coll(len);
     let (message, raw) = (message_frame(&encode(&msg).unwrap()), raw_header(payload.len() as u64));
     let (mut sealer, mut opener) = pair(1 << 30);
     let whole = [&message[..], &raw[..], &payload[..]].concat();
