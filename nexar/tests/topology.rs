@@ -138,3 +138,31 @@ async fn a_message_of_the_largest_allowed_size_is_relayed() {
     .await
     .expect("test timed out");
 }
+
+/// A ring formed through a real seed: the public relay keys come from the seed's peer table,
+/// and every relayed operation (messages, calls, collectives) works with its envelopes sealed
+/// end to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_formed_through_a_seed_seals_what_it_relays() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let cfg = NexarConfig { world_size: Some(5), topology: Topology::KRegular(2), ..NexarConfig::default() };
+        let seed = nexar::SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
+        let (addr, token) = (seed.local_addr(), seed.token().to_string());
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..5 {
+            let (token, cfg) = (token.clone(), cfg.clone());
+            workers.spawn(async move { NexarClient::connect(addr, &token, cfg).await.unwrap() });
+        }
+        let mut ranks = Vec::new();
+        while let Some(rank) = workers.join_next().await {
+            ranks.push(rank.unwrap());
+        }
+        ranks.sort_by_key(|c| c.rank());
+        for c in &ranks {
+            assert_eq!(c.connected_peers(), Topology::KRegular(2).neighbors(c.rank(), 5));
+        }
+        on_each(&ranks, everything).await;
+    })
+    .await
+    .expect("test timed out");
+}

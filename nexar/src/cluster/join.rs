@@ -14,6 +14,7 @@ use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, 
 use crate::transport::TransportError;
 use crate::transport::endpoint::{server_with_transport, with_transport};
 use crate::transport::framed::{read_message, write_message};
+use crate::transport::relay_seal::{RelayPublicKey, RelaySeals, RelaySecret};
 use crate::transport::tls::{
     Identity, KeyPin, PendingIdentity, SEED_SERVER_NAME, fingerprint, key_pin, mesh_server, rank_from_cert, seed_client,
 };
@@ -29,6 +30,8 @@ pub(crate) struct Joined {
     pub pins: Vec<Option<KeyPin>>,
     pub identity: Identity,
     pub ca: CertificateDer<'static>,
+    /// This worker's relay key pair with every rank's public relay key from the peer table.
+    pub relay: Option<RelaySeals>,
     pub seed: Connection,
     /// The cluster was already running when this worker joined.
     pub running: bool,
@@ -87,6 +90,7 @@ pub(crate) async fn join(
     let (mut send, mut recv) = seed.open_bi().await.map_err(|e| connect_err(e.to_string()))?;
 
     let (pending, csr_der) = PendingIdentity::generate()?;
+    let relay_secret = RelaySecret::generate().map_err(|e| ClusterError::Transport(TransportError::Tls(e)))?;
     let listen = endpoint.local_addr().map_err(|e| connect_err(e.to_string()))?;
     let request = SeedRequest::Join {
         protocol: PROTOCOL_VERSION,
@@ -98,6 +102,7 @@ pub(crate) async fn join(
         csr_der,
         listen_addr: listen.to_string(),
         bulk_encryption: cfg.bulk_encryption,
+        relay_key: relay_secret.public().to_vec(),
     };
     write_message(&mut send, &request).await.map_err(|e| connect_err(e.to_string()))?;
     if let Credentials::Secret(secret) = credentials {
@@ -139,7 +144,7 @@ pub(crate) async fn join(
     endpoint.set_server_config(Some(server_with_transport(mesh_server(&identity, &ca)?, cfg)));
     tracing::info!(rank, world, cluster_id, "joined; waiting for the other workers");
 
-    let (addrs, pins) = wait_for_table(&mut recv, cluster_id, world, seed_addr, cfg).await?;
+    let (addrs, pins, relay_keys) = wait_for_table(&mut recv, cluster_id, world, seed_addr, cfg).await?;
     if addrs.len() != world as usize {
         return Err(proto(format!("the peer table lists {} ranks, the welcome said {world}", addrs.len())));
     }
@@ -150,7 +155,28 @@ pub(crate) async fn join(
     if pins.get(rank as usize).copied().flatten() != Some(key_pin(identity.cert())?) {
         return Err(proto(format!("the peer table does not pin this worker's own key for rank {rank}")));
     }
-    Ok(Joined { rank: rank as usize, addrs, pins, identity, ca, seed, running })
+    if relay_keys.get(rank as usize).copied().flatten() != Some(relay_secret.public()) {
+        return Err(proto(format!("the peer table does not carry this worker's own relay key for rank {rank}")));
+    }
+    let relay = Some(RelaySeals::new(rank, relay_secret, relay_keys));
+    Ok(Joined { rank: rank as usize, addrs, pins, identity, ca, relay, seed, running })
+}
+
+/// The peer table: where each rank listens, its key pin and its public relay key.
+type PeerTable = (Vec<String>, Vec<Option<KeyPin>>, Vec<Option<RelayPublicKey>>);
+
+/// Parses one key per rank of a peer table of `ranks` ranks: `N` bytes each, or none (empty)
+/// for a rank that has left.
+fn fixed_keys<const N: usize>(keys: &[Vec<u8>], ranks: usize, what: &str) -> Result<Vec<Option<[u8; N]>>, String> {
+    if keys.len() != ranks {
+        return Err(format!("a peer table of {ranks} ranks with {} {what}s", keys.len()));
+    }
+    keys.iter()
+        .map(|k| match k.len() {
+            0 => Ok(None),
+            _ => <[u8; N]>::try_from(&k[..]).map(Some).map_err(|_| format!("a {}-byte {what}", k.len())),
+        })
+        .collect()
 }
 
 /// Reads the seed's progress notes until it publishes the peer table. A worker that gives up
@@ -161,7 +187,7 @@ async fn wait_for_table(
     world: u32,
     seed_addr: SocketAddr,
     cfg: &NexarConfig,
-) -> Result<(Vec<String>, Vec<Option<KeyPin>>), ClusterError> {
+) -> Result<PeerTable, ClusterError> {
     let proto = |reason: String| ClusterError::SeedProtocol { seed: seed_addr, reason };
     let deadline = tokio::time::Instant::now() + cfg.join_timeout;
     let (mut joined, mut refused) = (0u32, Vec::new());
@@ -188,20 +214,10 @@ async fn wait_for_table(
             other => other.map_err(|e| proto(e.to_string()))?,
         };
         match next {
-            Some(SeedResponse::PeerTable { cluster_id: id, addrs, keys }) if id == cluster_id => {
-                if keys.len() != addrs.len() {
-                    return Err(proto(format!("a peer table of {} ranks with {} key pins", addrs.len(), keys.len())));
-                }
-                let pins = keys
-                    .iter()
-                    .map(|k| match k.len() {
-                        0 => Ok(None),
-                        _ => {
-                            KeyPin::try_from(&k[..]).map(Some).map_err(|_| proto(format!("a {}-byte key pin", k.len())))
-                        }
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                return Ok((addrs, pins));
+            Some(SeedResponse::PeerTable { cluster_id: id, addrs, keys, relay_keys }) if id == cluster_id => {
+                let pins = fixed_keys(&keys, addrs.len(), "key pin").map_err(proto)?;
+                let relay_keys = fixed_keys(&relay_keys, addrs.len(), "relay key").map_err(proto)?;
+                return Ok((addrs, pins, relay_keys));
             }
             Some(SeedResponse::Progress { joined: j, refused: r, .. }) => {
                 tracing::debug!(joined = j, world, refused = ?r, "waiting for the other workers");

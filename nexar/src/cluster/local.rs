@@ -5,8 +5,10 @@ use std::net::SocketAddr;
 
 use super::ClusterError;
 use crate::comm::NexarClient;
+use crate::comm::RankKeys;
 use crate::config::NexarConfig;
 use crate::transport::endpoint::{bind, server_with_transport};
+use crate::transport::relay_seal::{RelaySeals, RelaySecret};
 use crate::transport::tls::{ClusterCa, mesh_server, rank_server_name};
 
 /// Forms a cluster inside this process with one rank per configuration.
@@ -32,11 +34,20 @@ pub(crate) async fn bootstrap_local(cfgs: Vec<NexarConfig>) -> Result<Vec<NexarC
         .map(|(e, _)| e.local_addr())
         .collect::<Result<_, _>>()
         .map_err(|e| ClusterError::Mesh { rank: 0, reason: e.to_string() })?;
+    // Each rank's relay key pair; the public halves are handed to all, as the seed's peer table
+    // would.
+    let secrets = (0..n)
+        .map(|_| RelaySecret::generate())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|reason| ClusterError::Mesh { rank: 0, reason })?;
+    let publics: Vec<_> = secrets.iter().map(|s| Some(s.public())).collect();
     let mut tasks = tokio::task::JoinSet::new();
-    for (rank, ((endpoint, identity), cfg)) in ranks.into_iter().zip(cfgs).enumerate() {
+    for (rank, (((endpoint, identity), cfg), secret)) in ranks.into_iter().zip(cfgs).zip(secrets).enumerate() {
         let (addrs, ca_der) = (addrs.clone(), ca_der.clone());
+        let relay = Some(RelaySeals::new(rank as u32, secret, publics.clone()));
         tasks.spawn(async move {
-            NexarClient::from_parts(rank, endpoint, &addrs, &identity, &ca_der, cfg, None).await.map(|c| (rank, c))
+            let keys = RankKeys { identity: &identity, ca: &ca_der, relay };
+            NexarClient::from_parts(rank, endpoint, &addrs, keys, cfg, None).await.map(|c| (rank, c))
         });
     }
     let mut clients: Vec<Option<NexarClient>> = (0..n).map(|_| None).collect();

@@ -16,6 +16,7 @@ use crate::config::NexarConfig;
 use crate::proto::frame::MAX_JOIN_FRAME;
 use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
 use crate::transport::framed::{read_message, write_message};
+use crate::transport::relay_seal::RelayPublicKey;
 use crate::transport::tls::{ClusterCa, KeyPin, SEED_SERVER_NAME, key_pin_of_request, seed_server};
 use crate::transport::{TransportError, endpoint};
 
@@ -79,13 +80,21 @@ const MAX_REFUSALS_SHOWN: usize = 4;
 /// cluster forming does not cost each waiting worker one note per join.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// What the seed vouches for about a member's keys: the pin of the key it certified, and its
+/// public relay key.
+#[derive(Clone, Copy)]
+struct MemberKeys {
+    pin: KeyPin,
+    relay: RelayPublicKey,
+}
+
 struct Slots {
     /// Where each rank listens; `None` for a rank not joined yet (before formation) or gone.
     addrs: Vec<Option<SocketAddr>>,
     /// For each rank a worker asked for by its launcher's number, the variable it read it from.
     claimed_by: Vec<Option<String>>,
-    /// The pin of each rank's certified key, set with its address.
-    keys: Vec<Option<KeyPin>>,
+    /// The pin of each rank's certified key and its relay key, set with its address.
+    keys: Vec<Option<MemberKeys>>,
     formed: bool,
 }
 
@@ -95,13 +104,16 @@ impl Slots {
         self.addrs.iter().map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))).collect()
     }
 
-    /// Each rank's key pin as the peer table lists it (empty: none).
-    fn pins(&self, ranks: usize) -> Vec<Vec<u8>> {
-        (0..ranks).map(|r| self.keys.get(r).copied().flatten().map(|k| k.to_vec()).unwrap_or_default()).collect()
+    /// Each rank's key pin and relay key as the peer table lists them (empty: none).
+    fn keys(&self, ranks: usize) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let of = |r: usize| self.keys.get(r).copied().flatten();
+        let pins = (0..ranks).map(|r| of(r).map(|k| k.pin.to_vec()).unwrap_or_default()).collect();
+        let relay = (0..ranks).map(|r| of(r).map(|k| k.relay.to_vec()).unwrap_or_default()).collect();
+        (pins, relay)
     }
 
-    /// Takes `rank` for a worker at `addr` whose key has pin `key`.
-    fn occupy(&mut self, rank: usize, addr: SocketAddr, key: KeyPin) {
+    /// Takes `rank` for a worker at `addr` with keys `key`.
+    fn occupy(&mut self, rank: usize, addr: SocketAddr, key: MemberKeys) {
         if self.keys.len() <= rank {
             self.keys.resize(rank + 1, None);
         }
@@ -319,7 +331,7 @@ async fn serve_connection(
         Ok(r) => r?,
         Err(_) => return Err(format!("sent no valid join request within {limit:?}")),
     };
-    let SeedRequest::Join { protocol, auth, claim, csr_der, listen_addr, bulk_encryption } = req else {
+    let SeedRequest::Join { protocol, auth, claim, csr_der, listen_addr, bulk_encryption, relay_key } = req else {
         return Err(reject(shared, &conn, &mut send, "expected a join request first".into()).await);
     };
     if let Err(reason) = authenticate(shared, &conn, &mut send, &mut recv, auth).await {
@@ -358,10 +370,15 @@ async fn serve_connection(
     if listen.ip().is_unspecified() {
         listen.set_ip(remote.ip());
     }
-    let key = match key_pin_of_request(&csr_der) {
-        Ok(key) => key,
+    let pin = match key_pin_of_request(&csr_der) {
+        Ok(pin) => pin,
         Err(e) => return Err(reject(shared, &conn, &mut send, e.to_string()).await),
     };
+    let Ok(relay) = RelayPublicKey::try_from(&relay_key[..]) else {
+        let reason = format!("a relay key of {} bytes (an X25519 key has 32)", relay_key.len());
+        return Err(reject(shared, &conn, &mut send, reason).await);
+    };
+    let key = MemberKeys { pin, relay };
     let (rank, world, running) = match claim_slot(shared, listen, key, &claim) {
         Ok(r) => r,
         Err(reason) => return Err(reject(shared, &conn, &mut send, reason).await),
@@ -508,11 +525,12 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
         // Coalesce notes, but not at the table's expense.
         let _ = tokio::time::timeout(PROGRESS_EVERY, async { table.wait_for(|t| t.is_some()).await.is_ok() }).await;
     };
-    let keys = crate::sync::lock(&shared.slots).pins(addrs.len());
+    let (keys, relay_keys) = crate::sync::lock(&shared.slots).keys(addrs.len());
     let msg = SeedResponse::PeerTable {
         cluster_id: shared.cluster_id,
         addrs: addrs.iter().map(|a| a.to_string()).collect(),
         keys,
+        relay_keys,
     };
     write_message(send, &msg).await.map_err(|e| format!("rank {rank} lost before the peer table: {e}"))?;
     conn.closed().await;
@@ -527,7 +545,7 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
 fn claim_slot(
     shared: &Shared,
     addr: SocketAddr,
-    key: KeyPin,
+    key: MemberKeys,
     claim: &RankClaim,
 ) -> Result<(usize, usize, bool), String> {
     let mut slots = crate::sync::lock(&shared.slots);
@@ -567,7 +585,7 @@ fn claim_slot(
 fn claim_named_slot(
     shared: &Shared,
     slots: &mut Slots,
-    (addr, key): (SocketAddr, KeyPin),
+    (addr, key): (SocketAddr, MemberKeys),
     rank: usize,
     claim: &RankClaim,
 ) -> Result<(usize, usize, bool), String> {

@@ -30,6 +30,7 @@ use crate::transport::links::Links;
 use crate::transport::liveness::Liveness;
 use crate::transport::mailbox::{Mailbox, coll_entry, p2p_entry};
 use crate::transport::pool::BufferPool;
+use crate::transport::relay_seal::RelaySeals;
 use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
 
 /// Collective messages a rank may hold before it stops reading the raw lane.
@@ -107,6 +108,9 @@ pub(crate) struct Inner {
     pub initial_world: usize,
     /// Next hops to ranks without a direct link.
     pub routes: Mutex<RouteCache>,
+    /// The keys that seal this rank's relayed messages end to end (none in a cluster started
+    /// with `connect_static`).
+    pub relay_seals: Option<Arc<RelaySeals>>,
     /// World ranks that joined the running cluster and connected to this rank, in order.
     pub late_joiners: Mutex<Vec<usize>>,
     /// Late joiners that became members of a communicator of this rank.
@@ -156,6 +160,14 @@ pub(crate) struct SeedSession {
     pub conn: Connection,
     pub running: bool,
     pub pins: Vec<Option<crate::transport::tls::KeyPin>>,
+}
+
+/// What a rank proves itself with: its certificate and key, the cluster CA, and the relay keys
+/// that seal its relayed messages end to end (none in a cluster started with `connect_static`).
+pub(crate) struct RankKeys<'a> {
+    pub identity: &'a Identity,
+    pub ca: &'a CertificateDer<'static>,
+    pub relay: Option<RelaySeals>,
 }
 
 impl NexarClient {
@@ -258,8 +270,7 @@ impl NexarClient {
             joined.rank,
             endpoint,
             &joined.addrs,
-            &joined.identity,
-            &joined.ca,
+            RankKeys { identity: &joined.identity, ca: &joined.ca, relay: joined.relay },
             config,
             Some(SeedSession { conn: joined.seed, running: joined.running, pins: joined.pins }),
         )
@@ -319,18 +330,26 @@ impl NexarClient {
         let ca = CertificateDer::from(ca_der.to_vec());
         let server = endpoint::server_with_transport(mesh_server(identity, &ca)?, &config);
         let endpoint = endpoint::bind(listen, &config, Some(server))?;
-        Ok(Self::from_parts(rank, endpoint, addrs, identity, &ca, config, None).await?)
+        let keys = RankKeys { identity, ca: &ca, relay: None };
+        Ok(Self::from_parts(rank, endpoint, addrs, keys, config, None).await?)
     }
 
     pub(crate) async fn from_parts(
         rank: usize,
         endpoint: Endpoint,
         addrs: &[SocketAddr],
-        identity: &Identity,
-        ca: &CertificateDer<'static>,
+        keys: RankKeys<'_>,
         cfg: NexarConfig,
         seed: Option<SeedSession>,
     ) -> Result<NexarClient, ClusterError> {
+        let RankKeys { identity, ca, relay } = keys;
+        if relay.is_none() && cfg.topology != crate::proto::topology::Topology::FullMesh {
+            tracing::warn!(
+                rank,
+                "this cluster has no relay keys (connect_static): on a sparse topology, messages relayed through \
+                 other ranks are protected hop by hop only, so a relaying member could alter them"
+            );
+        }
         // Joined through a seed (elastic), whether the cluster was already running then, and
         // the keys the seed certified.
         let (seed, running, pins) = match seed {
@@ -371,11 +390,13 @@ impl NexarClient {
                 *relayed = src != rank && neighbors.binary_search(&src).is_err();
             }
         }
+        let relay_seals = relay.map(Arc::new);
         let hook = RelayHook {
             local: rank as u32,
             forward: queues,
             max_payload: cfg.max_message_bytes,
             relayed_sources: relayed_sources.into(),
+            seals: relay_seals.clone(),
         };
         let senders = senders
             .with_liveness(liveness.clone())
@@ -432,6 +453,7 @@ impl NexarClient {
             joined: Notify::new(),
             initial_world: addrs.len(),
             routes: route_cache(),
+            relay_seals,
             late_joiners: Mutex::new(Vec::new()),
             admitted: Mutex::new(std::collections::BTreeSet::new()),
             admission: tokio::sync::watch::channel(None).0,

@@ -23,10 +23,10 @@ async fn a_relay_that_forges_its_sender_is_refused() {
     let forged = [0xdead_beefu32; 4];
     let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag, dtype: nexar_types::DType::U32.to_wire(), count: 4 };
     let via = ranks[2].inner.links.get(0).expect("rank 2 links to rank 0");
-    Route::Relay { via, src: 1, dst: 0 }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    Route::Relay { via, src: 1, dst: 0, seals: None }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
     // Also claiming to be the receiver itself, and wrapping its own message.
-    Route::Relay { via, src: 0, dst: 0 }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
-    Route::Relay { via, src: 2, dst: 0 }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    Route::Relay { via, src: 0, dst: 0, seals: None }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    Route::Relay { via, src: 2, dst: 0, seals: None }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
 
     let mut got = [0u32; 4];
     let early = tokio::time::timeout(Duration::from_millis(500), ranks[0].recv(&mut got[..], 1, tag)).await;
@@ -42,6 +42,60 @@ async fn a_relay_that_forges_its_sender_is_refused() {
     // The cluster carries on: every rank all-reduces correctly.
     let sums = futures_all(&ranks).await;
     assert!(sums.iter().all(|s| *s == 6), "{sums:?}");
+}
+
+/// On a ring of 5 (`k_regular:2`), rank 2 reaches rank 0 only through a relay. Rank 1, a relay
+/// on that route, cannot pass off a message as rank 2's: not unsealed, not sealed under its own
+/// keys, not by replaying an envelope rank 2 really sealed. Rank 2's real messages still arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cannot_forge_or_replay_a_message_from_a_rank_it_relays_for() {
+    let cfg = crate::NexarConfig { topology: crate::proto::topology::Topology::KRegular(2), ..Default::default() };
+    let ranks = NexarClient::bootstrap_local_with(5, cfg).await.unwrap();
+    assert!(ranks[2].inner.links.get(0).is_none(), "rank 2 has no direct link to rank 0 on this ring");
+    let tag = 9;
+    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag, dtype: nexar_types::DType::U32.to_wire(), count: 4 };
+    let via = ranks[1].inner.links.get(0).expect("rank 1 links to rank 0");
+    let forged = [0xbad0_cafeu32; 4];
+    let own_seals = ranks[1].inner.relay_seals.as_deref();
+    Route::Relay { via, src: 2, dst: 0, seals: None }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    Route::Relay { via, src: 2, dst: 0, seals: own_seals }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    let mut got = [0u32; 4];
+    let early = tokio::time::timeout(Duration::from_millis(500), ranks[0].recv(&mut got[..], 2, tag)).await;
+    assert!(early.is_err(), "rank 0 took a relay's forgery as rank 2's message: {got:?}");
+
+    // An envelope rank 2 sealed, delivered once and then replayed by the relay.
+    let genuine = [1u32, 2, 3, 4];
+    let sealed = {
+        let seals = ranks[2].inner.relay_seals.as_deref().expect("a local cluster has relay keys");
+        let mut body = crate::proto::relay::pack(&msg, Some(u32_bytes(&genuine))).unwrap().concat();
+        let seq = seals.seal(0, crate::transport::link::Lane::of(&msg) as u8, &mut body).unwrap();
+        (seq, Bytes::from(body))
+    };
+    for _ in 0..2 {
+        let (seq, body) = sealed.clone();
+        let envelope = PeerMsg::Relay {
+            src: 2,
+            dst: 0,
+            lane: crate::transport::link::Lane::of(&msg) as u8,
+            hops: 1,
+            seq,
+            len: body.len() as u64,
+        };
+        via.send_queued_parts(&envelope, vec![body]).await.unwrap().await.unwrap().unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(30), ranks[0].recv(&mut got[..], 2, tag)).await.unwrap().unwrap();
+    assert_eq!(got, genuine, "the genuine envelope arrives once");
+    let early = tokio::time::timeout(Duration::from_millis(500), ranks[0].recv(&mut got[..], 2, tag)).await;
+    assert!(early.is_err(), "rank 0 took a replayed envelope a second time: {got:?}");
+
+    // Rank 2's own messages, relayed honestly, still arrive, and the ring still all-reduces.
+    let real = [5u32, 6, 7, 8];
+    let (sent, received) = tokio::join!(ranks[2].send(&real[..], 0, tag), ranks[0].recv(&mut got[..], 2, tag));
+    sent.unwrap();
+    received.unwrap();
+    assert_eq!(got, real);
+    let sums = futures_all(&ranks).await;
+    assert!(sums.iter().all(|s| *s == 15), "{sums:?}");
 }
 
 async fn futures_all(ranks: &[NexarClient]) -> Vec<u64> {

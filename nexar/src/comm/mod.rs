@@ -18,7 +18,7 @@ mod state;
 mod tcp_lane;
 
 pub use backend::{BackendError, MAX_SETUP_BODY};
-pub(crate) use client::Inner;
+pub(crate) use client::{Inner, RankKeys};
 pub use client::{LinkStats, NexarClient};
 pub(crate) use collective::ScheduleCache;
 pub use collective::{CollectiveError, CollectiveHandle, ExchangeHandle};

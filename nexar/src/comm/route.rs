@@ -14,13 +14,15 @@ use crate::proto::relay::{self, MAX_HOPS};
 use crate::proto::topology::Topology;
 use crate::transport::TransportError;
 use crate::transport::link::{Incoming, Lane, PeerLink};
+use crate::transport::relay_seal::RelaySeals;
 
 /// The way to one peer.
 pub(crate) enum Route<'a> {
     /// A direct link.
     Direct(&'a PeerLink),
-    /// Through `via`, in an envelope from `src` to `dst`.
-    Relay { via: &'a PeerLink, src: u32, dst: u32 },
+    /// Through `via`, in an envelope from `src` to `dst`, sealed end to end with `seals` (when
+    /// the cluster has relay keys).
+    Relay { via: &'a PeerLink, src: u32, dst: u32, seals: Option<&'a RelaySeals> },
 }
 
 impl Route<'_> {
@@ -38,11 +40,16 @@ impl Route<'_> {
     ) -> Result<oneshot::Receiver<Result<(), TransportError>>, TransportError> {
         match *self {
             Route::Direct(link) => link.send_queued(msg, payload).await,
-            Route::Relay { via, src, dst } => {
+            Route::Relay { via, src, dst, seals } => {
+                let lane = Lane::of(msg) as u8;
                 let parts = relay::pack(msg, payload)
                     .map_err(|error| TransportError::Protocol { peer: format!("rank {dst}"), error })?;
+                let (seq, parts) = match seals {
+                    Some(seals) => seal(seals, dst, lane, &parts)?,
+                    None => (0, parts),
+                };
                 let len = parts.iter().map(|p| p.len() as u64).sum();
-                let envelope = PeerMsg::Relay { src, dst, lane: Lane::of(msg) as u8, hops: 0, len };
+                let envelope = PeerMsg::Relay { src, dst, lane, hops: 0, seq, len };
                 via.send_queued_parts(&envelope, parts).await
             }
         }
@@ -78,6 +85,19 @@ impl Route<'_> {
     }
 }
 
+/// Seals a relay body's `parts` for `dst` in one buffer: its sequence number and the sealed body.
+fn seal(seals: &RelaySeals, dst: u32, lane: u8, parts: &[Bytes]) -> Result<(u64, Vec<Bytes>), TransportError> {
+    let len: usize = parts.iter().map(Bytes::len).sum();
+    let mut body = Vec::with_capacity(len + relay::SEAL_TAG_LEN as usize);
+    for part in parts {
+        body.extend_from_slice(part);
+    }
+    let seq = seals
+        .seal(dst, lane, &mut body)
+        .map_err(|e| TransportError::Tls(format!("cannot seal a relayed message for rank {dst}: {e}")))?;
+    Ok((seq, vec![Bytes::from(body)]))
+}
+
 /// Next hops by destination, valid while the number of dead ranks stays the same.
 #[derive(Default)]
 pub(crate) struct RouteCache {
@@ -95,7 +115,8 @@ impl Inner {
             return None;
         }
         let hop = self.next_hop(peer)?;
-        Some(Route::Relay { via: self.links.get(hop)?, src: self.rank as u32, dst: peer as u32 })
+        let seals = self.relay_seals.as_deref();
+        Some(Route::Relay { via: self.links.get(hop)?, src: self.rank as u32, dst: peer as u32, seals })
     }
 
     /// The neighbour that starts a shortest path to `peer` over live ranks.
@@ -145,7 +166,7 @@ impl Inner {
 pub(crate) async fn forward(inner: Weak<Inner>, mut envelopes: mpsc::Receiver<Incoming>) {
     while let Some(incoming) = envelopes.recv().await {
         let Some(inner) = inner.upgrade() else { return };
-        let PeerMsg::Relay { src, dst, lane, hops, len } = incoming.msg else { continue };
+        let PeerMsg::Relay { src, dst, lane, hops, seq, len } = incoming.msg else { continue };
         if hops >= MAX_HOPS || inner.health.is_dead(dst as usize) {
             tracing::debug!(src, dst, hops, "dropped a relayed message: too many hops or a dead destination");
             continue;
@@ -154,7 +175,7 @@ pub(crate) async fn forward(inner: Weak<Inner>, mut envelopes: mpsc::Receiver<In
             tracing::debug!(src, dst, "dropped a relayed message: no route");
             continue;
         };
-        let envelope = PeerMsg::Relay { src, dst, lane, hops: hops + 1, len };
+        let envelope = PeerMsg::Relay { src, dst, lane, hops: hops + 1, seq, len };
         let chunks = match incoming.payload.to_chunks() {
             Ok(chunks) => chunks,
             Err(e) => {

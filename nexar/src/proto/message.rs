@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::frame::FrameError;
 
 /// Version of the join protocol; a seed refuses workers that speak another.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// What a worker sends the seed on its join stream.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -33,6 +33,9 @@ pub enum SeedRequest {
         /// Whether the worker encrypts collective payloads on its TCP lanes
         /// (`NEXAR_BULK_ENCRYPTION`): every rank of a cluster must agree.
         bulk_encryption: bool,
+        /// The worker's public relay key (X25519, 32 bytes), with which the ranks it has no
+        /// direct link to seal the messages relayed to it.
+        relay_key: Vec<u8>,
     },
     /// The worker's proof that it knows the job's shared secret, sent after it has checked the
     /// seed's ([`SeedResponse::SecretProof`]).
@@ -99,6 +102,8 @@ pub enum SeedResponse {
         /// Each rank's key pin (SHA-256 of the public key the seed certified for it), in rank
         /// order; empty for a rank that has left.
         keys: Vec<Vec<u8>>,
+        /// Each rank's public relay key, in rank order; empty for a rank that has left.
+        relay_keys: Vec<Vec<u8>>,
     },
     /// The seed's proof that it knows the job's shared secret, sent first on a
     /// [`JoinAuth::SharedSecret`] join.
@@ -228,6 +233,10 @@ pub enum PeerMsg {
         lane: u8,
         /// Relays passed so far (a message that has passed too many is dropped).
         hops: u8,
+        /// The envelope's number from `src` to `dst` on its lane, from 1, under which the body
+        /// is sealed end to end (see `transport::relay_seal`); 0 for an unsealed body, which only
+        /// a cluster without relay keys (started with `connect_static`) accepts.
+        seq: u64,
         /// Bytes that follow.
         len: u64,
     },
@@ -325,6 +334,7 @@ mod tests {
             csr_der: vec![2; 300],
             listen_addr: "127.0.0.1:5000".into(),
             bulk_encryption: true,
+            relay_key: vec![3; 32],
         };
         assert_eq!(decode::<SeedRequest>(&encode(&m).unwrap()).unwrap(), m);
         let p = PeerMsg::P2p { comm: 0, tag: u64::MAX, dtype: 1, count: 3 };
@@ -344,7 +354,7 @@ mod tests {
 
         #[test]
         fn mutated_messages_never_panic_the_decoders(flip in 0usize..64, xor in 1u8..=255) {
-            let m = SeedResponse::PeerTable { cluster_id: 9, addrs: vec!["127.0.0.1:1".into(), "[::1]:2".into()], keys: vec![vec![7; 32], Vec::new()] };
+            let m = SeedResponse::PeerTable { cluster_id: 9, addrs: vec!["127.0.0.1:1".into(), "[::1]:2".into()], keys: vec![vec![7; 32], Vec::new()], relay_keys: vec![vec![5; 32], Vec::new()] };
             let mut bytes = encode(&m).unwrap().to_vec();
             let i = flip % bytes.len();
             bytes[i] ^= xor;

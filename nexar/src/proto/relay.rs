@@ -11,8 +11,11 @@ use super::message::{self, PeerMsg};
 pub const MAX_HOPS: u8 = 16;
 
 /// Bytes a relay envelope's body may hold beyond the carried payload: the carried message
-/// frame (a control frame) and the payload's frame header.
-pub const ENVELOPE_OVERHEAD: u64 = MAX_CONTROL_FRAME + 2 * HEADER_LEN as u64;
+/// frame (a control frame), the payload's frame header, and the seal's tag.
+pub const ENVELOPE_OVERHEAD: u64 = MAX_CONTROL_FRAME + 2 * HEADER_LEN as u64 + SEAL_TAG_LEN;
+
+/// Bytes the end-to-end seal adds to a relay body (an AES-GCM tag).
+pub const SEAL_TAG_LEN: u64 = 16;
 
 /// Packs `msg` and its `payload` into the body of a relay envelope, as parts to be sent one
 /// after the other (the payload is not copied).
@@ -120,7 +123,7 @@ mod tests {
         long.push(0);
         assert!(unpack(&long, 1 << 20).is_err(), "trailing bytes");
         assert!(unpack(&body, 8).is_err(), "payload over the limit");
-        let relay = PeerMsg::Relay { src: 0, dst: 1, lane: 3, hops: 0, len: 0 };
+        let relay = PeerMsg::Relay { src: 0, dst: 1, lane: 3, hops: 0, seq: 1, len: 0 };
         assert!(pack(&relay, None).is_err());
     }
 

@@ -112,6 +112,9 @@ pub(crate) struct RelayHook {
     /// the topology gives the two no direct link. A rank with a direct link never needs one, so
     /// an envelope naming it as the sender is forged.
     pub relayed_sources: std::sync::Arc<[bool]>,
+    /// The keys that open relayed bodies end to end; `None` in a cluster without relay keys
+    /// (started with `connect_static`), whose relayed messages are protected hop by hop only.
+    pub seals: Option<std::sync::Arc<super::relay_seal::RelaySeals>>,
 }
 
 impl RelayHook {
@@ -216,7 +219,7 @@ impl LaneSenders {
                     tracing::warn!(src, via, %why, "refused a relayed message");
                     return Ok(());
                 }
-                match unpack_relayed(&incoming, hook.max_payload) {
+                match unpack_relayed(&incoming, hook) {
                     Ok(inner) => inner,
                     Err(error) => {
                         tracing::warn!(src, via, %error, "dropped a malformed relayed message");
@@ -246,13 +249,19 @@ impl LaneSenders {
 }
 
 /// Opens a relay envelope addressed to this rank: the carried message, from its original
-/// sender.
-fn unpack_relayed(envelope: &Incoming, max_payload: u64) -> Result<Incoming, FrameError> {
-    let PeerMsg::Relay { src, .. } = envelope.msg else {
+/// sender, once its seal proves that sender wrote it.
+fn unpack_relayed(envelope: &Incoming, hook: &RelayHook) -> Result<Incoming, FrameError> {
+    let PeerMsg::Relay { src, lane, seq, .. } = envelope.msg else {
         return Err(FrameError::InvalidMessage("not a relay envelope".into()));
     };
-    let body = envelope.payload.to_vec().map_err(|e| FrameError::InvalidMessage(format!("relay envelope: {e}")))?;
-    let (msg, range) = crate::proto::relay::unpack(&body, max_payload)?;
+    let mut body = envelope.payload.to_vec().map_err(|e| FrameError::InvalidMessage(format!("relay envelope: {e}")))?;
+    let opened = match (&hook.seals, seq) {
+        (Some(seals), _) => seals.open(src, lane, seq, &mut body),
+        (None, 0) => Ok(()),
+        (None, _) => Err(super::relay_seal::SealError::Unexpected),
+    };
+    opened.map_err(|e| FrameError::InvalidMessage(format!("relayed message from rank {src}: {e}")))?;
+    let (msg, range) = crate::proto::relay::unpack(&body, hook.max_payload)?;
     let payload = Payload::from_bytes(Bytes::from(body).slice(range));
     Ok(Incoming { from: src, msg, payload })
 }

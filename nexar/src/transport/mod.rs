@@ -10,6 +10,7 @@ pub(crate) mod links;
 pub(crate) mod liveness;
 pub mod mailbox;
 pub mod pool;
+pub mod relay_seal;
 pub mod tcp_lane;
 pub mod tls;
 
