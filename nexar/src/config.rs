@@ -92,6 +92,13 @@ pub struct NexarConfig {
     /// How many RPC requests a rank handles at once (`NEXAR_MAX_RPC_HANDLERS`); further
     /// requests wait on their lane, which holds up their callers.
     pub max_rpc_handlers: usize,
+    /// Bytes of RPC requests and answers a rank holds at once, being read, queued or handled
+    /// (`NEXAR_MAX_RPC_BYTES`, default 256 MiB); further ones wait unread, and QUIC's flow
+    /// control holds their senders. It is also the largest argument list or answer one call
+    /// may carry (or `max_message_bytes`, if smaller): a call with larger arguments fails at
+    /// once, a larger answer fails the call, and a peer that sends a larger one anyway has
+    /// broken the protocol.
+    pub max_rpc_bytes: u64,
     /// UDP socket send and receive buffer size in bytes (`NEXAR_SOCKET_BUFFER_BYTES`).
     pub socket_buffer_bytes: usize,
     /// How long a waiting receive or collective step keeps polling before it parks its thread
@@ -195,6 +202,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("max_unmatched_bytes", &self.max_unmatched_bytes)
             .field("lane_capacity", &self.lane_capacity)
             .field("max_rpc_handlers", &self.max_rpc_handlers)
+            .field("max_rpc_bytes", &self.max_rpc_bytes)
             .field("socket_buffer_bytes", &self.socket_buffer_bytes)
             .field("spin", &self.spin)
             .field("allreduce_algorithm", &self.allreduce_algorithm)
@@ -298,6 +306,7 @@ impl Default for NexarConfig {
             max_unmatched_bytes: 1 << 30,
             lane_capacity: 256,
             max_rpc_handlers: 256,
+            max_rpc_bytes: 256 << 20,
             socket_buffer_bytes: 8 << 20,
             spin: None,
             allreduce_algorithm: None,
@@ -410,6 +419,9 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_MAX_RPC_HANDLERS") {
             c.max_rpc_handlers = positive(var, &v)?;
         }
+        if let Some((var, v)) = get("NEXAR_MAX_RPC_BYTES") {
+            c.max_rpc_bytes = parse_size(var, &v)?;
+        }
         if let Some((var, v)) = get("NEXAR_SOCKET_BUFFER_BYTES") {
             c.socket_buffer_bytes =
                 usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;
@@ -496,6 +508,13 @@ impl NexarConfig {
                 var: "NEXAR_MAX_MESSAGE_BYTES",
                 value: self.max_message_bytes.to_string(),
                 reason: "expected 1 byte to 4 GiB".into(),
+            });
+        }
+        if self.max_rpc_bytes == 0 {
+            return Err(ConfigError::InvalidVar {
+                var: "NEXAR_MAX_RPC_BYTES",
+                value: "0".into(),
+                reason: "a call needs room for its arguments".into(),
             });
         }
         if self.lane_capacity == 0 {

@@ -156,3 +156,42 @@ fn ids_are_stable_and_depend_on_path_name_and_signature() {
     assert_eq!(load_shard::SIGNATURE, "fn(u32,u64)->Result<Vec<u8>,ShardError>");
     assert!(load_shard::NAME.ends_with("::load_shard"));
 }
+
+#[nexar::rpc]
+async fn byte_count(data: Vec<u8>) -> u64 {
+    data.len() as u64
+}
+
+/// `NEXAR_MAX_RPC_BYTES` bounds what one call carries: arguments over it fail at once with
+/// `TooLarge`, an answer over it fails the call with the limit named, and calls within it
+/// (many at once, more than the budget holds together) all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_bounded_by_the_rpc_byte_limit() {
+    logs();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let cfg = NexarConfig { max_rpc_bytes: 1 << 20, ..Default::default() };
+        let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+        let big = vec![1u8; 2 << 20];
+        match byte_count::call(&ranks[0], 1, big).await {
+            Err(RpcError::TooLarge { peer: 1, limit, len, .. }) => assert!(limit == 1 << 20 && len > limit),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        match load_shard::call(&ranks[0], 1, 7, 2 << 20).await {
+            Err(RpcError::Codec { what, .. }) => assert!(what.contains("NEXAR_MAX_RPC_BYTES"), "{what}"),
+            other => panic!("expected the answer to be refused, got {other:?}"),
+        }
+        // 16 calls of 600 KiB at once: the budget holds one at a time, and all get through.
+        let mut calls = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let c = ranks[0].clone();
+            calls.spawn(async move { byte_count::call(&c, 1, vec![2u8; 600 << 10]).await });
+        }
+        while let Some(got) = calls.join_next().await {
+            assert_eq!(got.unwrap().unwrap(), 600 << 10);
+        }
+        assert_eq!(load_shard::call(&ranks[1], 0, 3, 1000).await.unwrap(), Ok(vec![3u8; 1000]));
+        shutdown_all(ranks).await;
+    })
+    .await
+    .expect("test timed out");
+}

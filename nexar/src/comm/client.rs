@@ -401,6 +401,7 @@ impl NexarClient {
         let senders = senders
             .with_liveness(liveness.clone())
             .with_relay(hook)
+            .with_rpc_budget(cfg.max_rpc_bytes.min(cfg.max_message_bytes))
             .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
             .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
         let (elastic, topology) = (seed.is_some(), cfg.topology);

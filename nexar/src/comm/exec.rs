@@ -397,7 +397,7 @@ impl NexarClient {
         if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin).await.map_err(refused)? {
             return Ok(held);
         }
-        let pending = match self.inner.coll.take_or_wait(key).map_err(refused)? {
+        let pending = match self.inner.coll.take_or_wait_for(key, bytes as u64).map_err(refused)? {
             Ok(held) => return Ok(held),
             Err(pending) => pending,
         };

@@ -255,6 +255,125 @@ async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
     assert!(second.is_err(), "a second 40 MiB message was read beside the first: over the lane's budget");
 }
 
+/// This process's resident memory, from `/proc/self/statm`.
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("statm's resident pages");
+    pages * rustix::param::page_size() as u64
+}
+
+/// A member sends four 64 MiB messages nobody asked for, on one stream, to a rank whose
+/// unmatched-message limit is 16 MiB. The rank reads the first (an empty store takes any one
+/// message) and leaves the others unread until they are asked for, so its resident memory
+/// grows by one message, not more (before, a second was read and parked). Asked for, all four
+/// arrive intact, and the cluster carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits() {
+    use crate::proto::frame::{message_frame, raw_header};
+    use crate::proto::message::encode;
+    let cfg = crate::NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
+    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    let len: u64 = 64 << 20;
+    let chunk = Bytes::from(vec![7u8; 1 << 20]);
+    let comm = ranks[0].comm_id();
+    let before = resident_bytes();
+    let mut stream = conn.open_uni().await.unwrap();
+    let writer = tokio::spawn(async move {
+        for tag in 1..=4u64 {
+            let msg = PeerMsg::P2p { comm, tag, dtype: nexar_types::DType::U8.to_wire(), count: len };
+            stream.write_all(&[message_frame(&encode(&msg).unwrap()), raw_header(len)].concat()).await.unwrap();
+            for _ in 0..len >> 20 {
+                stream.write_chunk(chunk.clone()).await.unwrap();
+            }
+        }
+        stream
+    });
+    // Watch the peak for a while: the writer stalls once the second message waits unread.
+    let mut peak = 0;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(resident_bytes().saturating_sub(before));
+    }
+    assert!(!writer.is_finished(), "all four messages were read though nobody asked for them");
+    let mib = |b: u64| b >> 20;
+    assert!(
+        peak < len + (32 << 20),
+        "resident memory grew by {} MiB for one {} MiB message the limits allow",
+        mib(peak),
+        mib(len)
+    );
+    for tag in 1..=4u64 {
+        let got =
+            tokio::time::timeout(Duration::from_secs(60), ranks[0].recv_vec::<u8>(1, tag)).await.unwrap().unwrap();
+        assert!(got.len() as u64 == len && got.iter().all(|b| *b == 7), "message {tag}");
+    }
+    drop(writer.await.unwrap());
+    let sums = futures_all(&ranks).await;
+    assert!(sums.iter().all(|s| *s == 3), "{sums:?}");
+}
+
+/// A member sends a 64 MiB message on a key a receive waits on for 4 bytes, while the
+/// unmatched-message limits are full: it is not read for that receive (which asked for 4
+/// bytes), so it waits unread, the member's link pauses, the receive fails with the limits'
+/// error, and the rank's memory stays put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_receive_admits_no_more_than_it_asked_for() {
+    use crate::proto::frame::{message_frame, raw_header};
+    use crate::proto::message::encode;
+    let cfg = crate::NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
+    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    let comm = ranks[0].comm_id();
+    // Fill the store first: one 16 MiB message nobody asks for.
+    let filler = vec![1u8; 16 << 20];
+    ranks[1].send(&filler[..], 0, 1).await.unwrap();
+    let receiver = ranks[0].clone();
+    let mut small = [0u32; 1];
+    let recv =
+        tokio::spawn(
+            async move { tokio::time::timeout(Duration::from_secs(3), receiver.recv(&mut small[..], 1, 2)).await },
+        );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = resident_bytes();
+    let len: u64 = 64 << 20;
+    let msg = PeerMsg::P2p { comm, tag: 2, dtype: nexar_types::DType::U32.to_wire(), count: len / 4 };
+    let mut stream = conn.open_uni().await.unwrap();
+    let writer = tokio::spawn(async move {
+        stream.write_all(&[message_frame(&encode(&msg).unwrap()), raw_header(len)].concat()).await.unwrap();
+        let chunk = Bytes::from(vec![9u8; 1 << 20]);
+        for _ in 0..len >> 20 {
+            if stream.write_chunk(chunk.clone()).await.is_err() {
+                break;
+            }
+        }
+    });
+    match recv.await.unwrap() {
+        Ok(Err(crate::P2pError::TooManyUnmatched { .. })) | Err(_) => {}
+        other => panic!("a 4-byte receive should not take a 64 MiB message: {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(grown < 32 << 20, "resident memory grew by {} MiB for a message nobody could take", grown >> 20);
+    assert!(!writer.is_finished(), "the 64 MiB message was read");
+    writer.abort();
+}
+
+/// A member announces an RPC request larger than the rank's RPC limit: the rank reads none of
+/// it, cuts the member with an error that names the length and the limit, and the member sees
+/// its link closed for that reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rpc_request_over_the_limit_cuts_the_member_that_sent_it() {
+    let cfg = crate::NexarConfig { max_rpc_bytes: 1 << 20, ..Default::default() };
+    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    let link = ranks[1].inner.links.get(0).unwrap();
+    let huge = PeerMsg::RpcRequest { req: 1, func: 1, sig: 1, len: 2 << 20 };
+    let _ = link.send(&huge, Some(Bytes::from(vec![0u8; 2 << 20]))).await;
+    let closed = tokio::time::timeout(Duration::from_secs(30), link.connection().closed()).await.unwrap();
+    let text = closed.to_string();
+    assert!(text.contains(&(2u64 << 20).to_string()) && text.contains(&(1u64 << 20).to_string()), "{text}");
+}
+
 /// Among few survivors the majority is of those still alive: rank 0 has counted ranks 2 and
 /// 3 as dead, so when rank 1, its one live peer, cuts it, rank 0 leaves (rather than both
 /// sides carrying on alone, each counting the other as gone).

@@ -213,7 +213,7 @@ impl NexarClient {
         let rank = self.rank();
         let timeout = || P2pError::Timeout { rank, op: "send", peer: dest, tag, after };
         if dest == rank {
-            let incoming = Incoming { from: self.world_rank() as u32, msg, payload: Payload::from_bytes(payload) };
+            let incoming = Incoming::new(self.world_rank() as u32, msg, Payload::from_bytes(payload));
             return match tokio::time::timeout(after, self.inner.self_lanes.deliver(incoming)).await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(_)) => Err(P2pError::Closed { rank, op: "send" }),
@@ -246,7 +246,8 @@ impl NexarClient {
         let mut out = buf.host_stage().map_err(device)?;
         let expected = out.len() as u64;
         let key = self.p2p_key(src, tag)?;
-        let held = self.take(key, src, "recv").await?;
+        let max_len = expected.saturating_mul(std::mem::size_of::<B::Elem>() as u64);
+        let held = self.take(key, src, "recv", max_len).await?;
         let rank = self.rank();
         let want = <B::Elem as Element>::DTYPE;
         if held.dtype != want {
@@ -278,7 +279,7 @@ impl NexarClient {
     /// ```
     pub async fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>, P2pError> {
         let key = self.p2p_key(src, tag)?;
-        let held = self.take(key, src, "recv").await?;
+        let held = self.take(key, src, "recv", u64::MAX).await?;
         if held.dtype != T::DTYPE {
             let got = held.dtype;
             self.inner.mailbox.put_back(key, held);
@@ -335,7 +336,9 @@ impl NexarClient {
         Ok(Key { comm: self.comm.id, src: self.comm.members[src] as u32, tag, part: 0 })
     }
 
-    async fn take(&self, key: Key, src: usize, op: &'static str) -> Result<Held, P2pError> {
+    /// Takes the message for `key`, a payload of at most `max_len` bytes (a larger one is not
+    /// read for this receive while the unmatched-message limits have no room for it).
+    async fn take(&self, key: Key, src: usize, op: &'static str, max_len: u64) -> Result<Held, P2pError> {
         let rank = self.rank();
         let tag = key.tag;
         let refused = |r: Refusal| match r {
@@ -355,7 +358,7 @@ impl NexarClient {
         {
             return Ok(held);
         }
-        let pending = match self.inner.mailbox.take_or_wait(key).map_err(refused)? {
+        let pending = match self.inner.mailbox.take_or_wait_for(key, max_len).map_err(refused)? {
             Ok(held) => return Ok(held),
             Err(pending) => pending,
         };

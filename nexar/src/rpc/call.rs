@@ -45,6 +45,10 @@ impl NexarClient {
         if peer >= self.world_size() {
             return Err(RpcError::InvalidPeer { rank, name, peer, world: self.world_size() });
         }
+        let limit = self.inner.cfg.max_rpc_bytes.min(self.inner.cfg.max_message_bytes);
+        if args.len() as u64 > limit {
+            return Err(RpcError::TooLarge { rank, peer, name, len: args.len() as u64, limit });
+        }
         let (status, body) = if peer == rank {
             let (status, reply) = super::serve::run_handler(&self.inner.registry, func, sig, args.to_vec()).await;
             (status as u8, reply)

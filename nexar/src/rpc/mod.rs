@@ -100,6 +100,24 @@ pub enum RpcError {
         /// The limit (NEXAR_OP_TIMEOUT_MS).
         after: Duration,
     },
+    /// The arguments are larger than this rank's RPC limit (`NEXAR_MAX_RPC_BYTES`), so the call
+    /// was not sent.
+    #[error(
+        "rank {rank} rpc {name} (peer {peer}): the arguments are {len} bytes, over the RPC limit of {limit} bytes \
+         (NEXAR_MAX_RPC_BYTES); send bulk data with send/recv"
+    )]
+    TooLarge {
+        /// The calling rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// The function.
+        name: &'static str,
+        /// The arguments' encoded length.
+        len: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// The connection to the peer is gone.
     #[error("rank {rank} rpc {name}: rank {peer} is unreachable: {reason}")]
     PeerLost {

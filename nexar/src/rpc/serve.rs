@@ -53,10 +53,23 @@ pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<
             }
         };
         let (inner, from) = (inner.clone(), incoming.from as usize);
+        // The request's share of the RPC budget is held until its answer is sent.
+        let held = incoming.budget;
         tokio::spawn(async move {
-            let _permit = permit;
+            let _permit = (permit, held);
             let (status, reply) = run_handler(&registry, func, sig, body).await;
             let Some(inner) = inner.upgrade() else { return };
+            let limit = inner.cfg.max_rpc_bytes.min(inner.cfg.max_message_bytes);
+            let (status, reply) = if reply.len() as u64 > limit {
+                let why = format!(
+                    "the answer of {} bytes is larger than rank {}'s RPC limit of {limit} bytes (NEXAR_MAX_RPC_BYTES)",
+                    reply.len(),
+                    inner.rank
+                );
+                (Status::Codec, why.into_bytes())
+            } else {
+                (status, reply)
+            };
             let msg = PeerMsg::RpcResponse { req, status: status as u8, len: reply.len() as u64 };
             if let Some(link) = inner.route(from)
                 && let Err(e) = link.send(&msg, Some(Bytes::from(reply))).await

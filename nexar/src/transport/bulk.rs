@@ -465,7 +465,7 @@ impl BulkInbound {
         if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
             slot.received((*comm, *seq));
         }
-        let _ = self.lanes.deliver(Incoming { from: self.peer, msg, payload }).await;
+        let _ = self.lanes.deliver(Incoming::new(self.peer, msg, payload)).await;
         Ok(())
     }
 }

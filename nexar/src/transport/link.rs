@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use super::TransportError;
 use super::bulk::{BulkChannel, BulkSlot};
+use super::byte_budget::ByteBudget;
 use super::framed::{Payload, ReadFrameError, read_body, read_header};
 use super::liveness::Liveness;
 use super::mailbox::{Held, Key, Mailbox};
@@ -86,6 +87,16 @@ pub struct Incoming {
     pub msg: PeerMsg,
     /// Raw bytes that followed it (empty for messages without payload).
     pub payload: Payload,
+    /// The share of the rank's RPC byte budget this message holds until it is dropped (RPC
+    /// requests and answers read off a link).
+    pub(crate) budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Incoming {
+    /// A message from `from`, holding no budget.
+    pub fn new(from: u32, msg: PeerMsg, payload: Payload) -> Incoming {
+        Incoming { from, msg, payload, budget: None }
+    }
 }
 
 /// The sending halves of a rank's lanes, shared by the routers of all its links.
@@ -95,6 +106,8 @@ pub struct LaneSenders {
     direct: [Option<DirectSink>; Lane::COUNT],
     liveness: Option<std::sync::Arc<Liveness>>,
     relay: Option<RelayHook>,
+    /// The bytes of RPC requests and answers the rank holds at once.
+    rpc_budget: Option<ByteBudget>,
 }
 
 /// Where relayed messages go: those for this rank are unpacked and delivered, the others are
@@ -172,12 +185,26 @@ pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
     let (d, rd) = mpsc::channel(capacity);
     let (e, re) = mpsc::channel(capacity);
     (
-        LaneSenders { senders: [a, b, c, d, e], direct: Default::default(), liveness: None, relay: None },
+        LaneSenders {
+            senders: [a, b, c, d, e],
+            direct: Default::default(),
+            liveness: None,
+            relay: None,
+            rpc_budget: None,
+        },
         LaneReceivers { rpc_requests: ra, rpc_responses: rb, control: rc, data: rd, raw: re },
     )
 }
 
 impl LaneSenders {
+    /// The store a message announced by `from` goes to, and its key there, when its lane
+    /// delivers straight into one (point-to-point and collective messages): its payload is
+    /// read only once that store admits it.
+    fn admission(&self, msg: &PeerMsg, from: u32) -> Option<(&Mailbox, Key)> {
+        let sink = self.direct[Lane::of(msg) as usize].as_ref()?;
+        Some((&sink.mailbox, super::mailbox::key_of(msg, from)?))
+    }
+
     /// The store collective messages go to, when they bypass the raw lane's queue.
     pub(crate) fn coll_mailbox(&self) -> Option<std::sync::Arc<Mailbox>> {
         self.direct[Lane::Raw as usize].as_ref().map(|sink| sink.mailbox.clone())
@@ -192,6 +219,13 @@ impl LaneSenders {
     /// Records every delivered message in `liveness` as a sign of life from its sender.
     pub(crate) fn with_liveness(mut self, liveness: std::sync::Arc<Liveness>) -> Self {
         self.liveness = Some(liveness);
+        self
+    }
+
+    /// Reads RPC requests and answers only while the rank holds fewer than `limit` bytes of
+    /// them, and refuses any single one larger.
+    pub(crate) fn with_rpc_budget(mut self, limit: u64) -> Self {
+        self.rpc_budget = Some(ByteBudget::new(limit));
         self
     }
 
@@ -263,7 +297,7 @@ fn unpack_relayed(envelope: &Incoming, hook: &RelayHook) -> Result<Incoming, Fra
     opened.map_err(|e| FrameError::InvalidMessage(format!("relayed message from rank {src}: {e}")))?;
     let (msg, range) = crate::proto::relay::unpack(&body, hook.max_payload)?;
     let payload = Payload::from_bytes(Bytes::from(body).slice(range));
-    Ok(Incoming { from: src, msg, payload })
+    Ok(Incoming::new(src, msg, payload))
 }
 
 enum Outgoing {
@@ -641,7 +675,7 @@ async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64
                 let (lanes, budget) = (lanes.clone(), budget.clone());
                 tokio::spawn(
                     async move {
-                        if let Err(error) = read_stream(recv, peer, &lanes, max_payload, &budget).await {
+                        if let Err(error) = read_stream(recv, &conn, peer, &lanes, max_payload, &budget).await {
                             tracing::error!(peer, %error, "closing the connection: the peer broke the wire protocol");
                             conn.close(CLOSE_PROTOCOL_VIOLATION.into(), error.to_string().as_bytes());
                         }
@@ -661,6 +695,7 @@ async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64
 /// that closes mid-frame because the connection went away ends quietly.
 async fn read_stream(
     mut recv: RecvStream,
+    conn: &Connection,
     peer: u32,
     lanes: &LaneSenders,
     max_payload: u64,
@@ -673,7 +708,7 @@ async fn read_stream(
             Err(ReadFrameError::Closed(_)) => return Ok(()),
             Err(ReadFrameError::Frame(e)) => return Err(e),
         };
-        let mut held = None;
+        let (mut held, mut admitted, mut rpc_held) = (None, None, None);
         let payload = match announced_payload(&msg, max_payload)? {
             None => Payload::default(),
             Some((expected, limit)) => match read_header(&mut recv, limit).await {
@@ -688,6 +723,29 @@ async fn read_stream(
                         Ok(permit) => held = Some(permit),
                         Err(_) => return Ok(()),
                     }
+                    // RPC requests and answers are read only once the rank's RPC budget has
+                    // room for them.
+                    if let (Some(budget), PeerMsg::RpcRequest { .. } | PeerMsg::RpcResponse { .. }) =
+                        (&lanes.rpc_budget, &msg)
+                    {
+                        if h.len > budget.limit() {
+                            return Err(FrameError::TooLong { len: h.len, limit: budget.limit() });
+                        }
+                        tokio::select! {
+                            permit = budget.take(h.len) => match permit {
+                                Some(p) => rpc_held = Some(p),
+                                None => return Ok(()),
+                            },
+                            _ = conn.closed() => return Ok(()),
+                        }
+                    }
+                    // A message for a mailbox is read only once the mailbox can take it.
+                    if let Some((mailbox, key)) = lanes.admission(&msg, peer) {
+                        tokio::select! {
+                            a = mailbox.admit(key, h.len) => admitted = Some(a),
+                            _ = conn.closed() => return Ok(()),
+                        }
+                    }
                     match Payload::read(&mut recv, h.len).await {
                         Ok(p) => p,
                         Err(ReadFrameError::Frame(e)) => return Err(e),
@@ -698,7 +756,9 @@ async fn read_stream(
                 Err(ReadFrameError::Frame(e)) => return Err(e),
             },
         };
-        let delivered = lanes.deliver(Incoming { from: peer, msg, payload }).await;
+        // The reservation ends as the message is counted as held.
+        drop(admitted);
+        let delivered = lanes.deliver(Incoming { from: peer, msg, payload, budget: rpc_held }).await;
         drop(held);
         if delivered.is_err() {
             return Ok(());

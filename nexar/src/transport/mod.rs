@@ -2,6 +2,7 @@
 //! their router and lanes.
 
 pub mod bulk;
+pub(crate) mod byte_budget;
 pub mod chaos;
 pub mod endpoint;
 pub mod framed;

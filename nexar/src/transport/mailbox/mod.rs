@@ -12,6 +12,10 @@
 //! rank with messages nobody asked for fills its share and the pool, and then only its own link
 //! pauses: every other sender still has its share.
 
+mod admission;
+
+pub(crate) use admission::key_of;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
@@ -117,7 +121,9 @@ enum Delivered {
     Busy(Held),
 }
 
-type Waiter = (u64, oneshot::Sender<Result<Held, Refusal>>);
+/// A waiting receive: its id, the most payload bytes it takes (a larger message is not read
+/// for it, see [`Mailbox::admit`]), and where its message goes.
+type Waiter = (u64, u64, oneshot::Sender<Result<Held, Refusal>>);
 
 #[derive(Default)]
 struct State {
@@ -126,7 +132,12 @@ struct State {
     bytes: u64,
     /// Per sender: a message that arrived while the sender had no room, kept here (not dropped)
     /// until there is room or a `recv` asks for it. Only that sender's link waits meanwhile.
+    /// (Messages normally wait unread instead, see `paused`; one lands here only when the
+    /// receive it was admitted for went away before it arrived.)
     overflow: HashMap<u32, (Key, Held)>,
+    /// Per sender: the key of a message announced on its link that waits, unread, for room or
+    /// for a `recv` (see [`Mailbox::admit`]).
+    paused: HashMap<u32, Key>,
     /// Messages and bytes held, per sender.
     per_src: HashMap<u32, (usize, u64)>,
     waiters: HashMap<Key, VecDeque<Waiter>>,
@@ -160,23 +171,38 @@ impl State {
         self.held.entry(key).or_default().push_front(msg);
     }
 
+    fn count_out(&mut self, src: u32, len: u64) {
+        self.count -= 1;
+        self.bytes -= len;
+        if let Some(share) = self.per_src.get_mut(&src) {
+            share.0 -= 1;
+            share.1 -= len;
+            if share.0 == 0 {
+                self.per_src.remove(&src);
+            }
+        }
+    }
+
     fn pop(&mut self, key: &Key) -> Option<Held> {
         let queue = self.held.get_mut(key)?;
         let msg = queue.pop_front()?;
         if queue.is_empty() {
             self.held.remove(key);
         }
-        let len = msg.payload.len() as u64;
-        self.count -= 1;
-        self.bytes -= len;
-        if let Some(share) = self.per_src.get_mut(&key.src) {
-            share.0 -= 1;
-            share.1 -= len;
-            if share.0 == 0 {
-                self.per_src.remove(&key.src);
+        self.count_out(key.src, msg.payload.len() as u64);
+        Some(msg)
+    }
+
+    /// Fails every receive waiting on `src`: its link is paused, so nothing it waits for that
+    /// is not held can arrive (better told now than left to time out).
+    fn refuse_waiters_of(&mut self, src: u32) {
+        let (held, held_bytes) = (self.count, self.bytes);
+        let keys: Vec<Key> = self.waiters.keys().copied().filter(|k| k.src == src).collect();
+        for k in keys {
+            for (_, _, tx) in self.waiters.remove(&k).unwrap_or_default() {
+                let _ = tx.send(Err(Refusal::Full { held, held_bytes }));
             }
         }
-        Some(msg)
     }
 }
 
@@ -249,7 +275,7 @@ impl Mailbox {
         let mut st = self.lock();
         st.closed = true;
         for (_, queue) in st.waiters.drain() {
-            for (_, tx) in queue {
+            for (_, _, tx) in queue {
                 let _ = tx.send(Err(Refusal::Closed));
             }
         }
@@ -295,7 +321,7 @@ impl Mailbox {
             return Delivered::Done;
         }
         if let Some(queue) = st.waiters.get_mut(&key) {
-            while let Some((_, tx)) = queue.pop_front() {
+            while let Some((_, _, tx)) = queue.pop_front() {
                 match tx.send(Ok(msg)) {
                     Ok(()) => {
                         if queue.is_empty() {
@@ -330,12 +356,7 @@ impl Mailbox {
         st.overflow.insert(key.src, (key, msg));
         // Every receive waiting on this sender is for a key that is not held and cannot arrive
         // while its link is paused: tell them now rather than let them time out.
-        let keys: Vec<Key> = st.waiters.keys().copied().filter(|k| k.src == key.src).collect();
-        for k in keys {
-            for (_, tx) in st.waiters.remove(&k).unwrap_or_default() {
-                let _ = tx.send(Err(Refusal::Full { held: count, held_bytes: bytes }));
-            }
-        }
+        st.refuse_waiters_of(key.src);
         Delivered::Parked
     }
 
@@ -343,7 +364,7 @@ impl Mailbox {
     pub fn try_take(&self, key: Key) -> Result<Option<Held>, Refusal> {
         let mut st = self.lock();
         if let Some(msg) = st.pop(&key) {
-            self.refill(&mut st);
+            self.made_room(&mut st);
             return Ok(Some(msg));
         }
         if let Some(aborted) = st.aborted.get(&(key.comm, key.tag)) {
@@ -356,10 +377,17 @@ impl Mailbox {
     }
 
     /// Takes the oldest message for `key`, or registers a waiter for it.
+    #[cfg(test)]
     pub fn take_or_wait(&self, key: Key) -> Result<Result<Held, PendingRecv<'_>>, Refusal> {
+        self.take_or_wait_for(key, u64::MAX)
+    }
+
+    /// Like [`take_or_wait`](Self::take_or_wait), for a receive that takes at most `max_len`
+    /// payload bytes: a larger message for `key` is read only if the limits have room for it.
+    pub fn take_or_wait_for(&self, key: Key, max_len: u64) -> Result<Result<Held, PendingRecv<'_>>, Refusal> {
         let mut st = self.lock();
         if let Some(msg) = st.pop(&key) {
-            self.refill(&mut st);
+            self.made_room(&mut st);
             return Ok(Ok(msg));
         }
         if st.overflow.get(&key.src).is_some_and(|(k, _)| *k == key)
@@ -378,14 +406,27 @@ impl Mailbox {
         if let Some(reason) = st.gone.get(&key.src) {
             return Err(Refusal::SourceGone(reason.clone()));
         }
-        if st.overflow.contains_key(&key.src) {
+        if st.overflow.contains_key(&key.src) || st.paused.get(&key.src).is_some_and(|p| *p != key) {
             return Err(Refusal::Full { held: st.count, held_bytes: st.bytes });
+        }
+        // The message this receive asks for may be waiting unread on its link: wake it.
+        if st.paused.get(&key.src) == Some(&key) {
+            self.room.notify_waiters();
         }
         let id = st.next_waiter;
         st.next_waiter += 1;
         let (tx, rx) = oneshot::channel();
-        st.waiters.entry(key).or_default().push_back((id, tx));
+        st.waiters.entry(key).or_default().push_back((id, max_len, tx));
         Ok(Err(PendingRecv { mailbox: self, key, id, rx: Some(rx) }))
+    }
+
+    /// After a message left the store: parked messages move in, and links waiting for room
+    /// are woken.
+    fn made_room(&self, st: &mut State) {
+        self.refill(st);
+        if !st.paused.is_empty() {
+            self.room.notify_waiters();
+        }
     }
 
     /// Moves parked messages into the store once there is room for them.
@@ -459,7 +500,7 @@ impl Mailbox {
         let matching = |k: &Key| k.comm == comm && k.tag == tag;
         let keys: Vec<Key> = st.waiters.keys().copied().filter(matching).collect();
         for k in keys {
-            for (_, tx) in st.waiters.remove(&k).unwrap_or_default() {
+            for (_, _, tx) in st.waiters.remove(&k).unwrap_or_default() {
                 let _ = tx.send(Err(refusal(&aborted)));
             }
         }
@@ -469,10 +510,10 @@ impl Mailbox {
         }
         let before = st.overflow.len();
         st.overflow.retain(|_, (k, _)| !matching(k));
-        if st.overflow.len() != before {
+        if st.overflow.len() != before || st.paused.values().any(matching) {
             self.room.notify_waiters();
         }
-        self.refill(&mut st);
+        self.made_room(&mut st);
     }
 
     /// Records that nothing more will come from `src`: receives waiting on it fail now, later
@@ -480,9 +521,12 @@ impl Mailbox {
     pub fn source_gone(&self, src: u32, reason: &str) {
         let mut st = self.lock();
         st.gone.insert(src, reason.to_string());
+        if st.paused.contains_key(&src) {
+            self.room.notify_waiters();
+        }
         let keys: Vec<Key> = st.waiters.keys().copied().filter(|k| k.src == src).collect();
         for k in keys {
-            for (_, tx) in st.waiters.remove(&k).unwrap_or_default() {
+            for (_, _, tx) in st.waiters.remove(&k).unwrap_or_default() {
                 let _ = tx.send(Err(Refusal::SourceGone(reason.to_string())));
             }
         }
@@ -524,7 +568,7 @@ impl Drop for PendingRecv<'_> {
         let Some(mut rx) = self.rx.take() else { return };
         let mut st = self.mailbox.lock();
         if let Some(queue) = st.waiters.get_mut(&self.key) {
-            queue.retain(|(id, _)| *id != self.id);
+            queue.retain(|(id, _, _)| *id != self.id);
             if queue.is_empty() {
                 st.waiters.remove(&self.key);
             }

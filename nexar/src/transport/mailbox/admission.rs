@@ -1,0 +1,191 @@
+//! Admission: whether a message announced on a link may be read off the wire yet.
+//!
+//! A message's header arrives before its payload, and says how long the payload is. The
+//! payload is read only once the mailbox can take it: a receive waits for its key, or its
+//! sender has room under the unmatched-message limits (its share, or the pool). Until then the
+//! stream is not read, and QUIC's flow control holds the sender. What a peer has sent without
+//! being asked therefore costs this rank no more memory than the limits allow, whether it is
+//! held or still being read: admission reserves its bytes in the sender's account. (Before, a
+//! message was read whole first and then parked, so each sender could make a rank hold one
+//! message of up to `max_message_bytes` beyond the limits, per lane.)
+//!
+//! A message a receive waits for is read whatever the limits say, but only if it is no larger
+//! than that receive takes, so what was asked for is bounded by what the receiver asked for. An
+//! empty store still takes any one message, so every size the message limit allows gets
+//! through.
+
+use std::time::Duration;
+
+use super::{Key, Mailbox, State};
+use crate::proto::message::PeerMsg;
+
+/// How often a waiting link looks again, whatever it was woken by (a safety net: every change
+/// that can admit a message also wakes the waiting links).
+const RECHECK: Duration = Duration::from_millis(100);
+
+/// The mailbox key of a message announced on a link by `from`: point-to-point messages by
+/// `(comm, tag)`, collective ones by `(comm, seq, part)`. `None` for other messages.
+pub(crate) fn key_of(msg: &PeerMsg, from: u32) -> Option<Key> {
+    match *msg {
+        PeerMsg::P2p { comm, tag, .. } => Some(Key { comm, src: from, tag, part: 0 }),
+        PeerMsg::Coll { comm, seq, part, .. } => Some(Key { comm, src: from, tag: seq, part }),
+        _ => None,
+    }
+}
+
+/// A message admitted to be read: while it is being read, its bytes count against its sender's
+/// room (when it was admitted for room rather than for a waiting receive). Drop it just before
+/// the message is delivered.
+pub(crate) struct Admitted<'a> {
+    mailbox: &'a Mailbox,
+    src: u32,
+    /// The bytes reserved in the sender's account, if any.
+    reserved: Option<u64>,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some(len) = self.reserved.take() {
+            let mut st = self.mailbox.lock();
+            st.count_out(self.src, len);
+            self.mailbox.made_room(&mut st);
+        }
+    }
+}
+
+/// Clears a sender's pause when the wait for its message ends, however it ends (admitted, or
+/// the reading task dropped with its connection).
+struct PauseGuard<'a> {
+    mailbox: &'a Mailbox,
+    key: Key,
+}
+
+impl Drop for PauseGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = self.mailbox.lock();
+        if st.paused.get(&self.key.src) == Some(&self.key) {
+            st.paused.remove(&self.key.src);
+        }
+    }
+}
+
+impl Mailbox {
+    /// Waits until the `len`-byte payload of a message for `key` may be read (see the module
+    /// docs). While it waits, receives from the same sender for other keys fail at once, as
+    /// they would for a paused link.
+    pub(crate) async fn admit(&self, key: Key, len: u64) -> Admitted<'_> {
+        let _pause = PauseGuard { mailbox: self, key };
+        loop {
+            // Made before the state is looked at, so a wake-up in between is not missed.
+            let woken = self.room.notified();
+            if let Some(admitted) = self.try_admit(key, len) {
+                return admitted;
+            }
+            let _ = tokio::time::timeout(RECHECK, woken).await;
+        }
+    }
+
+    fn try_admit(&self, key: Key, len: u64) -> Option<Admitted<'_>> {
+        let mut st = self.lock();
+        // Delivered at once, or dropped: nothing to reserve.
+        let unreserved = st.closed
+            || st.aborted.contains_key(&(key.comm, key.tag))
+            || st.gone.contains_key(&key.src)
+            || st.waiters.get(&key).is_some_and(|queue| queue.iter().any(|(_, max, _)| len <= *max));
+        if unreserved {
+            return Some(Admitted { mailbox: self, src: key.src, reserved: None });
+        }
+        if self.has_room(&st, key.src, len) {
+            st.count_in(key.src, len);
+            return Some(Admitted { mailbox: self, src: key.src, reserved: Some(len) });
+        }
+        if !st.paused.contains_key(&key.src) {
+            pause(&mut st, key, len);
+        }
+        None
+    }
+}
+
+/// Marks `key`'s sender as paused on its message of `len` bytes.
+fn pause(st: &mut State, key: Key, len: u64) {
+    let (src_count, src_bytes) = st.per_src.get(&key.src).copied().unwrap_or_default();
+    tracing::warn!(
+        src = key.src,
+        held = st.count,
+        held_bytes = st.bytes,
+        from_src = src_count,
+        from_src_bytes = src_bytes,
+        waiting = len,
+        "unmatched-message limit reached for this sender; its next message waits unread until a receive asks \
+         for it or there is room"
+    );
+    st.paused.insert(key.src, key);
+    st.refuse_waiters_of(key.src);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Held, Refusal};
+    use super::*;
+    use crate::transport::framed::Payload;
+    use bytes::Bytes;
+    use nexar_types::DType;
+
+    fn key(src: u32, tag: u64) -> Key {
+        Key { comm: 1, src, tag, part: 0 }
+    }
+
+    fn held(len: usize) -> Held {
+        Held {
+            dtype: DType::U8,
+            count: len as u64,
+            payload: Payload::from_bytes(Bytes::from(vec![7; len])),
+            check: None,
+        }
+    }
+
+    /// A sender over its room waits unread, its other receives fail, and a receive for the
+    /// waiting key admits it; room admits the next one.
+    #[tokio::test]
+    async fn a_message_without_room_waits_unread_until_it_is_asked_for() {
+        // 2 senders: each may hold 100 bytes of its own, the pool another 200.
+        let mailbox = Mailbox::with_senders(100, 800, 2);
+        let first = mailbox.admit(key(1, 1), 300).await;
+        drop(first);
+        mailbox.deliver(key(1, 1), held(300)).await;
+        assert_eq!(mailbox.held(), (1, 300));
+        // 400 more from the same sender does not fit its share and the pool.
+        let mut waiting = Box::pin(mailbox.admit(key(1, 2), 400));
+        assert!(futures_poll_once(&mut waiting).await.is_none(), "admitted without room");
+        // Another key from the paused sender fails at once, as on a paused link.
+        assert!(matches!(mailbox.take_or_wait(key(1, 9)), Err(Refusal::Full { .. })));
+        // Another sender still has its share.
+        drop(mailbox.admit(key(2, 1), 100).await);
+        // A receive for the waiting key lets it be read, reserving nothing.
+        let pending = mailbox.take_or_wait(key(1, 2)).unwrap().unwrap_err();
+        let admitted = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("a receive admits it");
+        assert!(admitted.reserved.is_none());
+        drop(admitted);
+        mailbox.deliver(key(1, 2), held(400)).await;
+        assert_eq!(pending.wait().await.unwrap().payload.len(), 400);
+    }
+
+    /// What is being read counts as held: two streams cannot both take the last room, and the
+    /// empty store's "any one message" admits only one oversized message at a time.
+    #[tokio::test]
+    async fn messages_being_read_count_against_the_limits() {
+        let mailbox = Mailbox::with_senders(100, 1000, 1);
+        let big = mailbox.admit(key(1, 1), 5000).await;
+        assert_eq!(mailbox.held(), (1, 5000));
+        let mut second = Box::pin(mailbox.admit(key(2, 1), 5000));
+        assert!(futures_poll_once(&mut second).await.is_none(), "a second oversized message was admitted");
+        drop(big);
+        assert_eq!(mailbox.held(), (0, 0));
+        let second = tokio::time::timeout(Duration::from_secs(5), second).await.expect("room admits it");
+        assert_eq!(second.reserved, Some(5000));
+    }
+
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        tokio::time::timeout(Duration::from_millis(50), f).await.ok()
+    }
+}
