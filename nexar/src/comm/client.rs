@@ -21,8 +21,10 @@ use crate::config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
 use crate::error::NexarError;
 use crate::proto::message::PeerMsg;
 use crate::rpc::{Registry, serve_requests, serve_responses};
+use crate::transport::byte_budget::ByteBudget;
 use crate::transport::endpoint;
 use crate::transport::framed::Payload;
+use crate::transport::link::RELAY_BUDGET_BYTES;
 use crate::transport::link::{
     CLOSE_SHUTDOWN, DirectSink, Incoming, Lane, LaneReceivers, LaneSenders, PeerLink, RelayHook, lanes,
 };
@@ -397,6 +399,7 @@ impl NexarClient {
             max_payload: cfg.max_message_bytes,
             relayed_sources: relayed_sources.into(),
             seals: relay_seals.clone(),
+            budget: ByteBudget::new(RELAY_BUDGET_BYTES),
         };
         let senders = senders
             .with_liveness(liveness.clone())

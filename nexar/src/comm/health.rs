@@ -167,11 +167,13 @@ impl Inner {
             return;
         }
         let within = (2 * self.cfg.heartbeat_interval).min(self.cfg.heartbeat_timeout);
-        // This rank's own evidence agrees: it has not heard from that rank for a while either
-        // (as with a rank it has no direct link to, on a sparse topology), or their connection
-        // is gone. Then the news is passed on at once.
-        let silent = self.health.liveness.silent_for(rank);
-        let closed = self.links.get(rank).is_some_and(|l| l.connection().close_reason().is_some());
+        // This rank's own evidence agrees: it has not heard from that rank for a while either,
+        // or their connection is gone. Then the news is passed on at once. A rank with no direct
+        // link here (sparse topologies) sends no heartbeats here, so its silence is no evidence:
+        // it is pinged through the relays instead, so one member's word never evicts it.
+        let direct = self.links.get(rank);
+        let silent = if direct.is_some() { self.health.liveness.silent_for(rank) } else { Duration::ZERO };
+        let closed = direct.is_some_and(|l| l.connection().close_reason().is_some());
         if silent > within || closed {
             let why =
                 format!("rank {from} declared it dead ({reason}), and this rank has not heard from it for {silent:?}");

@@ -155,6 +155,26 @@ async fn one_rank_cannot_evict_another_or_the_receiver_with_a_suspect() {
     assert!(sums.iter().all(|s| *s == 6), "{sums:?}");
 }
 
+/// On a ring of 5, rank 1 tells rank 0 that rank 3, which has no direct link to rank 0, is
+/// dead. Rank 0 hears nothing from rank 3 directly anyway, so silence is no evidence: it pings
+/// rank 3 through the relays, gets an answer, and evicts nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_member_cannot_evict_a_rank_that_has_no_direct_link_to_the_receiver() {
+    let cfg = crate::NexarConfig { topology: crate::proto::topology::Topology::KRegular(2), ..Default::default() };
+    let ranks = NexarClient::bootstrap_local_with(5, cfg).await.unwrap();
+    assert!(ranks[0].inner.links.get(3).is_none(), "rank 3 is not a neighbour of rank 0");
+    // Long enough that rank 0 has heard nothing from rank 3 for longer than the check's window.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let lie = PeerMsg::Suspect { rank: 3, reason: "a lie".into() };
+    ranks[1].inner.links.get(0).unwrap().send(&lie, None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    for c in &ranks {
+        assert!(c.failed_ranks().is_empty(), "rank {} now counts {:?} dead", c.rank(), c.failed_ranks());
+    }
+    let sums = futures_all(&ranks).await;
+    assert!(sums.iter().all(|s| *s == 15), "{sums:?}");
+}
+
 /// Rank 3 cuts its link to rank 0 with the "declared dead" code: one member's word does not
 /// exclude rank 0, which counts rank 3 as gone and carries on with ranks 1 and 2 (who check
 /// rank 3 for themselves and keep it). When most of rank 0's peers have cut it, it leaves.
@@ -255,6 +275,26 @@ async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
     assert!(second.is_err(), "a second 40 MiB message was read beside the first: over the lane's budget");
 }
 
+/// Runs the test `name` of this module in a process of its own (this test binary again, for
+/// that one test), so that `/proc/self/statm` counts only its memory, not that of the tests
+/// running beside it; in that process, runs `body`.
+fn alone<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
+    const ALONE: &str = "NEXAR_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        runtime.block_on(body());
+        return;
+    }
+    let test = format!("comm::hostile_member_tests::{name}");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test.as_str(), "--exact", "--test-threads=1", "--nocapture"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("1 passed"), "{test} in its own process:\n{stdout}\n{stderr}");
+}
+
 /// This process's resident memory, from `/proc/self/statm`.
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
@@ -267,8 +307,15 @@ fn resident_bytes() -> u64 {
 /// message) and leaves the others unread until they are asked for, so its resident memory
 /// grows by one message, not more (before, a second was read and parked). Asked for, all four
 /// arrive intact, and the cluster carries on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits() {
+#[test]
+fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits() {
+    alone(
+        "messages_nobody_asked_for_cost_no_more_memory_than_the_limits",
+        messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body,
+    );
+}
+
+async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
     use crate::proto::frame::{message_frame, raw_header};
     use crate::proto::message::encode;
     let cfg = crate::NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
@@ -317,8 +364,15 @@ async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits() {
 /// unmatched-message limits are full: it is not read for that receive (which asked for 4
 /// bytes), so it waits unread, the member's link pauses, the receive fails with the limits'
 /// error, and the rank's memory stays put.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_receive_admits_no_more_than_it_asked_for() {
+#[test]
+fn a_waiting_receive_admits_no_more_than_it_asked_for() {
+    alone(
+        "a_waiting_receive_admits_no_more_than_it_asked_for",
+        a_waiting_receive_admits_no_more_than_it_asked_for_body,
+    );
+}
+
+async fn a_waiting_receive_admits_no_more_than_it_asked_for_body() {
     use crate::proto::frame::{message_frame, raw_header};
     use crate::proto::message::encode;
     let cfg = crate::NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };

@@ -183,8 +183,17 @@ pub(crate) async fn forward(inner: Weak<Inner>, mut envelopes: mpsc::Receiver<In
                 continue;
             }
         };
-        if let Err(e) = next.send_queued_parts(&envelope, chunks).await {
-            tracing::debug!(src, dst, error = %e, "could not forward a relayed message");
+        match next.send_queued_parts(&envelope, chunks).await {
+            // The envelope's share of the relay budget is held until it is written.
+            Ok(written) => {
+                if let Some(held) = incoming.budget {
+                    tokio::spawn(async move {
+                        let _held = held;
+                        let _ = written.await;
+                    });
+                }
+            }
+            Err(e) => tracing::debug!(src, dst, error = %e, "could not forward a relayed message"),
         }
     }
 }

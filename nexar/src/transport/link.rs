@@ -128,7 +128,13 @@ pub(crate) struct RelayHook {
     /// The keys that open relayed bodies end to end; `None` in a cluster without relay keys
     /// (started with `connect_static`), whose relayed messages are protected hop by hop only.
     pub seals: Option<std::sync::Arc<super::relay_seal::RelaySeals>>,
+    /// The bytes of relay envelopes the rank holds at once (being read, queued to be forwarded
+    /// or written, or being opened); a larger envelope waits until it can go alone.
+    pub budget: ByteBudget,
 }
+
+/// Bytes of relay envelopes a rank holds at once (see [`RelayHook::budget`]).
+pub(crate) const RELAY_BUDGET_BYTES: u64 = 256 << 20;
 
 impl RelayHook {
     /// Why an envelope from `via` that claims to carry `src`'s message to this rank is refused.
@@ -222,6 +228,16 @@ impl LaneSenders {
         self
     }
 
+    /// The byte budget a message holds while this rank keeps it: RPC requests and answers
+    /// share one, relay envelopes another.
+    fn byte_budget(&self, msg: &PeerMsg) -> Option<&ByteBudget> {
+        match msg {
+            PeerMsg::RpcRequest { .. } | PeerMsg::RpcResponse { .. } => self.rpc_budget.as_ref(),
+            PeerMsg::Relay { .. } => self.relay.as_ref().map(|hook| &hook.budget),
+            _ => None,
+        }
+    }
+
     /// Reads RPC requests and answers only while the rank holds fewer than `limit` bytes of
     /// them, and refuses any single one larger.
     pub(crate) fn with_rpc_budget(mut self, limit: u64) -> Self {
@@ -253,7 +269,7 @@ impl LaneSenders {
                     tracing::warn!(src, via, %why, "refused a relayed message");
                     return Ok(());
                 }
-                match unpack_relayed(&incoming, hook) {
+                match unpack_relayed(incoming, hook) {
                     Ok(inner) => inner,
                     Err(error) => {
                         tracing::warn!(src, via, %error, "dropped a malformed relayed message");
@@ -284,7 +300,7 @@ impl LaneSenders {
 
 /// Opens a relay envelope addressed to this rank: the carried message, from its original
 /// sender, once its seal proves that sender wrote it.
-fn unpack_relayed(envelope: &Incoming, hook: &RelayHook) -> Result<Incoming, FrameError> {
+fn unpack_relayed(envelope: Incoming, hook: &RelayHook) -> Result<Incoming, FrameError> {
     let PeerMsg::Relay { src, lane, seq, .. } = envelope.msg else {
         return Err(FrameError::InvalidMessage("not a relay envelope".into()));
     };
@@ -297,7 +313,8 @@ fn unpack_relayed(envelope: &Incoming, hook: &RelayHook) -> Result<Incoming, Fra
     opened.map_err(|e| FrameError::InvalidMessage(format!("relayed message from rank {src}: {e}")))?;
     let (msg, range) = crate::proto::relay::unpack(&body, hook.max_payload)?;
     let payload = Payload::from_bytes(Bytes::from(body).slice(range));
-    Ok(Incoming::new(src, msg, payload))
+    // The carried message keeps the envelope's share of the relay budget until it is handed on.
+    Ok(Incoming { from: src, msg, payload, budget: envelope.budget })
 }
 
 enum Outgoing {
@@ -708,7 +725,7 @@ async fn read_stream(
             Err(ReadFrameError::Closed(_)) => return Ok(()),
             Err(ReadFrameError::Frame(e)) => return Err(e),
         };
-        let (mut held, mut admitted, mut rpc_held) = (None, None, None);
+        let (mut held, mut admitted, mut budget_held) = (None, None, None);
         let payload = match announced_payload(&msg, max_payload)? {
             None => Payload::default(),
             Some((expected, limit)) => match read_header(&mut recv, limit).await {
@@ -723,17 +740,17 @@ async fn read_stream(
                         Ok(permit) => held = Some(permit),
                         Err(_) => return Ok(()),
                     }
-                    // RPC requests and answers are read only once the rank's RPC budget has
-                    // room for them.
-                    if let (Some(budget), PeerMsg::RpcRequest { .. } | PeerMsg::RpcResponse { .. }) =
-                        (&lanes.rpc_budget, &msg)
-                    {
-                        if h.len > budget.limit() {
+                    // RPC requests and answers, and relay envelopes, are read only once the
+                    // rank's budget for them has room.
+                    if let Some(budget) = lanes.byte_budget(&msg) {
+                        if matches!(msg, PeerMsg::RpcRequest { .. } | PeerMsg::RpcResponse { .. })
+                            && h.len > budget.limit()
+                        {
                             return Err(FrameError::TooLong { len: h.len, limit: budget.limit() });
                         }
                         tokio::select! {
                             permit = budget.take(h.len) => match permit {
-                                Some(p) => rpc_held = Some(p),
+                                Some(p) => budget_held = Some(p),
                                 None => return Ok(()),
                             },
                             _ = conn.closed() => return Ok(()),
@@ -758,7 +775,7 @@ async fn read_stream(
         };
         // The reservation ends as the message is counted as held.
         drop(admitted);
-        let delivered = lanes.deliver(Incoming { from: peer, msg, payload, budget: rpc_held }).await;
+        let delivered = lanes.deliver(Incoming { from: peer, msg, payload, budget: budget_held }).await;
         drop(held);
         if delivered.is_err() {
             return Ok(());
