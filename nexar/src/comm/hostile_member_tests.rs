@@ -315,12 +315,24 @@ fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits() {
     );
 }
 
-async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
-    use crate::proto::frame::{message_frame, raw_header};
-    use crate::proto::message::encode;
+/// Two ranks whose unmatched-message limit is 16 MiB, and rank 1's connection to rank 0.
+async fn two_ranks_with_16_mib_limits() -> (Vec<NexarClient>, quinn::Connection) {
     let cfg = crate::NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    (ranks, conn)
+}
+
+/// The frames that announce a point-to-point message of `len` payload bytes of `dtype`.
+fn p2p_head(comm: u64, tag: u64, dtype: nexar_types::DType, len: u64) -> Bytes {
+    use crate::proto::frame::{message_frame, raw_header};
+    let count = len / dtype.size() as u64;
+    let msg = PeerMsg::P2p { comm, tag, dtype: dtype.to_wire(), count };
+    Bytes::from([message_frame(&crate::proto::message::encode(&msg).unwrap()), raw_header(len)].concat())
+}
+
+async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
+    let (ranks, conn) = two_ranks_with_16_mib_limits().await;
     let len: u64 = 64 << 20;
     let chunk = Bytes::from(vec![7u8; 1 << 20]);
     let comm = ranks[0].comm_id();
@@ -328,8 +340,7 @@ async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
     let mut stream = conn.open_uni().await.unwrap();
     let writer = tokio::spawn(async move {
         for tag in 1..=4u64 {
-            let msg = PeerMsg::P2p { comm, tag, dtype: nexar_types::DType::U8.to_wire(), count: len };
-            stream.write_all(&[message_frame(&encode(&msg).unwrap()), raw_header(len)].concat()).await.unwrap();
+            stream.write_all(&p2p_head(comm, tag, nexar_types::DType::U8, len)).await.unwrap();
             for _ in 0..len >> 20 {
                 stream.write_chunk(chunk.clone()).await.unwrap();
             }
@@ -373,11 +384,7 @@ fn a_waiting_receive_admits_no_more_than_it_asked_for() {
 }
 
 async fn a_waiting_receive_admits_no_more_than_it_asked_for_body() {
-    use crate::proto::frame::{message_frame, raw_header};
-    use crate::proto::message::encode;
-    let cfg = crate::NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
-    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
-    let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    let (ranks, conn) = two_ranks_with_16_mib_limits().await;
     let comm = ranks[0].comm_id();
     // Fill the store first: one 16 MiB message nobody asks for.
     let filler = vec![1u8; 16 << 20];
@@ -391,10 +398,10 @@ async fn a_waiting_receive_admits_no_more_than_it_asked_for_body() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = resident_bytes();
     let len: u64 = 64 << 20;
-    let msg = PeerMsg::P2p { comm, tag: 2, dtype: nexar_types::DType::U32.to_wire(), count: len / 4 };
+    let head = p2p_head(comm, 2, nexar_types::DType::U32, len);
     let mut stream = conn.open_uni().await.unwrap();
     let writer = tokio::spawn(async move {
-        stream.write_all(&[message_frame(&encode(&msg).unwrap()), raw_header(len)].concat()).await.unwrap();
+        stream.write_all(&head).await.unwrap();
         let chunk = Bytes::from(vec![9u8; 1 << 20]);
         for _ in 0..len >> 20 {
             if stream.write_chunk(chunk.clone()).await.is_err() {
