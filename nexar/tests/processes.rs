@@ -139,6 +139,9 @@ async fn the_benchmark_runs_every_operation_across_processes_and_checks_results(
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{op}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
         assert!(stdout.contains("#wrong"), "{stdout}");
+        // The footer scripts written for nccl-tests look for.
+        assert!(stdout.contains("# wrong results       : 0 OK"), "{op}: {stdout}");
+        assert!(stdout.contains("# Avg bus bandwidth   : "), "{op}: {stdout}");
         let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
         assert!(!rows.is_empty(), "{stdout}");
         for row in rows {

@@ -61,13 +61,23 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
         ));
     }
     json.push(']');
+    let total_wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    print_footer(rows, total_wrong);
     let whose = if args.inproc { "the process" } else { "the largest rank process" };
     println!("# peak RSS of {whose}: {} MiB", peak_kib / 1024);
     std::fs::File::create(&args.json)?.write_all(json.as_bytes())?;
     println!("# results written to {}", args.json);
-    let total_wrong: u64 = rows.iter().map(|r| r.wrong).sum();
     if total_wrong > 0 {
         return Err(format!("{total_wrong} wrong elements").into());
     }
     Ok(())
+}
+
+/// The footer nccl-tests prints, which scripts that parse its output look for: the wrong
+/// elements over all sizes, and the bus bandwidth averaged over the sizes.
+fn print_footer(rows: &[Row], total_wrong: u64) {
+    let verdict = if total_wrong == 0 { "OK" } else { "FAILED" };
+    println!("# wrong results       : {total_wrong} {verdict}");
+    let avg = if rows.is_empty() { 0.0 } else { rows.iter().map(|r| r.busbw).sum::<f64>() / rows.len() as f64 };
+    println!("# Avg bus bandwidth   : {avg:.4}");
 }
