@@ -19,6 +19,7 @@ use super::byte_budget::ByteBudget;
 use super::framed::{Payload, ReadFrameError, read_body, read_header};
 use super::liveness::Liveness;
 use super::mailbox::{Held, Key, Mailbox};
+pub(crate) use super::relay_hook::{RELAY_BUDGET_BYTES, RelayHook};
 use crate::proto::frame::{FrameError, FrameKind, MAX_CONTROL_FRAME, message_frame, raw_header};
 use crate::proto::message::{self, PeerMsg};
 
@@ -108,50 +109,6 @@ pub struct LaneSenders {
     relay: Option<RelayHook>,
     /// The bytes of RPC requests and answers the rank holds at once.
     rpc_budget: Option<ByteBudget>,
-}
-
-/// Where relayed messages go: those for this rank are unpacked and delivered, the others are
-/// handed to the forwarder.
-#[derive(Clone)]
-pub(crate) struct RelayHook {
-    /// This rank.
-    pub local: u32,
-    /// The forwarders' queues, one per lane, so a lane whose next hop is slow holds up only
-    /// the same lane.
-    pub forward: [mpsc::Sender<Incoming>; Lane::COUNT],
-    /// Largest payload a carried message may have.
-    pub max_payload: u64,
-    /// By world rank: whether that rank may reach this one through a relay, which is only when
-    /// the topology gives the two no direct link. A rank with a direct link never needs one, so
-    /// an envelope naming it as the sender is forged.
-    pub relayed_sources: std::sync::Arc<[bool]>,
-    /// The keys that open relayed bodies end to end; `None` in a cluster without relay keys
-    /// (started with `connect_static`), whose relayed messages are protected hop by hop only.
-    pub seals: Option<std::sync::Arc<super::relay_seal::RelaySeals>>,
-    /// The bytes of relay envelopes the rank holds at once (being read, queued to be forwarded
-    /// or written, or being opened); a larger envelope waits until it can go alone.
-    pub budget: ByteBudget,
-}
-
-/// Bytes of relay envelopes a rank holds at once (see [`RelayHook::budget`]).
-pub(crate) const RELAY_BUDGET_BYTES: u64 = 256 << 20;
-
-impl RelayHook {
-    /// Why an envelope from `via` that claims to carry `src`'s message to this rank is refused.
-    fn refuse_source(&self, src: u32, via: u32) -> Option<String> {
-        if src == self.local {
-            Some(format!("rank {via} relayed a message that claims to come from this rank"))
-        } else if src == via {
-            Some(format!("rank {via} wrapped its own message in a relay envelope"))
-        } else if !self.relayed_sources.get(src as usize).copied().unwrap_or(false) {
-            Some(format!(
-                "rank {via} relayed a message that claims to come from rank {src}, which never reaches this rank through \
-                 a relay (it has a direct link here, or is not in the cluster)"
-            ))
-        } else {
-            None
-        }
-    }
 }
 
 impl std::fmt::Debug for LaneSenders {
@@ -263,20 +220,10 @@ impl LaneSenders {
             return Ok(());
         }
         let incoming = match (&incoming.msg, &self.relay) {
-            (PeerMsg::Relay { src, dst, .. }, Some(hook)) if *dst == hook.local => {
-                let (src, via) = (*src, incoming.from);
-                if let Some(why) = hook.refuse_source(src, via) {
-                    tracing::warn!(src, via, %why, "refused a relayed message");
-                    return Ok(());
-                }
-                match unpack_relayed(incoming, hook) {
-                    Ok(inner) => inner,
-                    Err(error) => {
-                        tracing::warn!(src, via, %error, "dropped a malformed relayed message");
-                        return Ok(());
-                    }
-                }
-            }
+            (PeerMsg::Relay { dst, .. }, Some(hook)) if *dst == hook.local => match hook.open(incoming) {
+                Some(inner) => inner,
+                None => return Ok(()),
+            },
             (PeerMsg::Relay { .. }, Some(hook)) => {
                 let lane = Lane::of(&incoming.msg) as usize;
                 return hook.forward[lane].send(incoming).await.map_err(|e| e.0);
@@ -296,25 +243,6 @@ impl LaneSenders {
         }
         self.senders[lane as usize].send(incoming).await.map_err(|e| e.0)
     }
-}
-
-/// Opens a relay envelope addressed to this rank: the carried message, from its original
-/// sender, once its seal proves that sender wrote it.
-fn unpack_relayed(envelope: Incoming, hook: &RelayHook) -> Result<Incoming, FrameError> {
-    let PeerMsg::Relay { src, lane, seq, .. } = envelope.msg else {
-        return Err(FrameError::InvalidMessage("not a relay envelope".into()));
-    };
-    let mut body = envelope.payload.to_vec().map_err(|e| FrameError::InvalidMessage(format!("relay envelope: {e}")))?;
-    let opened = match (&hook.seals, seq) {
-        (Some(seals), _) => seals.open(src, lane, seq, &mut body),
-        (None, 0) => Ok(()),
-        (None, _) => Err(super::relay_seal::SealError::Unexpected),
-    };
-    opened.map_err(|e| FrameError::InvalidMessage(format!("relayed message from rank {src}: {e}")))?;
-    let (msg, range) = crate::proto::relay::unpack(&body, hook.max_payload)?;
-    let payload = Payload::from_bytes(Bytes::from(body).slice(range));
-    // The carried message keeps the envelope's share of the relay budget until it is handed on.
-    Ok(Incoming { from: src, msg, payload, budget: envelope.budget })
 }
 
 enum Outgoing {
@@ -673,18 +601,10 @@ async fn write_lane(
 /// lane has its own budget, so a lane that waits for its mailbox (unmatched messages) never
 /// holds up another lane's messages, as before.
 pub const INFLIGHT_BYTES_PER_LANE: u64 = 64 << 20;
-/// The budget's unit.
-const INFLIGHT_UNIT: u64 = 64 << 10;
-
-/// The budget's units a `len`-byte payload takes.
-fn inflight_units(len: u64) -> u32 {
-    len.div_ceil(INFLIGHT_UNIT).min(INFLIGHT_BYTES_PER_LANE / INFLIGHT_UNIT) as u32
-}
 
 async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64) {
-    let units = (INFLIGHT_BYTES_PER_LANE / INFLIGHT_UNIT) as usize;
-    let budget: Arc<[tokio::sync::Semaphore; Lane::COUNT]> =
-        Arc::new(std::array::from_fn(|_| tokio::sync::Semaphore::new(units)));
+    let budget: Arc<[ByteBudget; Lane::COUNT]> =
+        Arc::new(std::array::from_fn(|_| ByteBudget::new(INFLIGHT_BYTES_PER_LANE)));
     loop {
         match conn.accept_uni().await {
             Ok(recv) => {
@@ -716,7 +636,7 @@ async fn read_stream(
     peer: u32,
     lanes: &LaneSenders,
     max_payload: u64,
-    budget: &[tokio::sync::Semaphore; Lane::COUNT],
+    budget: &[ByteBudget; Lane::COUNT],
 ) -> Result<(), FrameError> {
     loop {
         let msg: PeerMsg = match next_message(&mut recv).await {
@@ -736,9 +656,9 @@ async fn read_stream(
                     }
                     // Until the budget has room, this stream is not read, and QUIC's flow
                     // control holds the peer.
-                    match budget[Lane::of(&msg) as usize].acquire_many(inflight_units(h.len)).await {
-                        Ok(permit) => held = Some(permit),
-                        Err(_) => return Ok(()),
+                    match budget[Lane::of(&msg) as usize].take(h.len).await {
+                        Some(permit) => held = Some(permit),
+                        None => return Ok(()),
                     }
                     // RPC requests and answers, and relay envelopes, are read only once the
                     // rank's budget for them has room.

@@ -11,6 +11,7 @@ pub(crate) mod links;
 pub(crate) mod liveness;
 pub mod mailbox;
 pub mod pool;
+pub(crate) mod relay_hook;
 pub mod relay_seal;
 pub mod tcp_lane;
 pub mod tls;
