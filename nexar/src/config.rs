@@ -174,6 +174,9 @@ pub struct NexarConfig {
     /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
     /// `None` (the default) injects none.
     pub chaos: Option<NetChaos>,
+    /// The flight recorder and the stall inspector (`NEXAR_TRACE_ENTRIES`, `NEXAR_TRACE_DIR`,
+    /// `NEXAR_STALL_WARN_MS`, `NEXAR_TRACE_SIGNAL`; see [`crate::trace`]).
+    pub trace: crate::trace::TraceConfig,
 }
 
 /// Like a derived `Debug`, except that the join token is never shown.
@@ -219,6 +222,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_encryption", &self.bulk_encryption)
             .field("segment_bytes", &self.segment_bytes)
             .field("chaos", &self.chaos)
+            .field("trace", &self.trace)
             .finish()
     }
 }
@@ -323,6 +327,7 @@ impl Default for NexarConfig {
             bulk_min_bytes: 256 << 10,
             bulk_encryption: true,
             segment_bytes: 8 << 20,
+            trace: crate::trace::TraceConfig::default(),
         }
     }
 }
@@ -497,6 +502,7 @@ impl NexarConfig {
         if chaos.loss > 0.0 || chaos.reorder > 0.0 || !chaos.delay.is_zero() {
             c.chaos = Some(chaos);
         }
+        c.trace = crate::trace::TraceConfig::from_lookup(&lookup)?;
         c.validate()?;
         Ok(c)
     }
@@ -548,11 +554,11 @@ impl NexarConfig {
     }
 }
 
-fn invalid(var: &'static str, value: &str, reason: &str) -> ConfigError {
+pub(crate) fn invalid(var: &'static str, value: &str, reason: &str) -> ConfigError {
     ConfigError::InvalidVar { var, value: value.to_string(), reason: reason.to_string() }
 }
 
-fn parse<T: FromStr>(var: &'static str, value: &str) -> Result<T, ConfigError>
+pub(crate) fn parse<T: FromStr>(var: &'static str, value: &str) -> Result<T, ConfigError>
 where
     T::Err: std::fmt::Display,
 {

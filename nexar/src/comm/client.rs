@@ -122,6 +122,11 @@ pub(crate) struct Inner {
     pub admission: tokio::sync::watch::Sender<Option<(u64, Vec<usize>)>>,
     /// Transport back ends' setup messages waiting to be taken.
     pub setup: super::backend::SetupInbox,
+    /// The flight recorder (see [`crate::trace`]).
+    pub trace: Arc<crate::trace::RankTrace>,
+    /// The stall inspector's questions waiting for their answer, by nonce: the rank asked, and
+    /// where its answer goes.
+    pub positions: Mutex<HashMap<u64, (u32, oneshot::Sender<crate::trace::Answer>)>>,
 }
 
 /// Where a pending RPC call's answer goes: (status, payload).
@@ -434,6 +439,7 @@ impl NexarClient {
                  unauthenticated; use it only on a trusted, isolated fabric"
             );
         }
+        let trace_cfg = cfg.trace.clone();
         let inner = Arc::new(Inner {
             rank,
             cfg,
@@ -462,6 +468,8 @@ impl NexarClient {
             admitted: Mutex::new(std::collections::BTreeSet::new()),
             admission: tokio::sync::watch::channel(None).0,
             setup: Default::default(),
+            trace: crate::trace::RankTrace::new(&trace_cfg, rank, world, cluster_id(ca)),
+            positions: Mutex::new(HashMap::new()),
         });
         let world_comm = Arc::new(CommState::world(rank, world));
         let span = tracing::debug_span!("rank", rank);
@@ -810,6 +818,12 @@ impl Drop for Inner {
     }
 }
 
+/// The cluster's id in flight-recorder dumps: the start of its CA certificate's fingerprint,
+/// the same on every rank of one cluster.
+fn cluster_id(ca: &CertificateDer<'static>) -> String {
+    hex::encode(&crate::transport::tls::fingerprint(ca.as_ref())[..6])
+}
+
 /// Answers pings and completes our own.
 async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>) {
     while let Some(incoming) = control.recv().await {
@@ -863,6 +877,16 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
                 }
             }
             PeerMsg::Setup { tag, body } => inner.setup.put(incoming.from, tag, body),
+            PeerMsg::WhereAreYou { nonce, comm } => inner.answer_position(incoming.from, nonce, comm).await,
+            PeerMsg::Position { nonce, comm: _, active, last_started, last_completed } => {
+                let mut positions = crate::sync::lock(&inner.positions);
+                // Only the rank asked can answer.
+                if positions.get(&nonce).is_some_and(|(asked, _)| *asked == incoming.from) {
+                    if let Some((_, tx)) = positions.remove(&nonce) {
+                        let _ = tx.send(crate::trace::Answer::Position { active, last_started, last_completed });
+                    }
+                }
+            }
             PeerMsg::P2p { .. }
             | PeerMsg::Coll { .. }
             | PeerMsg::RpcRequest { .. }

@@ -78,8 +78,9 @@ pub enum CollectiveError {
         /// The mismatch.
         source: Unsupported,
     },
-    /// A peer's message did not arrive within `op_timeout`.
-    #[error("rank {rank} {op}: no message from rank {peer} within {after:?}")]
+    /// A peer's message did not arrive within `op_timeout`. `report` is the stall
+    /// inspector's account of where every other member was (see [`crate::trace`]).
+    #[error("rank {rank} {op}: no message from rank {peer} within {after:?}: {report}")]
     Timeout {
         /// The rank reporting.
         rank: usize,
@@ -89,6 +90,8 @@ pub enum CollectiveError {
         peer: usize,
         /// The limit (NEXAR_OP_TIMEOUT_MS).
         after: Duration,
+        /// Where the other members were when the time ran out.
+        report: String,
     },
     /// A peer this collective needs is gone (crashed, aborted or left).
     #[error("rank {rank} {op}: rank {peer} is gone: {reason}")]
@@ -160,6 +163,20 @@ impl CollectiveError {
     /// to having been told by an abort.
     pub(super) fn is_local_origin(&self) -> bool {
         !matches!(self, CollectiveError::Aborted { .. } | CollectiveError::Closed { .. })
+    }
+
+    /// Whether the flight recorder is dumped for this failure: a timeout, or a failure that
+    /// involves another rank (its disagreement, its abort, its death, the link to it).
+    pub(super) fn involves_peers(&self) -> bool {
+        matches!(
+            self,
+            CollectiveError::Timeout { .. }
+                | CollectiveError::Mismatch { .. }
+                | CollectiveError::Aborted { .. }
+                | CollectiveError::PeerGone { .. }
+                | CollectiveError::Transport { .. }
+                | CollectiveError::LinkFailed { .. }
+        )
     }
 }
 
@@ -323,8 +340,9 @@ impl NexarClient {
         if let Some(schedule) = cache.and_then(|c| c.get(&key)) {
             return Ok(schedule);
         }
-        let schedule = generate(call.kind, algorithm, rank, key.world, count, key.elem)
+        let mut schedule = generate(call.kind, algorithm, rank, key.world, count, key.elem)
             .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
+        schedule.algorithm = algorithm.name();
         tracing::trace!(rank, op, seq, %algorithm, steps = schedule.steps.len(), "collective");
         let schedule = Arc::new(schedule);
         if let Some(cache) = cache {

@@ -16,6 +16,7 @@ use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::transport::TransportError;
 use crate::transport::framed::BlockError;
 use crate::transport::mailbox::{CollCheck, Key, Refusal};
+use crate::trace::{OpClass, OpDesc, OpTrace, StalledOp};
 use crate::transport::pool::pooled_gather;
 
 /// One collective call as this rank made it.
@@ -159,6 +160,32 @@ impl<T: Element> Accumulator<'_, '_, T> {
     }
 }
 
+/// What a wait inside one collective needs: its flight-recorder entry, its deadline, and
+/// what the stall inspector says of it.
+struct Watch<'t, 'r> {
+    trace: &'t OpTrace<'r>,
+    comm: u64,
+    seq: u64,
+    call: CollCall,
+    dtype: nexar_types::DType,
+    deadline: Instant,
+}
+
+impl Watch<'_, '_> {
+    fn stalled(&self, waiting_for: usize, waited: std::time::Duration) -> StalledOp {
+        StalledOp {
+            comm: self.comm,
+            seq: self.seq,
+            kind: self.call.kind.code(),
+            dtype: self.dtype,
+            count: self.call.total,
+            root: self.call.kind.root().map(|r| r as u32),
+            waited,
+            waiting_for,
+        }
+    }
+}
+
 /// Sends an abort for collective `seq` to every other member, and drops its stale messages here.
 pub(crate) async fn broadcast_abort(client: &NexarClient, seq: u64, reason: &str) {
     client.inner.coll.abort(client.comm.id, seq, reason);
@@ -205,11 +232,30 @@ impl NexarClient {
         input: &[T],
     ) -> Result<(), CollectiveError> {
         let mut guard = AbortOnDrop { client: Some(self.clone()), seq, op: call.kind.name() };
+        let trace = self.inner.trace.recorder.start(OpDesc {
+            class: OpClass::Collective,
+            comm: self.comm.id,
+            seq,
+            op: call.kind.name(),
+            kind: call.kind.code(),
+            dtype: Some(T::DTYPE),
+            count: call.total,
+            root: call.kind.root().map(|r| r as u32),
+            peer: None,
+            algorithm: schedule.algorithm,
+            bytes: call.count.saturating_mul(size_of::<T>() as u64),
+        });
         let coll = &self.inner.coll;
         coll.begin(self.comm.id, seq);
-        let result = self.run_steps(seq, call, schedule, data, input).await;
+        let result = self.run_steps(seq, call, schedule, data, input, &trace).await;
         coll.end(self.comm.id, seq);
         guard.client = None;
+        trace.end(&result);
+        if let Err(e) = &result
+            && e.involves_peers()
+        {
+            self.inner.trace.dump_after_failure(&e.to_string());
+        }
         if let Err(e) = &result
             && e.is_local_origin()
         {
@@ -239,12 +285,14 @@ impl NexarClient {
         schedule: &Schedule,
         data: &mut Data<'_, T>,
         input: &[T],
+        trace: &OpTrace<'_>,
     ) -> Result<(), CollectiveError> {
         let (rank, op) = (self.rank(), call.kind.name());
         let check = call.check::<T>();
         let reduction = call.op.unwrap_or(ReduceOp::Sum);
         let limit = self.config().op_timeout;
         let deadline = Instant::now() + limit;
+        let watch = Watch { trace, comm: self.comm.id, seq, call, dtype: T::DTYPE, deadline };
         let internal = |what: &str| CollectiveError::Internal { rank, op, what: what.to_string() };
         let pool = &self.inner.pool;
         let mut scratch_words = pool.take(schedule.scratch_len * size_of::<T>());
@@ -290,7 +338,7 @@ impl NexarClient {
                 Step::Recv { from, dst, reduce } => {
                     let key =
                         Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq, part: call.part };
-                    let held = self.take_coll(key, from, dst.len * size_of::<T>(), op, deadline).await?;
+                    let held = self.take_coll(key, from, dst.len * size_of::<T>(), op, &watch).await?;
                     let theirs = held.check.ok_or_else(|| internal("collective message without a header"))?;
                     if theirs != check {
                         return Err(CollectiveError::Mismatch {
@@ -356,15 +404,18 @@ impl NexarClient {
         }
         pool.give(scratch_words);
         for (peer, done) in sends {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(remaining, done).await {
+            let world_peer = self.comm.members[peer];
+            trace.waiting_on(world_peer);
+            let sent = self.wait_watched(done, deadline, |waited| watch.stalled(world_peer, waited)).await;
+            trace.not_waiting();
+            match sent {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(source))) => {
                     return Err(CollectiveError::Transport { rank, op, peer, source });
                 }
                 Ok(Err(_)) => return Err(CollectiveError::Closed { rank, op }),
-                Err(_) => {
-                    return Err(CollectiveError::Timeout { rank, op, peer, after: limit });
+                Err(report) => {
+                    return Err(CollectiveError::Timeout { rank, op, peer, after: limit, report });
                 }
             }
         }
@@ -377,7 +428,7 @@ impl NexarClient {
         from: usize,
         bytes: usize,
         op: &'static str,
-        deadline: Instant,
+        watch: &Watch<'_, '_>,
     ) -> Result<crate::transport::mailbox::Held, CollectiveError> {
         let rank = self.rank();
         let refused = |r: Refusal| match r {
@@ -401,11 +452,17 @@ impl NexarClient {
             Ok(held) => return Ok(held),
             Err(pending) => pending,
         };
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, pending.wait()).await {
+        let world_peer = key.src as usize;
+        watch.trace.waiting_on(world_peer);
+        let waited =
+            self.wait_watched(pending.wait(), watch.deadline, |waited| watch.stalled(world_peer, waited)).await;
+        watch.trace.not_waiting();
+        match waited {
             Ok(Ok(held)) => Ok(held),
             Ok(Err(r)) => Err(refused(r)),
-            Err(_) => Err(CollectiveError::Timeout { rank, op, peer: from, after: self.config().op_timeout }),
+            Err(report) => {
+                Err(CollectiveError::Timeout { rank, op, peer: from, after: self.config().op_timeout, report })
+            }
         }
     }
 }

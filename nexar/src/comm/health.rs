@@ -116,6 +116,11 @@ impl Health {
         self.lock().dead.contains_key(&peer)
     }
 
+    /// How `peer` (a world rank) was declared dead, if it was.
+    pub fn failure(&self, peer: usize) -> Option<PeerFailure> {
+        self.lock().dead.get(&peer).cloned()
+    }
+
     /// Every world rank declared dead so far.
     pub fn dead(&self) -> Vec<usize> {
         self.lock().dead.keys().copied().collect()

@@ -9,6 +9,7 @@ mod health;
 #[cfg(test)]
 mod hostile_member_tests;
 mod init;
+mod inspect;
 mod p2p;
 mod pieces;
 mod recovery;

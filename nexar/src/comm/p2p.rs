@@ -9,6 +9,7 @@ use crate::transport::pool::pooled_copy;
 use nexar_types::{DType, Element, RecvBuf, SendBuf};
 
 use super::client::NexarClient;
+use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;
 use crate::transport::framed::{Payload, PayloadError};
@@ -194,6 +195,14 @@ impl NexarClient {
     /// # Ok(()) }
     /// ```
     pub async fn send<B: SendBuf + ?Sized>(&self, data: &B, dest: usize, tag: u64) -> Result<(), P2pError> {
+        let trace = self.p2p_trace(OpClass::Send, dest, tag, <B::Elem as Element>::DTYPE, data.elems());
+        let result = self.send_untraced(data, dest, tag).await;
+        trace.end(&result);
+        self.dump_if_peers_failed(&result);
+        result
+    }
+
+    async fn send_untraced<B: SendBuf + ?Sized>(&self, data: &B, dest: usize, tag: u64) -> Result<(), P2pError> {
         self.check_peer("send", dest)?;
         let view = data.host_view().map_err(|source| P2pError::Device { rank: self.rank(), op: "send", source })?;
         let elements: &[B::Elem] = &view;
@@ -242,6 +251,14 @@ impl NexarClient {
     /// # Ok(()) }
     /// ```
     pub async fn recv<B: RecvBuf + ?Sized>(&self, buf: &mut B, src: usize, tag: u64) -> Result<(), P2pError> {
+        let trace = self.p2p_trace(OpClass::Recv, src, tag, <B::Elem as Element>::DTYPE, buf.elems());
+        let result = self.recv_untraced(buf, src, tag).await;
+        trace.end(&result);
+        self.dump_if_peers_failed(&result);
+        result
+    }
+
+    async fn recv_untraced<B: RecvBuf + ?Sized>(&self, buf: &mut B, src: usize, tag: u64) -> Result<(), P2pError> {
         let device = |source| P2pError::Device { rank: self.rank(), op: "recv", source };
         let mut out = buf.host_stage().map_err(device)?;
         let expected = out.len() as u64;
@@ -278,6 +295,14 @@ impl NexarClient {
     /// # Ok(()) }
     /// ```
     pub async fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>, P2pError> {
+        let trace = self.p2p_trace(OpClass::Recv, src, tag, T::DTYPE, 0);
+        let result = self.recv_vec_untraced(src, tag).await;
+        trace.end(&result);
+        self.dump_if_peers_failed(&result);
+        result
+    }
+
+    async fn recv_vec_untraced<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>, P2pError> {
         let key = self.p2p_key(src, tag)?;
         let held = self.take(key, src, "recv", u64::MAX).await?;
         if held.dtype != T::DTYPE {
@@ -334,6 +359,31 @@ impl NexarClient {
     fn p2p_key(&self, src: usize, tag: u64) -> Result<Key, P2pError> {
         self.check_peer("recv", src)?;
         Ok(Key { comm: self.comm.id, src: self.comm.members[src] as u32, tag, part: 0 })
+    }
+
+    /// Dumps the flight recorder when a point-to-point operation timed out or lost its peer.
+    fn dump_if_peers_failed<T>(&self, result: &Result<T, P2pError>) {
+        if let Err(e @ (P2pError::Timeout { .. } | P2pError::PeerGone { .. } | P2pError::Transport { .. })) = result {
+            self.inner.trace.dump_after_failure(&e.to_string());
+        }
+    }
+
+    /// Starts the flight-recorder entry of a point-to-point operation with communicator rank
+    /// `peer`.
+    fn p2p_trace(&self, class: OpClass, peer: usize, tag: u64, dtype: DType, count: usize) -> OpTrace<'_> {
+        self.inner.trace.recorder.start(OpDesc {
+            class,
+            comm: self.comm.id,
+            seq: tag,
+            op: class.name(),
+            kind: 0,
+            dtype: Some(dtype),
+            count: count as u64,
+            root: None,
+            peer: self.comm.members.get(peer).map(|&w| w as u32),
+            algorithm: "",
+            bytes: (count * dtype.size()) as u64,
+        })
     }
 
     /// Takes the message for `key`, a payload of at most `max_len` bytes (a larger one is not

@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::frame::FrameError;
 
 /// Version of the join protocol; a seed refuses workers that speak another.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// What a worker sends the seed on its join stream.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -126,6 +126,25 @@ pub enum SeedResponse {
         /// Why, in words.
         reason: String,
     },
+}
+
+/// One collective in flight, as a `Position` reports it.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ActiveColl {
+    /// Sequence number.
+    pub seq: u64,
+    /// Operation kind (see `algo::Collective::code`).
+    pub kind: u8,
+    /// Wire dtype code.
+    pub dtype: u8,
+    /// Root rank of a rooted collective.
+    pub root: Option<u32>,
+    /// The element count as called.
+    pub count: u64,
+    /// Milliseconds it has waited for `waiting_on`.
+    pub waited_ms: u64,
+    /// The world rank it waits for, if it is parked on one.
+    pub waiting_on: Option<u32>,
 }
 
 /// Messages between peers.
@@ -256,6 +275,28 @@ pub enum PeerMsg {
         /// Why, as the declaring rank put it.
         reason: String,
     },
+    /// The stall inspector asks where the receiver is on communicator `comm`; answered with
+    /// `Position`.
+    WhereAreYou {
+        /// Echoed back.
+        nonce: u64,
+        /// The communicator.
+        comm: u64,
+    },
+    /// The answer to `WhereAreYou`: the sender's collectives in flight on `comm`, and the last
+    /// sequence numbers it started and completed there.
+    Position {
+        /// The question's nonce.
+        nonce: u64,
+        /// The communicator.
+        comm: u64,
+        /// Collectives in flight, oldest first.
+        active: Vec<ActiveColl>,
+        /// The last sequence number it started on `comm`.
+        last_started: Option<u64>,
+        /// The last sequence number it completed on `comm`.
+        last_completed: Option<u64>,
+    },
     /// A small setup message of a transport back end (for example an RDMA queue-pair
     /// exchange), carried on the control lane and matched by `tag` on the receiver.
     Setup {
@@ -295,7 +336,9 @@ impl PeerMsg {
             | PeerMsg::Heartbeat
             | PeerMsg::Admit { .. }
             | PeerMsg::Suspect { .. }
-            | PeerMsg::Setup { .. } => None,
+            | PeerMsg::Setup { .. }
+            | PeerMsg::WhereAreYou { .. }
+            | PeerMsg::Position { .. } => None,
         }
     }
 }

@@ -112,6 +112,8 @@ pub struct Schedule {
     pub steps: Vec<Step>,
     /// Elements of scratch space the steps use.
     pub scratch_len: usize,
+    /// The algorithm that made it, for diagnostics (empty when unnamed).
+    pub algorithm: &'static str,
 }
 
 impl Schedule {

@@ -9,6 +9,7 @@ use super::{RpcError, Status};
 use crate::comm::NexarClient;
 use crate::comm::spin::spin_poll;
 use crate::proto::message::PeerMsg;
+use crate::trace::{OpClass, OpDesc};
 use crate::transport::framed::{Payload, PayloadError};
 
 /// Removes a pending call's entry however the call ends (answered, timed out, cancelled).
@@ -49,11 +50,30 @@ impl NexarClient {
         if args.len() as u64 > limit {
             return Err(RpcError::TooLarge { rank, peer, name, len: args.len() as u64, limit });
         }
+        let trace = self.inner.trace.recorder.start(OpDesc {
+            class: OpClass::Rpc,
+            comm: self.comm.id,
+            seq: func,
+            op: name,
+            kind: 0,
+            dtype: None,
+            count: args.len() as u64,
+            root: None,
+            peer: Some(self.comm.members[peer] as u32),
+            algorithm: "",
+            bytes: args.len() as u64,
+        });
         let (status, body) = if peer == rank {
             let (status, reply) = super::serve::run_handler(&self.inner.registry, func, sig, args.to_vec()).await;
+            trace.end(&Ok::<(), RpcError>(()));
             (status as u8, reply)
         } else {
-            self.remote_call(peer, func, sig, name, signature, args).await?
+            let reply = self.remote_call(peer, func, sig, name, signature, args).await;
+            if let Err(e @ (RpcError::Timeout { .. } | RpcError::PeerLost { .. })) = &reply {
+                self.inner.trace.dump_after_failure(&e.to_string());
+            }
+            trace.end(&reply);
+            reply?
         };
         let text = || String::from_utf8_lossy(&body).into_owned();
         match Status::from_wire(status) {

@@ -62,7 +62,9 @@ impl Lane {
             | PeerMsg::Heartbeat
             | PeerMsg::Admit { .. }
             | PeerMsg::Suspect { .. }
-            | PeerMsg::Setup { .. } => Lane::Control,
+            | PeerMsg::Setup { .. }
+            | PeerMsg::WhereAreYou { .. }
+            | PeerMsg::Position { .. } => Lane::Control,
             PeerMsg::Relay { lane, .. } => Lane::from_code(*lane).unwrap_or(Lane::Control),
         }
     }

@@ -65,6 +65,13 @@ enum Command {
         #[arg(long)]
         join_running: bool,
     },
+    /// Read the flight-recorder dumps in a directory (NEXAR_TRACE_DIR) and print, per
+    /// communicator, the first collective where the ranks disagree or stop, and per operation
+    /// the durations and the rank that arrived last most often.
+    Trace {
+        /// The directory holding `nexar-trace-*.json`.
+        dir: std::path::PathBuf,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -102,6 +109,16 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = NexarConfig::from_env()?;
     match command {
         Command::Launch(_) => Err("`nexar launch` is run by main".into()),
+        Command::Trace { dir } => {
+            let dumps = nexar::trace::TraceDump::read_dir(&dir)?;
+            if dumps.is_empty() {
+                return Err(format!("{}: no nexar-trace-*.json dumps here", dir.display()).into());
+            }
+            for analysis in nexar::trace::analyse(&dumps) {
+                print!("{analysis}");
+            }
+            Ok(())
+        }
         Command::Seed { bind, world_size, exit_when_done } => {
             if world_size.is_some() {
                 cfg.world_size = world_size;

@@ -1,0 +1,164 @@
+//! A hung job explains itself: ranks that call different collectives, and a rank that calls
+//! nothing, are named by the stall inspector on every waiting rank (in the log, and in the
+//! timeout error), and the flight-recorder dumps, read back by `nexar trace`, name the first
+//! divergent sequence number and the ranks.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::TEST_LIMIT;
+use nexar::prelude::*;
+use nexar::trace::{TraceConfig, TraceDump};
+
+/// Everything this test process logs.
+static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn captured() -> String {
+    String::from_utf8_lossy(&LOG.lock().unwrap()).into_owned()
+}
+
+fn trace_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nexar-stall-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Waits until `dir` holds a dump of each of `ranks`, each with an entry for which `ready`
+/// holds.
+async fn wait_for_dumps(dir: &Path, ranks: usize, ready: impl Fn(&TraceDump) -> bool) -> Vec<TraceDump> {
+    let start = Instant::now();
+    loop {
+        if let Ok(dumps) = TraceDump::read_dir(dir)
+            && dumps.len() == ranks
+            && dumps.iter().all(&ready)
+        {
+            return dumps;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "dumps in {} never came", dir.display());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank() {
+    let _ = tracing_subscriber::fmt().with_writer(|| Capture).with_ansi(false).try_init();
+    let dir = trace_dir("diverge");
+    let trace = TraceConfig { stall_warn: Duration::from_millis(400), dir: Some(dir.clone()), ..Default::default() };
+    let cfg = NexarConfig { op_timeout: Duration::from_secs(6), trace, ..Default::default() };
+    tokio::time::timeout(TEST_LIMIT, async {
+        let ranks = NexarClient::bootstrap_local_with(4, cfg).await.unwrap();
+        // #0 completes everywhere.
+        common::on_each(&ranks, |c| async move { c.all_reduce(&mut [1.0f32; 1024], Sum).await.unwrap() }).await;
+        // #1: ranks 0 and 1 reduce, rank 2 broadcasts, rank 3 calls nothing.
+        let waiting: Vec<_> = ranks[..3]
+            .iter()
+            .cloned()
+            .map(|c| {
+                tokio::spawn(async move {
+                    let mut buf = [1.0f32; 1024];
+                    match c.rank() {
+                        2 => c.broadcast(&mut buf, 0).await,
+                        _ => c.all_reduce(&mut buf, Sum).await,
+                    }
+                })
+            })
+            .collect();
+        let mut errors = Vec::new();
+        for w in waiting {
+            errors.push(w.await.unwrap().expect_err("a diverged collective must fail").to_string());
+        }
+        let logs = captured();
+        for rank in 0..3 {
+            let line = logs
+                .lines()
+                .find(|l| l.contains("stalled:") && l.contains(&format!("rank={rank}")))
+                .unwrap_or_else(|| panic!("rank {rank} logged no stall report:\n{logs}"));
+            assert!(line.contains("rank 3 last completed #0 and has started nothing since"), "rank {rank}: {line}");
+            let disagreeing = if rank == 2 { "all_reduce #1" } else { "rank 2 is in broadcast #1 (root 0)" };
+            assert!(line.contains(disagreeing), "rank {rank}: {line}");
+            assert!(line.contains("the ranks called different collectives"), "rank {rank}: {line}");
+        }
+        // The first to time out says the same in its error; the others quote it in theirs.
+        assert!(errors.iter().any(|e| e.contains("within 6s:")), "{errors:?}");
+        for e in &errors {
+            assert!(e.contains("rank 3 last completed #0 and has started nothing since"), "{e}");
+            assert!(e.contains("the ranks called different collectives"), "{e}");
+        }
+
+        // The waiting ranks dumped their recorders when they failed; SIGUSR1 dumps all four.
+        wait_for_dumps(&dir, 3, |d| d.entries.iter().any(|e| e.seq == 1 && e.state == "failed")).await;
+        let pid = std::process::id().to_string();
+        let status = std::process::Command::new("kill").args(["-USR1", &pid]).status().unwrap();
+        assert!(status.success());
+        let dumps = wait_for_dumps(&dir, 4, |d| d.reason == "SIGUSR1").await;
+        assert!(dumps.iter().all(|d| d.world == 4 && d.cluster == dumps[0].cluster));
+
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nexar")).arg("trace").arg(&dir).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "nexar trace failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("comm 0: first divergence at #1"), "{text}");
+        assert!(text.contains("ranks [0, 1]: all_reduce f32 x1024, failed"), "{text}");
+        assert!(text.contains("ranks [2]: broadcast f32 x1024 root 0, failed"), "{text}");
+        assert!(text.contains("ranks [3]: nothing (last recorded #0)"), "{text}");
+        for c in ranks {
+            c.shutdown().await;
+        }
+    })
+    .await
+    .expect("test timed out");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_trace_writes_the_last_operations_of_every_kind() {
+    let dir = trace_dir("manual");
+    let trace = TraceConfig { entries: 50, dir: Some(dir.clone()), ..Default::default() };
+    let cfg = NexarConfig { trace, ..Default::default() };
+    tokio::time::timeout(TEST_LIMIT, async {
+        let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+        common::on_each(&ranks, |c| async move {
+            for _ in 0..60 {
+                c.all_reduce(&mut [1u64; 16], Sum).await.unwrap();
+            }
+            let peer = 1 - c.rank();
+            let (mut got, out) = ([0u32; 4], [c.rank() as u32; 4]);
+            let (sent, received) = tokio::join!(c.send(&out, peer, 7), c.recv(&mut got, peer, 7));
+            sent.unwrap();
+            received.unwrap();
+        })
+        .await;
+        let path = ranks[0].dump_trace().unwrap();
+        let dump = TraceDump::read(&path).unwrap();
+        assert_eq!(dump.reason, "manual");
+        assert_eq!(dump.entries.len(), 50, "the ring keeps NEXAR_TRACE_ENTRIES entries");
+        let last_coll = dump.entries.iter().rfind(|e| e.class == "collective").unwrap();
+        assert_eq!((last_coll.seq, last_coll.op.as_str(), last_coll.state.as_str()), (59, "all_reduce", "completed"));
+        assert_eq!(last_coll.dtype.as_deref(), Some("u64"));
+        assert!(last_coll.algorithm.is_some());
+        let send = dump.entries.iter().find(|e| e.class == "send").unwrap();
+        assert_eq!((send.peer, send.seq, send.bytes, send.state.as_str()), (Some(1), 7, 16, "completed"));
+        assert!(dump.entries.iter().any(|e| e.class == "recv" && e.peer == Some(1)));
+        for c in ranks {
+            c.shutdown().await;
+        }
+    })
+    .await
+    .expect("test timed out");
+    let _ = std::fs::remove_dir_all(&dir);
+}
