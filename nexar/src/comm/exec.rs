@@ -13,10 +13,10 @@ use super::pieces::{Data, Parts};
 use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::PeerMsg;
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
+use crate::trace::{OpClass, OpDesc, OpTrace, StalledOp};
 use crate::transport::TransportError;
 use crate::transport::framed::BlockError;
 use crate::transport::mailbox::{CollCheck, Key, Refusal};
-use crate::trace::{OpClass, OpDesc, OpTrace, StalledOp};
 use crate::transport::pool::pooled_gather;
 
 /// One collective call as this rank made it.

@@ -9,8 +9,8 @@ use crate::transport::pool::pooled_copy;
 use nexar_types::{DType, Element, RecvBuf, SendBuf};
 
 use super::client::NexarClient;
-use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::proto::message::PeerMsg;
+use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::transport::TransportError;
 use crate::transport::framed::{Payload, PayloadError};
 use crate::transport::link::Incoming;

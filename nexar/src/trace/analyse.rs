@@ -16,6 +16,9 @@ pub struct Divergence {
     /// Each distinct thing the ranks did at `seq` ("all_reduce f32 x1024, completed", "nothing
     /// recorded"), with the ranks that did it.
     pub groups: Vec<(String, Vec<usize>)>,
+    /// The errors that started the failure at `seq`, by rank (a rank whose error only quotes
+    /// another's abort is left out).
+    pub causes: Vec<(usize, String)>,
 }
 
 /// Time spent in one operation, over every rank's dump.
@@ -107,12 +110,15 @@ fn first_divergence(comm: u64, dumps: &[&TraceDump]) -> Option<Divergence> {
     let seqs: BTreeSet<u64> = per_rank.iter().flat_map(|(_, c)| c.range(from..).map(|(s, _)| *s)).collect();
     for seq in seqs {
         let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut errors: Vec<(usize, String)> = Vec::new();
         for (rank, calls) in &per_rank {
             let story = match calls.get(&seq) {
-                Some(e) if e.state == "failed" => {
-                    format!("{}, failed: {}", what(e), e.error.as_deref().unwrap_or("no error recorded"))
+                Some(e) => {
+                    if let Some(error) = &e.error {
+                        errors.push((*rank, error.clone()));
+                    }
+                    format!("{}, {}", what(e), e.state)
                 }
-                Some(e) => format!("{}, {}", what(e), e.state),
                 None => match calls.keys().next_back() {
                     Some(last) if *last < seq => format!("nothing (last recorded #{last})"),
                     _ => "nothing recorded".to_string(),
@@ -122,7 +128,12 @@ fn first_divergence(comm: u64, dumps: &[&TraceDump]) -> Option<Divergence> {
         }
         let all_done = groups.len() == 1 && groups.keys().all(|g| g.ends_with(", completed"));
         if !all_done {
-            return Some(Divergence { comm, seq, groups: groups.into_iter().collect() });
+            let quoted = |e: &str| e.contains(": aborted: ");
+            let causes: Vec<(usize, String)> = match errors.iter().any(|(_, e)| !quoted(e)) {
+                true => errors.into_iter().filter(|(_, e)| !quoted(e)).collect(),
+                false => errors.into_iter().take(1).collect(),
+            };
+            return Some(Divergence { comm, seq, groups: groups.into_iter().collect(), causes });
         }
     }
     None
@@ -149,7 +160,8 @@ fn summaries(dumps: &[&TraceDump], comms: &BTreeSet<u64>) -> Vec<OpSummary> {
                 per_rank.iter().map(|(r, c)| c.get(seq).map(|e| (*r, e.started_unix_us))).collect();
             let Some(starts) = starts.filter(|s| s.len() > 1) else { continue };
             let (last_rank, last_start) = starts.iter().copied().max_by_key(|(_, t)| *t).unwrap_or_default();
-            let mut others: Vec<u64> = starts.iter().filter(|(r, _)| *r != last_rank).map(|(_, t)| last_start - t).collect();
+            let mut others: Vec<u64> =
+                starts.iter().filter(|(r, _)| *r != last_rank).map(|(_, t)| last_start - t).collect();
             *seen.entry(&entry.op).or_default() += 1;
             late.entry(&entry.op).or_default().entry(last_rank).or_default().push(median(&mut others));
         }
@@ -162,7 +174,13 @@ fn summaries(dumps: &[&TraceDump], comms: &BTreeSet<u64>) -> Vec<OpSummary> {
                 let mut leads = leads.clone();
                 Some((*rank, leads.len(), seen.get(op).copied().unwrap_or(0), median(&mut leads)))
             });
-            OpSummary { op: op.to_string(), calls: d.len(), p50_us: median(&mut d), max_us: d.last().copied().unwrap_or(0), straggler }
+            OpSummary {
+                op: op.to_string(),
+                calls: d.len(),
+                p50_us: median(&mut d),
+                max_us: d.last().copied().unwrap_or(0),
+                straggler,
+            }
         })
         .collect()
 }
@@ -177,7 +195,14 @@ fn micros(us: u64) -> String {
 
 impl fmt::Display for TraceAnalysis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "cluster {}: dumps of {} of {} ranks {:?}", self.cluster, self.ranks.len(), self.world, self.ranks)?;
+        writeln!(
+            f,
+            "cluster {}: dumps of {} of {} ranks {:?}",
+            self.cluster,
+            self.ranks.len(),
+            self.world,
+            self.ranks
+        )?;
         let missing: Vec<usize> = (0..self.world).filter(|r| !self.ranks.contains(r)).collect();
         if !missing.is_empty() {
             writeln!(f, "  no dump from ranks {missing:?} (dead, or never dumped)")?;
@@ -190,6 +215,9 @@ impl fmt::Display for TraceAnalysis {
             for (story, ranks) in &d.groups {
                 writeln!(f, "    ranks {ranks:?}: {story}")?;
             }
+            for (rank, error) in &d.causes {
+                writeln!(f, "    rank {rank} failed: {error}")?;
+            }
         }
         if !self.summaries.is_empty() {
             writeln!(f, "  {:<16} {:>7} {:>10} {:>10}  arrived last most often", "operation", "calls", "p50", "max")?;
@@ -201,7 +229,14 @@ impl fmt::Display for TraceAnalysis {
                 }
                 None => "-".to_string(),
             };
-            writeln!(f, "  {:<16} {:>7} {:>10} {:>10}  {straggler}", s.op, s.calls, micros(s.p50_us), micros(s.max_us))?;
+            writeln!(
+                f,
+                "  {:<16} {:>7} {:>10} {:>10}  {straggler}",
+                s.op,
+                s.calls,
+                micros(s.p50_us),
+                micros(s.max_us)
+            )?;
         }
         Ok(())
     }

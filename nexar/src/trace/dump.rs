@@ -134,7 +134,8 @@ impl TraceDump {
             });
         }
         let bytes = std::fs::read(path).map_err(io)?;
-        serde_json::from_slice(&bytes).map_err(|e| TraceError::Invalid { path: path.to_path_buf(), reason: e.to_string() })
+        serde_json::from_slice(&bytes)
+            .map_err(|e| TraceError::Invalid { path: path.to_path_buf(), reason: e.to_string() })
     }
 
     /// Reads every `nexar-trace-*.json` in `dir`, sorted by cluster and rank.

@@ -138,14 +138,23 @@ pub(crate) fn stall_report(mine: &StalledOp, replies: &[Reply]) -> String {
         let mut members = stories[story].clone();
         members.sort_unstable();
         let who = ranks(&members);
-        let story = match (members.len(), story.split_once(' ')) {
-            (2.., Some(("is", rest))) => format!("are {rest}"),
-            (2.., Some(("has", rest))) => format!("have {rest}"),
-            _ => story.clone(),
-        };
+        let story = if members.len() > 1 { plural(story) } else { story.clone() };
         let _ = write!(line, "{}{who} {story}", if i == 0 { ": " } else { "; " });
     }
     line
+}
+
+/// A story told of several ranks: its verbs in the plural.
+fn plural(story: &str) -> String {
+    let words: Vec<&str> = story
+        .split(' ')
+        .map(|w| match w {
+            "is" => "are",
+            "has" => "have",
+            w => w,
+        })
+        .collect();
+    words.join(" ")
 }
 
 /// What one member's answer says, as the words after its rank ("is in broadcast #3 ...").
@@ -175,7 +184,9 @@ fn story_of(mine: &StalledOp, reply: &Reply) -> String {
         (None, _) => format!("has started no collective on comm {}", mine.comm),
         (_, Some(done)) if done >= mine.seq => format!("has completed #{} already", mine.seq),
         (Some(started), done) if done != Some(started) => {
-            format!("last started #{started}, which did not complete, and is in no collective now")
+            format!(
+                "last started #{started}, which did not complete, and is in no collective now (it failed or was cancelled)"
+            )
         }
         (_, Some(done)) => format!("last completed #{done} and has started nothing since"),
         (Some(_), None) => format!("has completed no collective on comm {}", mine.comm),
