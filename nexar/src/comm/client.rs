@@ -881,10 +881,10 @@ async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>
             PeerMsg::Position { nonce, comm: _, active, last_started, last_completed } => {
                 let mut positions = crate::sync::lock(&inner.positions);
                 // Only the rank asked can answer.
-                if positions.get(&nonce).is_some_and(|(asked, _)| *asked == incoming.from) {
-                    if let Some((_, tx)) = positions.remove(&nonce) {
-                        let _ = tx.send(crate::trace::Answer::Position { active, last_started, last_completed });
-                    }
+                if positions.get(&nonce).is_some_and(|(asked, _)| *asked == incoming.from)
+                    && let Some((_, tx)) = positions.remove(&nonce)
+                {
+                    let _ = tx.send(crate::trace::Answer::Position { active, last_started, last_completed });
                 }
             }
             PeerMsg::P2p { .. }
