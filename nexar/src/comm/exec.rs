@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use nexar_types::{Element, ReduceOp, reduce_slice};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::client::NexarClient;
 use super::collective::CollectiveError;
@@ -247,7 +248,17 @@ impl NexarClient {
         });
         let coll = &self.inner.coll;
         coll.begin(self.comm.id, seq);
-        let result = self.run_steps(seq, call, schedule, data, input, &trace).await;
+        let span = tracing::debug_span!(
+            "collective",
+            comm = self.comm.id,
+            op = call.kind.name(),
+            seq,
+            bytes = call.count.saturating_mul(size_of::<T>() as u64),
+            dtype = T::DTYPE.name(),
+            algorithm = schedule.algorithm,
+            part = call.part,
+        );
+        let result = self.run_steps(seq, call, schedule, data, input, &trace).instrument(span).await;
         coll.end(self.comm.id, seq);
         guard.client = None;
         trace.end(&result);

@@ -8,6 +8,8 @@ use std::time::Duration;
 use crate::transport::pool::pooled_copy;
 use nexar_types::{DType, Element, RecvBuf, SendBuf};
 
+use tracing::Instrument;
+
 use super::client::NexarClient;
 use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc, OpTrace};
@@ -196,7 +198,8 @@ impl NexarClient {
     /// ```
     pub async fn send<B: SendBuf + ?Sized>(&self, data: &B, dest: usize, tag: u64) -> Result<(), P2pError> {
         let trace = self.p2p_trace(OpClass::Send, dest, tag, <B::Elem as Element>::DTYPE, data.elems());
-        let result = self.send_untraced(data, dest, tag).await;
+        let span = tracing::debug_span!("send", comm = self.comm.id, peer = dest, tag);
+        let result = self.send_untraced(data, dest, tag).instrument(span).await;
         trace.end(&result);
         self.dump_if_peers_failed(&result);
         result
@@ -252,7 +255,8 @@ impl NexarClient {
     /// ```
     pub async fn recv<B: RecvBuf + ?Sized>(&self, buf: &mut B, src: usize, tag: u64) -> Result<(), P2pError> {
         let trace = self.p2p_trace(OpClass::Recv, src, tag, <B::Elem as Element>::DTYPE, buf.elems());
-        let result = self.recv_untraced(buf, src, tag).await;
+        let span = tracing::debug_span!("recv", comm = self.comm.id, peer = src, tag);
+        let result = self.recv_untraced(buf, src, tag).instrument(span).await;
         trace.end(&result);
         self.dump_if_peers_failed(&result);
         result
@@ -296,7 +300,8 @@ impl NexarClient {
     /// ```
     pub async fn recv_vec<T: Element>(&self, src: usize, tag: u64) -> Result<Vec<T>, P2pError> {
         let trace = self.p2p_trace(OpClass::Recv, src, tag, T::DTYPE, 0);
-        let result = self.recv_vec_untraced(src, tag).await;
+        let span = tracing::debug_span!("recv", comm = self.comm.id, peer = src, tag);
+        let result = self.recv_vec_untraced(src, tag).instrument(span).await;
         trace.end(&result);
         self.dump_if_peers_failed(&result);
         result

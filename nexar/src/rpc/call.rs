@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::{RpcError, Status};
 use crate::comm::NexarClient;
@@ -68,7 +69,8 @@ impl NexarClient {
             trace.end(&Ok::<(), RpcError>(()));
             (status as u8, reply)
         } else {
-            let reply = self.remote_call(peer, func, sig, name, signature, args).await;
+            let span = tracing::debug_span!("rpc", comm = self.comm.id, op = name, peer, func);
+            let reply = self.remote_call(peer, func, sig, name, signature, args).instrument(span).await;
             if let Err(e @ (RpcError::Timeout { .. } | RpcError::PeerLost { .. })) = &reply {
                 self.inner.trace.dump_after_failure(&e.to_string());
             }
