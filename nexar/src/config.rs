@@ -177,6 +177,12 @@ pub struct NexarConfig {
     /// The flight recorder and the stall inspector (`NEXAR_TRACE_ENTRIES`, `NEXAR_TRACE_DIR`,
     /// `NEXAR_STALL_WARN_MS`, `NEXAR_TRACE_SIGNAL`; see [`crate::trace`]).
     pub trace: crate::trace::TraceConfig,
+    /// Where this process serves its metrics in Prometheus text format (`NEXAR_METRICS_ADDR`,
+    /// for example `0.0.0.0:9400`; default none). Needs the crate feature `prometheus`. Under a
+    /// launcher that numbers the ranks of a host, [`NexarClient::init`](crate::NexarClient::init)
+    /// adds the local rank to the port, so several ranks on one host do not collide. See
+    /// [`crate::telemetry`].
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Like a derived `Debug`, except that the join token is never shown.
@@ -223,6 +229,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("segment_bytes", &self.segment_bytes)
             .field("chaos", &self.chaos)
             .field("trace", &self.trace)
+            .field("metrics_addr", &self.metrics_addr)
             .finish()
     }
 }
@@ -328,6 +335,7 @@ impl Default for NexarConfig {
             bulk_encryption: true,
             segment_bytes: 8 << 20,
             trace: crate::trace::TraceConfig::default(),
+            metrics_addr: None,
         }
     }
 }
@@ -503,6 +511,13 @@ impl NexarConfig {
             c.chaos = Some(chaos);
         }
         c.trace = crate::trace::TraceConfig::from_lookup(&lookup)?;
+        if let Some((var, v)) = get("NEXAR_METRICS_ADDR") {
+            let addr: SocketAddr = parse(var, &v)?;
+            if addr.port() == 0 {
+                return Err(invalid(var, &v, "a fixed port, for Prometheus to scrape"));
+            }
+            c.metrics_addr = Some(addr);
+        }
         c.validate()?;
         Ok(c)
     }

@@ -30,6 +30,7 @@ pub mod plan;
 pub mod proto;
 pub mod rpc;
 mod sync;
+pub mod telemetry;
 pub mod trace;
 pub mod transport;
 

@@ -55,6 +55,9 @@ pub enum ClusterError {
     /// The launcher's variables cannot be used.
     #[error(transparent)]
     Launcher(#[from] launcher::LauncherError),
+    /// `NEXAR_METRICS_ADDR` is set and the metrics endpoint could not be started.
+    #[error(transparent)]
+    Metrics(#[from] crate::telemetry::MetricsError),
     /// Started by a launcher, but no shared secret is set.
     #[error(
         "{launcher} launch detected, but neither NEXAR_SECRET nor NEXAR_SECRET_FILE is set: every rank of the job \

@@ -350,6 +350,10 @@ impl NexarClient {
         seed: Option<SeedSession>,
     ) -> Result<NexarClient, ClusterError> {
         let RankKeys { identity, ca, relay } = keys;
+        // Before the links exist, so that their counters go to the exporter's recorder.
+        if let Some(addr) = cfg.metrics_addr {
+            crate::telemetry::start_exporter(addr)?;
+        }
         if relay.is_none() && cfg.topology != crate::proto::topology::Topology::FullMesh {
             tracing::warn!(
                 rank,
@@ -480,7 +484,8 @@ impl NexarClient {
         let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span.clone()));
         let (interval, timeout) = (inner.cfg.heartbeat_interval, inner.cfg.heartbeat_timeout);
         let health = tokio::spawn(monitor(Arc::downgrade(&inner), interval, timeout).instrument(span.clone()));
-        crate::sync::lock(&inner.tasks).extend([control, requests, responses, health]);
+        let meter = tokio::spawn(super::meter::sample_periodically(Arc::downgrade(&inner)).instrument(span.clone()));
+        crate::sync::lock(&inner.tasks).extend([control, requests, responses, health, meter]);
         for queue in forward_rx {
             let relays = tokio::spawn(forward(Arc::downgrade(&inner), queue).instrument(span.clone()));
             crate::sync::lock(&inner.tasks).push(relays);

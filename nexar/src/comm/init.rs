@@ -76,7 +76,7 @@ impl NexarClient {
     /// [`init`](Self::init) with a configuration built by the program (its seed address and
     /// token, if set, count as a launch by hand; the launcher is still read from the
     /// environment).
-    pub async fn init_with(config: NexarConfig) -> Result<NexarClient, NexarError> {
+    pub async fn init_with(mut config: NexarConfig) -> Result<NexarClient, NexarError> {
         config.validate()?;
         let env = launcher::detect_env().map_err(ClusterError::from)?;
         let Some(env) = env else {
@@ -94,6 +94,7 @@ impl NexarClient {
             return Ok(client);
         };
         tracing::info!("nexar init: launched by {}", env.describe());
+        config.metrics_addr = metrics_addr_of_local_rank(config.metrics_addr, env.local_rank)?;
         if env.launcher == Launcher::NexarLaunch {
             end_with_the_launcher();
         }
@@ -170,6 +171,25 @@ impl NexarClient {
         // A fresh client: nothing was set before.
         let _ = self.inner.launch.set(launched);
     }
+}
+
+/// `NEXAR_METRICS_ADDR` for the rank with index `local_rank` on its host: the port plus the
+/// local rank, so that each rank of a host serves at a port of its own.
+fn metrics_addr_of_local_rank(
+    addr: Option<SocketAddr>,
+    local_rank: Option<usize>,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    let (Some(mut addr), Some(local)) = (addr, local_rank) else { return Ok(addr) };
+    let port = u16::try_from(local).ok().and_then(|l| addr.port().checked_add(l)).ok_or_else(|| {
+        crate::config::invalid(
+            "NEXAR_METRICS_ADDR",
+            &addr.to_string(),
+            &format!("the port plus local rank {local} is past 65535"),
+        )
+    })?;
+    addr.set_port(port);
+    tracing::info!(%addr, local_rank = local, "metrics at NEXAR_METRICS_ADDR's port plus the local rank");
+    Ok(Some(addr))
 }
 
 /// The rank and world size the launcher gave, with their variables, for the seed to check.
@@ -341,5 +361,21 @@ fn unreachable_yet(e: &ClusterError) -> bool {
                 && (reason.contains("timed out") || reason.contains("refused") || reason.contains("reset"))
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_local_rank_serves_metrics_at_a_port_of_its_own() {
+        let base: SocketAddr = "0.0.0.0:9400".parse().unwrap();
+        let at = |local| metrics_addr_of_local_rank(Some(base), local).unwrap().unwrap().port();
+        assert_eq!((at(None), at(Some(0)), at(Some(3))), (9400, 9400, 9403));
+        assert_eq!(metrics_addr_of_local_rank(None, Some(2)).unwrap(), None);
+        let high: SocketAddr = "0.0.0.0:65535".parse().unwrap();
+        let err = metrics_addr_of_local_rank(Some(high), Some(1)).unwrap_err();
+        assert!(err.to_string().contains("NEXAR_METRICS_ADDR"), "{err}");
     }
 }

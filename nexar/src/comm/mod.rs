@@ -10,6 +10,7 @@ mod health;
 mod hostile_member_tests;
 mod init;
 mod inspect;
+mod meter;
 mod p2p;
 mod pieces;
 mod recovery;

@@ -134,7 +134,7 @@ impl RankTrace {
     /// configuration says so.
     pub fn new(cfg: &TraceConfig, rank: usize, world: usize, cluster: String) -> Arc<Self> {
         let trace = Arc::new(RankTrace {
-            recorder: FlightRecorder::new(cfg.entries),
+            recorder: FlightRecorder::new(cfg.entries, rank),
             rank,
             world,
             cluster,

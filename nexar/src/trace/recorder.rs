@@ -2,17 +2,19 @@
 //! flight, kept apart so a long-running operation is never pushed out by short ones.
 //!
 //! Recording takes one uncontended lock and writes into storage reserved up front, so the hot
-//! path does not allocate (an error text, on the failure path, is the exception).
+//! path does not allocate (an error text, on the failure path, is the exception). Every
+//! operation recorded is also metered ([`crate::telemetry`]).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nexar_types::DType;
 
 use super::dump::{TraceDump, TraceEntry};
 use crate::sync::lock;
+use crate::telemetry::{Outcome, RankMeters};
 
 /// What kind of operation an entry records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +126,7 @@ pub(crate) struct FlightRecorder {
     origin: Instant,
     /// Wall-clock time of `origin`, in microseconds since the Unix epoch.
     origin_unix_us: u64,
+    meters: RankMeters,
 }
 
 impl fmt::Debug for FlightRecorder {
@@ -133,9 +136,9 @@ impl fmt::Debug for FlightRecorder {
 }
 
 impl FlightRecorder {
-    /// A recorder that keeps the last `capacity` finished operations (0 keeps none, though the
-    /// operations in flight are still known, for the stall inspector).
-    pub fn new(capacity: usize) -> Self {
+    /// A recorder of world rank `rank` that keeps the last `capacity` finished operations (0
+    /// keeps none, though the operations in flight are still known, for the stall inspector).
+    pub fn new(capacity: usize, rank: usize) -> Self {
         let origin_unix_us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
         FlightRecorder {
             ring: Mutex::new(Ring {
@@ -147,6 +150,7 @@ impl FlightRecorder {
             }),
             origin: Instant::now(),
             origin_unix_us,
+            meters: RankMeters::new(rank),
         }
     }
 
@@ -157,6 +161,7 @@ impl FlightRecorder {
     /// Records the start of `desc`; the returned guard records how it ends (a guard dropped
     /// unfinished records a cancellation).
     pub fn start(&self, desc: OpDesc) -> OpTrace<'_> {
+        self.meters.started();
         let now = self.now_us();
         let mut ring = lock(&self.ring);
         let id = ring.next_id;
@@ -193,6 +198,13 @@ impl FlightRecorder {
         let Some(at) = ring.active.iter().position(|e| e.id == id) else { return };
         let mut entry = ring.active.swap_remove(at);
         (entry.state, entry.ended_us, entry.error, entry.waiting_on) = (state, Some(now), error, None);
+        let outcome = match state {
+            OpState::Completed => Outcome::Completed,
+            OpState::Failed => Outcome::Failed,
+            OpState::Started | OpState::Cancelled => Outcome::Cancelled,
+        };
+        let took = Duration::from_micros(now.saturating_sub(entry.started_us));
+        self.meters.finished(entry.desc.op, entry.desc.comm, entry.desc.bytes, took, outcome);
         if state == OpState::Completed && entry.desc.class == OpClass::Collective {
             let progress = ring.progress.entry(entry.desc.comm).or_default();
             progress.last_completed = progress.last_completed.max(Some(entry.desc.seq));
@@ -322,7 +334,7 @@ mod tests {
 
     #[test]
     fn the_ring_keeps_the_last_operations_and_those_in_flight() {
-        let recorder = FlightRecorder::new(3);
+        let recorder = FlightRecorder::new(3, 1);
         let long = recorder.start(coll(0));
         for seq in 1..=5 {
             recorder.start(coll(seq)).end::<(), String>(&Ok(()));
@@ -343,7 +355,7 @@ mod tests {
 
     #[test]
     fn a_dropped_operation_is_recorded_as_cancelled() {
-        let recorder = FlightRecorder::new(8);
+        let recorder = FlightRecorder::new(8, 0);
         drop(recorder.start(coll(7)));
         let dump = recorder.snapshot(0, 2, "c", "test");
         assert_eq!(dump.entries[0].state, "cancelled");

@@ -22,6 +22,7 @@ use super::mailbox::{Held, Key, Mailbox};
 pub(crate) use super::relay_hook::{RELAY_BUDGET_BYTES, RelayHook};
 use crate::proto::frame::{FrameError, FrameKind, MAX_CONTROL_FRAME, message_frame, raw_header};
 use crate::proto::message::{self, PeerMsg};
+use crate::telemetry::SentBytes;
 
 /// QUIC application error code for a peer that broke the wire protocol.
 pub const CLOSE_PROTOCOL_VIOLATION: u32 = 2;
@@ -264,6 +265,8 @@ pub struct PeerLink {
     writers: [mpsc::Sender<Outgoing>; Lane::COUNT],
     /// Another transport that carries collective payloads once attached (see [`BulkChannel`]).
     bulk: Arc<BulkSlot>,
+    /// `nexar_sent_bytes_total` of this rank.
+    sent: Arc<SentBytes>,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -285,13 +288,15 @@ impl PeerLink {
     /// protocol violation.
     pub fn spawn(local: u32, peer: u32, conn: Connection, lanes: LaneSenders, max_payload: u64) -> PeerLink {
         let bulk = Arc::new(BulkSlot::new(peer, &lanes));
+        let sent = Arc::new(SentBytes::new(local));
         let writers = std::array::from_fn(|lane| {
             let (tx, rx) = mpsc::channel::<Outgoing>(64);
             let span = tracing::debug_span!("writer", rank = local, peer);
             // Control traffic (heartbeats, aborts, failure reports) goes out ahead of bulk data.
             let priority = if lane == Lane::Control as usize { 1 } else { 0 };
             let bulk = (lane == Lane::Raw as usize).then(|| bulk.clone());
-            tokio::spawn(write_lane(conn.clone(), peer, priority, bulk, rx).instrument(span));
+            let sent = sent.clone();
+            tokio::spawn(write_lane(conn.clone(), peer, priority, bulk, sent, rx).instrument(span));
             tx
         });
         let control: mpsc::Sender<Outgoing> = writers[Lane::Control as usize].clone();
@@ -315,7 +320,7 @@ impl PeerLink {
         }));
         let span = tracing::debug_span!("router", rank = local, peer);
         tokio::spawn(route(conn.clone(), peer, lanes, max_payload).instrument(span));
-        PeerLink { peer, conn, writers, bulk }
+        PeerLink { peer, conn, writers, bulk, sent }
     }
 
     /// Hands collective payloads to `channel` from now on, for collectives that have sent
@@ -440,6 +445,7 @@ impl PeerLink {
         };
         let frames = [message_frame(&body), raw_header(len as u64)];
         let sent = channel.send_borrowed(&frames, payload)?;
+        self.sent.bulk(channel.name(), frames.iter().map(Bytes::len).sum::<usize>() + len);
         let (done, wait) = oneshot::channel();
         let slot = Arc::downgrade(&self.bulk);
         tokio::spawn(async move {
@@ -512,6 +518,7 @@ async fn write_lane(
     peer: u32,
     priority: i32,
     bulk: Option<Arc<BulkSlot>>,
+    sent_bytes: Arc<SentBytes>,
     mut rx: mpsc::Receiver<Outgoing>,
 ) {
     let mut stream: Option<quinn::SendStream> = None;
@@ -546,6 +553,7 @@ async fn write_lane(
                             let _ = oldest.await;
                         }
                     }
+                    sent_bytes.bulk(channel.name(), len);
                     let sent = channel.send(chunks);
                     let slot = Arc::downgrade(slot);
                     on_bulk.push_back(tokio::spawn(async move {
@@ -583,12 +591,14 @@ async fn write_lane(
                 }
             },
         };
+        let len = chunks.iter().map(Bytes::len).sum();
         let result = s
             .write_all_chunks(&mut chunks)
             .await
             .map_err(|e| TransportError::ConnectionLost { peer: peer_name(peer), reason: e.to_string() });
-        if let Err(e) = &result {
-            broken = Some(e.clone());
+        match &result {
+            Ok(()) => sent_bytes.quic(len),
+            Err(e) => broken = Some(e.clone()),
         }
         let _ = done.send(result);
     }
