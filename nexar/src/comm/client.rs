@@ -49,7 +49,17 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 /// How long dropping a client without `shutdown()` blocks, at most, so that its close reaches
 /// the peers before the process exits.
-const DROP_CLOSE_WAIT: Duration = Duration::from_millis(500);
+const DROP_CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// On that path, how long each of the flush and the bulk goodbyes may take: together well
+/// inside [`DROP_CLOSE_WAIT`], so that the connection close (which carries the reason) is sent
+/// before the process exits even when the peers are slow to acknowledge (a busy machine).
+/// With [`FLUSH_LIMIT`] there, a slow flush outlasted the wait and the peers learnt of the
+/// departure only from the idle timeout.
+const DROP_FLUSH_LIMIT: Duration = Duration::from_millis(300);
+
+/// On that path, how long the connections' drivers get to send the close frames once queued.
+const DROP_SEND_CLOSE: Duration = Duration::from_millis(200);
 
 /// One rank's handle on a nexar cluster: its rank, the world size, and every operation.
 ///
@@ -799,12 +809,18 @@ impl Drop for Inner {
             format!("rank {} dropped its client without calling shutdown() (its program ended or failed)", self.rank)
         };
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let limit = if clean { FLUSH_LIMIT } else { DROP_FLUSH_LIMIT };
         let close = async move {
-            close_links(&links, FLUSH_LIMIT, &reason).await;
+            close_links(&links, limit, &reason).await;
             if let Some(seed) = seed {
                 seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
             }
             endpoint.close(CLOSE_SHUTDOWN.into(), reason.as_bytes());
+            // `close` only queues the CONNECTION_CLOSE frames; the connections' drivers send
+            // them. Let them, before a process that is about to exit is told it may go.
+            if !clean {
+                let _ = tokio::time::timeout(DROP_SEND_CLOSE, endpoint.wait_idle()).await;
+            }
             let _ = done_tx.send(());
         };
         // Flush in the background when a runtime is there to run it; otherwise close at once.
