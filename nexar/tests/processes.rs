@@ -164,6 +164,43 @@ async fn the_benchmark_runs_every_operation_across_processes_and_checks_results(
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Times across ranks (-a) and the plot, with the OpenMPI reference series beside it.
+    let svg = dir.join("busbw.svg");
+    let reference = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/reference/openmpi_tcp_np2_allreduce.json");
+    let plot = |with: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_nexar-bench"))
+            .args(["-a", "-b", "4K", "-e", "64K", "-f", "4", "--np", "2", "-n", "3", "-w", "1", "--json"])
+            .arg(dir.join("plot.json"))
+            .arg("--plot")
+            .arg(&svg)
+            .arg("--plot-with")
+            .arg(with)
+            .kill_on_drop(true)
+            .output()
+    };
+    let out = tokio::time::timeout(TEST_LIMIT, plot(reference.as_ref())).await.expect("timed out").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("rank-min(us)") && stdout.contains("rank-max(us)"), "{stdout}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 3, "4K, 16K, 64K: {stdout}");
+    for row in rows {
+        let cols: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
+        let (time, low, avg, high) = (cols[2], cols[6], cols[7], cols[8]);
+        assert!(low <= avg && avg <= high && high <= time * 1.000_001 + 0.1, "min <= avg <= max <= slowest: {row}");
+    }
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.starts_with("<svg") && drawn.trim_end().ends_with("</svg>"), "{drawn}");
+    assert!(drawn.contains("nexar allreduce f32 np2") && drawn.contains("OpenMPI 4.1 TCP np2"), "{drawn}");
+    assert!(drawn.matches("<polyline").count() >= 2, "a line for each series: {drawn}");
+    // A reference that is not JSON is named with the reason.
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "op size median").unwrap();
+    let out = tokio::time::timeout(TEST_LIMIT, plot(&bad)).await.expect("timed out").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(format!("{stdout}{stderr}").contains("bad.json: not JSON"), "{stdout}\n{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

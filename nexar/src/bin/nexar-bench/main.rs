@@ -3,12 +3,14 @@
 //! ```text
 //! nexar-bench -b 4K -e 64M -f 4 --op allreduce --np 2          # ranks as separate processes
 //! nexar-bench -b 8 -e 1M --op barrier --np 4 --inproc           # ranks in one process
+//! nexar-bench -a --plot busbw.svg --plot-with bench/reference/openmpi_tcp_np2_allreduce.json
 //! ```
 //!
 //! Every size is checked once with known data (`#wrong` counts wrong elements), then timed
 //! over `-n` iterations after `-w` warm-ups. Time is the median over iterations of the slowest
 //! rank's time, as in the OpenMPI and Gloo baselines.
 
+mod plot;
 mod report;
 mod soak;
 mod spread;
@@ -124,6 +126,7 @@ async fn run_plan(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collectiv
             busbw: algbw * 2.0 * (w - 1.0) / w,
             wrong,
             iters: times,
+            across: None,
         });
     }
     if r == 0 {
@@ -145,7 +148,8 @@ async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
     let fail = |e: nexar::RpcError| CollectiveError::Internal { rank: comm.rank(), op: "rpc", what: e.to_string() };
     let mut rows = Vec::new();
     for bytes in sizes(args) {
-        let mut row = Row { bytes, count: 1, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong: 0, iters: Vec::new() };
+        let mut row =
+            Row { bytes, count: 1, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong: 0, iters: Vec::new(), across: None };
         if comm.rank() == 0 && comm.world_size() > 1 {
             let payload = vec![7u8; bytes];
             let back = echo::call(comm, 1, payload.clone()).await.map_err(fail)?;
@@ -248,6 +252,19 @@ struct Args {
     /// iterations over 10x the median for each size, and write every iteration to the JSON.
     #[arg(short = 'I', long = "per-iteration")]
     per_iteration: bool,
+    /// Across ranks: print the smallest, average and largest of the ranks' own median times
+    /// for each size (nccl-tests' `-a`), besides the slowest-rank time.
+    #[arg(short = 'a', long = "across-ranks")]
+    across_ranks: bool,
+    /// Draw bus bandwidth against message size into this SVG file (log scale), one line per
+    /// operation and dtype, with the series of every `--plot-with` file.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// A JSON file to draw beside this run: an earlier nexar-bench result, or a reference
+    /// series (`{"label": ..., "points": [{"bytes": ..., "busbw_gbps": ...}]}`, such as
+    /// `bench/reference/openmpi_tcp_np2_allreduce.json`). Repeatable.
+    #[arg(long = "plot-with")]
+    plot_with: Vec<std::path::PathBuf>,
     /// Bind each rank's runtime thread to a core of its own when the ranks fit the cores
     /// (`core`, the default, as Open MPI's mpirun binds ranks) or leave placement to the
     /// kernel (`none`). The TCP lanes' threads are never bound.
@@ -296,6 +313,9 @@ struct Row {
     wrong: u64,
     /// Per-iteration times (the slowest rank's, in order), for `-I`.
     iters: Vec<f64>,
+    /// The smallest, average and largest of the ranks' own median times, for `-a` (`None`
+    /// where only one rank measures).
+    across: Option<[f64; 3]>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -561,6 +581,13 @@ async fn run_size<T: Summable>(comm: &NexarClient, args: &Args, bytes: usize) ->
         one(comm, args.op, &send, &mut recv).await?;
         times.push(start.elapsed().as_secs_f64() * 1e6);
     }
+    // Each rank's own median, summarised across ranks (for -a).
+    let own = Spread::of(&times).p50;
+    let (mut low, mut high, mut sum) = ([own], [own], [own]);
+    comm.all_reduce(&mut low, Min).await?;
+    comm.all_reduce(&mut high, Max).await?;
+    comm.all_reduce(&mut sum, Sum).await?;
+    let across = Some([low[0], sum[0] / w as f64, high[0]]);
     // The slowest rank's time for each iteration, then the median over iterations.
     comm.all_reduce(&mut times, Max).await?;
     let time_us = Spread::of(&times).p50;
@@ -579,6 +606,7 @@ async fn run_size<T: Summable>(comm: &NexarClient, args: &Args, bytes: usize) ->
         busbw: algbw * factor,
         wrong: wrong_here[0],
         iters: times,
+        across,
     })
 }
 

@@ -5,6 +5,7 @@ use std::io::Write;
 
 use nexar::NexarConfig;
 
+use crate::plot;
 use crate::spread::Spread;
 use crate::{Args, BindTo, Row};
 
@@ -28,11 +29,14 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
         "# nexar-bench: {:?} {:?}, {} ranks ({mode}, {transport} on loopback), {} iterations after {} warm-ups",
         args.op, args.dtype, args.np, args.iters, args.warmup
     );
-    let spread_header = if args.per_iteration {
+    let mut spread_header = if args.per_iteration {
         format!(" {:>10} {:>10} {:>10} {:>8}", "p50(us)", "p99(us)", "max(us)", ">10x(%)")
     } else {
         String::new()
     };
+    if args.across_ranks {
+        spread_header += &format!(" {:>12} {:>12} {:>12}", "rank-min(us)", "rank-avg(us)", "rank-max(us)");
+    }
     println!(
         "#{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}{spread_header}",
         "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
@@ -40,10 +44,22 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
     let mut json = String::from("[\n");
     for (i, r) in rows.iter().enumerate() {
         let spread = Spread::of(&r.iters);
-        let spread_cols = if args.per_iteration {
+        let mut spread_cols = if args.per_iteration {
             format!(" {:>10.1} {:>10.1} {:>10.1} {:>8.2}", spread.p50, spread.p99, spread.max, spread.over_10x * 100.0)
         } else {
             String::new()
+        };
+        if args.across_ranks {
+            spread_cols += &match r.across {
+                Some([low, avg, high]) => format!(" {low:>12.1} {avg:>12.1} {high:>12.1}"),
+                None => format!(" {:>12} {:>12} {:>12}", "-", "-", "-"),
+            };
+        }
+        let across = match r.across {
+            Some([low, avg, high]) => {
+                format!(", \"rank_min_us\": {low:.3}, \"rank_avg_us\": {avg:.3}, \"rank_max_us\": {high:.3}")
+            }
+            None => String::new(),
         };
         println!(
             " {:>12} {:>12} {:>12.1} {:>10.3} {:>10.3} {:>8}{spread_cols}",
@@ -56,7 +72,7 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
             String::new()
         };
         json.push_str(&format!(
-            "  {{\"op\": \"{:?}\", \"dtype\": \"{:?}\", \"np\": {}, \"bytes\": {}, \"count\": {}, \"time_us\": {:.3}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"over_10x\": {:.5}, \"algbw_gbps\": {:.4}, \"busbw_gbps\": {:.4}, \"wrong\": {}{iters}}}{}\n",
+            "  {{\"op\": \"{:?}\", \"dtype\": \"{:?}\", \"np\": {}, \"bytes\": {}, \"count\": {}, \"time_us\": {:.3}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"over_10x\": {:.5}, \"algbw_gbps\": {:.4}, \"busbw_gbps\": {:.4}, \"wrong\": {}{across}{iters}}}{}\n",
             args.op, args.dtype, args.np, r.bytes, r.count, r.time_us, spread.p50, spread.p99, spread.max, spread.over_10x, r.algbw, r.busbw, r.wrong, if i + 1 < rows.len() { "," } else { "" }
         ));
     }
@@ -67,10 +83,26 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
     println!("# peak RSS of {whose}: {} MiB", peak_kib / 1024);
     std::fs::File::create(&args.json)?.write_all(json.as_bytes())?;
     println!("# results written to {}", args.json);
+    if let Some(svg) = &args.plot {
+        plot_rows(args, rows, svg)?;
+        println!("# bus bandwidth plotted in {}", svg.display());
+    }
     if total_wrong > 0 {
         return Err(format!("{total_wrong} wrong elements").into());
     }
     Ok(())
+}
+
+/// Draws this run's rows and the `--plot-with` files into `svg`.
+fn plot_rows(args: &Args, rows: &[Row], svg: &std::path::Path) -> Result<(), String> {
+    let label = format!("nexar {:?} {:?} np{}", args.op, args.dtype, args.np).to_lowercase();
+    let points = rows.iter().filter(|r| r.bytes > 0).map(|r| (r.bytes as f64, r.busbw)).collect();
+    let mut series = vec![plot::Series { label, points }];
+    for file in &args.plot_with {
+        series.extend(plot::read_series(file)?);
+    }
+    let title = format!("bus bandwidth, {} ranks on one host (nexar-bench)", args.np);
+    plot::draw(svg, &title, &series)
 }
 
 /// The footer nccl-tests prints, which scripts that parse its output look for: the wrong
