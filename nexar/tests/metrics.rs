@@ -112,6 +112,8 @@ async fn the_metrics_endpoint_serves_bounded_series() {
         assert_eq!(value(&first, allreduces), Some(2.0), "one small and one large allreduce");
         let bytes = value(&first, "nexar_op_bytes_total{rank=\"0\",op=\"all_reduce\"}").unwrap();
         assert_eq!(bytes, ((256 + (1 << 20)) * 4) as f64, "the payload of both allreduces");
+        let received = value(&first, "nexar_op_bytes_total{rank=\"1\",op=\"recv\"}");
+        assert_eq!(received, Some(8.0), "one u64 received, its size learnt on arrival");
         let tcp = value(&first, "nexar_sent_bytes_total{rank=\"0\",transport=\"tcp-tls\"}").unwrap();
         assert!(tcp >= (1 << 21) as f64, "the 4 MiB allreduce sent half its payload over the TCP lane: {tcp}");
         assert_eq!(value(&first, "nexar_ops_in_flight{rank=\"0\"}"), Some(0.0));

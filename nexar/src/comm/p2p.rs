@@ -302,6 +302,9 @@ impl NexarClient {
         let trace = self.p2p_trace(OpClass::Recv, src, tag, T::DTYPE, 0);
         let span = tracing::debug_span!("recv", comm = self.comm.id, peer = src, tag);
         let result = self.recv_vec_untraced(src, tag).instrument(span).await;
+        if let Ok(v) = &result {
+            trace.sized(v.len(), std::mem::size_of_val(v.as_slice()));
+        }
         trace.end(&result);
         self.dump_if_peers_failed(&result);
         result

@@ -183,6 +183,13 @@ impl FlightRecorder {
         OpTrace { recorder: self, id, done: false }
     }
 
+    fn set_size(&self, id: u64, count: u64, bytes: u64) {
+        let mut ring = lock(&self.ring);
+        if let Some(entry) = ring.active.iter_mut().find(|e| e.id == id) {
+            (entry.desc.count, entry.desc.bytes) = (count, bytes);
+        }
+    }
+
     fn set_waiting(&self, id: u64, peer: Option<u32>) {
         let now = self.now_us();
         let mut ring = lock(&self.ring);
@@ -294,6 +301,12 @@ impl OpTrace<'_> {
         self.recorder.set_waiting(self.id, None);
     }
 
+    /// The operation's size became known only now (a receive of any length): `count`
+    /// elements, `bytes` bytes.
+    pub fn sized(&self, count: usize, bytes: usize) {
+        self.recorder.set_size(self.id, count as u64, bytes as u64);
+    }
+
     /// Records how the operation ended.
     pub fn end<T, E: fmt::Display>(mut self, result: &Result<T, E>) {
         self.done = true;
@@ -351,6 +364,16 @@ mod tests {
         long.end::<(), String>(&Err("rank 1 all_reduce: timed out".into()));
         let dump = recorder.snapshot(1, 4, "c", "test");
         assert!(dump.entries.iter().any(|e| e.seq == 0 && e.state == "failed" && e.error.is_some()));
+    }
+
+    #[test]
+    fn a_size_learnt_late_is_recorded() {
+        let recorder = FlightRecorder::new(4, 0);
+        let op = recorder.start(OpDesc { count: 0, bytes: 0, ..coll(1) });
+        op.sized(6, 24);
+        op.end::<(), String>(&Ok(()));
+        let dump = recorder.snapshot(0, 2, "c", "test");
+        assert_eq!((dump.entries[0].count, dump.entries[0].bytes), (6, 24));
     }
 
     #[test]
