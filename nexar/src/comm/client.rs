@@ -76,9 +76,36 @@ const DROP_SEND_CLOSE: Duration = Duration::from_millis(200);
 /// ```
 #[derive(Clone)]
 pub struct NexarClient {
+    /// Shared by the program's handles, not by nexar's own tasks: when the last handle goes,
+    /// this rank tells its peers at once, even while a task of its own still holds `inner`.
+    /// Declared first, so it is dropped while `inner` is still held.
+    pub(crate) user: Arc<UserHandles>,
     pub(crate) inner: Arc<Inner>,
     /// The communicator this handle speaks for: the world, or a group made by `split`.
     pub(crate) comm: Arc<CommState>,
+}
+
+/// The program's hold on a rank (see [`NexarClient::user`]).
+pub(crate) struct UserHandles {
+    inner: Weak<Inner>,
+}
+
+impl UserHandles {
+    /// The token of a new client on `inner`; `inner` keeps a weak reference to it, for the
+    /// handles nexar makes itself (a rebuilt communicator).
+    fn new(inner: &Arc<Inner>) -> Arc<Self> {
+        let user = Arc::new(UserHandles { inner: Arc::downgrade(inner) });
+        let _ = inner.user.set(Arc::downgrade(&user));
+        user
+    }
+}
+
+impl Drop for UserHandles {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.leave_unannounced();
+        }
+    }
 }
 
 pub(crate) struct Inner {
@@ -134,6 +161,11 @@ pub(crate) struct Inner {
     pub setup: super::backend::SetupInbox,
     /// The flight recorder (see [`crate::trace`]).
     pub trace: Arc<crate::trace::RankTrace>,
+    /// The program's handles ([`UserHandles`]), while it holds any.
+    pub user: std::sync::OnceLock<Weak<UserHandles>>,
+    /// The links were closed because the program dropped its last handle without
+    /// `shutdown()`; dropping `Inner` then has nothing more to tell the peers.
+    pub left: std::sync::atomic::AtomicBool,
     /// The stall inspector's questions waiting for their answer, by nonce: the rank asked, and
     /// where its answer goes.
     pub positions: Mutex<HashMap<u64, (u32, oneshot::Sender<crate::trace::Answer>)>>,
@@ -484,6 +516,8 @@ impl NexarClient {
             setup: Default::default(),
             trace: crate::trace::RankTrace::new(&trace_cfg, rank, world, cluster_id(ca)),
             positions: Mutex::new(HashMap::new()),
+            user: std::sync::OnceLock::new(),
+            left: std::sync::atomic::AtomicBool::new(false),
         });
         let world_comm = Arc::new(CommState::world(rank, world));
         let span = tracing::debug_span!("rank", rank);
@@ -535,7 +569,7 @@ impl NexarClient {
             .instrument(span),
         );
         crate::sync::lock(&inner.tasks).push(joiners);
-        let client = NexarClient { inner, comm: world_comm };
+        let client = NexarClient { user: UserHandles::new(&inner), inner, comm: world_comm };
         // A rank joining the running cluster keeps QUIC: the members are not exchanging now.
         if !running {
             client.bring_up_tcp_lanes(identity, ca).await;
@@ -610,7 +644,7 @@ impl NexarClient {
 
     /// A handle on the same rank for another communicator.
     pub(crate) fn with_comm(&self, comm: CommState) -> NexarClient {
-        NexarClient { inner: self.inner.clone(), comm: Arc::new(comm) }
+        NexarClient { user: self.user.clone(), inner: self.inner.clone(), comm: Arc::new(comm) }
     }
 
     /// Counters of the QUIC path to rank `peer` of this communicator (`None` for this rank
@@ -761,6 +795,42 @@ async fn close_links(links: &Links, limit: Duration, reason: &str) {
 }
 
 impl Inner {
+    /// The program dropped its last handle without `shutdown()` (an error returned with `?`,
+    /// a panic): close every link now with the reason, so the peers fail at once naming this
+    /// rank, and give the close a moment to leave before the process may exit. Done here and
+    /// not only when `Inner` drops, because a task of nexar's may hold `Inner` a little longer,
+    /// until the runtime itself is torn down, when nothing can be sent any more.
+    fn leave_unannounced(self: Arc<Self>) {
+        if self.health.is_shutting_down() || self.left.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+            return;
+        };
+        let reason =
+            format!("rank {} dropped its client without calling shutdown() (its program ended or failed)", self.rank);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let inner = self;
+        let flavor = handle.runtime_flavor();
+        handle.spawn(async move {
+            close_links(&inner.links, DROP_FLUSH_LIMIT, &reason).await;
+            if let Some(seed) = &inner.seed {
+                seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+            }
+            inner.endpoint.close(CLOSE_SHUTDOWN.into(), reason.as_bytes());
+            // `close` only queues the CONNECTION_CLOSE frames; the connections' drivers send
+            // them. Let them, before a process that is about to exit is told it may go.
+            let _ = tokio::time::timeout(DROP_SEND_CLOSE, inner.endpoint.wait_idle()).await;
+            let _ = done_tx.send(());
+        });
+        // The process may be about to exit (main returned): on a runtime whose other threads
+        // can run the close, give it a moment to reach the peers.
+        if flavor == tokio::runtime::RuntimeFlavor::MultiThread {
+            let _ = done_rx.recv_timeout(DROP_CLOSE_WAIT);
+        }
+    }
+
     /// Starts watching a new link (when its connection ends, receives and collective steps
     /// waiting on that peer fail at once, naming it) and tells the peer which RPC functions
     /// this rank serves, so a call to a missing function fails at once.
@@ -796,6 +866,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         for task in self.tasks.get_mut().map(std::mem::take).unwrap_or_default() {
             task.abort();
+        }
+        if *self.left.get_mut() {
+            return;
         }
         let links = std::mem::take(&mut self.links);
         let endpoint = self.endpoint.clone();

@@ -441,7 +441,9 @@ pub(crate) async fn recover_automatically(inner: Weak<Inner>, mut current: Arc<C
         // Let reports of simultaneous failures arrive, so one rebuild covers them all.
         tokio::time::sleep(Duration::from_millis(50)).await;
         events.borrow_and_update();
-        let client = NexarClient { inner: strong.clone(), comm: current.clone() };
+        // Only while the program still holds the rank: a rebuild is for its handles.
+        let Some(user) = strong.user.get().and_then(std::sync::Weak::upgrade) else { return };
+        let client = NexarClient { user, inner: strong.clone(), comm: current.clone() };
         let result = client.recover().await.map(|c| c.comm);
         if let Ok(comm) = &result {
             current = comm.clone();
@@ -538,7 +540,12 @@ impl FailureWatch {
                 {
                     self.rebuilds_seen = latest.0;
                     let inner = self.inner.upgrade().ok_or(RecoveryError::Closed { rank: self.rank })?;
-                    return result.map(|comm| NexarClient { inner, comm });
+                    let user = inner
+                        .user
+                        .get()
+                        .and_then(std::sync::Weak::upgrade)
+                        .ok_or(RecoveryError::Closed { rank: self.rank })?;
+                    return result.map(|comm| NexarClient { user, inner, comm });
                 }
             }
             if self.inner.upgrade().is_none_or(|i| i.mailbox.is_closed()) {
