@@ -416,9 +416,8 @@ impl NexarClient {
         pool.give(scratch_words);
         for (peer, done) in sends {
             let world_peer = self.comm.members[peer];
-            trace.waiting_on(world_peer);
-            let sent = self.wait_watched(done, deadline, |waited| watch.stalled(world_peer, waited)).await;
-            trace.not_waiting();
+            let sent =
+                self.wait_on_peer(done, world_peer, trace, deadline, |waited| watch.stalled(world_peer, waited)).await;
             match sent {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(source))) => {
@@ -464,10 +463,11 @@ impl NexarClient {
             Err(pending) => pending,
         };
         let world_peer = key.src as usize;
-        watch.trace.waiting_on(world_peer);
-        let waited =
-            self.wait_watched(pending.wait(), watch.deadline, |waited| watch.stalled(world_peer, waited)).await;
-        watch.trace.not_waiting();
+        let waited = self
+            .wait_on_peer(pending.wait(), world_peer, watch.trace, watch.deadline, |waited| {
+                watch.stalled(world_peer, waited)
+            })
+            .await;
         match waited {
             Ok(Ok(held)) => Ok(held),
             Ok(Err(r)) => Err(refused(r)),

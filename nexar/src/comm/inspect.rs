@@ -5,13 +5,15 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::client::{Inner, NexarClient};
 use crate::proto::message::{ActiveColl, PeerMsg};
-use crate::trace::{Answer, Reply, StalledOp, TraceDump, TraceError, stall_report};
+use crate::trace::{Answer, OpTrace, Reply, StalledOp, TraceDump, TraceError, stall_report};
 
 /// The longest the inspector waits for the members' answers.
 const INQUIRY_LIMIT: Duration = Duration::from_secs(2);
@@ -29,7 +31,7 @@ impl Inner {
                 dtype: e.desc.dtype.map_or(0, |d| d.to_wire()),
                 root: e.desc.root,
                 count: e.desc.count,
-                waited_ms: now_us.saturating_sub(e.waiting_since_us) / 1000,
+                waited_ms: e.waiting_on.map_or(0, |_| now_us.saturating_sub(e.waiting_since_us) / 1000),
                 waiting_on: e.waiting_on,
             })
             .collect();
@@ -89,6 +91,27 @@ impl NexarClient {
             }
         }
         stall_report(&stalled, &replies)
+    }
+
+    /// Waits for `fut`, which world rank `peer` must bring about, as [`Self::wait_watched`]
+    /// does; while the wait is parked, `trace` says it waits on `peer`. A future that is ready
+    /// at once costs neither a record nor a timer.
+    pub(crate) async fn wait_on_peer<F: Future>(
+        &self,
+        fut: F,
+        peer: usize,
+        trace: &OpTrace<'_>,
+        deadline: Instant,
+        stalled: impl Fn(Duration) -> StalledOp,
+    ) -> Result<F::Output, String> {
+        let mut fut = std::pin::pin!(fut);
+        if let Some(out) = poll_once(fut.as_mut()).await {
+            return Ok(out);
+        }
+        trace.waiting_on(peer);
+        let out = self.wait_watched(fut, deadline, stalled).await;
+        trace.not_waiting();
+        out
     }
 
     /// Waits for `fut` until `deadline`. When it has waited the stall-warning time, the
@@ -154,4 +177,15 @@ fn warn_stalled(rank: usize, report: &str) {
     } else {
         eprintln!("nexar: rank {rank}: stalled: {report}");
     }
+}
+
+/// Polls `fut` once: its output if it is ready, `None` (with the waker registered) if not.
+async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match fut.as_mut().poll(cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        })
+    })
+    .await
 }

@@ -31,11 +31,11 @@
 
 mod exporter;
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Unit};
+use rustc_hash::FxHashMap;
 
 pub use exporter::{MetricsError, start_exporter};
 
@@ -91,8 +91,9 @@ struct OpMeters {
 
 #[derive(Default)]
 struct OpTable {
-    /// Keyed by operation and communicator (`None`: the shared `other`).
-    meters: HashMap<(&'static str, Option<u64>), OpMeters>,
+    /// Keyed by operation and communicator (`None`: the shared `other`). Every finished
+    /// operation looks here, so the hasher is a fast one (the keys are nexar's own names).
+    meters: FxHashMap<(&'static str, Option<u64>), OpMeters>,
     /// The communicators that have a label of their own.
     labelled: Vec<u64>,
 }

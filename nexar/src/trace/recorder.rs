@@ -5,12 +5,12 @@
 //! path does not allocate (an error text, on the failure path, is the exception). Every
 //! operation recorded is also metered ([`crate::telemetry`]).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nexar_types::DType;
+use rustc_hash::FxHashMap;
 
 use super::dump::{TraceDump, TraceEntry};
 use crate::sync::lock;
@@ -98,7 +98,8 @@ pub(crate) struct Entry {
     pub ended_us: Option<u64>,
     /// The peer (world rank) the operation waits for right now, if it is parked on one.
     pub waiting_on: Option<u32>,
-    /// Since when (microseconds since the recorder started) it waits for `waiting_on`.
+    /// Since when (microseconds since the recorder started) it waits for `waiting_on`;
+    /// meaningless while `waiting_on` is `None`.
     pub waiting_since_us: u64,
     pub error: Option<Arc<str>>,
 }
@@ -117,7 +118,7 @@ struct Ring {
     /// Operations in flight.
     active: Vec<Entry>,
     next_id: u64,
-    progress: HashMap<u64, CommProgress>,
+    progress: FxHashMap<u64, CommProgress>,
 }
 
 /// A bounded record of this rank's last operations (see the module docs).
@@ -146,7 +147,7 @@ impl FlightRecorder {
                 capacity,
                 active: Vec::with_capacity(16),
                 next_id: 0,
-                progress: HashMap::new(),
+                progress: FxHashMap::default(),
             }),
             origin: Instant::now(),
             origin_unix_us,
@@ -185,15 +186,16 @@ impl FlightRecorder {
 
     fn set_size(&self, id: u64, count: u64, bytes: u64) {
         let mut ring = lock(&self.ring);
-        if let Some(entry) = ring.active.iter_mut().find(|e| e.id == id) {
+        if let Some(entry) = ring.active.iter_mut().rev().find(|e| e.id == id) {
             (entry.desc.count, entry.desc.bytes) = (count, bytes);
         }
     }
 
     fn set_waiting(&self, id: u64, peer: Option<u32>) {
-        let now = self.now_us();
+        // The end of a wait needs no time stamp: only a wait in progress is reported.
+        let now = if peer.is_some() { self.now_us() } else { 0 };
         let mut ring = lock(&self.ring);
-        if let Some(entry) = ring.active.iter_mut().find(|e| e.id == id) {
+        if let Some(entry) = ring.active.iter_mut().rev().find(|e| e.id == id) {
             entry.waiting_on = peer;
             entry.waiting_since_us = now;
         }
@@ -201,29 +203,32 @@ impl FlightRecorder {
 
     fn finish(&self, id: u64, state: OpState, error: Option<Arc<str>>) {
         let now = self.now_us();
-        let mut ring = lock(&self.ring);
-        let Some(at) = ring.active.iter().position(|e| e.id == id) else { return };
-        let mut entry = ring.active.swap_remove(at);
-        (entry.state, entry.ended_us, entry.error, entry.waiting_on) = (state, Some(now), error, None);
+        let (op, comm, bytes, started_us) = {
+            let mut ring = lock(&self.ring);
+            let Some(at) = ring.active.iter().rposition(|e| e.id == id) else { return };
+            let mut entry = ring.active.swap_remove(at);
+            (entry.state, entry.ended_us, entry.error, entry.waiting_on) = (state, Some(now), error, None);
+            let metered = (entry.desc.op, entry.desc.comm, entry.desc.bytes, entry.started_us);
+            if state == OpState::Completed && entry.desc.class == OpClass::Collective {
+                let progress = ring.progress.entry(entry.desc.comm).or_default();
+                progress.last_completed = progress.last_completed.max(Some(entry.desc.seq));
+            }
+            if ring.capacity > 0 {
+                let slot = (entry.id % ring.capacity as u64) as usize;
+                match ring.slots.get_mut(slot) {
+                    Some(old) => *old = entry,
+                    None => ring.slots.push(entry),
+                }
+            }
+            metered
+        };
         let outcome = match state {
             OpState::Completed => Outcome::Completed,
             OpState::Failed => Outcome::Failed,
             OpState::Started | OpState::Cancelled => Outcome::Cancelled,
         };
-        let took = Duration::from_micros(now.saturating_sub(entry.started_us));
-        self.meters.finished(entry.desc.op, entry.desc.comm, entry.desc.bytes, took, outcome);
-        if state == OpState::Completed && entry.desc.class == OpClass::Collective {
-            let progress = ring.progress.entry(entry.desc.comm).or_default();
-            progress.last_completed = progress.last_completed.max(Some(entry.desc.seq));
-        }
-        if ring.capacity == 0 {
-            return;
-        }
-        let slot = (entry.id % ring.capacity as u64) as usize;
-        match ring.slots.get_mut(slot) {
-            Some(old) => *old = entry,
-            None => ring.slots.push(entry),
-        }
+        // Metered outside the ring's lock, so a stall inspection never waits on the meters.
+        self.meters.finished(op, comm, bytes, Duration::from_micros(now.saturating_sub(started_us)), outcome);
     }
 
     /// The collectives in flight on communicator `comm`, oldest first, and how far it got.
