@@ -371,6 +371,88 @@ async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
     assert!(sums.iter().all(|s| *s == 3), "{sums:?}");
 }
 
+/// The same over the TCP lane: a member sends eight 32 MiB collective groups nobody asked for
+/// to a rank whose collective store holds 32 MiB. The rank reads the first group's frames,
+/// admits it (an empty store takes any one message) and leaves the next unread after its first
+/// record, so TCP holds the member; before, the lane's reader read every group whole and queued
+/// them, past the limits. Asked for, all eight arrive intact, and the cluster carries on.
+#[test]
+fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
+    alone(
+        "tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits",
+        tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body,
+    );
+}
+
+async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
+    use crate::proto::frame::{message_frame, raw_header};
+    use crate::transport::mailbox::Key;
+    let len: u64 = 32 << 20;
+    let cfg = crate::NexarConfig {
+        bulk_transport: crate::BulkTransport::Tcp,
+        bulk_min_bytes: 0,
+        max_unmatched_bytes: 16 << 20,
+        max_message_bytes: len,
+        ..Default::default()
+    };
+    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    let lane = ranks[1].inner.links.get(0).unwrap().bulk_channel().expect("a tcp lane to rank 0");
+    assert_eq!(lane.name(), "tcp-tls");
+    let comm = ranks[0].comm_id();
+    let payload = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let group = |seq: u64| {
+        let msg = PeerMsg::Coll {
+            comm,
+            seq,
+            kind: 1,
+            op: 1,
+            dtype: nexar_types::DType::U8.to_wire(),
+            root: 0,
+            count: len,
+            fingerprint: 0,
+            segment: 0,
+            part: 0,
+            len,
+        };
+        let frames = [message_frame(&crate::proto::message::encode(&msg).unwrap()), raw_header(len)].concat();
+        vec![Bytes::from(frames), payload.clone()]
+    };
+    let groups: Vec<Vec<Bytes>> = (1000..1008).map(group).collect();
+    let before = resident_bytes();
+    let writer = tokio::spawn(async move {
+        for frames in groups {
+            lane.send(frames).await.unwrap();
+        }
+    });
+    // Watch the peak for a while: the member stalls once the second group waits unread.
+    let mut peak = 0;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(resident_bytes().saturating_sub(before));
+    }
+    assert!(!writer.is_finished(), "all eight groups were read though nobody asked for them");
+    // This process is both ranks: the member's side holds the group it is writing (sealed).
+    // Read whole and queued, the groups took over 200 MiB here.
+    assert!(
+        peak < 4 * len + (16 << 20),
+        "resident memory grew by {} MiB for groups of {} MiB that the limits allow one of",
+        peak >> 20,
+        len >> 20
+    );
+    for seq in 1000..1008u64 {
+        let key = Key { comm, src: 1, tag: seq, part: 0 };
+        let held = match ranks[0].inner.coll.take_or_wait_for(key, len).unwrap() {
+            Ok(held) => held,
+            Err(pending) => tokio::time::timeout(Duration::from_secs(60), pending.wait()).await.unwrap().unwrap(),
+        };
+        let got = held.payload.to_vec().unwrap();
+        assert!(got.len() as u64 == len && got[..] == payload[..], "group {seq} arrived changed");
+    }
+    tokio::time::timeout(Duration::from_secs(60), writer).await.unwrap().unwrap();
+    let sums = futures_all(&ranks).await;
+    assert!(sums.iter().all(|s| *s == 3), "{sums:?}");
+}
+
 /// A member sends a 64 MiB message on a key a receive waits on for 4 bytes, while the
 /// unmatched-message limits are full: it is not read for that receive (which asked for 4
 /// bytes), so it waits unread, the member's link pauses, the receive fails with the limits'

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use super::TransportError;
 use super::framed::Payload;
 use super::link::{Incoming, LaneSenders, announced_payload, raw_length_disagrees};
-use super::mailbox::Mailbox;
+use super::mailbox::{Admitted, Mailbox};
 use super::tcp_lane::Deferred;
 use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAX_CONTROL_FRAME};
 use crate::proto::message::{self, PeerMsg};
@@ -271,6 +271,12 @@ impl BulkSlot {
         }
     }
 
+    /// The attached channel (tests that send through it as a peer would).
+    #[cfg(test)]
+    pub(crate) fn channel(&self) -> Option<Arc<dyn BulkChannel>> {
+        self.channel.get().cloned()
+    }
+
     /// The attached channel's name, working or not.
     pub fn attached(&self) -> Option<&'static str> {
         self.channel.get().map(|c| c.name())
@@ -461,13 +467,69 @@ impl BulkInbound {
     /// Like [`deliver`](Self::deliver), for a TCP lane's group of which the records in
     /// `deferred` are still sealed (they must lie in the payload).
     pub(crate) async fn deliver_sealed(&self, group: Bytes, deferred: &[Deferred]) -> Result<(), FrameError> {
+        self.deliver_admitted(group, deferred, None).await
+    }
+
+    /// Like [`deliver_sealed`](Self::deliver_sealed), for a group whose payload was read once
+    /// [`admit`](Self::admit) let it: the reservation ends as the message is counted as held.
+    pub(crate) async fn deliver_admitted(
+        &self,
+        group: Bytes,
+        deferred: &[Deferred],
+        admitted: Option<Admitted<'_>>,
+    ) -> Result<(), FrameError> {
         let (msg, payload) = decode_sealed_group(&group, deferred, self.max_payload)?;
         if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
             slot.received((*comm, *seq));
         }
+        drop(admitted);
         let _ = self.lanes.deliver(Incoming::new(self.peer, msg, payload)).await;
         Ok(())
     }
+
+    /// The collective message a group announces, and its payload's length, from the group's
+    /// first bytes (`opened`: authenticated), checked as a whole group is; `Ok(None)` while
+    /// they end inside the message frame.
+    pub(crate) fn peek(&self, opened: &[u8]) -> Result<Option<(PeerMsg, u64)>, FrameError> {
+        if opened.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
+        if header.len > (opened.len() - rest) as u64 {
+            return Ok(None);
+        }
+        let (msg, _, payload_len, _) = coll_message(opened, self.max_payload)?;
+        Ok(Some((msg, payload_len)))
+    }
+
+    /// Waits until the `len`-byte payload of `msg` may be read off the channel: the rank's
+    /// mailbox admits it as it admits a message on a QUIC stream (a receive waits for it, or
+    /// its sender has room under the limits), so a peer's groups cost no more memory than
+    /// its QUIC messages. Until then the caller reads nothing more, and the transport's flow
+    /// control holds the peer. `None` when no mailbox takes `msg`.
+    pub(crate) async fn admit(&self, msg: &PeerMsg, len: u64) -> Option<Admitted<'_>> {
+        let (mailbox, key) = self.lanes.admission(msg, self.peer)?;
+        Some(mailbox.admit(key, len).await)
+    }
+}
+
+/// The collective message at the start of a group's opened bytes, where its frame ends, its
+/// payload's length and the limit that length was checked against.
+fn coll_message(opened: &[u8], max_payload: u64) -> Result<(PeerMsg, usize, u64, u64), FrameError> {
+    let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
+    header.expect(FrameKind::Message)?;
+    let body_end = body_end(rest, header.len, opened.len())?;
+    let msg: PeerMsg = message::decode(&opened[rest..body_end])?;
+    if !matches!(msg, PeerMsg::Coll { .. }) {
+        return Err(FrameError::InvalidMessage(format!(
+            "a bulk transport carries collective payloads only, not {:?} messages",
+            super::link::Lane::of(&msg)
+        )));
+    }
+    let Some((expected, limit)) = announced_payload(&msg, max_payload)? else {
+        return Err(FrameError::InvalidMessage("a collective message without a payload".into()));
+    };
+    Ok((msg, body_end, expected, limit))
 }
 
 /// Splits a message group received by a bulk transport into its message and payload, with
@@ -504,19 +566,7 @@ pub(crate) fn decode_sealed_group(
     max_payload: u64,
 ) -> Result<(PeerMsg, Payload), FrameError> {
     let opened = &group[..deferred.first().map_or(group.len(), |d| d.at.min(group.len()))];
-    let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
-    header.expect(FrameKind::Message)?;
-    let body_end = body_end(rest, header.len, opened.len())?;
-    let msg: PeerMsg = message::decode(&opened[rest..body_end])?;
-    if !matches!(msg, PeerMsg::Coll { .. }) {
-        return Err(FrameError::InvalidMessage(format!(
-            "a bulk transport carries collective payloads only, not {:?} messages",
-            super::link::Lane::of(&msg)
-        )));
-    }
-    let Some((expected, limit)) = announced_payload(&msg, max_payload)? else {
-        return Err(FrameError::InvalidMessage("a collective message without a payload".into()));
-    };
+    let (msg, body_end, expected, limit) = coll_message(opened, max_payload)?;
     let (raw, start) = frame_header(opened, body_end, limit)?;
     raw.expect(FrameKind::Raw)?;
     if raw.len != expected {

@@ -166,7 +166,7 @@ impl LaneSenders {
     /// The store a message announced by `from` goes to, and its key there, when its lane
     /// delivers straight into one (point-to-point and collective messages): its payload is
     /// read only once that store admits it.
-    fn admission(&self, msg: &PeerMsg, from: u32) -> Option<(&Mailbox, Key)> {
+    pub(crate) fn admission(&self, msg: &PeerMsg, from: u32) -> Option<(&Mailbox, Key)> {
         let sink = self.direct[Lane::of(msg) as usize].as_ref()?;
         Some((&sink.mailbox, super::mailbox::key_of(msg, from)?))
     }
@@ -342,6 +342,12 @@ impl PeerLink {
             Some(name) if self.bulk.working() => name,
             _ => "quic",
         }
+    }
+
+    /// The bulk channel attached to this link (tests that send through it as a peer would).
+    #[cfg(test)]
+    pub(crate) fn bulk_channel(&self) -> Option<std::sync::Arc<dyn BulkChannel>> {
+        self.bulk.channel()
     }
 
     /// The name of the channel attached to this link, if any, working or not.

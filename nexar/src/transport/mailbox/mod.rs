@@ -14,7 +14,7 @@
 
 mod admission;
 
-pub(crate) use admission::key_of;
+pub(crate) use admission::{Admitted, key_of};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;

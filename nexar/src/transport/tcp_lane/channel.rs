@@ -3,6 +3,11 @@
 //! on the outgoing connection, and a reader thread reads the incoming one and hands each whole
 //! group to nexar: its frames decrypted, its payload's records still sealed, to be opened by
 //! whoever reads the payload, straight into the destination.
+//!
+//! The reader reads a group's frames first and its payload only once the rank's mailbox admits
+//! the message, as a QUIC stream's reader does ([`BulkInbound::admit`]): until then it reads
+//! nothing, and TCP's flow control holds the peer. So what a peer sends over its lane costs no
+//! more memory than the unmatched-message limits allow, as on QUIC.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -12,17 +17,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 use super::records::{CHUNK, Deferred, GOODBYE, GroupHead, GroupSink, Opener, Sealed, Sealer, TAG};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
+use crate::transport::mailbox::Admitted;
 
 /// The name links report for this transport.
 pub const TCP_LANE_NAME: &str = "tcp-tls";
-
-/// Whole groups the reader may hand over before it stops reading (and TCP holds the sender).
-const DELIVERY_QUEUE: usize = 4;
 
 /// How long the writer tries to say goodbye when the lane is dropped.
 const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -168,7 +171,6 @@ impl TcpLane {
             sockets,
         });
         let (jobs, queue) = std_mpsc::channel::<Job>();
-        let (delivered, groups) = mpsc::channel(DELIVERY_QUEUE);
         let (writer, spare) = (state.clone(), Spare::default());
         let written = spare.clone();
         std::thread::Builder::new()
@@ -177,8 +179,7 @@ impl TcpLane {
         let reader = state.clone();
         std::thread::Builder::new()
             .name(format!("nexar-tcp-rx-{peer}"))
-            .spawn(move || read_groups(&reader, in_sock, opener, limits, delivered))?;
-        tokio::spawn(deliver(state.clone(), inbound, groups));
+            .spawn(move || read_groups(&reader, in_sock, opener, limits, &inbound))?;
         Ok(TcpLane { state, sending: Mutex::new(Some(Sending { sealer, jobs })), spare, min_bytes })
     }
 
@@ -331,19 +332,20 @@ pub(crate) struct ReadLimits {
     pub group_deadline: Duration,
 }
 
-/// The reader thread: whole groups, each checked against the limits; between groups it waits
-/// as long as the link lives.
-fn read_groups(
-    state: &State,
-    sock: TcpStream,
-    mut opener: Opener,
-    limits: ReadLimits,
-    delivered: mpsc::Sender<Received>,
-) {
+/// The reader thread: whole groups, each checked against the limits and admitted before its
+/// payload is read, handed to nexar one by one; between groups it waits as long as the link
+/// lives.
+fn read_groups(state: &Arc<State>, sock: TcpStream, mut opener: Opener, limits: ReadLimits, inbound: &BulkInbound) {
+    // The thread's own runtime for its waits (admission, delivery): they must not depend on
+    // the rank's runtime, which may be shutting down while the lane still reads.
+    let gate = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+        Ok(waits) => Gate { inbound, waits, state },
+        Err(e) => return state.stop(&format!("starting the reader: {e}"), Stop::Failed),
+    };
     let mut input = io::BufReader::with_capacity(READ_BUFFER, Deadlined::new(sock, limits.group_deadline));
     let pool = Arc::new(RecvPool::default());
     let why = loop {
-        let read = read_group(&mut opener, &mut input, limits.max_group, &pool);
+        let read = read_group(&mut opener, &mut input, limits.max_group, &pool, &gate);
         // Bytes of the next group already buffered mean that it has begun.
         let begun = !input.buffer().is_empty();
         if let Err(e) = input.get_mut().between_groups(begun) {
@@ -351,8 +353,8 @@ fn read_groups(
         }
         match read {
             Ok(Some(group)) => {
-                if delivered.blocking_send(group).is_err() {
-                    break None;
+                if let Err(e) = gate.deliver(group) {
+                    break Some(e);
                 }
             }
             Ok(None) => break None,
@@ -363,6 +365,43 @@ fn read_groups(
         None => state.stop("the peer said goodbye", Stop::Goodbye),
         Some(e) if !state.failed.load(Ordering::SeqCst) => state.stop(&format!("reading: {e}"), Stop::Failed),
         Some(_) => {}
+    }
+}
+
+/// Where the reader thread waits for nexar: for the mailbox to admit a group, and for a group
+/// to be delivered; either wait ends when the lane stops.
+struct Gate<'a> {
+    inbound: &'a BulkInbound,
+    waits: tokio::runtime::Runtime,
+    state: &'a Arc<State>,
+}
+
+impl<'a> Gate<'a> {
+    /// Runs `wait` until it ends or the lane stops.
+    fn wait<T>(&self, what: &str, wait: impl std::future::Future<Output = T>) -> io::Result<T> {
+        let stopped = wait_until(self.state.clone(), |s| &s.stopped, |s| s.failed.load(Ordering::SeqCst));
+        self.waits.block_on(async {
+            tokio::select! {
+                out = wait => Ok(out),
+                () = stopped => Err(io::Error::other(format!("the lane stopped while {what}"))),
+            }
+        })
+    }
+
+    /// Waits until the mailbox admits the `len`-byte payload of `msg`.
+    fn admit(&self, msg: &crate::proto::message::PeerMsg, len: u64) -> io::Result<Option<Admitted<'a>>> {
+        let inbound = self.inbound;
+        self.wait("a group waited to be admitted", inbound.admit(msg, len))
+    }
+
+    /// Hands a group to nexar; a group that breaks the protocol stops the lane.
+    fn deliver(&self, Received { group, deferred, admitted }: Received<'a>) -> io::Result<()> {
+        let delivered =
+            self.wait("a group was delivered", self.inbound.deliver_admitted(group, &deferred, admitted))?;
+        delivered.map_err(|e| {
+            tracing::error!(peer = self.state.peer, error = %e, "rank broke the protocol on its tcp lane; the lane stops");
+            io::Error::new(io::ErrorKind::InvalidData, format!("protocol: {e}"))
+        })
     }
 }
 
@@ -418,37 +457,55 @@ impl Read for Deadlined {
     }
 }
 
-/// A group as the reader hands it over: its bytes, and which records of its payload are still
-/// sealed (they are opened where the payload is read, straight into its destination).
-struct Received {
+/// A group as the reader hands it over: its bytes, which records of its payload are still
+/// sealed (they are opened where the payload is read, straight into its destination), and its
+/// admission.
+struct Received<'a> {
     group: Bytes,
     deferred: Vec<Deferred>,
+    admitted: Option<Admitted<'a>>,
 }
 
-/// One group; `None` when the peer said goodbye. Records from the group's lead part on are
-/// left sealed.
-fn read_group(
+/// One group; `None` when the peer said goodbye. Its first records, up to its message frame,
+/// are read and opened first; the rest only once the mailbox admits the message (the group's
+/// deadline starts again then). Records from the group's lead part on are left sealed.
+fn read_group<'a>(
     opener: &mut Opener,
-    input: &mut impl Read,
+    input: &mut io::BufReader<Deadlined>,
     max_group: u64,
     pool: &Arc<RecvPool>,
-) -> io::Result<Option<Received>> {
+    gate: &Gate<'a>,
+) -> io::Result<Option<Received<'a>>> {
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
     let (len, lead) = match opener.read_group_head(input)? {
         None => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended without a goodbye")),
         Some(GroupHead { len: GOODBYE, .. }) => return Ok(None),
         Some(GroupHead { len, .. }) if len > max_group => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("a {len}-byte group is over the {max_group}-byte limit"),
-            ));
+            return Err(invalid(format!("a {len}-byte group is over the {max_group}-byte limit")));
         }
         Some(GroupHead { len, lead }) => (len as usize, lead),
     };
     let mut group = RecvPool::take(pool, len, lead);
     let mut deferred = Vec::new();
     let defer_from = usize::try_from(lead).unwrap_or(usize::MAX);
-    opener.read_group(input, &mut group, defer_from, &mut deferred)?;
-    Ok(Some(Received { group: Bytes::from_owner(group), deferred }))
+    let mut at = 0;
+    let (msg, payload_len) = loop {
+        at = opener.read_records(input, &mut group, at, at + 1, defer_from, &mut deferred)?;
+        let opened = deferred.first().map_or(at, |d| d.at);
+        if let Some(found) = gate.inbound.peek(group.first(opened)).map_err(|e| invalid(format!("protocol: {e}")))? {
+            break found;
+        }
+        if at >= len || !deferred.is_empty() {
+            return Err(invalid("protocol: the group's message frame is not in its opened first records".into()));
+        }
+    };
+    if payload_len > len as u64 {
+        return Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")));
+    }
+    let admitted = gate.admit(&msg, payload_len)?;
+    input.get_mut().arm()?;
+    opener.read_records(input, &mut group, at, len, defer_from, &mut deferred)?;
+    Ok(Some(Received { group: Bytes::from_owner(group), deferred, admitted }))
 }
 
 /// Receive buffers the reader reuses once nexar is done with the groups in them, so a busy
@@ -515,6 +572,14 @@ impl GroupSink for PooledGroup {
     }
 }
 
+impl PooledGroup {
+    /// The group's first `upto` bytes, as far as they have arrived (room was made for them).
+    fn first(&self, upto: usize) -> &[u8] {
+        let bytes = bytemuck::cast_slice::<u64, u8>(&self.buf);
+        bytes.get(self.start..self.start + upto.min(self.len)).unwrap_or_default()
+    }
+}
+
 impl AsRef<[u8]> for PooledGroup {
     fn as_ref(&self) -> &[u8] {
         let bytes = bytemuck::cast_slice::<u64, u8>(&self.buf);
@@ -535,17 +600,6 @@ impl Drop for PooledGroup {
             if free.len() < POOLED && kept + bytes <= POOLED_BYTES {
                 free.push(std::mem::take(&mut self.buf));
             }
-        }
-    }
-}
-
-/// Hands received groups to nexar; a group that breaks the protocol stops the lane.
-async fn deliver(state: Arc<State>, inbound: BulkInbound, mut groups: mpsc::Receiver<Received>) {
-    while let Some(Received { group, deferred }) = groups.recv().await {
-        if let Err(e) = inbound.deliver_sealed(group, &deferred).await {
-            tracing::error!(peer = state.peer, error = %e, "rank broke the protocol on its tcp lane; the lane stops");
-            state.stop(&format!("protocol: {e}"), Stop::Failed);
-            return;
         }
     }
 }

@@ -404,11 +404,9 @@ impl Opener {
         GroupHead::decode(plain).map(Some)
     }
 
-    /// Reads the records of a [`GroupSink::group_len`]-byte group into `buf`, each where its
-    /// plaintext belongs, so the group ends up whole at the start of `buf`. Records that start
-    /// at `defer_from` or later and hold at least [`DEFER_MIN`] bytes stay sealed and are
-    /// listed in `deferred` (whoever reads them opens them straight into their destination);
-    /// the others are decrypted where they land.
+    /// Reads a whole group with [`read_records`](Self::read_records) (the reader reads a group
+    /// in two steps; tests read it in one).
+    #[cfg(test)]
     pub fn read_group<S: GroupSink + ?Sized>(
         &mut self,
         input: &mut impl Read,
@@ -417,8 +415,28 @@ impl Opener {
         deferred: &mut Vec<Deferred>,
     ) -> io::Result<()> {
         let len = buf.group_len();
-        let mut at = 0;
-        while at < len {
+        self.read_records(input, buf, 0, len, defer_from, deferred).map(drop)
+    }
+
+    /// Reads the records of a [`GroupSink::group_len`]-byte group into `buf` from byte `at`
+    /// on, each where its plaintext belongs, until at least its first `until` bytes (at most
+    /// its length) are in, and returns how many are (a whole number of records); the group
+    /// ends up whole at the start of `buf` once `until` reaches its length. Records that start
+    /// at `defer_from` or later and hold at least [`DEFER_MIN`] bytes stay sealed and are
+    /// listed in `deferred` (whoever reads them opens them straight into their destination);
+    /// the others are decrypted where they land.
+    pub fn read_records<S: GroupSink + ?Sized>(
+        &mut self,
+        input: &mut impl Read,
+        buf: &mut S,
+        mut at: usize,
+        until: usize,
+        defer_from: usize,
+        deferred: &mut Vec<Deferred>,
+    ) -> io::Result<usize> {
+        let len = buf.group_len();
+        let until = until.min(len);
+        while at < until {
             let mut header = [0u8; HEADER];
             input.read_exact(&mut header)?;
             let n = u32::from_le_bytes(header) as usize;
@@ -441,7 +459,7 @@ impl Opener {
             }
             at += n;
         }
-        Ok(())
+        Ok(at)
     }
 
     fn open<'b>(&mut self, header: [u8; HEADER], record: &'b mut [u8]) -> io::Result<&'b [u8]> {
