@@ -735,14 +735,10 @@ impl NexarClient {
                  closing anyway"
             );
         }
-        close_links(&inner.links, FLUSH_LIMIT, "shutdown").await;
+        close_all(&inner.links, inner.seed.as_ref(), &inner.endpoint, "shutdown", FLUSH_LIMIT, false).await;
         inner.mailbox.close();
         inner.coll.close();
-        if let Some(seed) = &self.inner.seed {
-            seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
-        }
-        self.inner.endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown");
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), inner.endpoint.wait_idle()).await;
     }
 
     /// The route to `peer` (a rank of this communicator).
@@ -785,12 +781,48 @@ async fn wait_all(all: Vec<crate::transport::bulk::BulkClosed>) {
     }
 }
 
-async fn close_links(links: &Links, limit: Duration, reason: &str) {
+/// Closes every link with `reason` (each flushed and told goodbye for at most `limit`), then
+/// the seed's connection and the endpoint. When `send_close`, waits (briefly) until the
+/// connections' drivers have sent the close frames, which `close` only queues.
+async fn close_all(
+    links: &Links,
+    seed: Option<&Connection>,
+    endpoint: &Endpoint,
+    reason: &str,
+    limit: Duration,
+    send_close: bool,
+) {
     flush_all(links, limit).await;
     let goodbyes: Vec<_> = links.iter().map(|link| link.bulk_slot().goodbye()).collect();
     let _ = tokio::time::timeout(limit, wait_all(goodbyes)).await;
     for link in links.iter() {
         link.close(CLOSE_SHUTDOWN, reason);
+    }
+    if let Some(seed) = seed {
+        seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+    }
+    endpoint.close(CLOSE_SHUTDOWN.into(), reason.as_bytes());
+    if send_close {
+        let _ = tokio::time::timeout(DROP_SEND_CLOSE, endpoint.wait_idle()).await;
+    }
+}
+
+/// Runs `close` in the background on the current runtime, or, without one, closes `endpoint`
+/// at once. When the rank leaves `unannounced` (the process may be about to exit: `main`
+/// returned) on a runtime whose other threads can run the close, waits up to
+/// [`DROP_CLOSE_WAIT`] for it to reach the peers.
+fn run_close(close: impl Future<Output = ()> + Send + 'static, endpoint: &Endpoint, unannounced: bool) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+        return;
+    };
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    handle.spawn(async move {
+        close.await;
+        let _ = done_tx.send(());
+    });
+    if unannounced && handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        let _ = done_rx.recv_timeout(DROP_CLOSE_WAIT);
     }
 }
 
@@ -804,31 +836,13 @@ impl Inner {
         if self.health.is_shutting_down() || self.left.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            self.endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown");
-            return;
-        };
-        let reason =
-            format!("rank {} dropped its client without calling shutdown() (its program ended or failed)", self.rank);
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let reason = unannounced_reason(self.rank);
+        let endpoint = self.endpoint.clone();
         let inner = self;
-        let flavor = handle.runtime_flavor();
-        handle.spawn(async move {
-            close_links(&inner.links, DROP_FLUSH_LIMIT, &reason).await;
-            if let Some(seed) = &inner.seed {
-                seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
-            }
-            inner.endpoint.close(CLOSE_SHUTDOWN.into(), reason.as_bytes());
-            // `close` only queues the CONNECTION_CLOSE frames; the connections' drivers send
-            // them. Let them, before a process that is about to exit is told it may go.
-            let _ = tokio::time::timeout(DROP_SEND_CLOSE, inner.endpoint.wait_idle()).await;
-            let _ = done_tx.send(());
-        });
-        // The process may be about to exit (main returned): on a runtime whose other threads
-        // can run the close, give it a moment to reach the peers.
-        if flavor == tokio::runtime::RuntimeFlavor::MultiThread {
-            let _ = done_rx.recv_timeout(DROP_CLOSE_WAIT);
-        }
+        let close = async move {
+            close_all(&inner.links, inner.seed.as_ref(), &inner.endpoint, &reason, DROP_FLUSH_LIMIT, true).await;
+        };
+        run_close(close, &endpoint, true);
     }
 
     /// Starts watching a new link (when its connection ends, receives and collective steps
@@ -876,40 +890,16 @@ impl Drop for Inner {
         // Without `shutdown()`, peers learn at once that this rank left, and why, rather than
         // from a heartbeat timeout: the way a program that returns an error with `?` ends.
         let clean = self.health.is_shutting_down();
-        let reason = if clean {
-            "shutdown".to_string()
-        } else {
-            format!("rank {} dropped its client without calling shutdown() (its program ended or failed)", self.rank)
-        };
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let reason = if clean { "shutdown".to_string() } else { unannounced_reason(self.rank) };
         let limit = if clean { FLUSH_LIMIT } else { DROP_FLUSH_LIMIT };
-        let close = async move {
-            close_links(&links, limit, &reason).await;
-            if let Some(seed) = seed {
-                seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
-            }
-            endpoint.close(CLOSE_SHUTDOWN.into(), reason.as_bytes());
-            // `close` only queues the CONNECTION_CLOSE frames; the connections' drivers send
-            // them. Let them, before a process that is about to exit is told it may go.
-            if !clean {
-                let _ = tokio::time::timeout(DROP_SEND_CLOSE, endpoint.wait_idle()).await;
-            }
-            let _ = done_tx.send(());
-        };
-        // Flush in the background when a runtime is there to run it; otherwise close at once.
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                let flavor = handle.runtime_flavor();
-                handle.spawn(close);
-                // The process may be about to exit (main returned): on a runtime whose other
-                // threads can run the close, give it a moment to reach the peers.
-                if !clean && flavor == tokio::runtime::RuntimeFlavor::MultiThread {
-                    let _ = done_rx.recv_timeout(DROP_CLOSE_WAIT);
-                }
-            }
-            Err(_) => self.endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown"),
-        }
+        let close = async move { close_all(&links, seed.as_ref(), &endpoint, &reason, limit, !clean).await };
+        run_close(close, &self.endpoint, !clean);
     }
+}
+
+/// Why a rank that dropped its client without `shutdown()` left, as its peers are told.
+fn unannounced_reason(rank: usize) -> String {
+    format!("rank {rank} dropped its client without calling shutdown() (its program ended or failed)")
 }
 
 /// The cluster's id in flight-recorder dumps: the start of its CA certificate's fingerprint,
