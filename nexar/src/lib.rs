@@ -26,6 +26,8 @@ pub mod cluster;
 pub mod comm;
 pub mod config;
 mod error;
+#[cfg(feature = "hostile-member")]
+pub mod hostile;
 pub mod plan;
 pub mod proto;
 pub mod rpc;

@@ -6,15 +6,13 @@ mod collective;
 mod exec;
 mod grow;
 mod health;
-#[cfg(test)]
-mod hostile_member_tests;
 mod init;
 mod inspect;
 mod meter;
 mod p2p;
 mod pieces;
 mod recovery;
-mod route;
+pub(crate) mod route;
 pub(crate) mod spin;
 mod state;
 mod tcp_lane;
@@ -25,6 +23,8 @@ pub use client::{LinkStats, NexarClient};
 pub(crate) use collective::ScheduleCache;
 pub use collective::{CollectiveError, CollectiveHandle, ExchangeHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
+#[cfg(feature = "hostile-member")]
+pub(crate) use health::CLOSE_DECLARED_DEAD;
 pub use health::{FailureWatch, PeerFailure};
 pub use p2p::P2pError;
 pub use recovery::RecoveryError;

@@ -272,7 +272,7 @@ impl BulkSlot {
     }
 
     /// The attached channel (tests that send through it as a peer would).
-    #[cfg(test)]
+    #[cfg(feature = "hostile-member")]
     pub(crate) fn channel(&self) -> Option<Arc<dyn BulkChannel>> {
         self.channel.get().cloned()
     }

@@ -345,7 +345,7 @@ impl PeerLink {
     }
 
     /// The bulk channel attached to this link (tests that send through it as a peer would).
-    #[cfg(test)]
+    #[cfg(feature = "hostile-member")]
     pub(crate) fn bulk_channel(&self) -> Option<std::sync::Arc<dyn BulkChannel>> {
         self.bulk.channel()
     }

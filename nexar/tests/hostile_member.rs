@@ -1,14 +1,17 @@
-//! A member of the cluster, holding valid credentials, sends crafted messages on its links:
-//! the honest ranks refuse them and carry on (issue 16's hostile-member cases that need the
-//! crate's internals to craft).
+//! A member of the cluster, holding valid credentials, sends crafted messages on its links
+//! (`nexar::hostile`): the honest ranks refuse them and carry on, or cut the member with a
+//! clear error. Nothing is forged, nothing hangs, no rank panics, and resident memory stays
+//! within the configured limits (asserted from `/proc/self/statm`, each such test in a process
+//! of its own).
 
 use std::time::Duration;
 
 use bytes::Bytes;
-
-use super::client::NexarClient;
-use super::route::Route;
-use crate::proto::message::PeerMsg;
+use nexar::hostile::{HostileMember, RelaySealing, take_collective_payload};
+use nexar::proto::frame::{message_frame, raw_header};
+use nexar::proto::message::{PeerMsg, encode};
+use nexar::transport::link::Lane;
+use nexar::{NexarClient, NexarConfig};
 
 fn u32_bytes(values: &[u32]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(values))
@@ -21,12 +24,12 @@ async fn a_relay_that_forges_its_sender_is_refused() {
     let ranks = NexarClient::bootstrap_local(3).await.unwrap();
     let tag = 7;
     let forged = [0xdead_beefu32; 4];
-    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag, dtype: nexar_types::DType::U32.to_wire(), count: 4 };
-    let via = ranks[2].inner.links.get(0).expect("rank 2 links to rank 0");
-    Route::Relay { via, src: 1, dst: 0, seals: None }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
-    // Also claiming to be the receiver itself, and wrapping its own message.
-    Route::Relay { via, src: 0, dst: 0, seals: None }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
-    Route::Relay { via, src: 2, dst: 0, seals: None }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag, dtype: nexar::DType::U32.to_wire(), count: 4 };
+    let member = HostileMember::new(&ranks[2]);
+    // Claiming to be rank 1, then the receiver itself, then wrapping its own message.
+    for src in [1, 0, 2] {
+        member.relay(0, src, 0, &msg, Some(u32_bytes(&forged)), RelaySealing::Unsealed).await.unwrap();
+    }
 
     let mut got = [0u32; 4];
     let early = tokio::time::timeout(Duration::from_millis(500), ranks[0].recv(&mut got[..], 1, tag)).await;
@@ -49,39 +52,26 @@ async fn a_relay_that_forges_its_sender_is_refused() {
 /// keys, not by replaying an envelope rank 2 really sealed. Rank 2's real messages still arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_cannot_forge_or_replay_a_message_from_a_rank_it_relays_for() {
-    let cfg = crate::NexarConfig { topology: crate::proto::topology::Topology::KRegular(2), ..Default::default() };
+    let cfg = NexarConfig { topology: nexar::Topology::KRegular(2), ..Default::default() };
     let ranks = NexarClient::bootstrap_local_with(5, cfg).await.unwrap();
-    assert!(ranks[2].inner.links.get(0).is_none(), "rank 2 has no direct link to rank 0 on this ring");
+    let (honest, relay) = (HostileMember::new(&ranks[2]), HostileMember::new(&ranks[1]));
+    assert!(honest.link(0).is_none(), "rank 2 has no direct link to rank 0 on this ring");
     let tag = 9;
-    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag, dtype: nexar_types::DType::U32.to_wire(), count: 4 };
-    let via = ranks[1].inner.links.get(0).expect("rank 1 links to rank 0");
+    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag, dtype: nexar::DType::U32.to_wire(), count: 4 };
     let forged = [0xbad0_cafeu32; 4];
-    let own_seals = ranks[1].inner.relay_seals.as_deref();
-    Route::Relay { via, src: 2, dst: 0, seals: None }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
-    Route::Relay { via, src: 2, dst: 0, seals: own_seals }.send(&msg, Some(u32_bytes(&forged))).await.unwrap();
+    for sealing in [RelaySealing::Unsealed, RelaySealing::OwnKeys] {
+        relay.relay(0, 2, 0, &msg, Some(u32_bytes(&forged)), sealing).await.unwrap();
+    }
     let mut got = [0u32; 4];
     let early = tokio::time::timeout(Duration::from_millis(500), ranks[0].recv(&mut got[..], 2, tag)).await;
     assert!(early.is_err(), "rank 0 took a relay's forgery as rank 2's message: {got:?}");
 
     // An envelope rank 2 sealed, delivered once and then replayed by the relay.
     let genuine = [1u32, 2, 3, 4];
-    let sealed = {
-        let seals = ranks[2].inner.relay_seals.as_deref().expect("a local cluster has relay keys");
-        let mut body = crate::proto::relay::pack(&msg, Some(u32_bytes(&genuine))).unwrap().concat();
-        let seq = seals.seal(0, crate::transport::link::Lane::of(&msg) as u8, &mut body).unwrap();
-        (seq, Bytes::from(body))
-    };
+    let (envelope, body) = honest.sealed_envelope(0, &msg, Some(u32_bytes(&genuine))).unwrap();
+    let via = relay.link(0).expect("rank 1 links to rank 0");
     for _ in 0..2 {
-        let (seq, body) = sealed.clone();
-        let envelope = PeerMsg::Relay {
-            src: 2,
-            dst: 0,
-            lane: crate::transport::link::Lane::of(&msg) as u8,
-            hops: 1,
-            seq,
-            len: body.len() as u64,
-        };
-        via.send_queued_parts(&envelope, vec![body]).await.unwrap().await.unwrap().unwrap();
+        via.send_queued_parts(&envelope, vec![body.clone()]).await.unwrap().await.unwrap().unwrap();
     }
     tokio::time::timeout(Duration::from_secs(30), ranks[0].recv(&mut got[..], 2, tag)).await.unwrap().unwrap();
     assert_eq!(got, genuine, "the genuine envelope arrives once");
@@ -104,7 +94,7 @@ async fn futures_all(ranks: &[NexarClient]) -> Vec<u64> {
         let comm = comm.clone();
         tasks.push(tokio::spawn(async move {
             let mut v = [comm.rank() as u64 + 1];
-            comm.all_reduce(&mut v[..], crate::Sum).await.unwrap();
+            comm.all_reduce(&mut v[..], nexar::Sum).await.unwrap();
             v[0]
         }));
     }
@@ -115,23 +105,32 @@ async fn futures_all(ranks: &[NexarClient]) -> Vec<u64> {
     out
 }
 
-/// Rank 2 answers a call that rank 0 made to rank 1: the answer is dropped, and rank 1's own
-/// answer completes the call.
+/// Answers after `ms` milliseconds.
+#[nexar::rpc]
+async fn answer_after(ms: u64) -> u64 {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    ms
+}
+
+/// Rank 0 calls rank 1, which answers slowly; meanwhile rank 2 sends rank 0 answers for the
+/// first request ids (the ones a call gets): they are dropped, and rank 1's own answer
+/// completes the call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rpc_response_from_the_wrong_rank_is_refused() {
     let ranks = NexarClient::bootstrap_local(3).await.unwrap();
-    let req = 4242;
-    let (tx, mut rx) = tokio::sync::oneshot::channel();
-    crate::sync::lock(&ranks[0].inner.rpc_pending).insert((1, req), tx);
-    let forged = PeerMsg::RpcResponse { req, status: 0, len: 6 };
-    ranks[2].inner.links.get(0).unwrap().send(&forged, Some(Bytes::from_static(b"forged"))).await.unwrap();
+    let caller = ranks[0].clone();
+    let call = tokio::spawn(async move { answer_after::call(&caller, 1, 1500).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(rx.try_recv().is_err(), "rank 0 took rank 2's answer to a call made to rank 1");
-
-    let real = PeerMsg::RpcResponse { req, status: 0, len: 4 };
-    ranks[1].inner.links.get(0).unwrap().send(&real, Some(Bytes::from_static(b"real"))).await.unwrap();
-    let (status, payload) = tokio::time::timeout(Duration::from_secs(30), rx).await.unwrap().unwrap();
-    assert_eq!((status, payload.to_vec().unwrap()), (0, b"real".to_vec()));
+    let to_0 = HostileMember::new(&ranks[2]);
+    let to_0 = to_0.link(0).unwrap();
+    for req in 0..8 {
+        let forged = PeerMsg::RpcResponse { req, status: 0, len: 8 };
+        to_0.send(&forged, Some(Bytes::copy_from_slice(&7u64.to_le_bytes()))).await.unwrap();
+    }
+    let answer = tokio::time::timeout(Duration::from_secs(30), call).await.unwrap().unwrap();
+    assert_eq!(answer.unwrap(), 1500, "the call took rank 2's answer to a call made to rank 1");
+    let sums = futures_all(&ranks).await;
+    assert!(sums.iter().all(|s| *s == 6), "{sums:?}");
 }
 
 /// Rank 2 tells rank 0 that rank 1 is dead, and that rank 0 itself is: rank 0 checks rank 1
@@ -141,7 +140,8 @@ async fn one_rank_cannot_evict_another_or_the_receiver_with_a_suspect() {
     // Default heartbeats: the check waits up to 2 s for rank 1's answer, which a busy machine
     // needs (a shorter window could take a slow answer for a dead rank).
     let ranks = NexarClient::bootstrap_local(3).await.unwrap();
-    let to_0 = ranks[2].inner.links.get(0).unwrap();
+    let member = HostileMember::new(&ranks[2]);
+    let to_0 = member.link(0).unwrap();
     for rank in [1, 0] {
         let lie = PeerMsg::Suspect { rank, reason: "a lie".into() };
         to_0.send(&lie, None).await.unwrap();
@@ -160,13 +160,13 @@ async fn one_rank_cannot_evict_another_or_the_receiver_with_a_suspect() {
 /// rank 3 through the relays, gets an answer, and evicts nobody.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_member_cannot_evict_a_rank_that_has_no_direct_link_to_the_receiver() {
-    let cfg = crate::NexarConfig { topology: crate::proto::topology::Topology::KRegular(2), ..Default::default() };
+    let cfg = NexarConfig { topology: nexar::Topology::KRegular(2), ..Default::default() };
     let ranks = NexarClient::bootstrap_local_with(5, cfg).await.unwrap();
-    assert!(ranks[0].inner.links.get(3).is_none(), "rank 3 is not a neighbour of rank 0");
+    assert!(HostileMember::new(&ranks[0]).link(3).is_none(), "rank 3 is not a neighbour of rank 0");
     // Long enough that rank 0 has heard nothing from rank 3 for longer than the check's window.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let lie = PeerMsg::Suspect { rank: 3, reason: "a lie".into() };
-    ranks[1].inner.links.get(0).unwrap().send(&lie, None).await.unwrap();
+    HostileMember::new(&ranks[1]).link(0).unwrap().send(&lie, None).await.unwrap();
     tokio::time::sleep(Duration::from_millis(3000)).await;
     for c in &ranks {
         assert!(c.failed_ranks().is_empty(), "rank {} now counts {:?} dead", c.rank(), c.failed_ranks());
@@ -180,9 +180,9 @@ async fn one_member_cannot_evict_a_rank_that_has_no_direct_link_to_the_receiver(
 /// rank 3 for themselves and keep it). When most of rank 0's peers have cut it, it leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_member_declaring_a_rank_dead_does_not_exclude_it_but_most_of_its_peers_do() {
-    use super::health::CLOSE_DECLARED_DEAD;
     let ranks = NexarClient::bootstrap_local(4).await.unwrap();
-    ranks[3].inner.links.get(0).unwrap().close(CLOSE_DECLARED_DEAD, "rank 3 declared rank 0 dead: a lie");
+    let watch = ranks[0].failure_watch();
+    HostileMember::new(&ranks[3]).declare_dead(0, "rank 3 declared rank 0 dead: a lie").unwrap();
     let limit = Duration::from_secs(30);
     tokio::time::timeout(limit, async {
         while ranks[0].failed_ranks() != [3] {
@@ -193,7 +193,7 @@ async fn one_member_declaring_a_rank_dead_does_not_exclude_it_but_most_of_its_pe
     .expect("rank 0 counts rank 3 as gone");
     // Longer than the others' check of rank 3 takes (two heartbeat intervals).
     tokio::time::sleep(Duration::from_millis(3000)).await;
-    assert_eq!(ranks[0].inner.health.excluded(), None, "one member excluded rank 0");
+    assert_eq!(watch.excluded(), None, "one member excluded rank 0");
     for c in &ranks[1..3] {
         assert!(c.failed_ranks().is_empty(), "rank {} now counts {:?} dead", c.rank(), c.failed_ranks());
     }
@@ -205,15 +205,15 @@ async fn one_member_declaring_a_rank_dead_does_not_exclude_it_but_most_of_its_pe
     assert_eq!(got, sent);
 
     // Rank 1 cuts rank 0 as well: two of its three peers, a majority, and rank 0 leaves.
-    ranks[1].inner.links.get(0).unwrap().close(CLOSE_DECLARED_DEAD, "rank 1 declared rank 0 dead: silent");
+    HostileMember::new(&ranks[1]).declare_dead(0, "rank 1 declared rank 0 dead: silent").unwrap();
     tokio::time::timeout(limit, async {
-        while ranks[0].inner.health.excluded().is_none() {
+        while watch.excluded().is_none() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
     .expect("rank 0 leaves once most of its peers cut it");
-    let why = ranks[0].inner.health.excluded().unwrap();
+    let why = watch.excluded().unwrap();
     assert!(why.contains("2 of this rank's 3 peers cut it"), "{why}");
 }
 
@@ -222,9 +222,9 @@ async fn one_member_declaring_a_rank_dead_does_not_exclude_it_but_most_of_its_pe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_cannot_open_more_streams_than_a_link_uses() {
     let ranks = NexarClient::bootstrap_local(2).await.unwrap();
-    let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    let conn = HostileMember::new(&ranks[1]).link(0).unwrap().connection().clone();
     let mut opened = Vec::new();
-    let limit = 2 * crate::transport::link::Lane::COUNT;
+    let limit = 2 * Lane::COUNT;
     for _ in 0..limit + 4 {
         match tokio::time::timeout(Duration::from_millis(300), conn.open_uni()).await {
             // The peer's limit is known here: opening past it waits for credit.
@@ -243,12 +243,10 @@ async fn a_member_cannot_open_more_streams_than_a_link_uses() {
 /// rank's memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
-    use crate::proto::frame::{message_frame, raw_header};
-    use crate::proto::message::encode;
     let ranks = NexarClient::bootstrap_local(2).await.unwrap();
-    let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    let conn = HostileMember::new(&ranks[1]).link(0).unwrap().connection().clone();
     let len: u64 = 40 << 20;
-    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag: 77, dtype: nexar_types::DType::U8.to_wire(), count: len };
+    let msg = PeerMsg::P2p { comm: ranks[0].comm_id(), tag: 77, dtype: nexar::DType::U8.to_wire(), count: len };
     let head = [message_frame(&encode(&msg).unwrap()).to_vec(), raw_header(len).to_vec()].concat();
     let chunk = vec![7u8; 1 << 20];
     let mut streams = Vec::new();
@@ -285,7 +283,7 @@ fn alone<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
         runtime.block_on(body());
         return;
     }
-    let test = format!("comm::hostile_member_tests::{name}");
+    let test = name.to_string();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([test.as_str(), "--exact", "--test-threads=1", "--nocapture"])
         .env(ALONE, "1")
@@ -317,18 +315,17 @@ fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits() {
 
 /// Two ranks whose unmatched-message limit is 16 MiB, and rank 1's connection to rank 0.
 async fn two_ranks_with_16_mib_limits() -> (Vec<NexarClient>, quinn::Connection) {
-    let cfg = crate::NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
+    let cfg = NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
-    let conn = ranks[1].inner.links.get(0).unwrap().connection().clone();
+    let conn = HostileMember::new(&ranks[1]).link(0).unwrap().connection().clone();
     (ranks, conn)
 }
 
 /// The frames that announce a point-to-point message of `len` payload bytes of `dtype`.
-fn p2p_head(comm: u64, tag: u64, dtype: nexar_types::DType, len: u64) -> Bytes {
-    use crate::proto::frame::{message_frame, raw_header};
+fn p2p_head(comm: u64, tag: u64, dtype: nexar::DType, len: u64) -> Bytes {
     let count = len / dtype.size() as u64;
     let msg = PeerMsg::P2p { comm, tag, dtype: dtype.to_wire(), count };
-    Bytes::from([message_frame(&crate::proto::message::encode(&msg).unwrap()), raw_header(len)].concat())
+    Bytes::from([message_frame(&encode(&msg).unwrap()), raw_header(len)].concat())
 }
 
 async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
@@ -340,7 +337,7 @@ async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
     let mut stream = conn.open_uni().await.unwrap();
     let writer = tokio::spawn(async move {
         for tag in 1..=4u64 {
-            stream.write_all(&p2p_head(comm, tag, nexar_types::DType::U8, len)).await.unwrap();
+            stream.write_all(&p2p_head(comm, tag, nexar::DType::U8, len)).await.unwrap();
             for _ in 0..len >> 20 {
                 stream.write_chunk(chunk.clone()).await.unwrap();
             }
@@ -385,18 +382,16 @@ fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
 }
 
 async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
-    use crate::proto::frame::{message_frame, raw_header};
-    use crate::transport::mailbox::Key;
     let len: u64 = 32 << 20;
-    let cfg = crate::NexarConfig {
-        bulk_transport: crate::BulkTransport::Tcp,
+    let cfg = NexarConfig {
+        bulk_transport: nexar::BulkTransport::Tcp,
         bulk_min_bytes: 0,
         max_unmatched_bytes: 16 << 20,
         max_message_bytes: len,
         ..Default::default()
     };
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
-    let lane = ranks[1].inner.links.get(0).unwrap().bulk_channel().expect("a tcp lane to rank 0");
+    let lane = HostileMember::new(&ranks[1]).bulk_channel(0).expect("a tcp lane to rank 0");
     assert_eq!(lane.name(), "tcp-tls");
     let comm = ranks[0].comm_id();
     let payload = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
@@ -406,7 +401,7 @@ async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_bo
             seq,
             kind: 1,
             op: 1,
-            dtype: nexar_types::DType::U8.to_wire(),
+            dtype: nexar::DType::U8.to_wire(),
             root: 0,
             count: len,
             fingerprint: 0,
@@ -414,7 +409,7 @@ async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_bo
             part: 0,
             len,
         };
-        let frames = [message_frame(&crate::proto::message::encode(&msg).unwrap()), raw_header(len)].concat();
+        let frames = [message_frame(&encode(&msg).unwrap()), raw_header(len)].concat();
         vec![Bytes::from(frames), payload.clone()]
     };
     let groups: Vec<Vec<Bytes>> = (1000..1008).map(group).collect();
@@ -440,12 +435,7 @@ async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_bo
         len >> 20
     );
     for seq in 1000..1008u64 {
-        let key = Key { comm, src: 1, tag: seq, part: 0 };
-        let held = match ranks[0].inner.coll.take_or_wait_for(key, len).unwrap() {
-            Ok(held) => held,
-            Err(pending) => tokio::time::timeout(Duration::from_secs(60), pending.wait()).await.unwrap().unwrap(),
-        };
-        let got = held.payload.to_vec().unwrap();
+        let got = take_collective_payload(&ranks[0], 1, seq, len, Duration::from_secs(60)).await.unwrap();
         assert!(got.len() as u64 == len && got[..] == payload[..], "group {seq} arrived changed");
     }
     tokio::time::timeout(Duration::from_secs(60), writer).await.unwrap().unwrap();
@@ -480,7 +470,7 @@ async fn a_waiting_receive_admits_no_more_than_it_asked_for_body() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = resident_bytes();
     let len: u64 = 64 << 20;
-    let head = p2p_head(comm, 2, nexar_types::DType::U32, len);
+    let head = p2p_head(comm, 2, nexar::DType::U32, len);
     let mut stream = conn.open_uni().await.unwrap();
     let writer = tokio::spawn(async move {
         stream.write_all(&head).await.unwrap();
@@ -492,7 +482,7 @@ async fn a_waiting_receive_admits_no_more_than_it_asked_for_body() {
         }
     });
     match recv.await.unwrap() {
-        Ok(Err(crate::P2pError::TooManyUnmatched { .. })) | Err(_) => {}
+        Ok(Err(nexar::P2pError::TooManyUnmatched { .. })) | Err(_) => {}
         other => panic!("a 4-byte receive should not take a 64 MiB message: {other:?}"),
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -507,9 +497,10 @@ async fn a_waiting_receive_admits_no_more_than_it_asked_for_body() {
 /// its link closed for that reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rpc_request_over_the_limit_cuts_the_member_that_sent_it() {
-    let cfg = crate::NexarConfig { max_rpc_bytes: 1 << 20, ..Default::default() };
+    let cfg = NexarConfig { max_rpc_bytes: 1 << 20, ..Default::default() };
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
-    let link = ranks[1].inner.links.get(0).unwrap();
+    let member = HostileMember::new(&ranks[1]);
+    let link = member.link(0).unwrap();
     let huge = PeerMsg::RpcRequest { req: 1, func: 1, sig: 1, len: 2 << 20 };
     let _ = link.send(&huge, Some(Bytes::from(vec![0u8; 2 << 20]))).await;
     let closed = tokio::time::timeout(Duration::from_secs(30), link.connection().closed()).await.unwrap();
@@ -522,19 +513,19 @@ async fn an_rpc_request_over_the_limit_cuts_the_member_that_sent_it() {
 /// sides carrying on alone, each counting the other as gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_majority_that_excludes_a_rank_counts_only_its_live_peers() {
-    use super::health::CLOSE_DECLARED_DEAD;
     let ranks = NexarClient::bootstrap_local(4).await.unwrap();
+    let watch = ranks[0].failure_watch();
     for dead in [2, 3] {
         ranks[0].report_failure(dead, "gone, for the test").unwrap();
     }
-    ranks[1].inner.links.get(0).unwrap().close(CLOSE_DECLARED_DEAD, "rank 1 declared rank 0 dead: silent");
+    HostileMember::new(&ranks[1]).declare_dead(0, "rank 1 declared rank 0 dead: silent").unwrap();
     tokio::time::timeout(Duration::from_secs(30), async {
-        while ranks[0].inner.health.excluded().is_none() {
+        while watch.excluded().is_none() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
     .expect("rank 0 leaves when its only live peer cuts it");
-    let why = ranks[0].inner.health.excluded().unwrap();
+    let why = watch.excluded().unwrap();
     assert!(why.contains("1 of this rank's 1 peers cut it"), "{why}");
 }
