@@ -271,6 +271,8 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     let inputs = &func.sig.inputs;
     let attrs = &func.attrs;
     let doc = format!("The fused plan of [`{name}`](fn@{name}): its fingerprint, statements and `explain`.");
+    // Mixed-site, so a buffer named `world` does not collide with it.
+    let world = proc_macro2::Ident::new("world", proc_macro2::Span::mixed_site());
     Ok(quote! {
         #(#attrs)*
         #[allow(clippy::too_many_arguments)]
@@ -304,8 +306,8 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
             /// How the plan runs for these buffers on `world` ranks: phases, buckets, sizes
             /// and algorithms.
             #[allow(clippy::too_many_arguments)]
-            pub fn explain(#( #explain_params, )* world: usize) -> ::std::string::String {
-                SPEC.explain(&[ #( #shapes ),* ], world)
+            pub fn explain(#( #explain_params, )* #world: usize) -> ::std::string::String {
+                SPEC.explain(&[ #( #shapes ),* ], #world)
             }
         }
     })

@@ -1,6 +1,6 @@
 //! Expansion of `#[nexar::rpc]`: parse and check the function, then generate the endpoint module.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn, LitInt, LitStr, Pat, Path, ReturnType, Type};
@@ -110,26 +110,32 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
         None => quote!(#krate::__private::stable_id(&[NAME, SIGNATURE])),
     };
     let pinned_once = pinned_id_guard(opts.id.as_ref())?;
-    let call_await = if func.sig.asyncness.is_some() { quote!(.await) } else { quote!() };
+    // Everything generated is spanned with mixed-site hygiene, so its local variables (`client`,
+    // `peer`, `world`, `parts`, ..) never meet the user's arguments of the same names: an
+    // argument named `world` is sent as given, not as the world size. Locals that appear inside
+    // a user-spanned fragment are made mixed-site explicitly.
+    let site = Span::mixed_site();
+    let [client, peer, parts, reply, out] = ["client", "peer", "parts", "reply", "out"].map(|n| Ident::new(n, site));
+    let call_await = if func.sig.asyncness.is_some() { quote_spanned!(site=> .await) } else { quote!() };
     // Every use of a user type is spanned at that type, so a type that cannot travel gives one
     // error, at the user's token, with the RpcValue message.
-    let codec = |what: TokenStream| quote!(#what.map_err(|what| #krate::RpcError::Codec { rank: client.rank(), peer, name: NAME, what }));
+    let codec = |what: TokenStream| quote_spanned!(site=> #what.map_err(|what| #krate::RpcError::Codec { rank: #client.rank(), peer: #peer, name: NAME, what }));
     let encode_each =
         args.iter().map(|(n, ty)| quote_spanned! {ty.span()=> #krate::__private::encode_part::<#ty>(&#n)? });
-    let encode_args = codec(quote!((|| #krate::__private::encode_parts(::std::vec![ #( #encode_each ),* ]))()));
-    let decode_ret = quote_spanned! {ret.span()=> #krate::__private::decode::<#ret>(&reply) };
+    let encode_args =
+        codec(quote_spanned!(site=> (|| #krate::__private::encode_parts(::std::vec![ #( #encode_each ),* ]))()));
+    let decode_ret = quote_spanned! {ret.span()=> #krate::__private::decode::<#ret>(&#reply) };
     let decode_reply = codec(decode_ret);
     let count = args.len();
     let decode_each = args.iter().map(|(n, ty)| {
-        quote_spanned! {ty.span()=> let #n: #ty = #krate::__private::decode::<#ty>(&parts.next().unwrap_or_default())?; }
+        quote_spanned! {ty.span()=> let #n: #ty = #krate::__private::decode::<#ty>(&#parts.next().unwrap_or_default())?; }
     });
-    let encode_ret = quote_spanned! {ret.span()=> #krate::__private::encode_part::<#ret>(&out) };
+    let encode_ret = quote_spanned! {ret.span()=> #krate::__private::encode_part::<#ret>(&#out) };
     let handle = format_ident!("__nexar_rpc_handle");
     let doc = format!(
         "RPC endpoint of [`{name}`](fn@{name}): `{name}::call(&client, peer, ..)` runs it on rank `peer`, `{name}::call_all` on every rank."
     );
-    let _ = Span::call_site();
-    Ok(quote! {
+    Ok(quote_spanned! {site=>
         #func
 
         #pinned_once

@@ -42,6 +42,12 @@ async fn sleepy(ms: u64) -> u64 {
     ms
 }
 
+/// Arguments named like the stubs' own locals (`world`, `peer`, `client`, `parts`).
+#[nexar::rpc]
+async fn echo_names(world: u64, peer: u64, client: u64, parts: u64) -> (u64, u64, u64, u64) {
+    (world, peer, client, parts)
+}
+
 #[nexar::rpc(id = 4242)]
 async fn pinned() -> u64 {
     7
@@ -66,6 +72,11 @@ async fn typed_calls_return_typed_results_and_typed_errors() {
         assert_eq!(add::call(c, 0, 1, 1).await.unwrap(), 2, "a call to oneself");
         assert_eq!(pinned::call(c, 1).await.unwrap(), 7);
         assert_eq!(pinned::ID, 4242);
+        // Sent as given: not the world size, the peer, or anything else the stub holds.
+        assert_eq!(echo_names::call(c, 1, 70, 71, 72, 73).await.unwrap(), (70, 71, 72, 73));
+        for echoed in echo_names::call_all(c, 80, 81, 82, 83).await {
+            assert_eq!(echoed.unwrap(), (80, 81, 82, 83));
+        }
         let all = add::call_all(&ranks[1], 5, 5).await;
         assert_eq!(all.len(), 3);
         assert!(all.iter().all(|r| r.as_ref().ok() == Some(&10)));

@@ -17,5 +17,15 @@ async fn train(comm: &NexarClient) -> Result<(), CollectiveError> {
 }
 
 fn main() {
-    let _ = train;
+    let _ = (train, explain_world);
+}
+
+// A buffer may be named `world`, the name `explain` gives its rank count.
+#[nexar::collective_plan]
+async fn with_world(comm: &NexarClient, world: &mut Buf<f32>) {
+    all_reduce(world, Sum);
+}
+
+fn explain_world(world: &Buf<f32>) -> String {
+    with_world::explain(world, 4)
 }
