@@ -1,0 +1,230 @@
+//! The lanes of a link: the independent receive queues of a rank, and where each lane's
+//! messages go (a queue, or straight into a mailbox).
+
+use tokio::sync::mpsc;
+
+use super::super::byte_budget::ByteBudget;
+use super::super::framed::Payload;
+use super::super::liveness::Liveness;
+use super::super::mailbox::{Held, Key, Mailbox};
+use super::RelayHook;
+use crate::proto::message::PeerMsg;
+
+/// The independent receive queues of a rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Incoming RPC requests.
+    RpcRequests = 0,
+    /// Responses to our RPC calls.
+    RpcResponses = 1,
+    /// Control traffic: liveness, membership, collective agreement.
+    Control = 2,
+    /// Typed point-to-point messages.
+    Data = 3,
+    /// Bulk payloads of collectives.
+    Raw = 4,
+}
+
+impl Lane {
+    /// How many lanes there are.
+    pub const COUNT: usize = 5;
+
+    /// The lane a message travels on.
+    pub fn of(msg: &PeerMsg) -> Lane {
+        match msg {
+            PeerMsg::P2p { .. } => Lane::Data,
+            PeerMsg::Coll { .. } => Lane::Raw,
+            PeerMsg::RpcRequest { .. } => Lane::RpcRequests,
+            PeerMsg::RpcResponse { .. } => Lane::RpcResponses,
+            PeerMsg::Ping { .. }
+            | PeerMsg::Pong { .. }
+            | PeerMsg::Goodbye
+            | PeerMsg::Abort { .. }
+            | PeerMsg::Registry { .. }
+            | PeerMsg::Heartbeat
+            | PeerMsg::Admit { .. }
+            | PeerMsg::Suspect { .. }
+            | PeerMsg::Setup { .. }
+            | PeerMsg::WhereAreYou { .. }
+            | PeerMsg::Position { .. } => Lane::Control,
+            PeerMsg::Relay { lane, .. } => Lane::from_code(*lane).unwrap_or(Lane::Control),
+        }
+    }
+
+    /// The lane with wire code `code`.
+    ///
+    /// ```
+    /// use nexar::transport::link::Lane;
+    /// assert_eq!(Lane::from_code(2), Some(Lane::Control));
+    /// assert_eq!(Lane::from_code(9), None);
+    /// ```
+    pub fn from_code(code: u8) -> Option<Lane> {
+        [Lane::RpcRequests, Lane::RpcResponses, Lane::Control, Lane::Data, Lane::Raw].get(usize::from(code)).copied()
+    }
+}
+
+/// A message received from a peer, with its payload.
+#[derive(Debug)]
+pub struct Incoming {
+    /// The sender's rank.
+    pub from: u32,
+    /// The message.
+    pub msg: PeerMsg,
+    /// Raw bytes that followed it (empty for messages without payload).
+    pub payload: Payload,
+    /// The share of the rank's RPC byte budget this message holds until it is dropped (RPC
+    /// requests and answers read off a link).
+    pub(crate) budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Incoming {
+    /// A message from `from`, holding no budget.
+    pub fn new(from: u32, msg: PeerMsg, payload: Payload) -> Incoming {
+        Incoming { from, msg, payload, budget: None }
+    }
+}
+
+/// The sending halves of a rank's lanes, shared by the routers of all its links.
+#[derive(Clone)]
+pub struct LaneSenders {
+    senders: [mpsc::Sender<Incoming>; Lane::COUNT],
+    direct: [Option<DirectSink>; Lane::COUNT],
+    liveness: Option<std::sync::Arc<Liveness>>,
+    relay: Option<RelayHook>,
+    /// The bytes of RPC requests and answers the rank holds at once.
+    rpc_budget: Option<ByteBudget>,
+}
+
+impl std::fmt::Debug for LaneSenders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaneSenders").finish_non_exhaustive()
+    }
+}
+
+/// A lane whose messages go straight from the router into a matching store, without a queue
+/// and a task hop in between (the latency path of point-to-point and collectives).
+#[derive(Clone)]
+pub(crate) struct DirectSink {
+    pub mailbox: std::sync::Arc<Mailbox>,
+    pub entry: fn(Incoming) -> Option<(Key, Held)>,
+}
+
+/// The receiving halves of a rank's lanes, taken by the layers that consume them.
+#[derive(Debug)]
+pub struct LaneReceivers {
+    /// Incoming RPC requests.
+    pub rpc_requests: mpsc::Receiver<Incoming>,
+    /// Responses to our RPC calls.
+    pub rpc_responses: mpsc::Receiver<Incoming>,
+    /// Control traffic.
+    pub control: mpsc::Receiver<Incoming>,
+    /// Point-to-point messages.
+    pub data: mpsc::Receiver<Incoming>,
+    /// Collective payloads.
+    pub raw: mpsc::Receiver<Incoming>,
+}
+
+/// Creates a rank's lanes, each holding up to `capacity` messages.
+pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
+    let (a, ra) = mpsc::channel(capacity);
+    let (b, rb) = mpsc::channel(capacity);
+    let (c, rc) = mpsc::channel(capacity);
+    let (d, rd) = mpsc::channel(capacity);
+    let (e, re) = mpsc::channel(capacity);
+    (
+        LaneSenders {
+            senders: [a, b, c, d, e],
+            direct: Default::default(),
+            liveness: None,
+            relay: None,
+            rpc_budget: None,
+        },
+        LaneReceivers { rpc_requests: ra, rpc_responses: rb, control: rc, data: rd, raw: re },
+    )
+}
+
+impl LaneSenders {
+    /// The store a message announced by `from` goes to, and its key there, when its lane
+    /// delivers straight into one (point-to-point and collective messages): its payload is
+    /// read only once that store admits it.
+    pub(crate) fn admission(&self, msg: &PeerMsg, from: u32) -> Option<(&Mailbox, Key)> {
+        let sink = self.direct[Lane::of(msg) as usize].as_ref()?;
+        Some((&sink.mailbox, super::super::mailbox::key_of(msg, from)?))
+    }
+
+    /// The store collective messages go to, when they bypass the raw lane's queue.
+    pub(crate) fn coll_mailbox(&self) -> Option<std::sync::Arc<Mailbox>> {
+        self.direct[Lane::Raw as usize].as_ref().map(|sink| sink.mailbox.clone())
+    }
+
+    /// Sends `lane`'s messages straight into `sink` instead of its queue.
+    pub(crate) fn with_direct(mut self, lane: Lane, sink: DirectSink) -> Self {
+        self.direct[lane as usize] = Some(sink);
+        self
+    }
+
+    /// Records every delivered message in `liveness` as a sign of life from its sender.
+    pub(crate) fn with_liveness(mut self, liveness: std::sync::Arc<Liveness>) -> Self {
+        self.liveness = Some(liveness);
+        self
+    }
+
+    /// The byte budget a message holds while this rank keeps it: RPC requests and answers
+    /// share one, relay envelopes another.
+    pub(super) fn byte_budget(&self, msg: &PeerMsg) -> Option<&ByteBudget> {
+        match msg {
+            PeerMsg::RpcRequest { .. } | PeerMsg::RpcResponse { .. } => self.rpc_budget.as_ref(),
+            PeerMsg::Relay { .. } => self.relay.as_ref().map(|hook| &hook.budget),
+            _ => None,
+        }
+    }
+
+    /// Reads RPC requests and answers only while the rank holds fewer than `limit` bytes of
+    /// them, and refuses any single one larger.
+    pub(crate) fn with_rpc_budget(mut self, limit: u64) -> Self {
+        self.rpc_budget = Some(ByteBudget::new(limit));
+        self
+    }
+
+    /// Unpacks relayed messages addressed to this rank and forwards the others.
+    pub(crate) fn with_relay(mut self, hook: RelayHook) -> Self {
+        self.relay = Some(hook);
+        self
+    }
+
+    /// Queues a message on its lane, waiting while the lane is full. Fails only when the
+    /// lane's consumer is gone (the rank is shutting down). Heartbeats are consumed here: they
+    /// only say the sender is alive. Relay envelopes are opened (when addressed here) or
+    /// forwarded.
+    pub async fn deliver(&self, incoming: Incoming) -> Result<(), Incoming> {
+        if let Some(liveness) = &self.liveness {
+            liveness.heard(incoming.from);
+        }
+        if matches!(incoming.msg, PeerMsg::Heartbeat) {
+            return Ok(());
+        }
+        let incoming = match (&incoming.msg, &self.relay) {
+            (PeerMsg::Relay { dst, .. }, Some(hook)) if *dst == hook.local => match hook.open(incoming) {
+                Some(inner) => inner,
+                None => return Ok(()),
+            },
+            (PeerMsg::Relay { .. }, Some(hook)) => {
+                let lane = Lane::of(&incoming.msg) as usize;
+                return hook.forward[lane].send(incoming).await.map_err(|e| e.0);
+            }
+            (PeerMsg::Relay { .. }, None) => {
+                tracing::warn!(from = incoming.from, "dropped a relayed message: this rank does not relay");
+                return Ok(());
+            }
+            _ => incoming,
+        };
+        let lane = Lane::of(&incoming.msg);
+        if let Some(sink) = &self.direct[lane as usize] {
+            if let Some((key, held)) = (sink.entry)(incoming) {
+                sink.mailbox.deliver(key, held).await;
+            }
+            return Ok(());
+        }
+        self.senders[lane as usize].send(incoming).await.map_err(|e| e.0)
+    }
+}

@@ -1,0 +1,309 @@
+//! One authenticated connection to one peer: a writer task per lane that owns that lane's
+//! outgoing stream, and a router that reads the peer's streams and hands each message to its
+//! lane.
+//!
+//! Every lane has its own QUIC stream in each direction and its own bounded queue, so a full
+//! lane (a receiver that is not keeping up) stalls only that stream; barriers, heartbeats and
+//! RPCs on the other lanes keep flowing.
+//!
+//! `lanes` holds the lanes and where their messages go, `writer` a lane's writer task,
+//! `reader` the router that reads the peer's streams.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use quinn::Connection;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+use super::TransportError;
+use super::bulk::{BulkChannel, BulkSlot};
+pub(crate) use super::relay_hook::{RELAY_BUDGET_BYTES, RelayHook};
+use crate::proto::frame::{message_frame, raw_header};
+use crate::proto::message::{self, PeerMsg};
+use crate::telemetry::SentBytes;
+
+mod lanes;
+mod reader;
+mod writer;
+
+use reader::route;
+use writer::write_lane;
+
+pub(crate) use lanes::DirectSink;
+pub use lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
+pub use reader::INFLIGHT_BYTES_PER_LANE;
+pub(crate) use reader::{announced_payload, raw_length_disagrees};
+
+/// QUIC application error code for a peer that broke the wire protocol.
+pub const CLOSE_PROTOCOL_VIOLATION: u32 = 2;
+/// QUIC application error code for an orderly shutdown.
+pub const CLOSE_SHUTDOWN: u32 = 0;
+
+pub(super) enum Outgoing {
+    /// Frames to write, in order, as one unit; `coll` names the collective `(comm, seq)` of a
+    /// collective message.
+    Frames { chunks: Vec<Bytes>, done: oneshot::Sender<Result<(), TransportError>>, coll: Option<(u64, u64)> },
+    /// Finish the lane's stream and report once the peer has acknowledged all of it. A later
+    /// message opens a new stream.
+    Flush { done: oneshot::Sender<()> },
+}
+
+/// An established, authenticated connection to one peer.
+#[derive(Debug)]
+pub struct PeerLink {
+    peer: u32,
+    conn: Connection,
+    writers: [mpsc::Sender<Outgoing>; Lane::COUNT],
+    /// Another transport that carries collective payloads once attached (see [`BulkChannel`]).
+    bulk: Arc<BulkSlot>,
+    /// `nexar_sent_bytes_total` of this rank.
+    sent: Arc<SentBytes>,
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outgoing::Frames { chunks, .. } => f.debug_struct("Frames").field("chunks", &chunks.len()).finish(),
+            Outgoing::Flush { .. } => f.write_str("Flush"),
+        }
+    }
+}
+
+pub(super) fn peer_name(rank: u32) -> String {
+    format!("rank {rank}")
+}
+
+impl PeerLink {
+    /// Starts the writers and the router of a connection to `peer` (already authenticated as
+    /// that rank). Received messages go to `lanes`; payloads longer than `max_payload` are a
+    /// protocol violation.
+    pub fn spawn(local: u32, peer: u32, conn: Connection, lanes: LaneSenders, max_payload: u64) -> PeerLink {
+        let bulk = Arc::new(BulkSlot::new(peer, &lanes));
+        let sent = Arc::new(SentBytes::new(local));
+        let writers = std::array::from_fn(|lane| {
+            let (tx, rx) = mpsc::channel::<Outgoing>(64);
+            let span = tracing::debug_span!("writer", rank = local, peer);
+            // Control traffic (heartbeats, aborts, failure reports) goes out ahead of bulk data.
+            let priority = if lane == Lane::Control as usize { 1 } else { 0 };
+            let bulk = (lane == Lane::Raw as usize).then(|| bulk.clone());
+            let sent = sent.clone();
+            tokio::spawn(write_lane(conn.clone(), peer, priority, bulk, sent, rx).instrument(span));
+            tx
+        });
+        let control: mpsc::Sender<Outgoing> = writers[Lane::Control as usize].clone();
+        bulk.on_failure_tell_peer(Box::new(move |keys| {
+            let down = PeerMsg::Setup { tag: super::bulk::BULK_DOWN_TAG, body: keys };
+            let Ok(body) = message::encode(&down) else { return };
+            let (done, _) = oneshot::channel();
+            let frames = Outgoing::Frames { chunks: vec![message_frame(&body)], done, coll: None };
+            // Waits for room on the control lane when it can; a full lane must not lose it.
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let control = control.clone();
+                    runtime.spawn(async move {
+                        let _ = control.send(frames).await;
+                    });
+                }
+                Err(_) => {
+                    let _ = control.try_send(frames);
+                }
+            }
+        }));
+        let span = tracing::debug_span!("router", rank = local, peer);
+        tokio::spawn(route(conn.clone(), peer, lanes, max_payload).instrument(span));
+        PeerLink { peer, conn, writers, bulk, sent }
+    }
+
+    /// Hands collective payloads to `channel` from now on, for collectives that have sent
+    /// nothing over QUIC on this link (a collective never spans both). Gives the channel back
+    /// when one is attached already or there is no Tokio runtime to watch it.
+    /// `settle` runs when the channel stops, before the collectives it carried fail.
+    pub fn attach_bulk(
+        &self,
+        channel: Arc<dyn BulkChannel>,
+        settle: Option<super::bulk::Settle>,
+    ) -> Result<(), Arc<dyn BulkChannel>> {
+        self.bulk.attach(channel, settle)
+    }
+
+    /// The name of the transport that carries collective payloads: `"quic"` or the attached
+    /// channel's (while it works).
+    pub fn bulk_transport(&self) -> &'static str {
+        match self.bulk.attached() {
+            Some(name) if self.bulk.working() => name,
+            _ => "quic",
+        }
+    }
+
+    /// The bulk channel attached to this link (tests that send through it as a peer would).
+    #[cfg(feature = "hostile-member")]
+    pub(crate) fn bulk_channel(&self) -> Option<std::sync::Arc<dyn BulkChannel>> {
+        self.bulk.channel()
+    }
+
+    /// The name of the channel attached to this link, if any, working or not.
+    pub fn attached_bulk(&self) -> Option<&'static str> {
+        self.bulk.attached()
+    }
+
+    /// Whether a collective message of `len` bytes from this peer comes over its bulk channel
+    /// (the channel is working and takes messages that large on either side).
+    pub(crate) fn bulk_takes(&self, len: usize) -> bool {
+        self.bulk.takes(len)
+    }
+
+    /// Where the peer's QUIC endpoint is, as this link reaches it.
+    pub(crate) fn remote_addr(&self) -> std::net::SocketAddr {
+        self.conn.remote_address()
+    }
+
+    pub(crate) fn bulk_slot(&self) -> Arc<BulkSlot> {
+        self.bulk.clone()
+    }
+
+    /// The peer's rank.
+    pub fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    /// The underlying connection.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Sends `msg` (and `payload`, for messages that carry one) on the message's lane.
+    ///
+    /// Returns once the bytes are handed to QUIC. The bytes are owned by the writer task, so
+    /// dropping this future never leaves a half-written frame.
+    pub async fn send(&self, msg: &PeerMsg, payload: Option<Bytes>) -> Result<(), TransportError> {
+        let wait = self.send_queued(msg, payload).await?;
+        wait.await.map_err(|_| self.writer_gone())?
+    }
+
+    fn writer_gone(&self) -> TransportError {
+        TransportError::ConnectionLost { peer: peer_name(self.peer), reason: "its writer has stopped".into() }
+    }
+
+    /// Queues `msg` (and its payload) on its lane and returns as soon as it is queued, with a
+    /// receiver that reports when the bytes are handed to QUIC. Messages queued one after
+    /// another on a lane are sent in that order.
+    pub async fn send_queued(
+        &self,
+        msg: &PeerMsg,
+        payload: Option<Bytes>,
+    ) -> Result<oneshot::Receiver<Result<(), TransportError>>, TransportError> {
+        self.send_queued_parts(msg, payload.into_iter().collect()).await
+    }
+
+    /// Like [`send_queued`](Self::send_queued), with a payload given as parts sent one after
+    /// the other (their total length is the payload's).
+    pub async fn send_queued_parts(
+        &self,
+        msg: &PeerMsg,
+        parts: Vec<Bytes>,
+    ) -> Result<oneshot::Receiver<Result<(), TransportError>>, TransportError> {
+        let body =
+            message::encode(msg).map_err(|error| TransportError::Protocol { peer: peer_name(self.peer), error })?;
+        let mut chunks = vec![message_frame(&body)];
+        if msg.payload_elements().is_some() {
+            chunks.push(raw_header(parts.iter().map(|p| p.len() as u64).sum()));
+            chunks.extend(parts);
+        }
+        let (done, wait) = oneshot::channel();
+        let coll = match *msg {
+            PeerMsg::Coll { comm, seq, .. } => Some((comm, seq)),
+            _ => None,
+        };
+        self.writers[Lane::of(msg) as usize]
+            .send(Outgoing::Frames { chunks, done, coll })
+            .await
+            .map_err(|_| self.writer_gone())?;
+        Ok(wait)
+    }
+
+    /// Sends collective message `msg` with its payload lent for this call over the bulk
+    /// channel, when the collective takes the channel and the channel can read a lent payload
+    /// at once ([`BulkChannel::send_borrowed`]); `None` otherwise, for the caller to copy the
+    /// payload and queue it (which then takes the same transport). The payload is the
+    /// concatenation of `payload`'s parts.
+    pub async fn send_borrowed(
+        &self,
+        msg: &PeerMsg,
+        payload: &[&[u8]],
+    ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
+        let PeerMsg::Coll { comm, seq, .. } = *msg else { return None };
+        let len: usize = payload.iter().map(|p| p.len()).sum();
+        let channel = self.bulk.route((comm, seq), len).ok()?;
+        // Dropped while waiting, nothing was read from `payload`.
+        channel.room().await;
+        let body = match message::encode(msg) {
+            Ok(body) => body,
+            Err(error) => return Some(Err(TransportError::Protocol { peer: peer_name(self.peer), error })),
+        };
+        let frames = [message_frame(&body), raw_header(len as u64)];
+        let sent = channel.send_borrowed(&frames, payload)?;
+        self.sent.bulk(channel.name(), frames.iter().map(Bytes::len).sum::<usize>() + len);
+        let (done, wait) = oneshot::channel();
+        let slot = Arc::downgrade(&self.bulk);
+        tokio::spawn(async move {
+            let result = sent.await;
+            if result.is_err()
+                && let Some(slot) = slot.upgrade()
+            {
+                slot.channel_stopped();
+            }
+            let _ = done.send(result);
+        });
+        Some(Ok(wait))
+    }
+
+    /// Queues `msg` on its lane only if there is room right now; never waits. For messages
+    /// that are worthless when late, such as heartbeats. Returns whether it was queued.
+    pub fn try_send(&self, msg: &PeerMsg) -> bool {
+        let Ok(body) = message::encode(msg) else { return false };
+        let (done, _) = oneshot::channel();
+        let chunks = vec![message_frame(&body)];
+        self.writers[Lane::of(msg) as usize].try_send(Outgoing::Frames { chunks, done, coll: None }).is_ok()
+    }
+
+    /// Finishes every lane's stream and waits until the peer has acknowledged all data sent
+    /// so far (at most `limit`).
+    pub async fn flush(&self, limit: std::time::Duration) {
+        let all = async {
+            for wait in self.begin_flush().await {
+                let _ = wait.await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, all).await;
+    }
+
+    /// Asks every lane's writer to finish its stream; each receiver reports when the peer has
+    /// acknowledged that lane. Lets a caller flush many links at once.
+    pub async fn begin_flush(&self) -> Vec<oneshot::Receiver<()>> {
+        let mut waits = Vec::with_capacity(self.writers.len());
+        for w in &self.writers {
+            let (done, wait) = oneshot::channel();
+            if w.send(Outgoing::Flush { done }).await.is_ok() {
+                waits.push(wait);
+            }
+        }
+        waits
+    }
+
+    /// Closes the connection with `code`.
+    pub fn close(&self, code: u32, reason: &str) {
+        let stats = self.conn.stats();
+        tracing::debug!(
+            peer = self.peer,
+            rtt = ?self.conn.rtt(),
+            cwnd = stats.path.cwnd,
+            mtu = stats.path.current_mtu,
+            lost_packets = stats.path.lost_packets,
+            congestion_events = stats.path.congestion_events,
+            sent_packets = stats.path.sent_packets,
+            "closing connection"
+        );
+        self.conn.close(code.into(), reason.as_bytes());
+    }
+}

@@ -1,0 +1,159 @@
+//! The router of a link: it accepts the peer's streams and reads each one, checking every
+//! message and reading a payload only once its budget, and its mailbox, can take it.
+
+use std::sync::Arc;
+
+use quinn::{Connection, RecvStream};
+use tracing::Instrument;
+
+use super::super::byte_budget::ByteBudget;
+use super::super::framed::{Payload, ReadFrameError, read_body, read_header};
+use super::{CLOSE_PROTOCOL_VIOLATION, Incoming, Lane, LaneSenders};
+use crate::proto::frame::{FrameError, FrameKind, MAX_CONTROL_FRAME};
+use crate::proto::message::{self, PeerMsg};
+
+/// Payload bytes a peer may have on their way into this rank at once on one lane, over all
+/// its streams: read but not yet handed to a mailbox or a collective. A message larger than
+/// this still goes through, alone, so no size the message limit allows waits for ever. Each
+/// lane has its own budget, so a lane that waits for its mailbox (unmatched messages) never
+/// holds up another lane's messages, as before.
+pub const INFLIGHT_BYTES_PER_LANE: u64 = 64 << 20;
+
+pub(super) async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64) {
+    let budget: Arc<[ByteBudget; Lane::COUNT]> =
+        Arc::new(std::array::from_fn(|_| ByteBudget::new(INFLIGHT_BYTES_PER_LANE)));
+    loop {
+        match conn.accept_uni().await {
+            Ok(recv) => {
+                let conn = conn.clone();
+                let (lanes, budget) = (lanes.clone(), budget.clone());
+                tokio::spawn(
+                    async move {
+                        if let Err(error) = read_stream(recv, &conn, peer, &lanes, max_payload, &budget).await {
+                            tracing::error!(peer, %error, "closing the connection: the peer broke the wire protocol");
+                            conn.close(CLOSE_PROTOCOL_VIOLATION.into(), error.to_string().as_bytes());
+                        }
+                    }
+                    .in_current_span(),
+                );
+            }
+            Err(e) => {
+                tracing::debug!(peer, reason = %e, "connection closed");
+                return;
+            }
+        }
+    }
+}
+
+/// Reads frames from one stream until it ends. Only protocol violations are errors; a stream
+/// that closes mid-frame because the connection went away ends quietly.
+async fn read_stream(
+    mut recv: RecvStream,
+    conn: &Connection,
+    peer: u32,
+    lanes: &LaneSenders,
+    max_payload: u64,
+    budget: &[ByteBudget; Lane::COUNT],
+) -> Result<(), FrameError> {
+    loop {
+        let msg: PeerMsg = match next_message(&mut recv).await {
+            Ok(Some(m)) => m,
+            Ok(None) => return Ok(()),
+            Err(ReadFrameError::Closed(_)) => return Ok(()),
+            Err(ReadFrameError::Frame(e)) => return Err(e),
+        };
+        let (mut held, mut admitted, mut budget_held) = (None, None, None);
+        let payload = match announced_payload(&msg, max_payload)? {
+            None => Payload::default(),
+            Some((expected, limit)) => match read_header(&mut recv, limit).await {
+                Ok(Some(h)) => {
+                    h.expect(FrameKind::Raw)?;
+                    if h.len != expected {
+                        return Err(raw_length_disagrees(expected, h.len));
+                    }
+                    // Until the budget has room, this stream is not read, and QUIC's flow
+                    // control holds the peer.
+                    match budget[Lane::of(&msg) as usize].take(h.len).await {
+                        Some(permit) => held = Some(permit),
+                        None => return Ok(()),
+                    }
+                    // RPC requests and answers, and relay envelopes, are read only once the
+                    // rank's budget for them has room.
+                    if let Some(budget) = lanes.byte_budget(&msg) {
+                        if matches!(msg, PeerMsg::RpcRequest { .. } | PeerMsg::RpcResponse { .. })
+                            && h.len > budget.limit()
+                        {
+                            return Err(FrameError::TooLong { len: h.len, limit: budget.limit() });
+                        }
+                        tokio::select! {
+                            permit = budget.take(h.len) => match permit {
+                                Some(p) => budget_held = Some(p),
+                                None => return Ok(()),
+                            },
+                            _ = conn.closed() => return Ok(()),
+                        }
+                    }
+                    // A message for a mailbox is read only once the mailbox can take it.
+                    if let Some((mailbox, key)) = lanes.admission(&msg, peer) {
+                        tokio::select! {
+                            a = mailbox.admit(key, h.len) => admitted = Some(a),
+                            _ = conn.closed() => return Ok(()),
+                        }
+                    }
+                    match Payload::read(&mut recv, h.len).await {
+                        Ok(p) => p,
+                        Err(ReadFrameError::Frame(e)) => return Err(e),
+                        Err(ReadFrameError::Closed(_)) => return Ok(()),
+                    }
+                }
+                Ok(None) | Err(ReadFrameError::Closed(_)) => return Ok(()),
+                Err(ReadFrameError::Frame(e)) => return Err(e),
+            },
+        };
+        // The reservation ends as the message is counted as held.
+        drop(admitted);
+        let delivered = lanes.deliver(Incoming { from: peer, msg, payload, budget: budget_held }).await;
+        drop(held);
+        if delivered.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// The error for a raw frame whose length is not the one its message announced.
+pub(crate) fn raw_length_disagrees(announced: u64, found: u64) -> FrameError {
+    FrameError::InvalidMessage(format!("message announces {announced} payload bytes but its raw frame has {found}"))
+}
+
+/// Checks what a message announces before anything else is read: relay envelopes name a real
+/// lane and a bounded hop count, and a payload has a known dtype and fits the limit. Returns
+/// `(payload bytes, limit)` for messages followed by a raw frame.
+pub(crate) fn announced_payload(msg: &PeerMsg, max_payload: u64) -> Result<Option<(u64, u64)>, FrameError> {
+    if let PeerMsg::Relay { lane, hops, .. } = *msg
+        && (Lane::from_code(lane).is_none() || hops > crate::proto::relay::MAX_HOPS)
+    {
+        return Err(FrameError::InvalidMessage(format!("relay envelope with lane {lane} after {hops} hops")));
+    }
+    let Some((dtype, _)) = msg.payload_elements() else { return Ok(None) };
+    nexar_types::DType::from_wire(dtype).map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
+    let expected =
+        msg.payload_len().ok_or_else(|| FrameError::InvalidMessage("payload length overflows 64 bits".into()))?;
+    // A relay envelope carries a whole message: its payload plus the carried frames.
+    let limit = match msg {
+        PeerMsg::Relay { .. } => max_payload.saturating_add(crate::proto::relay::ENVELOPE_OVERHEAD),
+        _ => max_payload,
+    };
+    if expected > limit {
+        return Err(FrameError::TooLong { len: expected, limit });
+    }
+    Ok(Some((expected, limit)))
+}
+
+async fn next_message(recv: &mut RecvStream) -> Result<Option<PeerMsg>, ReadFrameError> {
+    let Some(header) = read_header(recv, MAX_CONTROL_FRAME).await? else {
+        return Ok(None);
+    };
+    header.expect(FrameKind::Message)?;
+    let body = read_body(recv, header.len).await?;
+    Ok(Some(message::decode(&body)?))
+}
