@@ -3,35 +3,28 @@
 //! on the outgoing connection, and a reader thread reads the incoming one and hands each whole
 //! group to nexar: its frames decrypted, its payload's records still sealed, to be opened by
 //! whoever reads the payload, straight into the destination.
-//!
-//! The reader reads a group's frames first and its payload only once the rank's mailbox admits
-//! the message, as a QUIC stream's reader does ([`BulkInbound::admit`]): until then it reads
-//! nothing, and TCP's flow control holds the peer. So what a peer sends over its lane costs no
-//! more memory than the unmatched-message limits allow, as on QUIC.
+//! The reader is in [`super::reader`].
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc as std_mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, oneshot};
 
-use super::records::{CHUNK, Deferred, GOODBYE, GroupHead, GroupSink, Opener, Sealed, Sealer, TAG};
+use super::reader::{POOLED, ReadLimits, read_groups};
+use super::records::{CHUNK, Opener, Sealed, Sealer};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
-use crate::transport::mailbox::Admitted;
 
 /// The name links report for this transport.
 pub const TCP_LANE_NAME: &str = "tcp-tls";
 
 /// How long the writer tries to say goodbye when the lane is dropped.
 const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The reader's buffer for record headers (record bodies bypass it).
-const READ_BUFFER: usize = 8 << 10;
 
 /// The outgoing connection (this rank dialled, TLS client) and the incoming one (the peer
 /// dialled, TLS server) of one link, their handshakes done.
@@ -46,10 +39,10 @@ pub(crate) struct Connected {
 const QUEUED_LIMIT: usize = 2 << 20;
 
 /// What both threads and the channel share.
-struct State {
-    peer: usize,
-    failed: AtomicBool,
-    stopped: Notify,
+pub(super) struct State {
+    pub(super) peer: usize,
+    pub(super) failed: AtomicBool,
+    pub(super) stopped: Notify,
     /// Sealed bytes queued for the writer, and where senders wait for them to drain.
     queued: AtomicUsize,
     drained: Notify,
@@ -59,7 +52,7 @@ struct State {
 
 /// How a lane stopped.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Stop {
+pub(super) enum Stop {
     /// The peer said goodbye between groups: nothing was lost, nobody needs waking.
     Goodbye,
     /// nexar gave the lane up.
@@ -71,7 +64,7 @@ enum Stop {
 impl State {
     /// Marks the channel unusable (once), closes its sockets and, unless the peer just said
     /// goodbye, wakes whoever waits for it to stop.
-    fn stop(&self, why: &str, how: Stop) {
+    pub(super) fn stop(&self, why: &str, how: Stop) {
         if !self.failed.swap(true, Ordering::SeqCst) {
             if how == Stop::Failed {
                 tracing::warn!(peer = self.peer, why, "tcp lane failed");
@@ -98,7 +91,7 @@ impl State {
 
 /// Resolves once `done(state)` holds, checked whenever `notify(state)` is notified (armed
 /// before each check, so no notification is missed).
-fn wait_until(state: Arc<State>, notify: fn(&State) -> &Notify, done: fn(&State) -> bool) -> BulkClosed {
+pub(super) fn wait_until(state: Arc<State>, notify: fn(&State) -> &Notify, done: fn(&State) -> bool) -> BulkClosed {
     Box::pin(async move {
         loop {
             let notified = notify(&state).notified();
@@ -319,357 +312,5 @@ fn write_records(state: &State, mut out: TcpStream, queue: std_mpsc::Receiver<Jo
     // Whatever is still queued fails (the channel said so when it stopped).
     while let Ok((_, done)) = queue.try_recv() {
         let _ = done.send(Err(state.lost("the lane stopped")));
-    }
-}
-
-/// What the reader allows a peer: the longest group, and how long one group's bytes may take
-/// to arrive once it has begun.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ReadLimits {
-    /// The longest group in bytes, checked before anything is allocated for it.
-    pub max_group: u64,
-    /// From a group's first byte to its last.
-    pub group_deadline: Duration,
-}
-
-/// The reader thread: whole groups, each checked against the limits and admitted before its
-/// payload is read, handed to nexar one by one; between groups it waits as long as the link
-/// lives.
-fn read_groups(state: &Arc<State>, sock: TcpStream, mut opener: Opener, limits: ReadLimits, inbound: &BulkInbound) {
-    // The thread's own runtime for its waits (admission, delivery): they must not depend on
-    // the rank's runtime, which may be shutting down while the lane still reads.
-    let gate = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
-        Ok(waits) => Gate { inbound, waits, state },
-        Err(e) => return state.stop(&format!("starting the reader: {e}"), Stop::Failed),
-    };
-    let mut input = io::BufReader::with_capacity(READ_BUFFER, Deadlined::new(sock, limits.group_deadline));
-    let pool = Arc::new(RecvPool::default());
-    let why = loop {
-        let read = read_group(&mut opener, &mut input, limits.max_group, &pool, &gate);
-        // Bytes of the next group already buffered mean that it has begun.
-        let begun = !input.buffer().is_empty();
-        if let Err(e) = input.get_mut().between_groups(begun) {
-            break Some(e);
-        }
-        match read {
-            Ok(Some(group)) => {
-                if let Err(e) = gate.deliver(group) {
-                    break Some(e);
-                }
-            }
-            Ok(None) => break None,
-            Err(e) => break Some(e),
-        }
-    };
-    match why {
-        None => state.stop("the peer said goodbye", Stop::Goodbye),
-        Some(e) if !state.failed.load(Ordering::SeqCst) => state.stop(&format!("reading: {e}"), Stop::Failed),
-        Some(_) => {}
-    }
-}
-
-/// Where the reader thread waits for nexar: for the mailbox to admit a group, and for a group
-/// to be delivered; either wait ends when the lane stops.
-struct Gate<'a> {
-    inbound: &'a BulkInbound,
-    waits: tokio::runtime::Runtime,
-    state: &'a Arc<State>,
-}
-
-impl<'a> Gate<'a> {
-    /// Runs `wait` until it ends or the lane stops.
-    fn wait<T>(&self, what: &str, wait: impl std::future::Future<Output = T>) -> io::Result<T> {
-        let stopped = wait_until(self.state.clone(), |s| &s.stopped, |s| s.failed.load(Ordering::SeqCst));
-        self.waits.block_on(async {
-            tokio::select! {
-                out = wait => Ok(out),
-                () = stopped => Err(io::Error::other(format!("the lane stopped while {what}"))),
-            }
-        })
-    }
-
-    /// Waits until the mailbox admits the `len`-byte payload of `msg`.
-    fn admit(&self, msg: &crate::proto::message::PeerMsg, len: u64) -> io::Result<Option<Admitted<'a>>> {
-        let inbound = self.inbound;
-        self.wait("a group waited to be admitted", inbound.admit(msg, len))
-    }
-
-    /// Hands a group to nexar; a group that breaks the protocol stops the lane.
-    fn deliver(&self, Received { group, deferred, admitted }: Received<'a>) -> io::Result<()> {
-        let delivered =
-            self.wait("a group was delivered", self.inbound.deliver_admitted(group, &deferred, admitted))?;
-        delivered.map_err(|e| {
-            tracing::error!(peer = self.state.peer, error = %e, "rank broke the protocol on its tcp lane; the lane stops");
-            io::Error::new(io::ErrorKind::InvalidData, format!("protocol: {e}"))
-        })
-    }
-}
-
-/// The reader's socket, with a deadline for each group: it starts at the first byte that
-/// arrives after the previous group and ends `limit` later, so a peer that starts a group and
-/// then trickles or stalls fails the lane instead of holding the reader and the group's buffer
-/// for ever. Between groups a read waits without limit.
-struct Deadlined {
-    sock: TcpStream,
-    limit: Duration,
-    until: Option<Instant>,
-}
-
-impl Deadlined {
-    fn new(sock: TcpStream, limit: Duration) -> Deadlined {
-        Deadlined { sock, limit, until: None }
-    }
-
-    /// A group ended: the next one has `begun` (its first bytes are buffered already) or not.
-    fn between_groups(&mut self, begun: bool) -> io::Result<()> {
-        self.until = None;
-        if begun { self.arm() } else { self.sock.set_read_timeout(None) }
-    }
-
-    fn arm(&mut self) -> io::Result<()> {
-        self.until = Some(Instant::now() + self.limit);
-        self.sock.set_read_timeout(Some(self.limit))
-    }
-
-    fn late(&self) -> io::Error {
-        io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("a group's bytes did not all arrive within {:?} of its first (the operation timeout)", self.limit),
-        )
-    }
-}
-
-impl Read for Deadlined {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.until.is_some_and(|until| Instant::now() >= until) {
-            return Err(self.late());
-        }
-        match self.sock.read(buf) {
-            Ok(n) => {
-                if n > 0 && self.until.is_none() {
-                    self.arm()?;
-                }
-                Ok(n)
-            }
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Err(self.late()),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// A group as the reader hands it over: its bytes, which records of its payload are still
-/// sealed (they are opened where the payload is read, straight into its destination), and its
-/// admission.
-struct Received<'a> {
-    group: Bytes,
-    deferred: Vec<Deferred>,
-    admitted: Option<Admitted<'a>>,
-}
-
-/// One group; `None` when the peer said goodbye. Its first records, up to its message frame,
-/// are read and opened first; the rest only once the mailbox admits the message (the group's
-/// deadline starts again then). Records from the group's lead part on are left sealed.
-fn read_group<'a>(
-    opener: &mut Opener,
-    input: &mut io::BufReader<Deadlined>,
-    max_group: u64,
-    pool: &Arc<RecvPool>,
-    gate: &Gate<'a>,
-) -> io::Result<Option<Received<'a>>> {
-    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-    let (len, lead) = match opener.read_group_head(input)? {
-        None => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended without a goodbye")),
-        Some(GroupHead { len: GOODBYE, .. }) => return Ok(None),
-        Some(GroupHead { len, .. }) if len > max_group => {
-            return Err(invalid(format!("a {len}-byte group is over the {max_group}-byte limit")));
-        }
-        Some(GroupHead { len, lead }) => (len as usize, lead),
-    };
-    let mut group = RecvPool::take(pool, len, lead);
-    let mut deferred = Vec::new();
-    let defer_from = usize::try_from(lead).unwrap_or(usize::MAX);
-    let mut at = 0;
-    let (msg, payload_len) = loop {
-        at = opener.read_records(input, &mut group, at, at + 1, defer_from, &mut deferred)?;
-        let opened = deferred.first().map_or(at, |d| d.at);
-        if let Some(found) = gate.inbound.peek(group.first(opened)).map_err(|e| invalid(format!("protocol: {e}")))? {
-            break found;
-        }
-        if at >= len || !deferred.is_empty() {
-            return Err(invalid("protocol: the group's message frame is not in its opened first records".into()));
-        }
-    };
-    if payload_len > len as u64 {
-        return Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")));
-    }
-    let admitted = gate.admit(&msg, payload_len)?;
-    input.get_mut().arm()?;
-    opener.read_records(input, &mut group, at, len, defer_from, &mut deferred)?;
-    Ok(Some(Received { group: Bytes::from_owner(group), deferred, admitted }))
-}
-
-/// Receive buffers the reader reuses once nexar is done with the groups in them, so a busy
-/// lane neither zeroes nor faults in fresh pages for every group. Buffers are words, so that
-/// their start is [`ALIGN`]-aligned wherever the allocator puts them.
-#[derive(Default)]
-struct RecvPool {
-    free: Mutex<Vec<Vec<u64>>>,
-}
-
-/// Buffers kept for reuse per lane (each way), the largest one kept, and the most bytes kept.
-const POOLED: usize = 16;
-const POOLED_MAX: usize = 65 << 20;
-const POOLED_BYTES: usize = 80 << 20;
-/// The alignment a group's largest part gets (that of any element type).
-const ALIGN: usize = 8;
-/// The room a fresh buffer starts with; it doubles as the group's records arrive. A peer that
-/// announces a large group and sends less makes this rank hold what it sent, not what it
-/// announced.
-const FIRST_ROOM: usize = 1 << 20;
-
-impl RecvPool {
-    /// A buffer for a group of `len` bytes, placed so that its byte `lead` is
-    /// [`ALIGN`]-aligned: a payload that starts there can be reduced straight from the buffer.
-    /// A pooled buffer comes as it is (the reader overwrites what it uses); a fresh one starts
-    /// small and grows as records arrive ([`GroupSink::room`]).
-    fn take(pool: &Arc<RecvPool>, len: usize, lead: u64) -> PooledGroup {
-        let start = (ALIGN - (lead as usize) % ALIGN) % ALIGN;
-        let words = (start + len + TAG).div_ceil(ALIGN);
-        let buf = {
-            let mut free = crate::sync::lock(&pool.free);
-            // The most recently returned one large enough (its pages are the likeliest to be
-            // in cache), else the largest (grown as the group arrives).
-            let fits = free.iter().rposition(|b| b.len() >= words);
-            let largest = free.iter().enumerate().max_by_key(|(_, b)| b.len()).map(|(i, _)| i);
-            fits.or(largest).map(|i| free.swap_remove(i)).unwrap_or_default()
-        };
-        PooledGroup { buf, start, len, pool: Arc::downgrade(pool) }
-    }
-}
-
-/// One received group in a pooled buffer; dropping it gives the buffer back.
-struct PooledGroup {
-    buf: Vec<u64>,
-    /// Where the group starts in the buffer, in bytes.
-    start: usize,
-    len: usize,
-    pool: std::sync::Weak<RecvPool>,
-}
-
-impl GroupSink for PooledGroup {
-    fn group_len(&self) -> usize {
-        self.len
-    }
-
-    fn room(&mut self, upto: usize) -> &mut [u8] {
-        let need = (self.start + upto).div_ceil(ALIGN);
-        if self.buf.len() < need {
-            let whole = (self.start + self.len + TAG).div_ceil(ALIGN);
-            let grown = (self.buf.len() * 2).max(FIRST_ROOM / ALIGN).min(whole).max(need);
-            self.buf.resize(grown, 0);
-        }
-        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.buf)[self.start..self.start + upto]
-    }
-}
-
-impl PooledGroup {
-    /// The group's first `upto` bytes, as far as they have arrived (room was made for them).
-    fn first(&self, upto: usize) -> &[u8] {
-        let bytes = bytemuck::cast_slice::<u64, u8>(&self.buf);
-        bytes.get(self.start..self.start + upto.min(self.len)).unwrap_or_default()
-    }
-}
-
-impl AsRef<[u8]> for PooledGroup {
-    fn as_ref(&self) -> &[u8] {
-        let bytes = bytemuck::cast_slice::<u64, u8>(&self.buf);
-        // Only a group read whole is handed over; an empty one may have no room at all.
-        bytes.get(self.start..self.start + self.len).unwrap_or_default()
-    }
-}
-
-impl Drop for PooledGroup {
-    fn drop(&mut self) {
-        let bytes = self.buf.len() * ALIGN;
-        if bytes > POOLED_MAX {
-            return;
-        }
-        if let Some(pool) = self.pool.upgrade() {
-            let mut free = crate::sync::lock(&pool.free);
-            let kept: usize = free.iter().map(|b| b.len() * ALIGN).sum();
-            if free.len() < POOLED && kept + bytes <= POOLED_BYTES {
-                free.push(std::mem::take(&mut self.buf));
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn received_buffers_come_back_to_the_pool_and_place_the_lead_aligned() {
-        let pool = Arc::new(RecvPool::default());
-        let mut g = RecvPool::take(&pool, 90, 0);
-        g.room(90 + TAG).fill(3);
-        let bytes = Bytes::from_owner(g);
-        assert_eq!(bytes.len(), 90);
-        assert_eq!(bytes.as_ptr() as usize % ALIGN, 0);
-        drop(bytes);
-        assert_eq!(crate::sync::lock(&pool.free).len(), 1, "the buffer came back");
-        let reused = RecvPool::take(&pool, 50, 0);
-        assert!(reused.buf.len() * ALIGN >= 90 + TAG, "and is reused");
-        drop(reused);
-        for lead in [1u64, 74, 77, u64::MAX] {
-            let mut g = RecvPool::take(&pool, 200, lead);
-            g.room(200 + TAG).fill(1);
-            let bytes = Bytes::from_owner(g);
-            assert_eq!(bytes.len(), 200);
-            assert_eq!((bytes.as_ptr() as usize).wrapping_add(lead as usize) % ALIGN, 0, "lead {lead}");
-        }
-    }
-
-    #[test]
-    fn a_group_that_stalls_after_its_first_bytes_fails_while_an_idle_lane_waits() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (sock, _) = listener.accept().unwrap();
-        let limit = Duration::from_millis(300);
-        let mut input = io::BufReader::with_capacity(READ_BUFFER, Deadlined::new(sock, limit));
-        // Idle between groups for longer than the limit: nothing fails.
-        let writer = std::thread::spawn(move || {
-            std::thread::sleep(3 * limit);
-            peer.write_all(b"abc").unwrap();
-            peer
-        });
-        let mut first = [0u8; 3];
-        input.read_exact(&mut first).unwrap();
-        assert_eq!(&first, b"abc");
-        let _peer = writer.join().unwrap();
-        // The group begun, its bytes stop: the read fails, naming the deadline.
-        let mut rest = [0u8; 10];
-        let err = input.read_exact(&mut rest).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
-        assert!(err.to_string().contains("did not all arrive within 300ms"), "{err}");
-    }
-
-    #[test]
-    fn an_announced_group_costs_memory_only_as_its_records_arrive() {
-        let pool = Arc::new(RecvPool::default());
-        let len = 4usize << 30;
-        let mut g = RecvPool::take(&pool, len, 3);
-        assert!(g.buf.is_empty(), "nothing is held for an announcement");
-        g.room(1000)[..4].copy_from_slice(b"abcd");
-        assert!(g.buf.len() * ALIGN <= FIRST_ROOM, "{} bytes for 1000", g.buf.len() * ALIGN);
-        // Growing keeps what arrived and stays within twice what arrived.
-        let got = 3 * FIRST_ROOM + 5;
-        assert_eq!(&g.room(got)[..4], b"abcd");
-        assert!(g.buf.len() * ALIGN <= 2 * (got + ALIGN), "{} bytes for {got}", g.buf.len() * ALIGN);
-        // and never past the group's own length.
-        let mut small = RecvPool::take(&pool, 3 * FIRST_ROOM / 2, 0);
-        small.room(FIRST_ROOM + 1);
-        small.room(FIRST_ROOM + 9);
-        assert_eq!(small.buf.len() * ALIGN, (3 * FIRST_ROOM / 2 + TAG).next_multiple_of(ALIGN));
     }
 }

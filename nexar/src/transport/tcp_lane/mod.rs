@@ -16,11 +16,13 @@
 
 mod channel;
 mod handshake;
+mod reader;
 mod records;
 mod setup;
 
 pub use channel::TCP_LANE_NAME;
-pub(crate) use channel::{Connected, ReadLimits, TcpLane};
+pub(crate) use channel::{Connected, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
+pub(crate) use reader::ReadLimits;
 pub(crate) use records::{Deferred, SealedRecord};
 pub(crate) use setup::{LaneMsg, TOKEN_LEN, lane_tag};

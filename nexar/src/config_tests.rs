@@ -1,0 +1,67 @@
+//! Tests of the configuration: environment parsing and its errors.
+
+use super::*;
+use std::collections::HashMap;
+
+fn with(vars: &[(&str, &str)]) -> Result<NexarConfig, ConfigError> {
+    let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    NexarConfig::from_lookup(|k| map.get(k).cloned())
+}
+
+#[test]
+fn every_variable_is_read() {
+    let c = with(&[
+        ("NEXAR_WORLD_SIZE", "8"),
+        ("NEXAR_SEED_ADDR", "10.1.2.3:7000"),
+        ("NEXAR_LISTEN_ADDR", "127.0.0.1:0"),
+        ("NEXAR_OP_TIMEOUT_MS", "2500"),
+        ("NEXAR_MAX_MESSAGE_BYTES", "64M"),
+        ("NEXAR_MAX_UNMATCHED_MESSAGES", "7"),
+        ("NEXAR_MAX_UNMATCHED_BYTES", "1GiB"),
+        ("NEXAR_LANE_CAPACITY", "3"),
+        ("NEXAR_HEARTBEAT_INTERVAL_MS", "100"),
+        ("NEXAR_HEARTBEAT_TIMEOUT_MS", "700"),
+        ("NEXAR_RECOVERY_POLICY", "automatic"),
+        ("NEXAR_MIN_WORLD_SIZE", "2"),
+        ("NEXAR_MAX_WORLD_SIZE", "16"),
+        ("NEXAR_SEGMENT_BYTES", "4M"),
+    ])
+    .unwrap();
+    assert_eq!(c.heartbeat_timeout, Duration::from_millis(700));
+    assert_eq!(c.recovery_policy, RecoveryPolicy::Automatic);
+    assert_eq!(c.chaos, None, "no fault injection unless a NEXAR_CHAOS_* variable asks");
+    assert_eq!((c.min_world_size, c.max_world_size), (2, 16));
+    assert_eq!(c.world_size, Some(8));
+    assert_eq!(c.seed_addr, Some("10.1.2.3:7000".parse().unwrap()));
+    assert_eq!(c.op_timeout, Duration::from_millis(2500));
+    assert_eq!(c.max_message_bytes, 64 << 20);
+    assert_eq!(c.max_unmatched_messages, 7);
+    assert_eq!(c.max_unmatched_bytes, 1 << 30);
+    assert_eq!(c.lane_capacity, 3);
+    assert_eq!(c.segment_bytes, 4 << 20);
+}
+
+#[test]
+fn invalid_values_name_their_variable() {
+    for (var, val) in [
+        ("NEXAR_WORLD_SIZE", "0"),
+        ("NEXAR_WORLD_SIZE", "four"),
+        ("NEXAR_SEED_ADDR", "localhost"),
+        ("NEXAR_OP_TIMEOUT_MS", "0"),
+        ("NEXAR_OP_TIMEOUT_MS", "-5"),
+        ("NEXAR_MAX_MESSAGE_BYTES", "5G"),
+        ("NEXAR_MAX_UNMATCHED_MESSAGES", "0"),
+        ("NEXAR_TOKEN", "not-a-token"),
+        ("NEXAR_SOCKET_BUFFER_BYTES", "lots"),
+        ("NEXAR_ALLREDUCE_ALGORITHM", "binomial_tree"),
+        ("NEXAR_BARRIER_ALGORITHM", "fast"),
+        ("NEXAR_RECOVERY_POLICY", "pray"),
+        ("NEXAR_HEARTBEAT_TIMEOUT_MS", "500"),
+        ("NEXAR_MIN_WORLD_SIZE", "0"),
+        ("NEXAR_CHAOS_LOSS", "1.5"),
+        ("NEXAR_TOPOLOGY", "k_regular:x"),
+    ] {
+        let err = with(&[(var, val)]).unwrap_err();
+        assert!(err.to_string().contains(var), "{var}={val}: {err}");
+    }
+}
