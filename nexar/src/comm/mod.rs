@@ -1,13 +1,16 @@
 //! The communicator the user holds: [`NexarClient`] with typed point-to-point messaging.
 
 mod backend;
+mod build;
 mod client;
 mod collective;
+mod control;
 mod exec;
 mod grow;
 mod health;
 mod init;
 mod inspect;
+mod leave;
 mod meter;
 mod p2p;
 mod pieces;
@@ -18,7 +21,8 @@ mod state;
 mod tcp_lane;
 
 pub use backend::{BackendError, MAX_SETUP_BODY};
-pub(crate) use client::{Inner, RankKeys};
+pub(crate) use build::RankKeys;
+pub(crate) use client::Inner;
 pub use client::{LinkStats, NexarClient};
 pub(crate) use collective::ScheduleCache;
 pub use collective::{CollectiveError, CollectiveHandle, ExchangeHandle};

@@ -1,0 +1,448 @@
+//! Building a client: an in-process cluster (`bootstrap_local*`), a join through a seed
+//! (`connect*`, and `from_env` under a launcher), or a static address list
+//! (`connect_static`). Every way ends in `from_parts`, which starts the rank's tasks.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::{Connection, Endpoint};
+use rustls::pki_types::CertificateDer;
+use tokio::sync::{Notify, mpsc};
+use tracing::Instrument;
+
+use super::client::{Inner, NexarClient, UserHandles};
+use super::control::serve_control;
+use super::health::{Health, monitor, recover_automatically};
+use super::route::{forward, route_cache};
+use super::state::CommState;
+use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
+use crate::config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
+use crate::error::NexarError;
+use crate::rpc::{Registry, serve_requests, serve_responses};
+use crate::transport::byte_budget::ByteBudget;
+use crate::transport::endpoint;
+use crate::transport::link::RELAY_BUDGET_BYTES;
+use crate::transport::link::{CLOSE_SHUTDOWN, DirectSink, Lane, LaneReceivers, PeerLink, RelayHook, lanes};
+use crate::transport::links::Links;
+use crate::transport::liveness::Liveness;
+use crate::transport::mailbox::{Mailbox, coll_entry, p2p_entry};
+use crate::transport::pool::BufferPool;
+use crate::transport::relay_seal::RelaySeals;
+use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
+
+/// Collective messages a rank may hold before it stops reading the raw lane.
+const COLL_MAX_HELD: usize = 1 << 16;
+
+/// Spin limit when the host has a core per rank.
+const DEFAULT_SPIN: Duration = Duration::from_millis(1);
+
+/// A rank's join through a seed: the connection it keeps to the seed, whether the cluster was
+/// already running, and the peer table's key pins (each rank admitted only with its own key).
+pub(crate) struct SeedSession {
+    pub conn: Connection,
+    pub running: bool,
+    pub pins: Vec<Option<crate::transport::tls::KeyPin>>,
+}
+
+/// What a rank proves itself with: its certificate and key, the cluster CA, and the relay keys
+/// that seal its relayed messages end to end (none in a cluster started with `connect_static`).
+pub(crate) struct RankKeys<'a> {
+    pub identity: &'a Identity,
+    pub ca: &'a CertificateDer<'static>,
+    pub relay: Option<RelaySeals>,
+}
+
+impl NexarClient {
+    /// Forms an `n`-rank cluster inside this process, connected by real, encrypted QUIC on
+    /// 127.0.0.1, and returns one client per rank (index = rank).
+    ///
+    /// `n == 0` is an error. Must be called inside a tokio runtime.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// let ranks = nexar::NexarClient::bootstrap_local(4).await?;
+    /// assert_eq!(ranks.len(), 4);
+    /// # Ok(()) }
+    /// ```
+    pub async fn bootstrap_local(n: usize) -> Result<Vec<NexarClient>, NexarError> {
+        Self::bootstrap_local_with(n, NexarConfig::default()).await
+    }
+
+    /// [`bootstrap_local`](Self::bootstrap_local) with an explicit configuration.
+    pub async fn bootstrap_local_with(n: usize, config: NexarConfig) -> Result<Vec<NexarClient>, NexarError> {
+        Ok(cluster::bootstrap_local(vec![config; n]).await?)
+    }
+
+    /// Like [`bootstrap_local_with`](Self::bootstrap_local_with), with a configuration per
+    /// rank (index = rank): say, one rank on a lossy network for a resilience test.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// use nexar::transport::chaos::NetChaos;
+    /// let mut cfgs = vec![nexar::NexarConfig::default(); 3];
+    /// cfgs[2].chaos = Some(NetChaos { loss: 0.05, ..Default::default() });
+    /// let ranks = nexar::NexarClient::bootstrap_local_each(cfgs).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn bootstrap_local_each(configs: Vec<NexarConfig>) -> Result<Vec<NexarClient>, NexarError> {
+        Ok(cluster::bootstrap_local(configs).await?)
+    }
+
+    /// Joins a cluster through the seed at `seed_addr` with the token the seed printed.
+    ///
+    /// The worker verifies the seed by the CA fingerprint in the token, generates its own key
+    /// (which never leaves this process), receives a certificate bound to its rank, waits for
+    /// every worker to join, and connects directly to each of them.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// let token = std::env::var("NEXAR_TOKEN").unwrap();
+    /// let client = nexar::NexarClient::connect("10.0.0.1:7000".parse().unwrap(), &token, Default::default()).await?;
+    /// println!("I am rank {} of {}", client.rank(), client.world_size());
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(seed_addr: SocketAddr, token: &str, config: NexarConfig) -> Result<NexarClient, NexarError> {
+        config.validate()?;
+        let token: JoinToken = token.parse()?;
+        let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
+        let claim = crate::proto::message::RankClaim::default();
+        let joined = cluster::join(&endpoint, seed_addr, &cluster::Credentials::Token(token), &claim, &config).await?;
+        Self::from_joined(endpoint, joined, config).await
+    }
+
+    /// Joins through a seed started with the job's shared secret
+    /// ([`SeedNode::bind_with_secret`](crate::SeedNode::bind_with_secret), or the seed that
+    /// [`init`](Self::init)'s rank 0 hosts). The seed proves it knows the secret first, on this
+    /// TLS session; only then does this worker prove it, and trust the CA the seed presented.
+    /// The seed assigns the rank.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// use nexar::cluster::SharedSecret;
+    /// let secret = SharedSecret::new(std::env::var("NEXAR_SECRET").unwrap_or_default())?;
+    /// let client = nexar::NexarClient::connect_with_secret("10.0.0.1:7000".parse().unwrap(), &secret, Default::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with_secret(
+        seed_addr: SocketAddr,
+        secret: &cluster::SharedSecret,
+        config: NexarConfig,
+    ) -> Result<NexarClient, NexarError> {
+        config.validate()?;
+        let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
+        let claim = crate::proto::message::RankClaim::default();
+        let credentials = cluster::Credentials::Secret(secret.clone());
+        let joined = cluster::join(&endpoint, seed_addr, &credentials, &claim, &config).await?;
+        Self::from_joined(endpoint, joined, config).await
+    }
+
+    /// The client of a worker the seed has welcomed: connects it to its peers.
+    pub(crate) async fn from_joined(
+        endpoint: Endpoint,
+        joined: cluster::Joined,
+        config: NexarConfig,
+    ) -> Result<NexarClient, NexarError> {
+        let mut config = config;
+        if joined.running {
+            // A late joiner connects to every live rank, whatever the topology: the others
+            // route to it over that direct link.
+            config.topology = crate::proto::topology::Topology::FullMesh;
+        }
+        let client = Self::from_parts(
+            joined.rank,
+            endpoint,
+            &joined.addrs,
+            RankKeys { identity: &joined.identity, ca: &joined.ca, relay: joined.relay },
+            config,
+            Some(SeedSession { conn: joined.seed, running: joined.running, pins: joined.pins }),
+        )
+        .await?;
+        Ok(client)
+    }
+
+    /// Joins using `NEXAR_SEED_ADDR`, `NEXAR_TOKEN` and the other `NEXAR_*` variables.
+    pub async fn from_env() -> Result<NexarClient, NexarError> {
+        let config = NexarConfig::from_env()?;
+        let seed = match config.seed_addr {
+            Some(addr) => addr,
+            None => {
+                // A host name: resolve it.
+                let text = std::env::var("NEXAR_SEED_ADDR")
+                    .map_err(|_| ConfigError::Missing { what: "the seed address", var: "NEXAR_SEED_ADDR" })?;
+                let resolved = tokio::net::lookup_host(&text).await.ok().and_then(|mut a| a.next());
+                resolved.ok_or_else(|| ClusterError::SeedUnreachable {
+                    seed: text.clone(),
+                    source_vars: "NEXAR_SEED_ADDR".into(),
+                    after: Duration::ZERO,
+                    attempts: 1,
+                    last: "the host name does not resolve".into(),
+                })?
+            }
+        };
+        let token = config.token.clone().ok_or(ConfigError::Missing { what: "the join token", var: "NEXAR_TOKEN" })?;
+        Self::connect(seed, &token, config).await
+    }
+
+    /// Joins a cluster with static membership and no seed: every rank knows where every rank
+    /// listens (`addrs`, indexed by rank) and holds a certificate from the cluster CA bound to
+    /// its own rank (see [`ClusterCa`](crate::transport::tls::ClusterCa)). Listens on
+    /// `addrs[rank]`.
+    ///
+    /// ```no_run
+    /// use nexar::transport::tls::{ClusterCa, rank_server_name};
+    /// # async fn run() -> Result<(), nexar::NexarError> {
+    /// let ca = ClusterCa::generate()?;
+    /// let addrs = ["127.0.0.1:7101".parse().unwrap(), "127.0.0.1:7102".parse().unwrap()];
+    /// let me = ca.issue(&rank_server_name(0))?; // in practice issued once, provisioned per host
+    /// let client = nexar::NexarClient::connect_static(0, &addrs, &me, &ca.cert_der(), Default::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_static(
+        rank: usize,
+        addrs: &[SocketAddr],
+        identity: &Identity,
+        ca_der: &[u8],
+        config: NexarConfig,
+    ) -> Result<NexarClient, NexarError> {
+        config.validate()?;
+        let listen = *addrs.get(rank).ok_or(ClusterError::Mesh {
+            rank,
+            reason: format!("rank {rank} is outside the {}-rank address list", addrs.len()),
+        })?;
+        let ca = CertificateDer::from(ca_der.to_vec());
+        let server = endpoint::server_with_transport(mesh_server(identity, &ca)?, &config);
+        let endpoint = endpoint::bind(listen, &config, Some(server))?;
+        let keys = RankKeys { identity, ca: &ca, relay: None };
+        Ok(Self::from_parts(rank, endpoint, addrs, keys, config, None).await?)
+    }
+
+    pub(crate) async fn from_parts(
+        rank: usize,
+        endpoint: Endpoint,
+        addrs: &[SocketAddr],
+        keys: RankKeys<'_>,
+        cfg: NexarConfig,
+        seed: Option<SeedSession>,
+    ) -> Result<NexarClient, ClusterError> {
+        let RankKeys { identity, ca, relay } = keys;
+        // Before the links exist, so that their counters go to the exporter's recorder.
+        if let Some(addr) = cfg.metrics_addr {
+            crate::telemetry::start_exporter(addr)?;
+        }
+        if relay.is_none() && cfg.topology != crate::proto::topology::Topology::FullMesh {
+            tracing::warn!(
+                rank,
+                "this cluster has no relay keys (connect_static): on a sparse topology, messages relayed through \
+                 other ranks are protected hop by hop only, so a relaying member could alter them"
+            );
+        }
+        // Joined through a seed (elastic), whether the cluster was already running then, and
+        // the keys the seed certified.
+        let (seed, running, pins) = match seed {
+            Some(SeedSession { conn, running, pins }) => (Some(conn), running, pins),
+            None => (None, false, Vec::new()),
+        };
+        match rank_from_cert(identity.cert()) {
+            Ok(bound) if bound as usize == rank => {}
+            Ok(bound) => {
+                return Err(ClusterError::Mesh {
+                    rank,
+                    reason: format!("this rank's certificate is bound to rank {bound}, not rank {rank}"),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let registry = Arc::new(Registry::collect().map_err(ClusterError::RpcRegistry)?);
+        // The limits are shared fairly among the peers (each has a reserved share).
+        let senders = addrs.len().saturating_sub(1).max(1);
+        let mailbox = Arc::new(Mailbox::with_senders(cfg.max_unmatched_messages, cfg.max_unmatched_bytes, senders));
+        // Collective messages are bounded by the schedules that send them; the limit only
+        // stops a runaway peer.
+        let coll =
+            Arc::new(Mailbox::with_senders(COLL_MAX_HELD, cfg.max_unmatched_bytes.max(cfg.max_message_bytes), senders));
+        let (senders, receivers) = lanes(cfg.lane_capacity);
+        // Room for ranks that join the running cluster later.
+        let capacity = cfg.max_world_size.max(addrs.len());
+        let liveness = Arc::new(Liveness::new(capacity));
+        let (forward_tx, forward_rx): (Vec<_>, Vec<_>) =
+            (0..Lane::COUNT).map(|_| mpsc::channel(cfg.lane_capacity)).unzip();
+        let queues = forward_tx.try_into().map_err(|_| ClusterError::Mesh { rank, reason: "lane count".into() })?;
+        // Only ranks the topology gives no direct link to this one are ever relayed here (a rank
+        // that joins later links to everyone directly).
+        let mut relayed_sources = vec![false; capacity];
+        if !running {
+            let neighbors = cfg.topology.neighbors(rank, addrs.len());
+            for (src, relayed) in relayed_sources.iter_mut().enumerate().take(addrs.len()) {
+                *relayed = src != rank && neighbors.binary_search(&src).is_err();
+            }
+        }
+        let relay_seals = relay.map(Arc::new);
+        let hook = RelayHook {
+            local: rank as u32,
+            forward: queues,
+            max_payload: cfg.max_message_bytes,
+            relayed_sources: relayed_sources.into(),
+            seals: relay_seals.clone(),
+            budget: ByteBudget::new(RELAY_BUDGET_BYTES),
+        };
+        let senders = senders
+            .with_liveness(liveness.clone())
+            .with_relay(hook)
+            .with_rpc_budget(cfg.max_rpc_bytes.min(cfg.max_message_bytes))
+            .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
+            .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
+        let (elastic, topology) = (seed.is_some(), cfg.topology);
+        let setup = MeshSetup {
+            rank,
+            addrs,
+            identity,
+            ca,
+            cfg: &cfg,
+            lanes: senders.clone(),
+            capacity,
+            elastic,
+            topology,
+            late: running,
+            pins: &pins,
+        };
+        let mesh = cluster::form_mesh(&endpoint, setup).await?;
+        let mut late = mesh.late;
+        // The data and raw lanes go straight into the mailboxes; their queues stay unused.
+        let LaneReceivers { rpc_requests, rpc_responses, control, .. } = receivers;
+        let world = addrs.len();
+        let spin = super::spin::SpinGovernor::new(cfg.spin.unwrap_or_else(|| default_spin(addrs, rank)));
+        if !cfg.bulk_encryption && cfg.bulk_transport == crate::BulkTransport::Tcp {
+            tracing::warn!(
+                rank,
+                "INSECURE: NEXAR_BULK_ENCRYPTION=off: collective payloads on the TCP lanes travel unencrypted and \
+                 unauthenticated; use it only on a trusted, isolated fabric"
+            );
+        }
+        let trace_cfg = cfg.trace.clone();
+        let inner = Arc::new(Inner {
+            rank,
+            cfg,
+            endpoint,
+            links: Links::new(capacity, mesh.links),
+            self_lanes: senders,
+            mailbox,
+            coll,
+            pool: Arc::new(BufferPool::default()),
+            spin,
+            pings: Mutex::new(HashMap::new()),
+            goodbyes: Notify::new(),
+            tasks: Mutex::new(vec![mesh.acceptor]),
+            seed,
+            registry: registry.clone(),
+            rpc_pending: Mutex::new(HashMap::new()),
+            next_req: AtomicU64::new(0),
+            peer_registries: Mutex::new(vec![None; capacity]),
+            health: Health::new(liveness),
+            launch: std::sync::OnceLock::new(),
+            joined: Notify::new(),
+            initial_world: addrs.len(),
+            routes: route_cache(),
+            relay_seals,
+            late_joiners: Mutex::new(Vec::new()),
+            admitted: Mutex::new(std::collections::BTreeSet::new()),
+            admission: tokio::sync::watch::channel(None).0,
+            setup: Default::default(),
+            trace: crate::trace::RankTrace::new(&trace_cfg, rank, world, cluster_id(ca)),
+            positions: Mutex::new(HashMap::new()),
+            user: std::sync::OnceLock::new(),
+            left: std::sync::atomic::AtomicBool::new(false),
+        });
+        let world_comm = Arc::new(CommState::world(rank, world));
+        let span = tracing::debug_span!("rank", rank);
+        let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span.clone()));
+        let max_handlers = inner.cfg.max_rpc_handlers;
+        let requests =
+            tokio::spawn(serve_requests(Arc::downgrade(&inner), rpc_requests, max_handlers).instrument(span.clone()));
+        let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span.clone()));
+        let (interval, timeout) = (inner.cfg.heartbeat_interval, inner.cfg.heartbeat_timeout);
+        let health = tokio::spawn(monitor(Arc::downgrade(&inner), interval, timeout).instrument(span.clone()));
+        let meter = tokio::spawn(super::meter::sample_periodically(Arc::downgrade(&inner)).instrument(span.clone()));
+        crate::sync::lock(&inner.tasks).extend([control, requests, responses, health, meter]);
+        for queue in forward_rx {
+            let relays = tokio::spawn(forward(Arc::downgrade(&inner), queue).instrument(span.clone()));
+            crate::sync::lock(&inner.tasks).push(relays);
+        }
+        if inner.cfg.recovery_policy == RecoveryPolicy::Automatic {
+            let task = tokio::spawn(recover_automatically(Arc::downgrade(&inner), world_comm.clone()));
+            crate::sync::lock(&inner.tasks).push(task);
+        }
+        for link in inner.links.iter() {
+            inner.welcome_link(link).await;
+        }
+        // Workers that join the running cluster later dial in here.
+        let weak = Arc::downgrade(&inner);
+        let joiners = tokio::spawn(
+            async move {
+                while let Some((peer, conn)) = late.recv().await {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let link = PeerLink::spawn(
+                        inner.rank as u32,
+                        peer,
+                        conn,
+                        inner.self_lanes.clone(),
+                        inner.cfg.max_message_bytes,
+                    );
+                    match inner.links.install(peer as usize, link) {
+                        Ok(link) => {
+                            tracing::info!(peer, "a rank that joined the running cluster connected");
+                            inner.health.liveness.heard(peer);
+                            inner.welcome_link(link).await;
+                            crate::sync::lock(&inner.late_joiners).push(peer as usize);
+                            inner.joined.notify_waiters();
+                        }
+                        Err(link) => link.close(CLOSE_SHUTDOWN, "this rank already has a link to that rank"),
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        crate::sync::lock(&inner.tasks).push(joiners);
+        let client = NexarClient { user: UserHandles::new(&inner), inner, comm: world_comm };
+        // A rank joining the running cluster keeps QUIC: the members are not exchanging now.
+        if !running {
+            client.bring_up_tcp_lanes(identity, ca).await;
+        }
+        Ok(client)
+    }
+
+    async fn bring_up_tcp_lanes(&self, identity: &Identity, ca: &CertificateDer<'static>) {
+        let cfg = self.config();
+        let tls = match (cfg.bulk_transport, &cfg.chaos) {
+            (BulkTransport::Quic, _) => Err("this rank is set to QUIC (NEXAR_BULK_TRANSPORT=quic)".to_string()),
+            // Injected network faults act on QUIC's datagrams.
+            (BulkTransport::Tcp, Some(_)) => Err("this rank injects network faults into QUIC".to_string()),
+            (BulkTransport::Tcp, None) => {
+                crate::transport::tcp_lane::LaneTls::new(identity, ca).map_err(|e| e.to_string())
+            }
+        };
+        let outcomes = self.attach_tcp_lanes(tls.as_ref().map_err(Clone::clone)).await;
+        let up = outcomes.iter().filter(|(_, o)| o.is_ok()).count();
+        tracing::debug!(rank = self.rank(), up, links = outcomes.len(), "tcp lanes");
+    }
+}
+
+/// Spin up to 1 ms while this host runs no more ranks than it has cores; spinning ranks that
+/// share cores only steal them from each other.
+fn default_spin(addrs: &[SocketAddr], rank: usize) -> Duration {
+    let here = addrs[rank].ip();
+    let same_host = |a: &SocketAddr| a.ip() == here || (a.ip().is_loopback() && here.is_loopback());
+    let local_ranks = addrs.iter().filter(|a| same_host(a)).count();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let spin = if local_ranks <= cores { DEFAULT_SPIN } else { Duration::ZERO };
+    tracing::debug!(rank, local_ranks, cores, ?spin, "receive spin");
+    spin
+}
+
+/// The cluster's id in flight-recorder dumps: the start of its CA certificate's fingerprint,
+/// the same on every rank of one cluster.
+fn cluster_id(ca: &CertificateDer<'static>) -> String {
+    hex::encode(&crate::transport::tls::fingerprint(ca.as_ref())[..6])
+}

@@ -1,0 +1,104 @@
+//! The control lane: pings, goodbyes, suspicions and the other control messages a rank
+//! answers, and what a new link is told first.
+
+use std::sync::{Arc, Weak};
+
+use tokio::sync::mpsc;
+
+use super::client::Inner;
+use crate::proto::message::PeerMsg;
+use crate::transport::link::{Incoming, PeerLink};
+
+impl Inner {
+    /// Starts watching a new link (when its connection ends, receives and collective steps
+    /// waiting on that peer fail at once, naming it) and tells the peer which RPC functions
+    /// this rank serves, so a call to a missing function fails at once.
+    pub(super) async fn welcome_link(self: &Arc<Self>, link: &PeerLink) {
+        let (weak, conn, peer) = (Arc::downgrade(self), link.connection().clone(), link.peer());
+        let watcher = tokio::spawn(async move {
+            let reason = conn.closed().await;
+            if let Some(inner) = weak.upgrade() {
+                tracing::debug!(peer, %reason, "peer connection ended");
+                inner.connection_ended(peer as usize, &reason);
+            }
+        });
+        crate::sync::lock(&self.tasks).push(watcher);
+        let announce = PeerMsg::Registry { entries: self.registry.entries() };
+        if let Err(e) = link.send_queued(&announce, None).await {
+            tracing::debug!(peer, error = %e, "could not announce the rpc registry");
+        }
+    }
+}
+
+/// Answers pings and completes our own.
+pub(super) async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>) {
+    while let Some(incoming) = control.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        match incoming.msg {
+            PeerMsg::Ping { nonce } => {
+                if let Some(link) = inner.route(incoming.from as usize) {
+                    let link_msg = PeerMsg::Pong { nonce };
+                    if let Err(e) = link.send(&link_msg, None).await {
+                        tracing::debug!(peer = incoming.from, error = %e, "could not answer a ping");
+                    }
+                }
+            }
+            PeerMsg::Pong { nonce } => {
+                if let Some(tx) = crate::sync::lock(&inner.pings).remove(&nonce) {
+                    let _ = tx.send(());
+                }
+            }
+            PeerMsg::Goodbye => {
+                inner.health.said_goodbye(incoming.from as usize);
+                inner.goodbyes.notify_waiters();
+            }
+            PeerMsg::Abort { comm, seq, reason } => {
+                tracing::debug!(from = incoming.from, comm, seq, %reason, "a peer aborted a collective");
+                inner.coll.abort(comm, seq, &reason);
+            }
+            PeerMsg::Registry { entries } => {
+                if let Some(slot) = crate::sync::lock(&inner.peer_registries).get_mut(incoming.from as usize) {
+                    *slot = Some(entries.into_iter().collect());
+                }
+            }
+            PeerMsg::Admit { comm, members } => {
+                let members: Vec<usize> = members.into_iter().map(|m| m as usize).collect();
+                if members.len() <= inner.links.capacity() && members.contains(&inner.rank) {
+                    tracing::info!(
+                        from = incoming.from,
+                        comm,
+                        world = members.len(),
+                        "admitted to a grown communicator"
+                    );
+                    inner.admission.send_replace(Some((comm, members)));
+                } else {
+                    tracing::warn!(from = incoming.from, "ignored an admission that does not name this rank");
+                }
+            }
+            PeerMsg::Suspect { rank, reason } => inner.suspected(incoming.from as usize, rank as usize, reason),
+            PeerMsg::Setup { tag: crate::transport::bulk::BULK_DOWN_TAG, body } => {
+                if let Some(link) = inner.links.get(incoming.from as usize) {
+                    // Answered with what this side carried, so both sides fail the same set.
+                    link.bulk_slot().fail(crate::transport::bulk::decode_keys(&body));
+                }
+            }
+            PeerMsg::Setup { tag, body } => inner.setup.put(incoming.from, tag, body),
+            PeerMsg::WhereAreYou { nonce, comm } => inner.answer_position(incoming.from, nonce, comm).await,
+            PeerMsg::Position { nonce, comm: _, active, last_started, last_completed } => {
+                let mut positions = crate::sync::lock(&inner.positions);
+                // Only the rank asked can answer.
+                if positions.get(&nonce).is_some_and(|(asked, _)| *asked == incoming.from)
+                    && let Some((_, tx)) = positions.remove(&nonce)
+                {
+                    let _ = tx.send(crate::trace::Answer::Position { active, last_started, last_completed });
+                }
+            }
+            PeerMsg::P2p { .. }
+            | PeerMsg::Coll { .. }
+            | PeerMsg::RpcRequest { .. }
+            | PeerMsg::RpcResponse { .. }
+            | PeerMsg::Heartbeat
+            | PeerMsg::Relay { .. } => {}
+        }
+    }
+}
