@@ -63,7 +63,7 @@ struct PauseGuard<'a> {
 impl Drop for PauseGuard<'_> {
     fn drop(&mut self) {
         let mut st = self.mailbox.lock();
-        if st.paused.get(&self.key.src) == Some(&self.key) {
+        if st.paused.get(&self.key.src).is_some_and(|(k, _)| *k == self.key) {
             st.paused.remove(&self.key.src);
         }
     }
@@ -119,7 +119,7 @@ fn pause(st: &mut State, key: Key, len: u64) {
         "unmatched-message limit reached for this sender; its next message waits unread until a receive asks \
          for it or there is room"
     );
-    st.paused.insert(key.src, key);
+    st.paused.insert(key.src, (key, len));
     st.refuse_waiters_of(key.src);
 }
 
@@ -183,6 +183,34 @@ mod tests {
         assert_eq!(mailbox.held(), (0, 0));
         let second = tokio::time::timeout(Duration::from_secs(5), second).await.expect("room admits it");
         assert_eq!(second.reserved, Some(5000));
+    }
+
+    /// Room is made while a sender waits unread on one key, and a receive for another of its
+    /// keys comes before the sender's link has run: the receive waits (the waiting message
+    /// is about to be read), instead of failing as it would while the store is still full.
+    /// Should the sender then pause again on a third key, the receive fails.
+    #[tokio::test]
+    async fn a_receive_made_after_room_is_made_waits_for_the_paused_link() {
+        let mailbox = Mailbox::new(2, 1 << 20);
+        for tag in [1, 2] {
+            drop(mailbox.admit(key(1, tag), 10).await);
+            mailbox.deliver(key(1, tag), held(10)).await;
+        }
+        let mut waiting = Box::pin(mailbox.admit(key(1, 3), 10));
+        assert!(futures_poll_once(&mut waiting).await.is_none(), "admitted without room");
+        assert!(matches!(mailbox.take_or_wait(key(1, 9)), Err(Refusal::Full { .. })), "the store is full");
+        // Room: message 1 is taken. Before the link runs again, a receive for key 4.
+        assert!(matches!(mailbox.take_or_wait(key(1, 1)), Ok(Ok(_))));
+        let pending = match mailbox.take_or_wait(key(1, 4)) {
+            Ok(Err(pending)) => pending,
+            other => panic!("a receive after room was made should wait: {:?}", other.map(|r| r.is_ok())),
+        };
+        // The link reads message 3 (the store is full again), then pauses on message 5.
+        drop(tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("room admits it"));
+        mailbox.deliver(key(1, 3), held(10)).await;
+        let mut fifth = Box::pin(mailbox.admit(key(1, 5), 10));
+        assert!(futures_poll_once(&mut fifth).await.is_none());
+        assert!(matches!(pending.wait().await, Err(Refusal::Full { .. })), "refused once the link pauses again");
     }
 
     async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {

@@ -137,7 +137,7 @@ struct State {
     overflow: HashMap<u32, (Key, Held)>,
     /// Per sender: the key of a message announced on its link that waits, unread, for room or
     /// for a `recv` (see [`Mailbox::admit`]).
-    paused: HashMap<u32, Key>,
+    paused: HashMap<u32, (Key, u64)>,
     /// Messages and bytes held, per sender.
     per_src: HashMap<u32, (usize, u64)>,
     waiters: HashMap<Key, VecDeque<Waiter>>,
@@ -406,11 +406,16 @@ impl Mailbox {
         if let Some(reason) = st.gone.get(&key.src) {
             return Err(Refusal::SourceGone(reason.clone()));
         }
-        if st.overflow.contains_key(&key.src) || st.paused.get(&key.src).is_some_and(|p| *p != key) {
+        // The sender waits unread on a message for another key: this receive could only wait
+        // behind it, so it fails, unless room was made since and that message is about to be
+        // read (its link has not run yet); then the receive waits, and is refused should the
+        // sender pause again on another key.
+        let blocked_behind = |&(paused, len): &(Key, u64)| paused != key && !self.has_room(&st, key.src, len);
+        if st.overflow.contains_key(&key.src) || st.paused.get(&key.src).is_some_and(blocked_behind) {
             return Err(Refusal::Full { held: st.count, held_bytes: st.bytes });
         }
         // The message this receive asks for may be waiting unread on its link: wake it.
-        if st.paused.get(&key.src) == Some(&key) {
+        if st.paused.get(&key.src).is_some_and(|(paused, _)| *paused == key) {
             self.room.notify_waiters();
         }
         let id = st.next_waiter;
@@ -510,7 +515,7 @@ impl Mailbox {
         }
         let before = st.overflow.len();
         st.overflow.retain(|_, (k, _)| !matching(k));
-        if st.overflow.len() != before || st.paused.values().any(matching) {
+        if st.overflow.len() != before || st.paused.values().any(|(k, _)| matching(k)) {
             self.room.notify_waiters();
         }
         self.made_room(&mut st);
