@@ -1,7 +1,9 @@
-//! Tests of the collective front end.
+//! Tests of the schedule cache.
 
-use super::{Algorithm, CACHED_SCHEDULES, Collective, Schedule, ScheduleCache, ScheduleKey};
+use super::{CACHED_SCHEDULES, ScheduleCache, ScheduleKey};
 use crate::prelude::*;
+use crate::proto::algo::{Algorithm, Collective};
+use crate::proto::schedule::Schedule;
 use std::sync::Arc;
 
 #[test]
