@@ -17,8 +17,12 @@ use crate::proto::frame::MAX_JOIN_FRAME;
 use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
 use crate::transport::framed::{read_message, write_message};
 use crate::transport::relay_seal::RelayPublicKey;
-use crate::transport::tls::{ClusterCa, KeyPin, SEED_SERVER_NAME, key_pin_of_request, seed_server};
+use crate::transport::tls::{ClusterCa, SEED_SERVER_NAME, key_pin_of_request, seed_server};
 use crate::transport::{TransportError, endpoint};
+
+mod slots;
+
+use slots::{MemberKeys, Slots, claim_slot, release_slot};
 
 /// QUIC close code for a refused join.
 const CLOSE_REJECTED: u32 = 1;
@@ -79,48 +83,6 @@ const MAX_REFUSALS_SHOWN: usize = 4;
 /// The least time between two progress notes to one waiting worker: notes coalesce, so a large
 /// cluster forming does not cost each waiting worker one note per join.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// What the seed vouches for about a member's keys: the pin of the key it certified, and its
-/// public relay key.
-#[derive(Clone, Copy)]
-struct MemberKeys {
-    pin: KeyPin,
-    relay: RelayPublicKey,
-}
-
-struct Slots {
-    /// Where each rank listens; `None` for a rank not joined yet (before formation) or gone.
-    addrs: Vec<Option<SocketAddr>>,
-    /// For each rank a worker asked for by its launcher's number, the variable it read it from.
-    claimed_by: Vec<Option<String>>,
-    /// The pin of each rank's certified key and its relay key, set with its address.
-    keys: Vec<Option<MemberKeys>>,
-    formed: bool,
-}
-
-impl Slots {
-    /// The peer table as it stands: ranks that left are listed with port 0.
-    fn table(&self) -> Vec<SocketAddr> {
-        self.addrs.iter().map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))).collect()
-    }
-
-    /// Each rank's key pin and relay key as the peer table lists them (empty: none).
-    fn keys(&self, ranks: usize) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-        let of = |r: usize| self.keys.get(r).copied().flatten();
-        let pins = (0..ranks).map(|r| of(r).map(|k| k.pin.to_vec()).unwrap_or_default()).collect();
-        let relay = (0..ranks).map(|r| of(r).map(|k| k.relay.to_vec()).unwrap_or_default()).collect();
-        (pins, relay)
-    }
-
-    /// Takes `rank` for a worker at `addr` with keys `key`.
-    fn occupy(&mut self, rank: usize, addr: SocketAddr, key: MemberKeys) {
-        if self.keys.len() <= rank {
-            self.keys.resize(rank + 1, None);
-        }
-        self.addrs[rank] = Some(addr);
-        self.keys[rank] = Some(key);
-    }
-}
 
 impl SeedNode {
     /// Binds the seed to `addr` and starts accepting workers. `config.world_size` says how many
@@ -537,106 +499,6 @@ async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream,
     tracing::debug!(rank, "worker disconnected from the seed");
     release_slot(shared, rank);
     Ok(())
-}
-
-/// Gives a joining worker its rank: a free one while the cluster forms, a new one after (up to
-/// `max_world_size` ranks ever). Returns the rank, the world size it joins, and whether the
-/// cluster is already running.
-fn claim_slot(
-    shared: &Shared,
-    addr: SocketAddr,
-    key: MemberKeys,
-    claim: &RankClaim,
-) -> Result<(usize, usize, bool), String> {
-    let mut slots = crate::sync::lock(&shared.slots);
-    if let Some(world) = claim.world_size
-        && world as usize != shared.world
-    {
-        return Err(format!(
-            "this worker read {}={world}, but the cluster forms with {} ranks (the seed's world size): \
-             every rank must be started with the same world size",
-            claim.world_var, shared.world
-        ));
-    }
-    if let Some(wanted) = claim.rank {
-        return claim_named_slot(shared, &mut slots, (addr, key), wanted as usize, claim);
-    }
-    if slots.formed {
-        let max = shared.cfg.max_world_size;
-        if slots.addrs.len() >= max {
-            return Err(format!("the cluster has reached its maximum size of {max} ranks (NEXAR_MAX_WORLD_SIZE)"));
-        }
-        slots.addrs.push(None);
-        let rank = slots.addrs.len() - 1;
-        slots.occupy(rank, addr, key);
-        tracing::info!(rank, "a worker joins the running cluster");
-        return Ok((rank, slots.addrs.len(), true));
-    }
-    let Some(rank) = slots.addrs.iter().position(Option::is_none) else {
-        return Err(format!("the cluster is full (world size {})", shared.world));
-    };
-    slots.occupy(rank, addr, key);
-    publish_if_complete(shared, &mut slots);
-    Ok((rank, shared.world, false))
-}
-
-/// Gives a worker the rank its launcher numbered it with, refusing a rank out of range, a
-/// rank already taken (naming the variable each claimant read), and a rank after formation.
-fn claim_named_slot(
-    shared: &Shared,
-    slots: &mut Slots,
-    (addr, key): (SocketAddr, MemberKeys),
-    rank: usize,
-    claim: &RankClaim,
-) -> Result<(usize, usize, bool), String> {
-    let var = &claim.rank_var;
-    if rank >= shared.world {
-        return Err(format!("this worker read {var}={rank}, outside the cluster's {} ranks", shared.world));
-    }
-    if let Some(holder) = slots.addrs[rank] {
-        let their_var = slots.claimed_by[rank].as_deref().unwrap_or("no variable: the seed assigned it");
-        return Err(format!(
-            "rank {rank} is taken twice: the worker at {holder} holds it ({their_var}), and this worker read \
-             {var}={rank}; two processes of the job were given the same rank"
-        ));
-    }
-    if slots.formed {
-        return Err(format!("this worker read {var}={rank}, but the cluster has formed and rank {rank} has left it"));
-    }
-    slots.occupy(rank, addr, key);
-    slots.claimed_by[rank] = Some(var.clone());
-    publish_if_complete(shared, slots);
-    Ok((rank, shared.world, false))
-}
-
-/// Tells waiting workers how many have joined, and publishes the peer table once every rank
-/// is present.
-fn publish_if_complete(shared: &Shared, slots: &mut Slots) {
-    let joined = slots.addrs.iter().filter(|a| a.is_some()).count();
-    shared.progress.send_modify(|p| p.joined = joined);
-    if slots.addrs.iter().all(Option::is_some) {
-        slots.formed = true;
-        let table: Vec<SocketAddr> = slots.addrs.iter().flatten().copied().collect();
-        tracing::info!(world = table.len(), "every worker has joined; publishing the peer table");
-        shared.table.send_replace(Some(table));
-    }
-}
-
-/// Frees the rank of a worker that left: before formation another worker may take it; after,
-/// the number stays used and later joiners do not dial it.
-fn release_slot(shared: &Shared, rank: usize) {
-    let mut slots = crate::sync::lock(&shared.slots);
-    slots.addrs[rank] = None;
-    if let Some(key) = slots.keys.get_mut(rank) {
-        *key = None;
-    }
-    if !slots.formed {
-        let joined = slots.addrs.iter().filter(|a| a.is_some()).count();
-        shared.progress.send_modify(|p| p.joined = joined);
-    }
-    if let Some(by) = slots.claimed_by.get_mut(rank) {
-        *by = None;
-    }
 }
 
 /// Tells the worker why it was refused, gives the answer a moment to arrive, and closes.
