@@ -6,6 +6,7 @@ mod client;
 mod collective;
 mod control;
 mod exec;
+mod failure_watch;
 mod grow;
 mod health;
 mod init;
@@ -27,8 +28,9 @@ pub use client::{LinkStats, NexarClient};
 pub(crate) use collective::ScheduleCache;
 pub use collective::{CollectiveError, CollectiveHandle, ExchangeHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
+pub use failure_watch::FailureWatch;
 #[cfg(feature = "hostile-member")]
 pub(crate) use health::CLOSE_DECLARED_DEAD;
-pub use health::{FailureWatch, PeerFailure};
+pub use health::PeerFailure;
 pub use p2p::P2pError;
 pub use recovery::RecoveryError;
