@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::proto::frame::{message_frame, raw_header};
+use crate::proto::message::{self, PeerMsg};
 use proptest::prelude::*;
 
 /// A collective message announcing `len` f32 elements (for tests that build groups).

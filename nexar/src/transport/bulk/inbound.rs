@@ -1,0 +1,193 @@
+//! The receiving side of a bulk channel: [`BulkInbound`] checks each group a channel received
+//! (the checks of the QUIC path) and delivers its message into the same router.
+
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+
+use super::super::framed::Payload;
+use super::super::link::{Incoming, LaneSenders, announced_payload, raw_length_disagrees};
+use super::super::mailbox::Admitted;
+use super::super::tcp_lane::Deferred;
+use super::BulkSlot;
+use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAX_CONTROL_FRAME};
+use crate::proto::message::{self, PeerMsg};
+
+/// Where a bulk transport hands the message groups it received from one peer.
+///
+/// ```no_run
+/// # async fn run(comm: nexar::NexarClient, received: bytes::Bytes) {
+/// let inbound = comm.bulk_inbound(1).expect("rank 1 is a peer");
+/// if let Err(e) = inbound.deliver(received).await {
+///     eprintln!("rank 1 broke the protocol: {e}"); // close the transport
+/// }
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct BulkInbound {
+    peer: u32,
+    lanes: LaneSenders,
+    max_payload: u64,
+    /// Weak: the transport's delivery task must not keep the link's channel alive.
+    slot: Weak<BulkSlot>,
+}
+
+impl std::fmt::Debug for BulkInbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BulkInbound").field("peer", &self.peer).finish_non_exhaustive()
+    }
+}
+
+impl BulkInbound {
+    pub(crate) fn new(peer: u32, lanes: LaneSenders, max_payload: u64, slot: &Arc<BulkSlot>) -> BulkInbound {
+        BulkInbound { peer, lanes, max_payload, slot: Arc::downgrade(slot) }
+    }
+
+    /// The world rank whose groups this delivers.
+    pub fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    /// Checks one received message group and delivers it like a message read from QUIC.
+    /// An error means the peer broke the protocol: the transport should stop using it.
+    /// A rank that is shutting down drops the message quietly.
+    pub async fn deliver(&self, group: Bytes) -> Result<(), FrameError> {
+        self.deliver_sealed(group, &[]).await
+    }
+
+    /// Like [`deliver`](Self::deliver), for a TCP lane's group of which the records in
+    /// `deferred` are still sealed (they must lie in the payload).
+    pub(crate) async fn deliver_sealed(&self, group: Bytes, deferred: &[Deferred]) -> Result<(), FrameError> {
+        self.deliver_admitted(group, deferred, None).await
+    }
+
+    /// Like [`deliver_sealed`](Self::deliver_sealed), for a group whose payload was read once
+    /// [`admit`](Self::admit) let it: the reservation ends as the message is counted as held.
+    pub(crate) async fn deliver_admitted(
+        &self,
+        group: Bytes,
+        deferred: &[Deferred],
+        admitted: Option<Admitted<'_>>,
+    ) -> Result<(), FrameError> {
+        let (msg, payload) = decode_sealed_group(&group, deferred, self.max_payload)?;
+        if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
+            slot.received((*comm, *seq));
+        }
+        drop(admitted);
+        let _ = self.lanes.deliver(Incoming::new(self.peer, msg, payload)).await;
+        Ok(())
+    }
+
+    /// The collective message a group announces, and its payload's length, from the group's
+    /// first bytes (`opened`: authenticated), checked as a whole group is; `Ok(None)` while
+    /// they end inside the message frame.
+    pub(crate) fn peek(&self, opened: &[u8]) -> Result<Option<(PeerMsg, u64)>, FrameError> {
+        if opened.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
+        if header.len > (opened.len() - rest) as u64 {
+            return Ok(None);
+        }
+        let (msg, _, payload_len, _) = coll_message(opened, self.max_payload)?;
+        Ok(Some((msg, payload_len)))
+    }
+
+    /// Waits until the `len`-byte payload of `msg` may be read off the channel: the rank's
+    /// mailbox admits it as it admits a message on a QUIC stream (a receive waits for it, or
+    /// its sender has room under the limits), so a peer's groups cost no more memory than
+    /// its QUIC messages. Until then the caller reads nothing more, and the transport's flow
+    /// control holds the peer. `None` when no mailbox takes `msg`.
+    pub(crate) async fn admit(&self, msg: &PeerMsg, len: u64) -> Option<Admitted<'_>> {
+        let (mailbox, key) = self.lanes.admission(msg, self.peer)?;
+        Some(mailbox.admit(key, len).await)
+    }
+}
+
+/// The collective message at the start of a group's opened bytes, where its frame ends, its
+/// payload's length and the limit that length was checked against.
+fn coll_message(opened: &[u8], max_payload: u64) -> Result<(PeerMsg, usize, u64, u64), FrameError> {
+    let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
+    header.expect(FrameKind::Message)?;
+    let body_end = body_end(rest, header.len, opened.len())?;
+    let msg: PeerMsg = message::decode(&opened[rest..body_end])?;
+    if !matches!(msg, PeerMsg::Coll { .. }) {
+        return Err(FrameError::InvalidMessage(format!(
+            "a bulk transport carries collective payloads only, not {:?} messages",
+            super::super::link::Lane::of(&msg)
+        )));
+    }
+    let Some((expected, limit)) = announced_payload(&msg, max_payload)? else {
+        return Err(FrameError::InvalidMessage("a collective message without a payload".into()));
+    };
+    Ok((msg, body_end, expected, limit))
+}
+
+/// Splits a message group received by a bulk transport into its message and payload, with
+/// the checks of the QUIC path: frame kinds and lengths, a valid collective message, a payload
+/// of exactly the announced length within `max_payload`, nothing after it. The payload is a
+/// view of `group`, not a copy.
+///
+/// ```
+/// use nexar::proto::frame::{message_frame, raw_header};
+/// use nexar::proto::message::{PeerMsg, encode};
+/// use nexar::transport::bulk::decode_group;
+///
+/// let msg = PeerMsg::Coll { comm: 0, seq: 1, kind: 1, op: 1, dtype: 1, root: 0, count: 2, fingerprint: 0, segment: 0, part: 0, len: 2 };
+/// let mut group = message_frame(&encode(&msg).unwrap()).to_vec();
+/// group.extend_from_slice(&raw_header(8));
+/// group.extend_from_slice(&[0u8; 8]);
+/// let (decoded, payload) = decode_group(&group.into(), 1 << 20).unwrap();
+/// assert_eq!((decoded, payload.len()), (msg, 8));
+/// ```
+pub fn decode_group(group: &Bytes, max_payload: u64) -> Result<(PeerMsg, Payload), FrameError> {
+    decode_sealed_group(group, &[], max_payload)
+}
+
+/// [`decode_group`] for a group whose records in `deferred` are still sealed: those must lie
+/// in the payload, whose bytes nobody reads before they are opened.
+///
+/// Where the payload starts is what the receiver parses here, not the sender's placement hint
+/// that decided which records were left sealed: the frames are parsed only from the group's
+/// opened (authenticated) prefix, and a frame that reaches into a sealed record is refused
+/// before any of its bytes are read.
+pub(crate) fn decode_sealed_group(
+    group: &Bytes,
+    deferred: &[Deferred],
+    max_payload: u64,
+) -> Result<(PeerMsg, Payload), FrameError> {
+    let opened = &group[..deferred.first().map_or(group.len(), |d| d.at.min(group.len()))];
+    let (msg, body_end, expected, limit) = coll_message(opened, max_payload)?;
+    let (raw, start) = frame_header(opened, body_end, limit)?;
+    raw.expect(FrameKind::Raw)?;
+    if raw.len != expected {
+        return Err(raw_length_disagrees(expected, raw.len));
+    }
+    let end = body_end_exact(start, raw.len, group.len())?;
+    Ok((msg, Payload::from_group(group, start..end, deferred)?))
+}
+
+/// The frame header at `at`, checked against `limit`, and where its body starts.
+fn frame_header(group: &[u8], at: usize, limit: u64) -> Result<(FrameHeader, usize), FrameError> {
+    let bytes: &[u8; HEADER_LEN] = group
+        .get(at..at + HEADER_LEN)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| FrameError::InvalidMessage(format!("group ends inside a frame header at byte {at}")))?;
+    Ok((FrameHeader::decode(bytes, limit)?, at + HEADER_LEN))
+}
+
+/// Where a body of `len` bytes starting at `start` ends, if the group holds all of it.
+fn body_end(start: usize, len: u64, total: usize) -> Result<usize, FrameError> {
+    usize::try_from(len).ok().and_then(|len| start.checked_add(len)).filter(|end| *end <= total).ok_or_else(|| {
+        FrameError::InvalidMessage(format!("a {len}-byte frame body runs past the group's {total} bytes"))
+    })
+}
+
+/// Like [`body_end`], for the last frame: the group must end exactly there.
+fn body_end_exact(start: usize, len: u64, total: usize) -> Result<usize, FrameError> {
+    let end = body_end(start, len, total)?;
+    if end != total {
+        return Err(FrameError::InvalidMessage(format!("{} bytes follow the payload", total - end)));
+    }
+    Ok(end)
+}
