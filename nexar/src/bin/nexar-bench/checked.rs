@@ -1,0 +1,151 @@
+//! One size of one collective: checked once with known data (`#wrong`), then timed over
+//! `-n` iterations after `-w` warm-ups, every element type through the same path.
+
+use std::time::Instant;
+
+use nexar::prelude::*;
+use nexar::{CollectiveError, bf16, f16};
+
+use super::spread::Spread;
+use super::{Args, Op, Row};
+
+/// Small integers are exact in every element type, so results compare exactly.
+fn val<T: Element + FromSmall>(rank: usize, i: usize) -> T {
+    T::from_small(((rank * 7 + i * 3) % 5) as u8)
+}
+
+pub(super) trait FromSmall {
+    fn from_small(v: u8) -> Self;
+}
+macro_rules! from_small {
+    ($($t:ty => $e:expr),*) => {$(impl FromSmall for $t { fn from_small(v: u8) -> Self { let f: fn(u8) -> $t = $e; f(v) } })*};
+}
+from_small!(f32 => |v| v as f32, f64 => |v| v as f64, f16 => |v| f16::from_f32(v as f32), bf16 => |v| bf16::from_f32(v as f32),
+    i32 => |v| v as i32, i64 => |v| v as i64, u8 => |v| v);
+
+pub(super) trait Summable: Element + FromSmall {
+    fn add(self, other: Self) -> Self;
+}
+macro_rules! summable {
+    ($($t:ty),*) => {$(impl Summable for $t { fn add(self, o: Self) -> Self { self + o } })*};
+}
+summable!(f32, f64, f16, bf16, i32, i64);
+impl Summable for u8 {
+    fn add(self, o: Self) -> Self {
+        self.wrapping_add(o)
+    }
+}
+
+async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
+    let (r, w) = (comm.rank(), comm.world_size());
+    match op {
+        Op::Allreduce => comm.all_reduce(recv, ReduceOp::Sum).await,
+        Op::Broadcast => comm.broadcast(recv, 0).await,
+        Op::Allgather => comm.all_gather(send, recv).await,
+        Op::ReduceScatter => comm.reduce_scatter(send, recv, ReduceOp::Sum).await,
+        Op::Alltoall => comm.all_to_all(send, recv).await,
+        Op::Reduce => comm.reduce(recv, ReduceOp::Sum, 0).await,
+        Op::Gather => comm.gather(send, recv, 0).await,
+        Op::Scatter => comm.scatter(send, recv, 0).await,
+        Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => comm.barrier().await,
+        Op::Sendrecv => {
+            let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
+            let (s, v) = tokio::join!(comm.send(send, next, 0), comm.recv(recv, prev, 0));
+            s.and(v).map_err(|e| CollectiveError::Internal { rank: r, op: "sendrecv", what: e.to_string() })
+        }
+    }
+}
+
+/// Buffer lengths `(send, recv)` for a message of `count` elements.
+fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
+    match op {
+        Op::Allgather | Op::Gather => (count / w, count / w * w),
+        Op::ReduceScatter | Op::Scatter => (count / w * w, count / w),
+        Op::Alltoall => (count / w * w, count / w * w),
+        Op::Allreduce | Op::Broadcast | Op::Reduce => (0, count),
+        Op::Sendrecv => (count, count),
+        Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => (0, 0),
+    }
+}
+
+/// Elements that differ from what `op` must produce, given inputs from `val`.
+fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -> u64 {
+    let expect = |i: usize| -> T {
+        match op {
+            Op::Allreduce => (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i))),
+            Op::Reduce if r == 0 => (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i))),
+            Op::Gather if r == 0 => val(i / send_len.max(1), i % send_len.max(1)),
+            // Other ranks' buffers are left as they were.
+            Op::Reduce | Op::Gather => val(r, i),
+            Op::Scatter => val(0, r * recv.len() + i),
+            Op::Broadcast => val(0, i),
+            Op::Allgather => val(i / send_len.max(1), i % send_len.max(1)),
+            Op::ReduceScatter => (1..w).fold(val::<T>(0, r * recv.len() + i), |a, q| a.add(val(q, r * recv.len() + i))),
+            Op::Alltoall => {
+                let block = recv.len() / w;
+                val(i / block.max(1), r * block + i % block.max(1))
+            }
+            Op::Sendrecv => val((r + w - 1) % w, i),
+            Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => T::zeroed(),
+        }
+    };
+    recv.iter().enumerate().filter(|(i, v)| bytemuck::bytes_of(*v) != bytemuck::bytes_of(&expect(*i))).count() as u64
+}
+
+pub(super) async fn run_size<T: Summable>(
+    comm: &NexarClient,
+    args: &Args,
+    bytes: usize,
+) -> Result<Row, CollectiveError> {
+    let (r, w) = (comm.rank(), comm.world_size());
+    let count = bytes / size_of::<T>();
+    let (send_len, recv_len) = lengths(args.op, count, w);
+    // Check once with known data.
+    let send: Vec<T> = (0..send_len).map(|i| val(r, i)).collect();
+    let mut recv: Vec<T> =
+        (0..recv_len).map(|i| if args.op == Op::Broadcast && r != 0 { T::zeroed() } else { val(r, i) }).collect();
+    one(comm, args.op, &send, &mut recv).await?;
+    let mut wrong_here = [wrong(args.op, r, w, send_len, &recv)];
+    comm.all_reduce(&mut wrong_here, Sum).await?;
+    // Time with zeros (no growth, no denormals), in the same buffers.
+    let mut send = send;
+    send.fill(T::zeroed());
+    recv.fill(T::zeroed());
+    for _ in 0..args.warmup {
+        one(comm, args.op, &send, &mut recv).await?;
+    }
+    comm.barrier().await?;
+    let mut times = Vec::with_capacity(args.iters);
+    for _ in 0..args.iters.max(1) {
+        let start = Instant::now();
+        one(comm, args.op, &send, &mut recv).await?;
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    // Each rank's own median, summarised across ranks (for -a).
+    let own = Spread::of(&times).p50;
+    let (mut low, mut high, mut sum) = ([own], [own], [own]);
+    comm.all_reduce(&mut low, Min).await?;
+    comm.all_reduce(&mut high, Max).await?;
+    comm.all_reduce(&mut sum, Sum).await?;
+    let across = Some([low[0], sum[0] / w as f64, high[0]]);
+    // The slowest rank's time for each iteration, then the median over iterations.
+    comm.all_reduce(&mut times, Max).await?;
+    let time_us = Spread::of(&times).p50;
+    let moved = (recv_len.max(send_len) * size_of::<T>()) as f64;
+    let algbw = if time_us > 0.0 { moved / time_us / 1e3 } else { 0.0 };
+    let factor = match args.op {
+        Op::Allreduce => 2.0 * (w as f64 - 1.0) / w as f64,
+        Op::Allgather | Op::ReduceScatter | Op::Alltoall | Op::Gather | Op::Scatter => (w as f64 - 1.0) / w as f64,
+        _ => 1.0,
+    };
+    Ok(Row {
+        bytes: moved as usize,
+        count: recv_len.max(send_len),
+        time_us,
+        algbw,
+        busbw: algbw * factor,
+        wrong: wrong_here[0],
+        iters: times,
+        across,
+    })
+}
