@@ -4,7 +4,8 @@
 ///
 /// Each area has its own enum ([`ConfigError`](crate::ConfigError),
 /// [`TransportError`](crate::TransportError), [`ClusterError`](crate::ClusterError),
-/// [`P2pError`](crate::P2pError)); this wraps them for code that calls several.
+/// [`P2pError`](crate::P2pError), [`RpcError`](crate::RpcError), ...); this wraps them for code
+/// that calls several. New areas may add variants, so a `match` needs a wildcard arm.
 ///
 /// ```
 /// fn check(e: nexar::NexarError) -> String { e.to_string() }
@@ -12,6 +13,7 @@
 /// assert!(check(e).contains("NEXAR_SEED_ADDR"));
 /// ```
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NexarError {
     /// Configuration.
     #[error(transparent)]
@@ -28,6 +30,9 @@ pub enum NexarError {
     /// Collectives.
     #[error(transparent)]
     Collective(#[from] crate::CollectiveError),
+    /// Remote procedure calls.
+    #[error(transparent)]
+    Rpc(#[from] crate::RpcError),
     /// Failure agreement and rebuilds.
     #[error(transparent)]
     Recovery(#[from] crate::RecoveryError),
@@ -47,5 +52,21 @@ impl From<crate::cluster::SecretError> for NexarError {
 impl From<crate::cluster::launcher::LauncherError> for NexarError {
     fn from(e: crate::cluster::launcher::LauncherError) -> Self {
         NexarError::Cluster(e.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `?` takes an RPC failure into `NexarError` beside the others.
+    #[test]
+    fn rpc_errors_convert() {
+        fn call() -> Result<(), crate::RpcError> {
+            Err(crate::RpcError::InvalidPeer { rank: 0, name: "f", peer: 9, world: 2 })
+        }
+        fn job() -> Result<(), crate::NexarError> {
+            call()?;
+            Ok(())
+        }
+        assert!(matches!(job(), Err(crate::NexarError::Rpc(crate::RpcError::InvalidPeer { peer: 9, .. }))));
     }
 }
