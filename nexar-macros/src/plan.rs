@@ -254,14 +254,20 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
             quote_spanned!(ty.span()=> .read(#n as &dyn #krate::__private::PlanBuffer))
         }
     });
-    let shapes = params.iter().map(|p| {
-        let n = &p.name;
-        quote!(#krate::__private::shape_of(#n))
-    });
-    let explain_params = params.iter().map(|p| {
-        let (n, ty) = (&p.name, &p.ty);
-        quote!(#n: &#ty)
-    });
+    let shapes: Vec<TokenStream> = params
+        .iter()
+        .map(|p| {
+            let n = &p.name;
+            quote!(#krate::__private::shape_of(#n))
+        })
+        .collect();
+    let explain_params: Vec<TokenStream> = params
+        .iter()
+        .map(|p| {
+            let (n, ty) = (&p.name, &p.ty);
+            quote!(#n: &#ty)
+        })
+        .collect();
     let bucket = match &opts.bucket_bytes {
         Some(lit) => quote!(#lit),
         None => quote!(#krate::__private::DEFAULT_BUCKET_BYTES),
@@ -273,6 +279,7 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     let doc = format!("The fused plan of [`{name}`](fn@{name}): its fingerprint, statements and `explain`.");
     // Mixed-site, so a buffer named `world` does not collide with it.
     let world = proc_macro2::Ident::new("world", proc_macro2::Span::mixed_site());
+    let comm_ident = proc_macro2::Ident::new("comm", proc_macro2::Span::mixed_site());
     Ok(quote! {
         #(#attrs)*
         #[allow(clippy::too_many_arguments)]
@@ -308,6 +315,13 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
             #[allow(clippy::too_many_arguments)]
             pub fn explain(#( #explain_params, )* #world: usize) -> ::std::string::String {
                 SPEC.explain(&[ #( #shapes ),* ], #world)
+            }
+
+            /// How the plan runs for these buffers on `comm`, with the algorithms its
+            /// configuration picks: exactly what a run there does.
+            #[allow(clippy::too_many_arguments)]
+            pub fn explain_on(#comm_ident: &#krate::NexarClient, #( #explain_params ),*) -> ::std::string::String {
+                SPEC.explain_on(&[ #( #shapes ),* ], #comm_ident)
             }
         }
     })

@@ -560,3 +560,16 @@ async fn large_buckets_of_odd_buffers_match_unfused_calls_bitwise() {
     .await
     .expect("test timed out");
 }
+
+/// `explain_on` says what a run on this communicator does: the algorithm its configuration
+/// pins, where `explain` (the defaults) gives the size table's choice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_on_a_communicator_names_the_algorithm_its_configuration_pins() {
+    let cfg = NexarConfig { allreduce_algorithm: Some(nexar::Algorithm::Ring), ..Default::default() };
+    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    let w = Buf::<f32>::zeros(16);
+    let default = one::explain(&w, 2);
+    let pinned = one::explain_on(&ranks[0], &w);
+    assert!(default.contains("all_reduce bucket") && !default.contains("algorithm ring"), "{default}");
+    assert!(pinned.contains("all_reduce bucket") && pinned.contains("algorithm ring"), "{pinned}");
+}

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use nexar_types::{Buf, DType, Element, ReduceOp};
 
-use crate::proto::algo::{Collective, select};
+use crate::proto::algo::{Algorithm, Collective, select};
 
 pub use run::PlanRun;
 
@@ -147,9 +147,23 @@ impl PlanSpec {
         units
     }
 
-    /// Describes how the plan runs for buffers of these shapes on `world` ranks: phases,
-    /// buckets with their sizes, and the algorithm each collective gets.
+    /// Describes how the plan runs for buffers of these shapes on `world` ranks with the
+    /// default settings: phases, buckets with their sizes, and the algorithm each collective
+    /// gets. [`explain_on`](Self::explain_on) describes a run on a given communicator, whose
+    /// configuration may pin algorithms.
     pub fn explain(&self, shapes: &[Shape], world: usize) -> String {
+        self.describe(shapes, world, &|kind, bytes| select(kind, bytes, world))
+    }
+
+    /// Describes how the plan runs for buffers of these shapes on `comm`: as
+    /// [`explain`](Self::explain), with the algorithms `comm`'s configuration picks
+    /// (`NEXAR_ALLREDUCE_ALGORITHM` and the others pin them), so it says exactly what a run
+    /// there does.
+    pub fn explain_on(&self, shapes: &[Shape], comm: &crate::NexarClient) -> String {
+        self.describe(shapes, comm.world_size(), &|kind, bytes| comm.algorithm_for(kind, bytes))
+    }
+
+    fn describe(&self, shapes: &[Shape], world: usize, pick: &dyn Fn(Collective, usize) -> Algorithm) -> String {
         let layout = self.layout(shapes);
         let mut out = format!("plan {} (fingerprint {:#018x}) on {world} ranks\n", self.name, self.fingerprint);
         for (i, phase) in layout.phases.iter().enumerate() {
@@ -164,7 +178,7 @@ impl PlanSpec {
                             kind.name(),
                             members.len(),
                             op.map(|o| format!(", {o}")).unwrap_or_default(),
-                            select(*kind, bytes, world)
+                            pick(*kind, bytes)
                         );
                     }
                     Unit::Single(st) => {

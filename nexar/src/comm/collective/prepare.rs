@@ -13,7 +13,9 @@ use crate::proto::algo::{Algorithm, Collective, generate, select};
 use crate::proto::schedule::Schedule;
 
 impl NexarClient {
-    pub(super) fn algorithm_for(&self, kind: Collective, bytes: usize) -> Algorithm {
+    /// The algorithm a collective of `bytes` gets here: the one the configuration pins, or
+    /// the size table's choice.
+    pub(crate) fn algorithm_for(&self, kind: Collective, bytes: usize) -> Algorithm {
         let cfg = self.config();
         let pinned = match kind {
             Collective::AllReduce => cfg.allreduce_algorithm,
