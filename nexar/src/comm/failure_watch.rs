@@ -77,7 +77,7 @@ impl FailureWatch {
         self.inner.upgrade().and_then(|i| i.health.excluded())
     }
 
-    /// Under [`RecoveryPolicy::Automatic`]: waits for the next communicator the runtime
+    /// Under [`RecoveryPolicy::Automatic`](crate::RecoveryPolicy::Automatic): waits for the next communicator the runtime
     /// rebuilds after a failure (one finished after the previous call, or after this watch
     /// was made), and returns it or why the rebuild failed. Under the other policies nothing
     /// is rebuilt automatically, so this waits until the rank shuts down.

@@ -44,7 +44,7 @@ pub enum CollectiveError {
         /// The reason the aborting rank gave.
         reason: String,
     },
-    /// A runtime [`ReduceOp`] that the element type does not support.
+    /// A runtime [`ReduceOp`](crate::ReduceOp) that the element type does not support.
     #[error("rank {rank} {op}: {source}")]
     Reduce {
         /// The rank reporting.
