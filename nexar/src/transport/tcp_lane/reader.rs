@@ -84,11 +84,13 @@ struct Gate<'a> {
 }
 
 impl<'a> Gate<'a> {
-    /// Runs `wait` until it ends or the lane stops.
+    /// Runs `wait` until it ends or the lane stops (a wait that can end at once ends, even on
+    /// a stopped lane: a group already read is still delivered).
     fn wait<T>(&self, what: &str, wait: impl std::future::Future<Output = T>) -> io::Result<T> {
         let stopped = wait_until(self.state.clone(), |s| &s.stopped, |s| s.failed.load(Ordering::SeqCst));
         self.waits.block_on(async {
             tokio::select! {
+                biased;
                 out = wait => Ok(out),
                 () = stopped => Err(io::Error::other(format!("the lane stopped while {what}"))),
             }
