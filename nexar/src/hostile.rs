@@ -47,6 +47,27 @@ pub enum RelaySealing {
     OwnKeys,
 }
 
+/// How [`HostileMember::tamper_next_group`] alters the next group the member's TCP lane sends,
+/// after sealing it honestly with the lane's keys (which the member holds for its own
+/// direction).
+///
+/// ```
+/// use nexar::hostile::LaneTamper;
+/// // The payload's first byte altered on the wire: its record no longer authenticates.
+/// let flip = LaneTamper { flip_lead_byte: Some(0), ..Default::default() };
+/// // A placement hint that says the group's frames are its payload.
+/// let hint = LaneTamper { lead: Some(0), ..Default::default() };
+/// # let _ = (flip, hint);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneTamper {
+    /// The placement hint the group's header record gives, instead of where its largest part
+    /// (its payload) starts.
+    pub lead: Option<u64>,
+    /// Flips the lowest bit of the ciphertext of this byte of the group's largest part.
+    pub flip_lead_byte: Option<usize>,
+}
+
 /// Why a hostile member could not craft what it was asked to.
 #[derive(Debug, thiserror::Error)]
 pub enum HostileError {
@@ -229,6 +250,27 @@ impl HostileMember {
     /// ```
     pub fn bulk_channel(&self, peer: usize) -> Option<Arc<dyn BulkChannel>> {
         self.link(peer)?.bulk_channel()
+    }
+
+    /// Alters the next group the member's TCP lane to world rank `peer` sends (whatever sends
+    /// it: the member's own collectives, or [`BulkChannel::send`]) as `tamper` says.
+    ///
+    /// ```
+    /// # fn run(member: &nexar::hostile::HostileMember) {
+    /// use nexar::hostile::LaneTamper;
+    /// member.tamper_next_group(0, LaneTamper { flip_lead_byte: Some(5), ..Default::default() }).unwrap();
+    /// # }
+    /// ```
+    pub fn tamper_next_group(&self, peer: usize, tamper: LaneTamper) -> Result<(), HostileError> {
+        let lane = self.bulk_channel(peer).ok_or(HostileError::NoLink { rank: self.rank(), peer })?;
+        if lane.tamper_next(tamper) {
+            Ok(())
+        } else {
+            Err(HostileError::Craft {
+                rank: self.rank(),
+                what: format!("the {} lane cannot be tampered with", lane.name()),
+            })
+        }
     }
 }
 

@@ -4,14 +4,18 @@
 //! within the configured limits (asserted from `/proc/self/statm`, each such test in a process
 //! of its own).
 
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
-use nexar::hostile::{HostileMember, RelaySealing, take_collective_payload};
+use nexar::hostile::{HostileMember, RelaySealing};
 use nexar::proto::frame::{message_frame, raw_header};
 use nexar::proto::message::{PeerMsg, encode};
 use nexar::transport::link::Lane;
 use nexar::{NexarClient, NexarConfig};
+
+use common::{alone, resident_bytes};
 
 fn u32_bytes(values: &[u32]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(values))
@@ -276,30 +280,6 @@ async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
 /// Runs the test `name` of this module in a process of its own (this test binary again, for
 /// that one test), so that `/proc/self/statm` counts only its memory, not that of the tests
 /// running beside it; in that process, runs `body`.
-fn alone<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
-    const ALONE: &str = "NEXAR_TEST_ALONE";
-    if std::env::var_os(ALONE).is_some() {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        runtime.block_on(body());
-        return;
-    }
-    let test = name.to_string();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([test.as_str(), "--exact", "--test-threads=1", "--nocapture"])
-        .env(ALONE, "1")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.contains("1 passed"), "{test} in its own process:\n{stdout}\n{stderr}");
-}
-
-/// This process's resident memory, from `/proc/self/statm`.
-fn resident_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("statm's resident pages");
-    pages * rustix::param::page_size() as u64
-}
-
 /// A member sends four 64 MiB messages nobody asked for, on one stream, to a rank whose
 /// unmatched-message limit is 16 MiB. The rank reads the first (an empty store takes any one
 /// message) and leaves the others unread until they are asked for, so its resident memory
@@ -364,81 +344,6 @@ async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
         assert!(got.len() as u64 == len && got.iter().all(|b| *b == 7), "message {tag}");
     }
     drop(writer.await.unwrap());
-    let sums = futures_all(&ranks).await;
-    assert!(sums.iter().all(|s| *s == 3), "{sums:?}");
-}
-
-/// The same over the TCP lane: a member sends eight 32 MiB collective groups nobody asked for
-/// to a rank whose collective store holds 32 MiB. The rank reads the first group's frames,
-/// admits it (an empty store takes any one message) and leaves the next unread after its first
-/// record, so TCP holds the member; before, the lane's reader read every group whole and queued
-/// them, past the limits. Asked for, all eight arrive intact, and the cluster carries on.
-#[test]
-fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
-    alone(
-        "tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits",
-        tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body,
-    );
-}
-
-async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
-    let len: u64 = 32 << 20;
-    let cfg = NexarConfig {
-        bulk_transport: nexar::BulkTransport::Tcp,
-        bulk_min_bytes: 0,
-        max_unmatched_bytes: 16 << 20,
-        max_message_bytes: len,
-        ..Default::default()
-    };
-    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
-    let lane = HostileMember::new(&ranks[1]).bulk_channel(0).expect("a tcp lane to rank 0");
-    assert_eq!(lane.name(), "tcp-tls");
-    let comm = ranks[0].comm_id();
-    let payload = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
-    let group = |seq: u64| {
-        let msg = PeerMsg::Coll {
-            comm,
-            seq,
-            kind: 1,
-            op: 1,
-            dtype: nexar::DType::U8.to_wire(),
-            root: 0,
-            count: len,
-            fingerprint: 0,
-            segment: 0,
-            part: 0,
-            len,
-        };
-        let frames = [message_frame(&encode(&msg).unwrap()), raw_header(len)].concat();
-        vec![Bytes::from(frames), payload.clone()]
-    };
-    let groups: Vec<Vec<Bytes>> = (1000..1008).map(group).collect();
-    let before = resident_bytes();
-    let writer = tokio::spawn(async move {
-        for frames in groups {
-            lane.send(frames).await.unwrap();
-        }
-    });
-    // Watch the peak for a while: the member stalls once the second group waits unread.
-    let mut peak = 0;
-    for _ in 0..60 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        peak = peak.max(resident_bytes().saturating_sub(before));
-    }
-    assert!(!writer.is_finished(), "all eight groups were read though nobody asked for them");
-    // This process is both ranks: the member's side holds the group it is writing (sealed).
-    // Read whole and queued, the groups took over 200 MiB here.
-    assert!(
-        peak < 4 * len + (16 << 20),
-        "resident memory grew by {} MiB for groups of {} MiB that the limits allow one of",
-        peak >> 20,
-        len >> 20
-    );
-    for seq in 1000..1008u64 {
-        let got = take_collective_payload(&ranks[0], 1, seq, len, Duration::from_secs(60)).await.unwrap();
-        assert!(got.len() as u64 == len && got[..] == payload[..], "group {seq} arrived changed");
-    }
-    tokio::time::timeout(Duration::from_secs(60), writer).await.unwrap().unwrap();
     let sums = futures_all(&ranks).await;
     assert!(sums.iter().all(|s| *s == 3), "{sums:?}");
 }

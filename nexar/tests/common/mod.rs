@@ -96,3 +96,29 @@ pub async fn check_every_collective(c: &nexar::NexarClient, counts: &[usize]) {
         }
     }
 }
+
+/// Runs test `name`'s `body` in a process of its own (this test binary, run again for that
+/// test alone), so that what it measures of the process (its memory, its sockets) is its own.
+pub fn alone<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
+    const ALONE: &str = "NEXAR_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        runtime.block_on(body());
+        return;
+    }
+    let test = name.to_string();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test.as_str(), "--exact", "--test-threads=1", "--nocapture"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("1 passed"), "{test} in its own process:\n{stdout}\n{stderr}");
+}
+
+/// This process's resident memory, from `/proc/self/statm`.
+pub fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("statm's resident pages");
+    pages * rustix::param::page_size() as u64
+}

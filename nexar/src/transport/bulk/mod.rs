@@ -122,6 +122,14 @@ pub trait BulkChannel: Send + Sync + 'static {
     fn min_bytes(&self) -> usize {
         0
     }
+
+    /// Alters the next group this channel sends as `tamper` says (a hostile member's lane, for
+    /// the tests of what its peers refuse); `false` where the channel cannot.
+    #[cfg(feature = "hostile-member")]
+    fn tamper_next(&self, tamper: crate::hostile::LaneTamper) -> bool {
+        let _ = tamper;
+        false
+    }
 }
 
 /// Tag of the setup message that tells a peer this rank's bulk channel to it failed; its body

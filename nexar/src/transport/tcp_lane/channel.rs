@@ -136,6 +136,9 @@ pub(crate) struct TcpLane {
     sending: Mutex<Option<Sending>>,
     spare: Spare,
     min_bytes: usize,
+    /// How the next group is to be altered (a hostile member's lane).
+    #[cfg(feature = "hostile-member")]
+    tamper: Mutex<Option<crate::hostile::LaneTamper>>,
 }
 
 impl TcpLane {
@@ -173,7 +176,29 @@ impl TcpLane {
         std::thread::Builder::new()
             .name(format!("nexar-tcp-rx-{peer}"))
             .spawn(move || read_groups(&reader, in_sock, opener, limits, &inbound))?;
-        Ok(TcpLane { state, sending: Mutex::new(Some(Sending { sealer, jobs })), spare, min_bytes })
+        Ok(TcpLane {
+            state,
+            sending: Mutex::new(Some(Sending { sealer, jobs })),
+            spare,
+            min_bytes,
+            #[cfg(feature = "hostile-member")]
+            tamper: Mutex::default(),
+        })
+    }
+
+    /// Seals one group with `sealer`, as a test asked it altered should it have.
+    fn seal_group(
+        &self,
+        sealer: &mut Sealer,
+        parts: &[&[u8]],
+        buffer: impl FnMut() -> Vec<u8>,
+        emit: impl FnMut(Sealed, bool) -> bool,
+    ) -> io::Result<bool> {
+        #[cfg(feature = "hostile-member")]
+        if let Some(tamper) = crate::sync::lock(&self.tamper).take() {
+            return super::tamper::seal_tampered(sealer, parts, tamper, buffer, emit);
+        }
+        sealer.seal_group(parts, buffer, emit)
     }
 
     /// Seals one group (the concatenation of `parts`) on the calling thread and queues it.
@@ -191,7 +216,7 @@ impl TcpLane {
                         let tell = if last { done.take() } else { None };
                         s.jobs.send((chunk, tell.unwrap_or_else(|| oneshot::channel().0))).is_ok()
                     };
-                    match s.sealer.seal_group(parts, spare, emit) {
+                    match self.seal_group(&mut s.sealer, parts, spare, emit) {
                         Ok(queued) => queued,
                         Err(e) => {
                             self.state.stop(&format!("sealing: {e}"), Stop::Failed);
@@ -255,6 +280,12 @@ impl BulkChannel for TcpLane {
 
     fn min_bytes(&self) -> usize {
         self.min_bytes
+    }
+
+    #[cfg(feature = "hostile-member")]
+    fn tamper_next(&self, tamper: crate::hostile::LaneTamper) -> bool {
+        *crate::sync::lock(&self.tamper) = Some(tamper);
+        true
     }
 }
 

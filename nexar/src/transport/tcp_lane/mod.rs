@@ -19,6 +19,8 @@ mod handshake;
 mod reader;
 mod records;
 mod setup;
+#[cfg(feature = "hostile-member")]
+mod tamper;
 
 pub use channel::TCP_LANE_NAME;
 pub(crate) use channel::{Connected, TcpLane};

@@ -171,14 +171,24 @@ impl Sealer {
     pub fn seal_group(
         &mut self,
         parts: &[&[u8]],
+        buffer: impl FnMut() -> Vec<u8>,
+        emit: impl FnMut(Sealed, bool) -> bool,
+    ) -> io::Result<bool> {
+        self.seal_group_led(parts, lead_of(parts) as u64, buffer, emit)
+    }
+
+    /// [`seal_group`](Self::seal_group) with `lead` as the header's placement hint (an honest
+    /// sender's is [`lead_of`] its parts).
+    pub fn seal_group_led(
+        &mut self,
+        parts: &[&[u8]],
+        lead: u64,
         mut buffer: impl FnMut() -> Vec<u8>,
         mut emit: impl FnMut(Sealed, bool) -> bool,
     ) -> io::Result<bool> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let largest = parts.iter().enumerate().max_by_key(|(i, p)| (p.len(), usize::MAX - i)).map_or(0, |(i, _)| i);
-        let lead = parts[..largest].iter().map(|p| p.len()).sum::<usize>();
         let mut out = Chunk::new(buffer());
-        self.seal_from(&mut out, &GroupHead { len: len as u64, lead: lead as u64 }.encode())?;
+        self.seal_from(&mut out, &GroupHead { len: len as u64, lead }.encode())?;
         let mut parts = Parts { parts, part: 0, offset: 0 };
         let mut left = len;
         while left > 0 {
@@ -251,6 +261,13 @@ impl Sealer {
     }
 }
 
+/// Where the largest of `parts` (the first, of equals) starts in their concatenation: the
+/// group's lead part, which the receiver places aligned.
+pub(crate) fn lead_of(parts: &[&[u8]]) -> usize {
+    let largest = parts.iter().enumerate().max_by_key(|(i, p)| (p.len(), usize::MAX - i)).map_or(0, |(i, _)| i);
+    parts[..largest].iter().map(|p| p.len()).sum()
+}
+
 /// A part at least this long gets records of its own, ending where it ends, rather than
 /// sharing a gathered record with the next part. At [`DEFER_MIN`], so that a payload made of
 /// several buffers (a plan's bucket) is sealed straight from each, and its receiver, whose
@@ -303,6 +320,12 @@ impl Sealed {
     /// The buffer, for sealing into again.
     pub fn into_buffer(self) -> Vec<u8> {
         self.buf
+    }
+
+    /// The sealed bytes, to alter (a hostile member's lane).
+    #[cfg(feature = "hostile-member")]
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
     }
 }
 

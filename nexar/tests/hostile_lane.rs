@@ -1,0 +1,301 @@
+//! A member of the cluster, holding valid credentials and its own TCP lanes' keys, sends
+//! crafted groups on them (`nexar::hostile`), and a stranger trickles handshakes into a rank's
+//! lane listener while the cluster forms: the honest ranks refuse what is crafted and carry on.
+//! Nothing forged reaches a caller's buffer, nothing hangs, no rank panics, and resident memory
+//! stays within the configured limits (asserted from `/proc/self/statm`, in a process of its
+//! own).
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nexar::hostile::{HostileMember, LaneTamper, take_collective_payload};
+use nexar::proto::frame::{message_frame, raw_header};
+use nexar::proto::message::{PeerMsg, encode};
+use nexar::{NexarClient, NexarConfig};
+
+use common::{TEST_LIMIT, alone, on_each, resident_bytes};
+
+/// The frames of a `len`-byte broadcast message of collective `seq` (part 0), as the member
+/// would send them before the payload.
+fn coll_frames(comm: u64, seq: u64, len: u64) -> Bytes {
+    let msg = PeerMsg::Coll {
+        comm,
+        seq,
+        kind: 1,
+        op: 1,
+        dtype: nexar::DType::U8.to_wire(),
+        root: 0,
+        count: len,
+        fingerprint: 0,
+        segment: 0,
+        part: 0,
+        len,
+    };
+    Bytes::from([message_frame(&encode(&msg).unwrap()), raw_header(len)].concat())
+}
+
+/// Every rank sums 4 MiB (enough to take the TCP lane where one still works): the result is
+/// exact on every rank.
+async fn carries_on(ranks: &[NexarClient]) {
+    let n = ranks.len() as u32;
+    let sums = on_each(ranks, |c| async move {
+        let mut v = vec![c.rank() as u32 + 1; 1 << 20];
+        tokio::time::timeout(TEST_LIMIT, c.all_reduce(&mut v[..], nexar::Sum)).await.unwrap().unwrap();
+        v
+    })
+    .await;
+    for (rank, v) in sums.iter().enumerate() {
+        assert!(v.iter().all(|x| *x == n * (n + 1) / 2), "rank {rank}'s sum after the member's attempt");
+    }
+}
+
+/// Two ranks whose collectives of any size take the TCP lane.
+async fn two_ranks_on_tcp_lanes() -> Vec<NexarClient> {
+    let cfg = NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes: 0, ..Default::default() };
+    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    assert_eq!(HostileMember::new(&ranks[1]).bulk_channel(0).map(|l| l.name()), Some("tcp-tls"));
+    ranks
+}
+
+/// Rank 0's and the root's (rank 1's) broadcast of `sent` into an `old`-filled buffer: both
+/// outcomes, and rank 0's buffer.
+async fn broadcast_from_1(
+    ranks: &[NexarClient],
+    sent: &[u8],
+    old: u8,
+) -> (Result<(), String>, Result<(), String>, Vec<u8>) {
+    let (rank0, rank1) = (ranks[0].clone(), ranks[1].clone());
+    let mut root = sent.to_vec();
+    let root = tokio::spawn(async move { rank1.broadcast(&mut root[..], 1).await });
+    let mut buf = vec![old; sent.len()];
+    let got =
+        tokio::time::timeout(TEST_LIMIT, rank0.broadcast(&mut buf[..], 1)).await.expect("rank 0's broadcast ended");
+    let root = tokio::time::timeout(TEST_LIMIT, root).await.expect("the root's broadcast ended").unwrap();
+    (got.map_err(|e| e.to_string()), root.map_err(|e| e.to_string()), buf)
+}
+
+/// The member (rank 1, the root of a 4 MiB broadcast) flips one bit of the payload's
+/// ciphertext on its TCP lane, which it holds the keys of. AES-GCM decrypts before it checks
+/// the tag, and the payload's records are opened straight into rank 0's buffer: the
+/// broadcast fails there (and at the root, which rank 0 tells) naming the altered record, and
+/// each byte of the buffer holds its old
+/// value, the root's byte or zero, never the altered byte. The next broadcast, untampered,
+/// arrives exactly, and the cluster carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_payload_never_reaches_the_receivers_buffer() {
+    let ranks = two_ranks_on_tcp_lanes().await;
+    let sent: Vec<u8> = (0..4usize << 20).map(|i| 0x80 | (i % 113) as u8).collect();
+    let old = 0x11;
+    let flip = 1000;
+    let member = HostileMember::new(&ranks[1]);
+    member.tamper_next_group(0, LaneTamper { flip_lead_byte: Some(flip), ..Default::default() }).unwrap();
+    let (got, root, buf) = broadcast_from_1(&ranks, &sent, old).await;
+    let err = got.expect_err("a broadcast with an altered record failed");
+    assert!(err.contains("rank 1") && err.contains("failed authentication"), "{err}");
+    // Rank 0 tells the root why the broadcast failed there.
+    if let Err(root) = root {
+        assert!(root.contains("rank 0") && root.contains("failed authentication"), "{root}");
+    }
+    assert_ne!(buf[flip], sent[flip] ^ 1, "the altered byte reached the buffer");
+    let stray = (0..buf.len()).find(|&i| ![old, sent[i], 0].contains(&buf[i]));
+    assert_eq!(stray, None, "a byte that is neither old, sent nor cleared");
+
+    let (got, root, buf) = broadcast_from_1(&ranks, &sent, old).await;
+    got.and(root).unwrap();
+    assert!(buf == sent, "the next broadcast arrived changed");
+    carries_on(&ranks).await;
+}
+
+/// The member's placement hint (`lead`) says where its group's payload starts; from there on
+/// the receiver leaves records sealed for the reader of the payload. A hint at the group's
+/// start or past its end changes nothing the receiver trusts: it parses the frames only from
+/// records it opened itself, so both broadcasts arrive exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crafted_placement_hint_changes_nothing_the_receiver_trusts() {
+    let ranks = two_ranks_on_tcp_lanes().await;
+    let sent: Vec<u8> = (0..1usize << 20).map(|i| (i % 241) as u8).collect();
+    let member = HostileMember::new(&ranks[1]);
+    for lead in [0, 3, u64::MAX] {
+        member.tamper_next_group(0, LaneTamper { lead: Some(lead), ..Default::default() }).unwrap();
+        let (got, root, buf) = broadcast_from_1(&ranks, &sent, 0).await;
+        got.and(root).unwrap_or_else(|e| panic!("lead {lead}: {e}"));
+        assert!(buf == sent, "lead {lead}: the broadcast arrived changed");
+    }
+    carries_on(&ranks).await;
+}
+
+/// The member sends a group whose message frame lies in a record large enough to be left
+/// sealed (frames and payload as one part, so the header's hint says the payload starts at
+/// byte 0). The receiver never parses frames from a record it has not opened: it refuses the
+/// group and gives the lane up (naming rank 1 in its log). Nothing of that collective is
+/// delivered; the ranks' later collectives move over QUIC and are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_in_a_record_left_sealed_are_refused_and_the_lane_given_up() {
+    let ranks = two_ranks_on_tcp_lanes().await;
+    let len: u64 = 1 << 20;
+    let comm = ranks[0].comm_id();
+    let lane = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
+    let one_part = Bytes::from([coll_frames(comm, 1000, len), Bytes::from(vec![9u8; len as usize])].concat());
+    // The member's send may or may not see the lane go down before it is written.
+    let _ = tokio::time::timeout(TEST_LIMIT, lane.send(vec![one_part])).await.unwrap();
+    let refused = take_collective_payload(&ranks[0], 1, 1000, len, Duration::from_secs(3)).await;
+    assert!(refused.is_err(), "the group with frames in a sealed record was delivered");
+    let started = Instant::now();
+    while HostileMember::new(&ranks[0]).bulk_channel(1).is_some_and(|l| l.usable()) {
+        assert!(started.elapsed() < TEST_LIMIT, "rank 0 kept the lane");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    carries_on(&ranks).await;
+}
+
+/// The same over the TCP lane: a member sends eight 32 MiB collective groups nobody asked for
+/// to a rank whose collective store holds 32 MiB. The rank reads the first group's frames,
+/// admits it (an empty store takes any one message) and leaves the next unread after its first
+/// record, so TCP holds the member; before, the lane's reader read every group whole and queued
+/// them, past the limits. Asked for, all eight arrive intact, and the cluster carries on.
+#[test]
+fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
+    alone(
+        "tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits",
+        tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body,
+    );
+}
+
+async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
+    let len: u64 = 32 << 20;
+    let cfg = NexarConfig {
+        bulk_transport: nexar::BulkTransport::Tcp,
+        bulk_min_bytes: 0,
+        max_unmatched_bytes: 16 << 20,
+        max_message_bytes: len,
+        ..Default::default()
+    };
+    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    let lane = HostileMember::new(&ranks[1]).bulk_channel(0).expect("a tcp lane to rank 0");
+    assert_eq!(lane.name(), "tcp-tls");
+    let comm = ranks[0].comm_id();
+    let payload = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let group = |seq: u64| vec![coll_frames(comm, seq, len), payload.clone()];
+    let groups: Vec<Vec<Bytes>> = (1000..1008).map(group).collect();
+    let before = resident_bytes();
+    let writer = tokio::spawn(async move {
+        for frames in groups {
+            lane.send(frames).await.unwrap();
+        }
+    });
+    // Watch the peak for a while: the member stalls once the second group waits unread.
+    let mut peak = 0;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(resident_bytes().saturating_sub(before));
+    }
+    assert!(!writer.is_finished(), "all eight groups were read though nobody asked for them");
+    // This process is both ranks: the member's side holds the group it is writing (sealed).
+    // Read whole and queued, the groups took over 200 MiB here.
+    assert!(
+        peak < 4 * len + (16 << 20),
+        "resident memory grew by {} MiB for groups of {} MiB that the limits allow one of",
+        peak >> 20,
+        len >> 20
+    );
+    for seq in 1000..1008u64 {
+        let got = take_collective_payload(&ranks[0], 1, seq, len, Duration::from_secs(60)).await.unwrap();
+        assert!(got.len() as u64 == len && got[..] == payload[..], "group {seq} arrived changed");
+    }
+    tokio::time::timeout(Duration::from_secs(60), writer).await.unwrap().unwrap();
+    carries_on(&ranks).await;
+}
+
+/// A stranger (any process that can reach the port) opens connections to every lane listener
+/// of the forming cluster and trickles a byte every 50 ms into each: a TLS record header that
+/// promises a long ClientHello. A per-read timeout would hold each of them open for ever; the
+/// handshake's single deadline cuts them all, the cluster forms (its lanes up, or on QUIC where
+/// the stranger took their place) and its collectives are exact. The listeners are found in
+/// `/proc`, by the sockets this process owns, so the test runs in a process of its own.
+#[test]
+fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline() {
+    alone(
+        "a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline",
+        a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline_body,
+    );
+}
+
+async fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline_body() {
+    let cfg = NexarConfig { connect_timeout: Duration::from_secs(5), ..Default::default() };
+    // The listeners live only while a cluster forms; form clusters until the stranger has
+    // caught one (the first nearly always).
+    for attempt in 1..=10 {
+        let forming = Arc::new(AtomicBool::new(true));
+        let stranger = {
+            let forming = forming.clone();
+            std::thread::spawn(move || slowloris_while(&forming))
+        };
+        let ranks = tokio::time::timeout(TEST_LIMIT, NexarClient::bootstrap_local_with(3, cfg.clone()))
+            .await
+            .expect("the cluster formed")
+            .expect("the cluster formed");
+        forming.store(false, Ordering::SeqCst);
+        let caught = tokio::task::spawn_blocking(move || stranger.join().unwrap()).await.unwrap();
+        carries_on(&ranks).await;
+        if caught > 0 {
+            eprintln!("attempt {attempt}: {caught} trickling connections, all cut");
+            return;
+        }
+    }
+    panic!("no lane listener was caught in ten formations");
+}
+
+/// Trickles into every lane listener this process opens while `forming` holds, then keeps
+/// trickling until every connection is cut; returns how many there were.
+fn slowloris_while(forming: &AtomicBool) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    let mut conns: Vec<TcpStream> = Vec::new();
+    while forming.load(Ordering::SeqCst) {
+        for port in own_tcp_listeners() {
+            if seen.insert(port) {
+                for _ in 0..12 {
+                    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { break };
+                    if s.write_all(&[0x16, 3, 1, 0x3f, 0xff]).is_ok() {
+                        conns.push(s);
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let caught = conns.len();
+    let started = Instant::now();
+    while !conns.is_empty() {
+        assert!(started.elapsed() < TEST_LIMIT, "{} trickling connections still open", conns.len());
+        conns.retain_mut(|s| s.write_all(&[0]).is_ok());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    caught
+}
+
+/// The ports of the TCP sockets this process listens on (IPv4), from `/proc`.
+fn own_tcp_listeners() -> Vec<u16> {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let inodes: std::collections::HashSet<String> = fds
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_owned))
+        .collect();
+    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let listening = f.get(3) == Some(&"0A") && f.get(9).is_some_and(|i| inodes.contains(*i));
+            let port = f.get(1)?.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok())?;
+            listening.then_some(port)
+        })
+        .collect()
+}
