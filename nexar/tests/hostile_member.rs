@@ -434,3 +434,43 @@ async fn the_majority_that_excludes_a_rank_counts_only_its_live_peers() {
     let why = watch.excluded().unwrap();
     assert!(why.contains("1 of this rank's 1 peers cut it"), "{why}");
 }
+
+/// Rank 2 floods rank 0 with 1 MiB messages nobody asked for, past the unmatched-message
+/// limits (16 MiB: 4 MiB reserved for each sender, 8 MiB of pool). It fills its own share and
+/// the pool, and then only its own link pauses: rank 1's message on a tag rank 0 has not asked
+/// for yet is still held (in rank 1's share), so rank 0 can take rank 1's later message first.
+/// Every flooded message arrives intact once asked for, and the cluster carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unmatched_messages_pauses_only_the_member_that_sent_it() {
+    let cfg = NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
+    let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
+    let mib = |v: u32| vec![v; 1 << 18];
+    let flooding = {
+        let member = ranks[2].clone();
+        tokio::spawn(async move {
+            for tag in 100..140u64 {
+                member.send(&mib(tag as u32)[..], 0, tag).await.unwrap();
+            }
+        })
+    };
+    // Let the flood fill what rank 2 may hold.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!flooding.is_finished(), "40 MiB of unmatched messages were all taken");
+    let honest = ranks[1].clone();
+    let sent = tokio::spawn(async move {
+        honest.send(&mib(7)[..], 0, 7).await.unwrap();
+        honest.send(&mib(8)[..], 0, 8).await.unwrap();
+    });
+    let limit = Duration::from_secs(60);
+    let eight = tokio::time::timeout(limit, ranks[0].recv_vec::<u32>(1, 8)).await.unwrap().unwrap();
+    let seven = tokio::time::timeout(limit, ranks[0].recv_vec::<u32>(1, 7)).await.unwrap().unwrap();
+    assert!(eight == mib(8) && seven == mib(7), "rank 1's messages arrived changed");
+    sent.await.unwrap();
+    for tag in 100..140u64 {
+        let got = tokio::time::timeout(limit, ranks[0].recv_vec::<u32>(2, tag)).await.unwrap().unwrap();
+        assert!(got == mib(tag as u32), "flooded message {tag}");
+    }
+    flooding.await.unwrap();
+    let sums = futures_all(&ranks).await;
+    assert!(sums.iter().all(|s| *s == 6), "{sums:?}");
+}
