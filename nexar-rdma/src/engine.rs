@@ -11,7 +11,7 @@
 //! Receiving: each arrival names a ring slot; its bytes are appended to the group being
 //! assembled, the receive is posted again, and the slot's credit goes back to the peer (in
 //! batches, as a zero-length write whose immediate value carries the count). A finished group
-//! goes to nexar's [`BulkInbound`](nexar::transport::bulk::BulkInbound) on the runtime.
+//! goes to nexar's [`BulkInbound`](nexar::backend::BulkInbound) on the runtime.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use nexar::TransportError;
-use nexar::transport::bulk::{BulkChannel, BulkClosed, BulkSend};
+use nexar::backend::{BulkChannel, BulkClosed, BulkSend};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::wire::{Completion, Wire};

@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{TEST_LIMIT, on_each, pattern, same_bytes};
+use nexar::NetChaos;
 use nexar::prelude::*;
-use nexar::transport::chaos::NetChaos;
 
 #[nexar::rpc]
 fn checksum(data: Vec<u8>) -> u64 {
@@ -118,7 +118,7 @@ async fn everything_completes_correctly_at_five_percent_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_that_goes_silent_on_a_lossy_network_is_found_and_the_rest_recover() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let silence = nexar::transport::chaos::Silence::default();
+        let silence = nexar::Silence::default();
         let mut cfgs: Vec<NexarConfig> = (0..4)
             .map(|_| NexarConfig {
                 heartbeat_interval: Duration::from_millis(200),

@@ -2,7 +2,7 @@
 //! crafted groups on them (`nexar::hostile`), and a stranger trickles handshakes into a rank's
 //! lane listener while the cluster forms: the honest ranks refuse what is crafted and carry on.
 //! Nothing forged reaches a caller's buffer, nothing hangs, no rank panics, and resident memory
-//! stays within the configured limits (asserted from `/proc/self/statm`, in a process of its
+//! stays within the configured limits (asserted from `/proc/self/status`, in a process of its
 //! own).
 
 mod common;

@@ -1,7 +1,7 @@
 //! A member of the cluster, holding valid credentials, sends crafted messages on its links
 //! (`nexar::hostile`): the honest ranks refuse them and carry on, or cut the member with a
 //! clear error. Nothing is forged, nothing hangs, no rank panics, and resident memory stays
-//! within the configured limits (asserted from `/proc/self/statm`, each such test in a process
+//! within the configured limits (asserted from `/proc/self/status`, each such test in a process
 //! of its own).
 
 mod common;
@@ -278,7 +278,7 @@ async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
 }
 
 /// Runs the test `name` of this module in a process of its own (this test binary again, for
-/// that one test), so that `/proc/self/statm` counts only its memory, not that of the tests
+/// that one test), so that `/proc/self/status` counts only its memory, not that of the tests
 /// running beside it; in that process, runs `body`.
 /// A member sends four 64 MiB messages nobody asked for, on one stream, to a rank whose
 /// unmatched-message limit is 16 MiB. The rank reads the first (an empty store takes any one

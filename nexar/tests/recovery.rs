@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{TEST_LIMIT, on_each};
 use nexar::prelude::*;
-use nexar::transport::chaos::{NetChaos, Silence};
+use nexar::{NetChaos, Silence};
 use nexar::{P2pError, RecoveryError};
 
 /// Every collective on a rebuilt communicator gives the right answer.

@@ -310,7 +310,7 @@ impl NexarClient {
     /// [`bulk_inbound`](Self::bulk_inbound).
     ///
     /// ```no_run
-    /// # fn run(comm: nexar::NexarClient, channel: std::sync::Arc<dyn nexar::transport::bulk::BulkChannel>) {
+    /// # fn run(comm: nexar::NexarClient, channel: std::sync::Arc<dyn nexar::backend::BulkChannel>) {
     /// comm.attach_bulk(1, channel).expect("a direct link to rank 1");
     /// assert_ne!(comm.bulk_transport(1), Some("quic"));
     /// # }

@@ -81,7 +81,7 @@ impl NexarClient {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), nexar::NexarError> {
-    /// use nexar::transport::chaos::NetChaos;
+    /// use nexar::NetChaos;
     /// let mut cfgs = vec![nexar::NexarConfig::default(); 3];
     /// cfgs[2].chaos = Some(NetChaos { loss: 0.05, ..Default::default() });
     /// let ranks = nexar::NexarClient::bootstrap_local_each(cfgs).await?;
@@ -188,11 +188,11 @@ impl NexarClient {
 
     /// Joins a cluster with static membership and no seed: every rank knows where every rank
     /// listens (`addrs`, indexed by rank) and holds a certificate from the cluster CA bound to
-    /// its own rank (see [`ClusterCa`](crate::transport::tls::ClusterCa)). Listens on
+    /// its own rank (see [`ClusterCa`](crate::tls::ClusterCa)). Listens on
     /// `addrs[rank]`.
     ///
     /// ```no_run
-    /// use nexar::transport::tls::{ClusterCa, rank_server_name};
+    /// use nexar::tls::{ClusterCa, rank_server_name};
     /// # async fn run() -> Result<(), nexar::NexarError> {
     /// let ca = ClusterCa::generate()?;
     /// let addrs = ["127.0.0.1:7101".parse().unwrap(), "127.0.0.1:7102".parse().unwrap()];
@@ -311,7 +311,7 @@ impl NexarClient {
         let mesh = cluster::form_mesh(&endpoint, setup).await?;
         let mut late = mesh.late;
         // The data and raw lanes go straight into the mailboxes; their queues stay unused.
-        let LaneReceivers { rpc_requests, rpc_responses, control, .. } = receivers;
+        let LaneReceivers { rpc_requests, rpc_responses, control } = receivers;
         let world = addrs.len();
         let spin = super::spin::SpinGovernor::new(cfg.spin.unwrap_or_else(|| default_spin(addrs, rank)));
         if !cfg.bulk_encryption && cfg.bulk_transport == crate::BulkTransport::Tcp {

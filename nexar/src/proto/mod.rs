@@ -7,6 +7,7 @@ pub mod frame;
 pub mod message;
 pub mod relay;
 pub mod schedule;
+#[cfg(any(test, feature = "unstable-internals"))]
 pub mod sim;
 pub mod topology;
 

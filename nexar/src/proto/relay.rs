@@ -19,15 +19,6 @@ pub const SEAL_TAG_LEN: u64 = 16;
 
 /// Packs `msg` and its `payload` into the body of a relay envelope, as parts to be sent one
 /// after the other (the payload is not copied).
-///
-/// ```
-/// use nexar::proto::message::PeerMsg;
-/// use nexar::proto::relay::{pack, unpack};
-/// let msg = PeerMsg::Ping { nonce: 7 };
-/// let body = pack(&msg, None).unwrap().concat();
-/// let (back, payload) = unpack(&body, 0).unwrap();
-/// assert_eq!((back, payload.len()), (msg, 0));
-/// ```
 pub fn pack(msg: &PeerMsg, payload: Option<Bytes>) -> Result<Vec<Bytes>, FrameError> {
     if matches!(msg, PeerMsg::Relay { .. }) {
         return Err(FrameError::InvalidMessage("a relay envelope cannot carry another".into()));
@@ -97,6 +88,16 @@ pub fn unpack(bytes: &[u8], max_payload: u64) -> Result<(PeerMsg, std::ops::Rang
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_message_packs_and_unpacks_as_it_was() {
+        use crate::proto::message::PeerMsg;
+        use crate::proto::relay::{pack, unpack};
+        let msg = PeerMsg::Ping { nonce: 7 };
+        let body = pack(&msg, None).unwrap().concat();
+        let (back, payload) = unpack(&body, 0).unwrap();
+        assert_eq!((back, payload.len()), (msg, 0));
+    }
 
     fn packed(msg: &PeerMsg, payload: &[u8]) -> Vec<u8> {
         pack(msg, Some(Bytes::copy_from_slice(payload))).unwrap().concat()

@@ -155,6 +155,7 @@ impl Schedule {
     }
 
     /// Number of sends and of elements sent.
+    #[cfg(test)]
     pub fn send_volume(&self) -> (usize, usize) {
         self.steps.iter().fold((0, 0), |(n, e), s| match s {
             Step::Send { src, .. } => (n + 1, e + src.len),

@@ -18,7 +18,7 @@ use quinn::{AsyncUdpSocket, UdpPoller};
 /// receive nothing, as if the host had lost power.
 ///
 /// ```
-/// let switch = nexar::transport::chaos::Silence::default();
+/// let switch = nexar::Silence::default();
 /// switch.set(true);
 /// assert!(switch.is_on());
 /// ```
@@ -49,7 +49,7 @@ impl PartialEq for Silence {
 ///
 /// ```
 /// let mut cfg = nexar::NexarConfig::default();
-/// cfg.chaos = Some(nexar::transport::chaos::NetChaos { loss: 0.01, ..Default::default() });
+/// cfg.chaos = Some(nexar::NetChaos { loss: 0.01, ..Default::default() });
 /// ```
 ///
 /// [`NexarConfig::chaos`]: crate::NexarConfig::chaos

@@ -52,11 +52,6 @@ const SEED_WINDOW: u32 = 16 << 10;
 /// stream opened by the worker, no unidirectional ones, no datagrams, and windows of a few KiB,
 /// so a connection that never completes its join holds next to nothing. What the seed sends
 /// (the peer table) is governed by the worker's own windows.
-///
-/// ```
-/// let t = nexar::transport::endpoint::seed_transport_config(&nexar::NexarConfig::default());
-/// drop(t);
-/// ```
 pub fn seed_transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
     let idle = IdleTimeout::try_from(cfg.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX));
@@ -115,4 +110,13 @@ pub fn with_transport(mut client: quinn::ClientConfig, cfg: &NexarConfig) -> qui
 pub fn server_with_transport(mut server: quinn::ServerConfig, cfg: &NexarConfig) -> quinn::ServerConfig {
     server.transport_config(transport_config(cfg));
     server
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_seed_transport_config_builds() {
+        let t = crate::transport::endpoint::seed_transport_config(&crate::NexarConfig::default());
+        drop(t);
+    }
 }

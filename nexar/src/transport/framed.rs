@@ -147,25 +147,6 @@ thread_local! {
 
 /// Raw payload bytes as they arrived: a list of pieces, each copied (or opened) once into its
 /// destination.
-///
-/// ```
-/// use bytes::Bytes;
-/// use nexar::transport::framed::{BlockError, Payload, PayloadError};
-///
-/// let payload = Payload::from_bytes(Bytes::from_static(&[1, 0, 2, 0]));
-/// assert_eq!(payload.to_vec().unwrap(), [1, 0, 2, 0]);
-/// assert_eq!(payload.copy_to(&mut [0u8; 3]), Err(PayloadError::Length { len: 4, dst: 3 }));
-/// let mut sum = 0u16;
-/// payload
-///     .for_each_block::<u16, ()>(|block| {
-///         sum += block.iter().sum::<u16>();
-///         Ok(())
-///     })
-///     .unwrap();
-/// assert_eq!(sum, 3);
-/// let stopped = payload.for_each_block::<u16, &str>(|_| Err("enough"));
-/// assert!(matches!(stopped, Err(BlockError::Visit("enough"))));
-/// ```
 #[derive(Clone, Debug, Default)]
 pub struct Payload {
     pieces: Vec<Piece>,
@@ -216,6 +197,7 @@ impl Payload {
     }
 
     /// `true` for an empty payload.
+    #[cfg(feature = "unstable-internals")]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -264,15 +246,6 @@ impl Payload {
     /// straight into it; a sealed record that straddles two is opened into a cached buffer
     /// first. After an error, as with [`copy_to`](Self::copy_to), no destination holds a byte
     /// that failed authentication.
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use nexar::transport::framed::Payload;
-    /// let payload = Payload::from_bytes(Bytes::from_static(&[1, 2, 3, 4, 5]));
-    /// let (mut a, mut b) = ([0u8; 2], [0u8; 3]);
-    /// payload.copy_to_parts(&mut [&mut a, &mut b]).unwrap();
-    /// assert_eq!((a, b), ([1, 2], [3, 4, 5]));
-    /// ```
     pub fn copy_to_parts(&self, dsts: &mut [&mut [u8]]) -> Result<(), PayloadError> {
         let total = dsts.iter().map(|d| d.len()).sum();
         if total != self.len {
@@ -457,6 +430,36 @@ impl<T: bytemuck::Pod, E, F: FnMut(&[T]) -> Result<(), E>> Blocks<T, F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_payload_is_copied_into_parts_one_after_the_other() {
+        use crate::transport::framed::Payload;
+        use bytes::Bytes;
+        let payload = Payload::from_bytes(Bytes::from_static(&[1, 2, 3, 4, 5]));
+        let (mut a, mut b) = ([0u8; 2], [0u8; 3]);
+        payload.copy_to_parts(&mut [&mut a, &mut b]).unwrap();
+        assert_eq!((a, b), ([1, 2], [3, 4, 5]));
+    }
+
+    #[test]
+    fn a_payload_is_copied_checked_and_visited_by_block() {
+        use crate::transport::framed::{BlockError, Payload, PayloadError};
+        use bytes::Bytes;
+
+        let payload = Payload::from_bytes(Bytes::from_static(&[1, 0, 2, 0]));
+        assert_eq!(payload.to_vec().unwrap(), [1, 0, 2, 0]);
+        assert_eq!(payload.copy_to(&mut [0u8; 3]), Err(PayloadError::Length { len: 4, dst: 3 }));
+        let mut sum = 0u16;
+        payload
+            .for_each_block::<u16, ()>(|block| {
+                sum += block.iter().sum::<u16>();
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(sum, 3);
+        let stopped = payload.for_each_block::<u16, &str>(|_| Err("enough"));
+        assert!(matches!(stopped, Err(BlockError::Visit("enough"))));
+    }
 
     #[test]
     fn blocks_cover_payloads_split_at_odd_chunk_boundaries() {

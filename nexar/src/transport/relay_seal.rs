@@ -29,8 +29,6 @@ use super::link::Lane;
 /// The length of a relay public key (X25519).
 pub const RELAY_KEY_LEN: usize = 32;
 
-pub use crate::proto::relay::SEAL_TAG_LEN as SEAL_OVERHEAD;
-
 /// How many sequence numbers behind the highest one accepted an envelope may arrive and still
 /// be taken (envelopes of one lane can overtake each other when a route changes).
 const REPLAY_WINDOW: u64 = 128;
@@ -274,7 +272,7 @@ mod tests {
         let ranks = cluster(3);
         let mut body = b"carried frames".to_vec();
         let seq = ranks[0].seal(2, 3, &mut body).unwrap();
-        assert_eq!(body.len() as u64, 14 + SEAL_OVERHEAD);
+        assert_eq!(body.len() as u64, 14 + crate::proto::relay::SEAL_TAG_LEN);
         assert_ne!(&body[..14], b"carried frames", "the relay cannot read it");
         // Rank 1, the relay, cannot pass it off as its own or open it as rank 0's.
         assert_eq!(ranks[2].open(1, 3, seq, &mut body.clone()), Err(SealError::Forged { src: 1 }));

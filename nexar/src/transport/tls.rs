@@ -37,13 +37,6 @@ pub fn rank_server_name(rank: u32) -> String {
 pub type KeyPin = [u8; 32];
 
 /// The pin of the key in a certificate (DER).
-///
-/// ```
-/// use nexar::transport::tls::{ClusterCa, key_pin};
-/// let ca = ClusterCa::generate().unwrap();
-/// let (a, b) = (ca.issue("rank-0.nexar").unwrap(), ca.issue("rank-0.nexar").unwrap());
-/// assert_ne!(key_pin(a.cert()).unwrap(), key_pin(b.cert()).unwrap(), "two keys, two pins");
-/// ```
 pub fn key_pin(cert_der: &[u8]) -> Result<KeyPin, TransportError> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
         .map_err(|e| TransportError::Tls(format!("unparsable certificate: {e}")))?;
@@ -188,12 +181,6 @@ impl ClusterCa {
     /// Generates a new CA with a fresh key; it and every certificate it issues are valid for
     /// `lifetime` from now (an hour earlier too, for clocks behind this one's), not for
     /// centuries: a key that leaks outlives its use by at most that.
-    ///
-    /// ```
-    /// use std::time::{Duration, SystemTime};
-    /// let ca = nexar::transport::tls::ClusterCa::generate_valid_for(Duration::from_secs(3600)).unwrap();
-    /// assert!(ca.expires_at() > SystemTime::now() && ca.expires_at() < SystemTime::now() + Duration::from_secs(3601));
-    /// ```
     pub fn generate_valid_for(lifetime: std::time::Duration) -> Result<Self, TransportError> {
         let now = time::OffsetDateTime::now_utc();
         let lifetime = time::Duration::try_from(lifetime)
@@ -428,6 +415,21 @@ impl ServerCertVerifier for PinnedCaVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ca_expires_after_its_lifetime() {
+        use std::time::{Duration, SystemTime};
+        let ca = crate::transport::tls::ClusterCa::generate_valid_for(Duration::from_secs(3600)).unwrap();
+        assert!(ca.expires_at() > SystemTime::now() && ca.expires_at() < SystemTime::now() + Duration::from_secs(3601));
+    }
+
+    #[test]
+    fn two_keys_have_two_pins() {
+        use crate::transport::tls::{ClusterCa, key_pin};
+        let ca = ClusterCa::generate().unwrap();
+        let (a, b) = (ca.issue("rank-0.nexar").unwrap(), ca.issue("rank-0.nexar").unwrap());
+        assert_ne!(key_pin(a.cert()).unwrap(), key_pin(b.cert()).unwrap(), "two keys, two pins");
+    }
 
     #[test]
     fn signed_requests_are_bound_to_the_rank_not_to_what_they_ask() {

@@ -116,9 +116,13 @@ pub fn alone<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
     assert!(out.status.success() && stdout.contains("1 passed"), "{test} in its own process:\n{stdout}\n{stderr}");
 }
 
-/// This process's resident memory, from `/proc/self/statm`.
+/// This process's resident memory, from `/proc/self/status` (`VmRSS`).
 pub fn resident_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("statm's resident pages");
-    pages * rustix::param::page_size() as u64
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kib << 10
 }

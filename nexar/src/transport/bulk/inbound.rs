@@ -127,19 +127,7 @@ fn coll_message(opened: &[u8], max_payload: u64) -> Result<(PeerMsg, usize, u64,
 /// the checks of the QUIC path: frame kinds and lengths, a valid collective message, a payload
 /// of exactly the announced length within `max_payload`, nothing after it. The payload is a
 /// view of `group`, not a copy.
-///
-/// ```
-/// use nexar::proto::frame::{message_frame, raw_header};
-/// use nexar::proto::message::{PeerMsg, encode};
-/// use nexar::transport::bulk::decode_group;
-///
-/// let msg = PeerMsg::Coll { comm: 0, seq: 1, kind: 1, op: 1, dtype: 1, root: 0, count: 2, fingerprint: 0, segment: 0, part: 0, len: 2 };
-/// let mut group = message_frame(&encode(&msg).unwrap()).to_vec();
-/// group.extend_from_slice(&raw_header(8));
-/// group.extend_from_slice(&[0u8; 8]);
-/// let (decoded, payload) = decode_group(&group.into(), 1 << 20).unwrap();
-/// assert_eq!((decoded, payload.len()), (msg, 8));
-/// ```
+#[cfg(any(test, feature = "unstable-internals"))]
 pub fn decode_group(group: &Bytes, max_payload: u64) -> Result<(PeerMsg, Payload), FrameError> {
     decode_sealed_group(group, &[], max_payload)
 }
@@ -190,4 +178,33 @@ fn body_end_exact(start: usize, len: u64, total: usize) -> Result<usize, FrameEr
         return Err(FrameError::InvalidMessage(format!("{} bytes follow the payload", total - end)));
     }
     Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_group_decodes_into_its_message_and_payload() {
+        use crate::proto::frame::{message_frame, raw_header};
+        use crate::proto::message::{PeerMsg, encode};
+        use crate::transport::bulk::decode_group;
+
+        let msg = PeerMsg::Coll {
+            comm: 0,
+            seq: 1,
+            kind: 1,
+            op: 1,
+            dtype: 1,
+            root: 0,
+            count: 2,
+            fingerprint: 0,
+            segment: 0,
+            part: 0,
+            len: 2,
+        };
+        let mut group = message_frame(&encode(&msg).unwrap()).to_vec();
+        group.extend_from_slice(&raw_header(8));
+        group.extend_from_slice(&[0u8; 8]);
+        let (decoded, payload) = decode_group(&group.into(), 1 << 20).unwrap();
+        assert_eq!((decoded, payload.len()), (msg, 8));
+    }
 }

@@ -25,9 +25,11 @@ use super::mailbox::Mailbox;
 
 mod inbound;
 
+pub use inbound::BulkInbound;
+#[cfg(any(test, feature = "unstable-internals"))]
+pub use inbound::decode_group;
 #[cfg(test)]
 pub(crate) use inbound::decode_sealed_group;
-pub use inbound::{BulkInbound, decode_group};
 
 /// The future of one [`BulkChannel::send`].
 pub type BulkSend = Pin<Box<dyn Future<Output = Result<(), TransportError>> + Send + 'static>>;
@@ -48,7 +50,7 @@ const RECENT_COLLECTIVES: usize = 1024;
 ///
 /// ```
 /// use bytes::Bytes;
-/// use nexar::transport::bulk::{BulkChannel, BulkSend};
+/// use nexar::backend::{BulkChannel, BulkSend};
 ///
 /// /// Counts the bytes it is asked to carry and drops them (a real channel moves them).
 /// struct Counting(std::sync::atomic::AtomicU64);

@@ -52,12 +52,6 @@ impl Lane {
     }
 
     /// The lane with wire code `code`.
-    ///
-    /// ```
-    /// use nexar::transport::link::Lane;
-    /// assert_eq!(Lane::from_code(2), Some(Lane::Control));
-    /// assert_eq!(Lane::from_code(9), None);
-    /// ```
     pub fn from_code(code: u8) -> Option<Lane> {
         [Lane::RpcRequests, Lane::RpcResponses, Lane::Control, Lane::Data, Lane::Raw].get(usize::from(code)).copied()
     }
@@ -118,19 +112,17 @@ pub struct LaneReceivers {
     pub rpc_responses: mpsc::Receiver<Incoming>,
     /// Control traffic.
     pub control: mpsc::Receiver<Incoming>,
-    /// Point-to-point messages.
-    pub data: mpsc::Receiver<Incoming>,
-    /// Collective payloads.
-    pub raw: mpsc::Receiver<Incoming>,
 }
 
-/// Creates a rank's lanes, each holding up to `capacity` messages.
+/// Creates a rank's lanes, each holding up to `capacity` messages. The data and raw lanes
+/// have no queue to read: their messages go straight into the matching stores
+/// (`LaneSenders::with_direct`), and without one they are refused as on a closed lane.
 pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
     let (a, ra) = mpsc::channel(capacity);
     let (b, rb) = mpsc::channel(capacity);
     let (c, rc) = mpsc::channel(capacity);
-    let (d, rd) = mpsc::channel(capacity);
-    let (e, re) = mpsc::channel(capacity);
+    let (d, _) = mpsc::channel(capacity);
+    let (e, _) = mpsc::channel(capacity);
     (
         LaneSenders {
             senders: [a, b, c, d, e],
@@ -139,7 +131,7 @@ pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
             relay: None,
             rpc_budget: None,
         },
-        LaneReceivers { rpc_requests: ra, rpc_responses: rb, control: rc, data: rd, raw: re },
+        LaneReceivers { rpc_requests: ra, rpc_responses: rb, control: rc },
     )
 }
 
@@ -226,5 +218,15 @@ impl LaneSenders {
             return Ok(());
         }
         self.senders[lane as usize].send(incoming).await.map_err(|e| e.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lanes_come_from_their_wire_codes() {
+        use crate::transport::link::Lane;
+        assert_eq!(Lane::from_code(2), Some(Lane::Control));
+        assert_eq!(Lane::from_code(9), None);
     }
 }

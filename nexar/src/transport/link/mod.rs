@@ -32,7 +32,6 @@ use writer::write_lane;
 
 pub(crate) use lanes::DirectSink;
 pub use lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
-pub use reader::INFLIGHT_BYTES_PER_LANE;
 pub(crate) use reader::{announced_payload, raw_length_disagrees};
 
 /// QUIC application error code for a peer that broke the wire protocol.
@@ -176,6 +175,7 @@ impl PeerLink {
     ///
     /// Returns once the bytes are handed to QUIC. The bytes are owned by the writer task, so
     /// dropping this future never leaves a half-written frame.
+    #[cfg(feature = "unstable-internals")]
     pub async fn send(&self, msg: &PeerMsg, payload: Option<Bytes>) -> Result<(), TransportError> {
         let wait = self.send_queued(msg, payload).await?;
         wait.await.map_err(|_| self.writer_gone())?
@@ -269,6 +269,7 @@ impl PeerLink {
 
     /// Finishes every lane's stream and waits until the peer has acknowledged all data sent
     /// so far (at most `limit`).
+    #[cfg(feature = "unstable-internals")]
     pub async fn flush(&self, limit: std::time::Duration) {
         let all = async {
             for wait in self.begin_flush().await {

@@ -22,7 +22,6 @@ mod setup;
 #[cfg(feature = "hostile-member")]
 mod tamper;
 
-pub use channel::TCP_LANE_NAME;
 pub(crate) use channel::{Connected, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
 pub(crate) use reader::ReadLimits;
