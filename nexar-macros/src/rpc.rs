@@ -47,39 +47,112 @@ fn pinned_id_guard(id: Option<&LitInt>) -> syn::Result<TokenStream> {
     })
 }
 
-/// The function's arguments as `(name, type)`, refusing what an endpoint cannot have.
-fn arguments(func: &ItemFn) -> syn::Result<Vec<(syn::Ident, Type)>> {
+/// What a parameter of an RPC function receives.
+enum Kind {
+    /// An argument the caller sends.
+    Wire,
+    /// The call's `RpcContext`, by value or (`by_ref`) by reference.
+    Context { by_ref: bool },
+    /// Application state, `State<T>`: the rank's `T`.
+    State(Box<Type>),
+}
+
+/// One parameter of an RPC function.
+struct Param {
+    name: syn::Ident,
+    ty: Type,
+    kind: Kind,
+}
+
+/// The last segment of `ty`'s path, if it is a plain path.
+fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
+        _ => None,
+    }
+}
+
+/// What a parameter of type `ty` receives, recognised by the type's name as written
+/// (`RpcContext`, `&RpcContext`, `State<T>`, through any path).
+fn kind_of(ty: &Type) -> syn::Result<Kind> {
+    let is_context = |t: &Type| {
+        last_segment(t).is_some_and(|s| s.ident == "RpcContext" && matches!(s.arguments, syn::PathArguments::None))
+    };
+    if let Type::Reference(r) = ty
+        && is_context(&r.elem)
+    {
+        if r.mutability.is_some() {
+            return Err(syn::Error::new_spanned(
+                ty,
+                "take the call's context as `&RpcContext` or `RpcContext`, not `&mut`",
+            ));
+        }
+        return Ok(Kind::Context { by_ref: true });
+    }
+    if is_context(ty) {
+        return Ok(Kind::Context { by_ref: false });
+    }
+    if let Some(seg) = last_segment(ty).filter(|s| s.ident == "State")
+        && let syn::PathArguments::AngleBracketed(args) = &seg.arguments
+        && let [syn::GenericArgument::Type(inner)] = args.args.iter().collect::<Vec<_>>()[..]
+    {
+        return Ok(Kind::State(Box::new(inner.clone())));
+    }
+    Ok(Kind::Wire)
+}
+
+/// The function's parameters, refusing what an endpoint cannot have. Every problem is
+/// reported, each at its own tokens.
+fn parameters(func: &ItemFn) -> syn::Result<Vec<Param>> {
+    let mut errors: Option<syn::Error> = None;
+    let mut fail = |e: syn::Error| match &mut errors {
+        Some(all) => all.combine(e),
+        None => errors = Some(e),
+    };
     if let Some(receiver) = func.sig.receiver() {
-        return Err(syn::Error::new(
+        fail(syn::Error::new(
             receiver.span(),
-            "`#[nexar::rpc]` cannot be used on a method with `self`: make it a free function and pass the state it needs as arguments",
+            "`#[nexar::rpc]` cannot be used on a method with `self`: make it a free function and pass the state it needs as arguments (or as `State<T>`)",
         ));
     }
     if !func.sig.generics.params.is_empty() || func.sig.generics.where_clause.is_some() {
-        return Err(syn::Error::new(
+        fail(syn::Error::new(
             func.sig.generics.span(),
             "`#[nexar::rpc]` functions cannot be generic: an endpoint has one concrete signature (write one function per type)",
         ));
     }
     if let Some(v) = &func.sig.variadic {
-        return Err(syn::Error::new(v.span(), "`#[nexar::rpc]` functions cannot be variadic"));
+        fail(syn::Error::new(v.span(), "`#[nexar::rpc]` functions cannot be variadic"));
     }
-    func.sig
-        .inputs
-        .iter()
-        .map(|arg| match arg {
-            FnArg::Typed(pat) => match &*pat.pat {
-                Pat::Ident(ident) if ident.by_ref.is_none() && ident.subpat.is_none() => {
-                    Ok((ident.ident.clone(), (*pat.ty).clone()))
-                }
-                other => Err(syn::Error::new(
-                    other.span(),
+    let mut params = Vec::new();
+    let mut context_seen = false;
+    for arg in &func.sig.inputs {
+        let FnArg::Typed(pat) = arg else { continue };
+        let name = match &*pat.pat {
+            Pat::Ident(ident) if ident.by_ref.is_none() && ident.subpat.is_none() => ident.ident.clone(),
+            other => {
+                fail(syn::Error::new_spanned(
+                    other,
                     "`#[nexar::rpc]` arguments need plain names (`id: u32`), not patterns",
-                )),
-            },
-            FnArg::Receiver(r) => Err(syn::Error::new(r.span(), "`#[nexar::rpc]` cannot take `self`")),
-        })
-        .collect()
+                ));
+                continue;
+            }
+        };
+        match kind_of(&pat.ty) {
+            Ok(Kind::Context { .. }) if context_seen => {
+                fail(syn::Error::new_spanned(&pat.ty, "`#[nexar::rpc]` functions take the call's context once"));
+            }
+            Ok(kind) => {
+                context_seen |= matches!(kind, Kind::Context { .. });
+                params.push(Param { name, ty: (*pat.ty).clone(), kind });
+            }
+            Err(e) => fail(e),
+        }
+    }
+    match errors {
+        Some(e) => Err(e),
+        None => Ok(params),
+    }
 }
 
 /// Signature text used in the id: the argument and result types as written, with all
@@ -94,7 +167,10 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     let opts = parse_options(attr)?;
     let func: ItemFn = syn::parse2(item)
         .map_err(|e| syn::Error::new(e.span(), "`#[nexar::rpc]` goes on a function (`async fn` or `fn`)"))?;
-    let args = arguments(&func)?;
+    let params = parameters(&func)?;
+    // The arguments a caller sends; the context and state are the serving rank's own.
+    let args: Vec<(syn::Ident, Type)> =
+        params.iter().filter(|p| matches!(p.kind, Kind::Wire)).map(|p| (p.name.clone(), p.ty.clone())).collect();
     let krate = &opts.krate;
     let name = &func.sig.ident;
     let vis = &func.vis;
@@ -115,7 +191,8 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     // argument named `world` is sent as given, not as the world size. Locals that appear inside
     // a user-spanned fragment are made mixed-site explicitly.
     let site = Span::mixed_site();
-    let [client, peer, parts, reply, out] = ["client", "peer", "parts", "reply", "out"].map(|n| Ident::new(n, site));
+    let [client, peer, parts, reply, out, ctx] =
+        ["client", "peer", "parts", "reply", "out", "ctx"].map(|n| Ident::new(n, site));
     let call_await = if func.sig.asyncness.is_some() { quote_spanned!(site=> .await) } else { quote!() };
     // Every use of a user type is spanned at that type, so a type that cannot travel gives one
     // error, at the user's token, with the RpcValue message.
@@ -129,6 +206,23 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     let count = args.len();
     let decode_each = args.iter().map(|(n, ty)| {
         quote_spanned! {ty.span()=> let #n: #ty = #krate::__private::decode::<#ty>(&#parts.next().unwrap_or_default())?; }
+    });
+    // The serving rank's own parameters: state looked up, and what the call passes for each
+    // parameter, in the function's order.
+    let take_state = params.iter().filter_map(|p| match &p.kind {
+        Kind::State(inner) => {
+            let (n, ty) = (&p.name, &p.ty);
+            Some(quote_spanned! {ty.span()=> let #n: #ty = #ctx.__state::<#inner>()?; })
+        }
+        _ => None,
+    });
+    let call_args = params.iter().map(|p| match p.kind {
+        Kind::Context { by_ref: true } => quote_spanned!(site=> &#ctx),
+        Kind::Context { by_ref: false } => quote_spanned!(site=> ::core::clone::Clone::clone(&#ctx)),
+        Kind::Wire | Kind::State(_) => {
+            let n = &p.name;
+            quote!(#n)
+        }
     });
     let encode_ret = quote_spanned! {ret.span()=> #krate::__private::encode_part::<#ret>(&#out) };
     let handle = format_ident!("__nexar_rpc_handle");
@@ -192,13 +286,14 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
                 out
             }
 
-            fn #handle(body: ::std::vec::Vec<u8>) -> #krate::__private::HandlerFuture {
+            fn #handle(#ctx: #krate::rpc::RpcContext, body: ::std::vec::Vec<u8>) -> #krate::__private::HandlerFuture {
                 ::std::boxed::Box::pin(async move {
                     #[allow(unused_mut, unused_variables)]
                     let mut parts = #krate::__private::decode_parts(&body, #count)?;
                     #( #decode_each )*
-                    let out: #ret = super::#name( #( #names ),* ) #call_await;
-                    #encode_ret
+                    #( #take_state )*
+                    let out: #ret = super::#name( #( #call_args ),* ) #call_await;
+                    ::core::result::Result::Ok(#encode_ret?)
                 })
             }
 

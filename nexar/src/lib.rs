@@ -98,7 +98,7 @@ pub mod __private {
     pub fn shape_of<T: nexar_types::Element>(b: &nexar_types::Buf<T>) -> (nexar_types::DType, usize) {
         (T::DTYPE, b.len())
     }
-    pub use crate::rpc::{HandlerFuture, RpcHandler};
+    pub use crate::rpc::{HandlerError, HandlerFuture, RpcHandler};
 
     use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
     use rkyv::rancor::Error;

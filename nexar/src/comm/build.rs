@@ -337,6 +337,7 @@ impl NexarClient {
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,
             registry: registry.clone(),
+            rpc_state: Default::default(),
             rpc_pending: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(0),
             peer_registries: Mutex::new(vec![None; capacity]),
@@ -359,8 +360,10 @@ impl NexarClient {
         let span = tracing::debug_span!("rank", rank);
         let control = tokio::spawn(serve_control(Arc::downgrade(&inner), control).instrument(span.clone()));
         let max_handlers = inner.cfg.max_rpc_handlers;
-        let requests =
-            tokio::spawn(serve_requests(Arc::downgrade(&inner), rpc_requests, max_handlers).instrument(span.clone()));
+        let requests = tokio::spawn(
+            serve_requests(Arc::downgrade(&inner), world_comm.clone(), rpc_requests, max_handlers)
+                .instrument(span.clone()),
+        );
         let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span.clone()));
         let (interval, timeout) = (inner.cfg.heartbeat_interval, inner.cfg.heartbeat_timeout);
         let health = tokio::spawn(monitor(Arc::downgrade(&inner), interval, timeout).instrument(span.clone()));

@@ -92,6 +92,8 @@ pub(crate) struct Inner {
     pub seed: Option<Connection>,
     /// The RPC functions linked into this program.
     pub registry: Arc<Registry>,
+    /// The state this rank provides to its RPC handlers.
+    pub rpc_state: crate::rpc::StateMap,
     /// Calls waiting for their response, by (the world rank called, request id): only the rank
     /// a call went to can answer it.
     pub rpc_pending: Mutex<HashMap<(u32, u64), RpcReply>>,

@@ -18,7 +18,7 @@ mod pieces;
 mod recovery;
 pub(crate) mod route;
 pub(crate) mod spin;
-mod state;
+pub(crate) mod state;
 mod tcp_lane;
 
 pub use backend::{BackendError, MAX_SETUP_BODY};

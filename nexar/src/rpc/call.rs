@@ -65,7 +65,8 @@ impl NexarClient {
             bytes: args.len() as u64,
         });
         let (status, body) = if peer == rank {
-            let (status, reply) = super::serve::run_handler(&self.inner.registry, func, sig, args.to_vec()).await;
+            let ctx = super::RpcContext::new(self.inner.rank, self.clone());
+            let (status, reply) = super::serve::run_handler(&self.inner.registry, func, sig, ctx, args.to_vec()).await;
             trace.end(&Ok::<(), RpcError>(()));
             (status as u8, reply)
         } else {
@@ -84,6 +85,7 @@ impl NexarClient {
             Some(Status::Signature) => Err(RpcError::SignatureMismatch { rank, peer, name, signature }),
             Some(Status::Panicked) => Err(RpcError::HandlerPanicked { rank, peer, name, message: text() }),
             Some(Status::Codec) => Err(RpcError::Codec { rank, peer, name, what: text() }),
+            Some(Status::Refused) => Err(RpcError::Refused { rank, peer, name, why: text() }),
             None => Err(RpcError::Codec { rank, peer, name, what: format!("unknown response status {status}") }),
         }
     }

@@ -17,6 +17,7 @@
 //! function through `super::`).
 
 mod call;
+mod context;
 mod serve;
 
 use std::collections::HashMap;
@@ -24,6 +25,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+pub(crate) use context::StateMap;
+pub use context::{RpcContext, State};
 pub(crate) use serve::{serve_requests, serve_responses};
 
 /// Why an RPC failed. Each case is distinct so callers can react to it; a handler's own
@@ -118,6 +121,19 @@ pub enum RpcError {
         /// The limit.
         limit: u64,
     },
+    /// The peer could not run the handler for this call: it lacks what the handler asks for
+    /// (a [`State`] it provides none of), or it is shutting down.
+    #[error("rank {rank} rpc {name}: rank {peer} could not run it: {why}")]
+    Refused {
+        /// The calling rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// The function.
+        name: &'static str,
+        /// Why, in the peer's words.
+        why: String,
+    },
     /// The connection to the peer is gone.
     #[error("rank {rank} rpc {name}: rank {peer} is unreachable: {reason}")]
     PeerLost {
@@ -141,16 +157,34 @@ pub(crate) enum Status {
     Signature = 2,
     Panicked = 3,
     Codec = 4,
+    Refused = 5,
 }
 
 impl Status {
     pub(crate) fn from_wire(code: u8) -> Option<Status> {
-        [Status::Ok, Status::Unknown, Status::Signature, Status::Panicked, Status::Codec].get(code as usize).copied()
+        [Status::Ok, Status::Unknown, Status::Signature, Status::Panicked, Status::Codec, Status::Refused]
+            .get(code as usize)
+            .copied()
     }
 }
 
-/// A handler's future: the encoded result, or a codec failure text.
-pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
+/// Why a handler did not produce an answer (besides panicking).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerError {
+    /// The arguments or the result could not be decoded or encoded.
+    Codec(String),
+    /// The handler could not run here (see [`RpcError::Refused`]).
+    Refused(String),
+}
+
+impl From<String> for HandlerError {
+    fn from(what: String) -> Self {
+        HandlerError::Codec(what)
+    }
+}
+
+/// A handler's future: the encoded result, or why there is none.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, HandlerError>> + Send>>;
 
 /// One function registered by `#[nexar::rpc]` (collected at link time; users do not build
 /// these by hand).
@@ -165,7 +199,7 @@ pub struct RpcHandler {
     /// The signature, as written.
     pub signature: &'static str,
     /// Decodes the arguments, runs the function, encodes the result.
-    pub handle: fn(Vec<u8>) -> HandlerFuture,
+    pub handle: fn(RpcContext, Vec<u8>) -> HandlerFuture,
 }
 
 inventory::collect!(RpcHandler);

@@ -1,13 +1,15 @@
 //! The serving side: every client answers RPC requests by itself, one task per request (up to
 //! a bound), so a slow or panicking handler never stops the others.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::Status;
+use super::{HandlerError, RpcContext, Status};
+use crate::NexarClient;
 use crate::comm::Inner;
+use crate::comm::state::CommState;
 use crate::proto::message::PeerMsg;
 use crate::transport::link::Incoming;
 
@@ -22,14 +24,21 @@ pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// Runs the handler for `func` on `body`: `(status, reply bytes)`.
-pub(crate) async fn run_handler(registry: &super::Registry, func: u64, sig: u64, body: Vec<u8>) -> (Status, Vec<u8>) {
+/// Runs the handler for `func` on `body`, for the call `ctx` describes: `(status, reply bytes)`.
+pub(crate) async fn run_handler(
+    registry: &super::Registry,
+    func: u64,
+    sig: u64,
+    ctx: RpcContext,
+    body: Vec<u8>,
+) -> (Status, Vec<u8>) {
     match registry.get(func) {
         None => (Status::Unknown, Vec::new()),
         Some(h) if h.sig_hash != sig => (Status::Signature, h.signature.as_bytes().to_vec()),
-        Some(h) => match tokio::spawn((h.handle)(body)).await {
+        Some(h) => match tokio::spawn((h.handle)(ctx, body)).await {
             Ok(Ok(bytes)) => (Status::Ok, bytes),
-            Ok(Err(text)) => (Status::Codec, text.into_bytes()),
+            Ok(Err(HandlerError::Codec(text))) => (Status::Codec, text.into_bytes()),
+            Ok(Err(HandlerError::Refused(text))) => (Status::Refused, text.into_bytes()),
             Err(e) if e.is_panic() => (Status::Panicked, panic_text(e.into_panic()).into_bytes()),
             Err(e) => (Status::Panicked, e.to_string().into_bytes()),
         },
@@ -38,8 +47,14 @@ pub(crate) async fn run_handler(registry: &super::Registry, func: u64, sig: u64,
 
 /// Answers the requests that arrive on the `rpc_requests` lane, running at most
 /// `max_handlers` at once: beyond that the lane stops being read, which holds up the callers
-/// (and only them) instead of spawning without bound.
-pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<Incoming>, max_handlers: usize) {
+/// (and only them) instead of spawning without bound. Handlers that ask for a client get one
+/// on the `world` communicator.
+pub(crate) async fn serve_requests(
+    inner: Weak<Inner>,
+    world: Arc<CommState>,
+    mut lane: mpsc::Receiver<Incoming>,
+    max_handlers: usize,
+) {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(max_handlers.max(1)));
     while let Some(incoming) = lane.recv().await {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
@@ -52,12 +67,24 @@ pub(crate) async fn serve_requests(inner: Weak<Inner>, mut lane: mpsc::Receiver<
                 continue;
             }
         };
-        let (inner, from) = (inner.clone(), incoming.from as usize);
+        let (inner, from, world) = (inner.clone(), incoming.from as usize, world.clone());
         // The request's share of the RPC budget is held until its answer is sent.
         let held = incoming.budget;
         tokio::spawn(async move {
             let _permit = (permit, held);
-            let (status, reply) = run_handler(&registry, func, sig, body).await;
+            let Some(strong) = inner.upgrade() else { return };
+            // Only while the program still holds the rank: a handler's client is one of its handles.
+            let user = strong.user.get().and_then(Weak::upgrade);
+            let (status, reply) = match user {
+                Some(user) => {
+                    let ctx = RpcContext::new(from, NexarClient { user, inner: strong, comm: world });
+                    run_handler(&registry, func, sig, ctx, body).await
+                }
+                None => {
+                    drop(strong);
+                    (Status::Refused, b"the rank is shutting down".to_vec())
+                }
+            };
             let Some(inner) = inner.upgrade() else { return };
             let limit = inner.cfg.max_rpc_bytes.min(inner.cfg.max_message_bytes);
             let (status, reply) = if reply.len() as u64 > limit {
