@@ -94,7 +94,7 @@ fn params(func: &ItemFn) -> syn::Result<(syn::Ident, Vec<Param>)> {
         let Type::Reference(r) = &*p.ty else {
             return Err(syn::Error::new(
                 p.ty.span(),
-                "plan buffers are passed as `&mut Buf<T>` (or `&Buf<T>` for send buffers)",
+                "plan buffers are passed by reference: `&mut` when written, `&` when only read (`&mut Buf<T>`, `&Vec<T>`, ..)",
             ));
         };
         out.push(Param { name: name.ident.clone(), ty: (*r.elem).clone(), writable: r.mutability.is_some() });
@@ -116,7 +116,7 @@ fn buffer(params: &[Param], expr: &Expr, written_by: Option<&str>) -> syn::Resul
     if let Some(op) = written_by
         && !params[i].writable
     {
-        return Err(syn::Error::new(ident.span(), format!("`{ident}` is written by `{op}`: take it as `&mut Buf<T>`")));
+        return Err(syn::Error::new(ident.span(), format!("`{ident}` is written by `{op}`: take it as `&mut`")));
     }
     Ok(Use { index: i, ident: ident.clone() })
 }
@@ -261,11 +261,13 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
             quote!(#krate::__private::shape_of(#n))
         })
         .collect();
+    // `explain` takes any plan buffer (`&dyn`), so a parameter type that is not one is
+    // reported once, where the plan runs, not again for each `explain`.
     let explain_params: Vec<TokenStream> = params
         .iter()
         .map(|p| {
-            let (n, ty) = (&p.name, &p.ty);
-            quote!(#n: &#ty)
+            let n = &p.name;
+            quote!(#n: &dyn #krate::__private::PlanBuffer)
         })
         .collect();
     let bucket = match &opts.bucket_bytes {

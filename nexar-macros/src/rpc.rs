@@ -198,14 +198,14 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     // error, at the user's token, with the RpcValue message.
     let codec = |what: TokenStream| quote_spanned!(site=> #what.map_err(|what| #krate::RpcError::Codec { rank: #client.rank(), peer: #peer, name: NAME, what }));
     let encode_each =
-        args.iter().map(|(n, ty)| quote_spanned! {ty.span()=> #krate::__private::encode_part::<#ty>(&#n)? });
+        args.iter().map(|(n, ty)| quote_spanned! {ty.span()=> (#krate::__private::codec::<#ty>().encode)(&#n)? });
     let encode_args =
         codec(quote_spanned!(site=> (|| #krate::__private::encode_parts(::std::vec![ #( #encode_each ),* ]))()));
-    let decode_ret = quote_spanned! {ret.span()=> #krate::__private::decode::<#ret>(&#reply) };
+    let decode_ret = quote_spanned! {ret.span()=> (#krate::__private::codec::<#ret>().decode)(&#reply) };
     let decode_reply = codec(decode_ret);
     let count = args.len();
     let decode_each = args.iter().map(|(n, ty)| {
-        quote_spanned! {ty.span()=> let #n: #ty = #krate::__private::decode::<#ty>(&#parts.next().unwrap_or_default())?; }
+        quote_spanned! {ty.span()=> let #n: #ty = (#krate::__private::codec::<#ty>().decode)(&#parts.next().unwrap_or_default())?; }
     });
     // The serving rank's own parameters: state looked up, and what the call passes for each
     // parameter, in the function's order.
@@ -224,7 +224,7 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
             quote!(#n)
         }
     });
-    let encode_ret = quote_spanned! {ret.span()=> #krate::__private::encode_part::<#ret>(&#out) };
+    let encode_ret = quote_spanned! {ret.span()=> (#krate::__private::codec::<#ret>().encode)(&#out) };
     let handle = format_ident!("__nexar_rpc_handle");
     let doc = format!(
         "RPC endpoint of [`{name}`](fn@{name}): `{name}::call(&client, peer, ..)` runs it on rank `peer`, `{name}::call_all` on every rank."

@@ -89,14 +89,36 @@ pub mod __private {
     pub const DEFAULT_BUCKET_BYTES: usize = 32 << 20;
 
     /// Compile-time check that `op` reduces the buffer's elements.
-    pub fn check_reduction<T: nexar_types::Element, O: nexar_types::Reduction<T>>(_: &nexar_types::Buf<T>, _: O) {}
+    pub fn check_reduction<B: nexar_types::SendBuf + ?Sized, O: nexar_types::Reduction<B::Elem>>(_: &B, _: O) {}
+
+    /// Two element types that are one: the buffers of one planned collective.
+    #[diagnostic::on_unimplemented(
+        message = "one planned collective cannot move `{Self}` elements into a `{U}` buffer",
+        label = "these buffers hold `{Self}` and `{U}` elements",
+        note = "the send and receive buffers of a planned collective hold one element type; convert one of them first"
+    )]
+    pub trait SameElement<U> {}
+
+    impl<T> SameElement<T> for T {}
+
+    /// A second impl for every type, so that the compiler does not infer one element type
+    /// from the other (and report a type mismatch) but asks for `SameElement` and gives its
+    /// message. It never applies: no element type is a `NoElement`.
+    #[doc(hidden)]
+    pub struct NoElement<T>(std::marker::PhantomData<T>);
+
+    impl<T> SameElement<NoElement<T>> for T {}
 
     /// Compile-time check that two plan buffers hold one element type.
-    pub fn check_same_dtype<T: nexar_types::Element>(_: &nexar_types::Buf<T>, _: &nexar_types::Buf<T>) {}
+    pub fn check_same_dtype<A: nexar_types::SendBuf + ?Sized, B: nexar_types::SendBuf + ?Sized>(_: &A, _: &B)
+    where
+        A::Elem: SameElement<B::Elem>,
+    {
+    }
 
     /// Shape of a plan buffer.
-    pub fn shape_of<T: nexar_types::Element>(b: &nexar_types::Buf<T>) -> (nexar_types::DType, usize) {
-        (T::DTYPE, b.len())
+    pub fn shape_of<B: crate::plan::PlanBuffer + ?Sized>(b: &B) -> (nexar_types::DType, usize) {
+        (b.dtype(), b.elems())
     }
     pub use crate::rpc::{HandlerError, HandlerFuture, RpcHandler};
 
@@ -118,6 +140,7 @@ pub mod __private {
         fn from_rpc_bytes(bytes: &[u8]) -> Result<Self, String>;
     }
 
+    #[diagnostic::do_not_recommend]
     impl<T> RpcValue for T
     where
         T: rkyv::Archive + for<'a> rkyv::Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, Error>>,
@@ -146,6 +169,21 @@ pub mod __private {
     /// Encodes one argument.
     pub fn encode_part<T: RpcValue>(value: &T) -> Result<Vec<u8>, String> {
         value.to_rpc_bytes().map(|b| b.to_vec())
+    }
+
+    /// How one RPC argument or result type travels. The generated code reaches a type's
+    /// encoding and decoding only through [`codec`], spanned at the user's type, so a type
+    /// that cannot travel gives one error there, however often the stub and handler use it.
+    pub struct Codec<T> {
+        /// Encodes one value.
+        pub encode: fn(&T) -> Result<Vec<u8>, String>,
+        /// Validates and decodes one value.
+        pub decode: fn(&[u8]) -> Result<T, String>,
+    }
+
+    /// The [`Codec`] of an RPC type.
+    pub fn codec<T: RpcValue>() -> Codec<T> {
+        Codec { encode: encode_part::<T>, decode: decode::<T> }
     }
 
     /// Packs encoded arguments into one request body.

@@ -573,3 +573,45 @@ async fn explain_on_a_communicator_names_the_algorithm_its_configuration_pins() 
     assert!(default.contains("all_reduce bucket") && !default.contains("algorithm ring"), "{default}");
     assert!(pinned.contains("all_reduce bucket") && pinned.contains("algorithm ring"), "{pinned}");
 }
+
+/// Plans take the host buffer kinds the collectives take: `Vec<T>` and arrays beside `Buf<T>`.
+#[nexar::collective_plan]
+async fn vec_and_array(
+    comm: &NexarClient,
+    grads: &mut Vec<f32>,
+    stats: &mut [f64; 4],
+    full: &Vec<i32>,
+    part: &mut Buf<i32>,
+) {
+    all_reduce(grads, Sum);
+    all_reduce(stats, Max);
+    reduce_scatter(full, part, Sum);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_of_vecs_and_arrays_match_unfused_calls() {
+    tokio::time::timeout(
+        TEST_LIMIT,
+        on_ranks(3, |c| async move {
+            let r = c.rank();
+            let mut grads = data::<f32>(r, 0, 1000);
+            let mut stats = [r as f64, -(r as f64), 2.0 * r as f64, 7.0];
+            let full = data::<i32>(r, 2, 3 * 50);
+            let mut part = Buf::<i32>::zeros(50);
+            vec_and_array(&c, &mut grads, &mut stats, &full, &mut part).await.unwrap();
+            let mut want_grads = data::<f32>(r, 0, 1000);
+            c.all_reduce(&mut want_grads, Sum).await.unwrap();
+            let mut want_part = Buf::<i32>::zeros(50);
+            c.reduce_scatter(&full, &mut want_part, Sum).await.unwrap();
+            assert!(same(&Buf::from_vec(grads.clone()), &Buf::from_vec(want_grads)));
+            assert_eq!(stats, [2.0, 0.0, 4.0, 7.0]);
+            assert!(same(&part, &want_part));
+            let text = vec_and_array::explain(&grads, &stats, &full, &part, 3);
+            let single = "reduce_scatter: buffer 2 (150 i32 elements) into buffer 3 (50 i32 elements), sum, algorithm";
+            assert!(text.contains("all_reduce bucket") && text.contains(single), "{text}");
+            c
+        }),
+    )
+    .await
+    .expect("test timed out");
+}

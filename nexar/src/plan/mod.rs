@@ -182,12 +182,46 @@ impl PlanSpec {
                         );
                     }
                     Unit::Single(st) => {
-                        let _ = writeln!(out, "    {st:?}");
+                        let _ = writeln!(out, "    {}", describe_single(st, shapes, pick));
                     }
                 }
             }
         }
         out
+    }
+}
+
+/// One statement that runs on its own (not in a bucket), as `explain` shows it: its buffers
+/// with their shapes, and the algorithm a run picks for it (by the same count the run uses).
+fn describe_single(st: &Statement, shapes: &[Shape], pick: &dyn Fn(Collective, usize) -> Algorithm) -> String {
+    let shape = |i: usize| shapes.get(i).copied();
+    let buffer = |i: usize| match shape(i) {
+        Some((dtype, elems)) => format!("buffer {i} ({elems} {dtype} elements)"),
+        None => format!("buffer {i}"),
+    };
+    let bytes = |i: usize| shape(i).map_or(0, |(dtype, elems)| elems * dtype.size());
+    match *st {
+        Statement::ReduceScatter { send, recv, op } => format!(
+            "reduce_scatter: {} into {}, {op}, algorithm {}",
+            buffer(send),
+            buffer(recv),
+            pick(Collective::ReduceScatter, bytes(recv))
+        ),
+        Statement::AllGather { send, recv } => format!(
+            "all_gather: {} into {}, algorithm {}",
+            buffer(send),
+            buffer(recv),
+            pick(Collective::AllGather, bytes(send))
+        ),
+        Statement::AllReduce { buf, op } => {
+            format!("all_reduce: {}, {op}, algorithm {}", buffer(buf), pick(Collective::AllReduce, bytes(buf)))
+        }
+        Statement::Broadcast { buf, root } => format!(
+            "broadcast: {} from rank {root}, algorithm {}",
+            buffer(buf),
+            pick(Collective::Broadcast { root }, bytes(buf))
+        ),
+        Statement::Barrier => "barrier".to_string(),
     }
 }
 
@@ -219,7 +253,13 @@ impl PlanCache {
     }
 }
 
-/// A plan buffer, by reference, with its element type erased (plans mix element types).
+/// A plan buffer, by reference, with its element type erased (plans mix element types): a
+/// host `Buf<T>`, `Vec<T>` or `[T; N]`, as for the collectives themselves.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a buffer of a collective plan",
+    label = "not a plan buffer",
+    note = "a plan's buffers are host `Buf<T>`, `Vec<T>` or `[T; N]` of an element type, taken as `&` when only read and `&mut` when written"
+)]
 pub trait PlanBuffer: Send + Sync {
     /// Element type.
     fn dtype(&self) -> DType;
@@ -231,19 +271,29 @@ pub trait PlanBuffer: Send + Sync {
     fn bytes_mut(&mut self) -> &mut [u8];
 }
 
-impl<T: Element> PlanBuffer for Buf<T> {
-    fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-    fn elems(&self) -> usize {
-        self.len()
-    }
-    fn bytes(&self) -> &[u8] {
-        bytemuck::cast_slice(self.as_slice())
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        bytemuck::cast_slice_mut(self.as_mut_slice())
-    }
+macro_rules! plan_buffers {
+    ($([$($g:tt)*] $ty:ty;)*) => {$(
+        impl<$($g)*> PlanBuffer for $ty {
+            fn dtype(&self) -> DType {
+                T::DTYPE
+            }
+            fn elems(&self) -> usize {
+                self[..].len()
+            }
+            fn bytes(&self) -> &[u8] {
+                bytemuck::cast_slice(&self[..])
+            }
+            fn bytes_mut(&mut self) -> &mut [u8] {
+                bytemuck::cast_slice_mut(&mut self[..])
+            }
+        }
+    )*};
+}
+
+plan_buffers! {
+    [T: Element] Buf<T>;
+    [T: Element] Vec<T>;
+    [T: Element, const N: usize] [T; N];
 }
 
 #[cfg(test)]
