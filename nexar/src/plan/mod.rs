@@ -13,140 +13,15 @@ mod run;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use nexar_types::{Buf, DType, Element, ReduceOp};
+use nexar_types::{Buf, DType, Element};
 
 use crate::proto::algo::{Algorithm, Collective, select};
+pub(crate) use crate::proto::plan::{Layout, Unit};
+pub use crate::proto::plan::{PlanSpec, Shape, Statement};
 
 pub use run::PlanRun;
 
-/// One statement of a plan, as the macro recorded it (buffers by parameter index).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Statement {
-    /// `all_reduce(buf, op)`
-    AllReduce {
-        /// Parameter index of the buffer.
-        buf: usize,
-        /// The reduction.
-        op: ReduceOp,
-    },
-    /// `broadcast(buf, root)`
-    Broadcast {
-        /// Parameter index of the buffer.
-        buf: usize,
-        /// The root rank.
-        root: usize,
-    },
-    /// `reduce_scatter(send, recv, op)`
-    ReduceScatter {
-        /// Parameter index of the send buffer.
-        send: usize,
-        /// Parameter index of the receive buffer.
-        recv: usize,
-        /// The reduction.
-        op: ReduceOp,
-    },
-    /// `all_gather(send, recv)`
-    AllGather {
-        /// Parameter index of the send buffer.
-        send: usize,
-        /// Parameter index of the receive buffer.
-        recv: usize,
-    },
-    /// `barrier()`
-    Barrier,
-}
-
-impl Statement {
-    fn buffers(&self) -> Vec<usize> {
-        match *self {
-            Statement::AllReduce { buf, .. } | Statement::Broadcast { buf, .. } => vec![buf],
-            Statement::ReduceScatter { send, recv, .. } | Statement::AllGather { send, recv } => vec![send, recv],
-            Statement::Barrier => vec![],
-        }
-    }
-}
-
-/// A plan as compiled by the macro: its statements and fingerprint.
-#[derive(Debug)]
-pub struct PlanSpec {
-    /// The plan function's path.
-    pub name: &'static str,
-    /// Compile-time fingerprint of the statements and buffer types.
-    pub fingerprint: u64,
-    /// The statements, in source order.
-    pub statements: &'static [Statement],
-    /// Largest bucket in bytes.
-    pub bucket_bytes: usize,
-}
-
-/// How one set of buffers is grouped: computed on first use for given buffer shapes, then reused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Layout {
-    /// Phases run one after another; the units of a phase run concurrently.
-    pub phases: Vec<Vec<Unit>>,
-}
-
-/// One collective of a plan run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Unit {
-    /// Buffers fused into one allreduce or broadcast.
-    Bucket { kind: Collective, op: Option<ReduceOp>, dtype: DType, members: Vec<usize>, elems: usize },
-    /// A statement run as it is (reduce-scatter, all-gather, barrier).
-    Single(Statement),
-}
-
-/// The shape of one plan buffer: element type and length.
-pub type Shape = (DType, usize);
-
 impl PlanSpec {
-    /// Groups the statements for buffers of these shapes.
-    pub(crate) fn layout(&self, shapes: &[Shape]) -> Layout {
-        // A statement that touches a buffer an earlier statement of the current phase touched
-        // starts a new phase, so fusion never reorders dependent statements.
-        let mut phases: Vec<Vec<Statement>> = vec![Vec::new()];
-        let mut used: Vec<usize> = Vec::new();
-        for st in self.statements {
-            let bufs = st.buffers();
-            if bufs.iter().any(|b| used.contains(b)) || (*st == Statement::Barrier && !used.is_empty()) {
-                phases.push(Vec::new());
-                used.clear();
-            }
-            used.extend(bufs);
-            phases.last_mut().expect("one phase at least").push(*st);
-        }
-        let phases =
-            phases.into_iter().filter(|p| !p.is_empty()).map(|statements| self.group(&statements, shapes)).collect();
-        Layout { phases }
-    }
-
-    fn group(&self, statements: &[Statement], shapes: &[Shape]) -> Vec<Unit> {
-        let mut units: Vec<Unit> = Vec::new();
-        for st in statements {
-            let (kind, op, buf) = match *st {
-                Statement::AllReduce { buf, op } => (Collective::AllReduce, Some(op), buf),
-                Statement::Broadcast { buf, root } => (Collective::Broadcast { root }, None, buf),
-                other => {
-                    units.push(Unit::Single(other));
-                    continue;
-                }
-            };
-            let (dtype, len) = shapes[buf];
-            let cap = (self.bucket_bytes / dtype.size()).max(1);
-            let open = units.iter_mut().find(|u| {
-                matches!(u, Unit::Bucket { kind: k, op: o, dtype: d, elems, .. }
-                    if *k == kind && *o == op && *d == dtype && (*elems + len <= cap || *elems == 0))
-            });
-            match open {
-                Some(Unit::Bucket { members, elems, .. }) => {
-                    members.push(buf);
-                    *elems += len;
-                }
-                _ => units.push(Unit::Bucket { kind, op, dtype, members: vec![buf], elems: len }),
-            }
-        }
-        units
-    }
-
     /// Describes how the plan runs for buffers of these shapes on `world` ranks with the
     /// default settings: phases, buckets with their sizes, and the algorithm each collective
     /// gets. [`explain_on`](Self::explain_on) describes a run on a given communicator, whose
@@ -299,26 +174,22 @@ plan_buffers! {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const STATEMENTS: &[Statement] = &[
-        Statement::AllReduce { buf: 0, op: ReduceOp::Sum },
-        Statement::AllReduce { buf: 1, op: ReduceOp::Sum },
-        Statement::AllReduce { buf: 2, op: ReduceOp::Sum },
-        Statement::Broadcast { buf: 3, root: 0 },
-        Statement::AllReduce { buf: 0, op: ReduceOp::Max },
-    ];
+    use nexar_types::ReduceOp;
 
     #[test]
-    fn compatible_statements_share_buckets_and_dependent_ones_wait() {
+    fn explain_names_buckets_and_single_statements() {
+        const STATEMENTS: &[Statement] = &[
+            Statement::AllReduce { buf: 0, op: ReduceOp::Sum },
+            Statement::AllGather { send: 1, recv: 2 },
+            Statement::Barrier,
+        ];
         let spec = PlanSpec { name: "t", fingerprint: 1, statements: STATEMENTS, bucket_bytes: 1 << 20 };
-        let shapes = [(DType::F32, 100), (DType::F32, 50), (DType::I64, 7), (DType::F32, 3)];
-        let layout = spec.layout(&shapes);
-        assert_eq!(layout.phases.len(), 2, "buffer 0 is used again, so a second phase follows");
-        assert_eq!(layout.phases[0].len(), 3, "f32 sum bucket, i64 sum bucket, broadcast");
-        assert!(matches!(&layout.phases[0][0], Unit::Bucket { members, elems: 150, .. } if members == &vec![0, 1]));
-        let tiny = PlanSpec { bucket_bytes: 400, ..spec };
-        let split = tiny.layout(&shapes);
-        assert_eq!(split.phases[0].len(), 4, "the cap splits the f32 bucket");
-        assert!(tiny.explain(&shapes, 2).contains("all_reduce bucket"));
+        let text = spec.explain(&[(DType::F32, 100), (DType::I32, 8), (DType::I32, 16)], 2);
+        assert!(text.contains("all_reduce bucket: 1 buffer(s) [0], 100 f32 elements (400 bytes), sum"), "{text}");
+        assert!(
+            text.contains("all_gather: buffer 1 (8 i32 elements) into buffer 2 (16 i32 elements), algorithm"),
+            "{text}"
+        );
+        assert!(text.contains("phase 1: 1 collective(s)") && text.contains("barrier"), "{text}");
     }
 }

@@ -5,6 +5,7 @@
 pub mod algo;
 pub mod frame;
 pub mod message;
+pub mod plan;
 pub mod relay;
 pub mod schedule;
 #[cfg(any(test, feature = "unstable-internals"))]
