@@ -2,6 +2,7 @@
 
 /// Why the RDMA transport could not be used, or stopped working.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RdmaError {
     /// No usable RDMA device on this host; collective payloads stay on QUIC.
     #[error("no RDMA device: {reason}")]

@@ -113,6 +113,7 @@ impl<T: Element, M: MemorySpace> fmt::Debug for Buf<T, M> {
 /// assert!(e.to_string().contains("libcuda"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeviceError {
     /// Device memory cannot be used on this host or in this build.
     #[error("device memory is unavailable: {reason}")]

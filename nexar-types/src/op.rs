@@ -91,6 +91,7 @@ impl fmt::Display for ReduceOp {
 
 /// Why a reduction could not run.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReduceError {
     /// A bitwise operation was asked of floating-point elements.
     #[error("reduction {op} is not defined for {dtype} elements (bitwise operations take integers)")]

@@ -24,6 +24,7 @@ use rustix::thread::{CpuSet, Pid, sched_getaffinity, sched_setaffinity};
 
 /// Why a binding failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AffinityError {
     /// The kernel refused to report or change the CPU set.
     #[error("cannot {what}: {source}")]

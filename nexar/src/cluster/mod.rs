@@ -25,6 +25,7 @@ use crate::transport::TransportError;
 
 /// Failures while forming or joining a cluster.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClusterError {
     /// A join token does not parse.
     #[error("invalid join token: {0}")]

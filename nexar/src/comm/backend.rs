@@ -30,6 +30,7 @@ const DEATH_CHECK: Duration = Duration::from_millis(100);
 
 /// Why a back-end hook failed.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BackendError {
     /// The peer is not a rank of this communicator (or is this rank).
     #[error("rank {rank} {op}: rank {peer} is not another rank of this communicator (size {size})")]

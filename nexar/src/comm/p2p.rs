@@ -21,6 +21,7 @@ use crate::transport::mailbox::{Held, Key, Refusal};
 /// Failures of `send` and `recv`. Each names the rank that reports it, the operation and what
 /// was expected.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum P2pError {
     /// The peer rank is outside the world.
     #[error("rank {rank} {op}: peer rank {peer} does not exist (world size {world})")]

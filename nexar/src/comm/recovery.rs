@@ -35,6 +35,7 @@ pub(super) const TAG_DECIDE: u64 = 2;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecoveryError {
     /// The caller's arguments are wrong.
     #[error("rank {rank} {op}: {reason}")]

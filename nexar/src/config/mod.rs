@@ -17,6 +17,7 @@ pub(crate) use env::{invalid, parse};
 
 /// An environment variable held a value nexar cannot use.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The variable is set but its value does not parse or is out of range.
     #[error("invalid value {value:?} for {var}: {reason}")]

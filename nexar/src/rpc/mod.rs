@@ -32,6 +32,7 @@ pub(crate) use serve::{serve_requests, serve_responses};
 /// Why an RPC failed. Each case is distinct so callers can react to it; a handler's own
 /// error travels inside the `Ok` value, typed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RpcError {
     /// The peer rank does not exist.
     #[error("rank {rank} rpc {name}: peer rank {peer} does not exist (world size {world})")]

@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 /// assert!(err.to_string().contains("NEXAR_METRICS_ADDR=0.0.0.0:9400"));
 /// ```
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MetricsError {
     /// The address was given, but this build has no exporter.
     #[error(

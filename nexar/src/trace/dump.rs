@@ -11,6 +11,7 @@ pub const MAX_DUMP_BYTES: u64 = 256 << 20;
 
 /// Errors writing or reading flight-recorder dumps.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TraceError {
     /// No directory to write to (`NEXAR_TRACE_DIR=off`).
     #[error("rank {rank}: the flight recorder has no directory to write to (NEXAR_TRACE_DIR=off)")]

@@ -23,6 +23,7 @@ use crate::proto::frame::FrameError;
 
 /// Failures of the transport layer.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// Certificates or TLS configuration could not be built or did not verify.
     #[error("tls: {0}")]

@@ -9,6 +9,7 @@ use crate::transport::TransportError;
 
 /// Failures of collectives. Each names the reporting rank and the operation.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CollectiveError {
     /// This rank's own arguments are wrong (buffer lengths, root); nothing was sent, and the
     /// other ranks are told so at once.
