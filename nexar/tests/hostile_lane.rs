@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use nexar::hostile::{HostileMember, LaneTamper, take_collective_payload};
 use nexar::proto::frame::{message_frame, raw_header};
-use nexar::proto::message::{PeerMsg, encode};
+use nexar::proto::message::{CollHeader, PeerMsg, encode};
 use nexar::{NexarClient, NexarConfig};
 
 use common::{TEST_LIMIT, alone, on_each, resident_bytes};
@@ -27,13 +27,15 @@ fn coll_frames(comm: u64, seq: u64, len: u64) -> Bytes {
     let msg = PeerMsg::Coll {
         comm,
         seq,
-        kind: 1,
-        op: 1,
-        dtype: nexar::DType::U8.to_wire(),
-        root: 0,
-        count: len,
-        fingerprint: 0,
-        segment: 0,
+        header: CollHeader {
+            kind: 1,
+            op: 1,
+            dtype: nexar::DType::U8.to_wire(),
+            root: 0,
+            count: len,
+            fingerprint: 0,
+            segment: 0,
+        },
         part: 0,
         len,
     };

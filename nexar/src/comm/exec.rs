@@ -12,12 +12,12 @@ use super::client::NexarClient;
 use super::collective::CollectiveError;
 use super::pieces::{Data, Parts};
 use crate::proto::algo::{Collective, name_of_code};
-use crate::proto::message::PeerMsg;
+use crate::proto::message::{CollHeader, PeerMsg};
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::trace::{OpClass, OpDesc, OpTrace, StalledOp};
 use crate::transport::TransportError;
 use crate::transport::framed::BlockError;
-use crate::transport::mailbox::{CollCheck, Key, Refusal};
+use crate::transport::mailbox::{Key, Refusal};
 use crate::transport::pool::pooled_gather;
 
 /// One collective call as this rank made it.
@@ -44,8 +44,8 @@ impl CollCall {
         CollCall { kind, op, count, total: count, fingerprint, segment: 0, part: 0 }
     }
 
-    fn check<T: Element>(&self) -> CollCheck {
-        CollCheck {
+    fn header<T: Element>(&self) -> CollHeader {
+        CollHeader {
             kind: self.kind.code(),
             op: self.op.map_or(0, ReduceOp::to_wire),
             dtype: T::DTYPE.to_wire(),
@@ -58,7 +58,7 @@ impl CollCall {
 }
 
 /// Describes how `theirs` differs from `ours`, field by field, in the words of the user's call.
-fn disagreement(ours: &CollCheck, theirs: &CollCheck, me: usize, peer: usize) -> String {
+fn disagreement(ours: &CollHeader, theirs: &CollHeader, me: usize, peer: usize) -> String {
     let op_name = |c: u8| ReduceOp::from_wire(c).map_or("none", ReduceOp::name);
     let dtype_name = |c: u8| nexar_types::DType::from_wire(c).map_or("unknown", |d| d.name());
     if ours.kind != theirs.kind {
@@ -299,7 +299,7 @@ impl NexarClient {
         trace: &OpTrace<'_>,
     ) -> Result<(), CollectiveError> {
         let (rank, op) = (self.rank(), call.kind.name());
-        let check = call.check::<T>();
+        let header = call.header::<T>();
         let reduction = call.op.unwrap_or(ReduceOp::Sum);
         let limit = self.config().op_timeout;
         let deadline = Instant::now() + limit;
@@ -321,19 +321,7 @@ impl NexarClient {
                             view(src, data.flat(), input, scratch).ok_or_else(out_of_bounds)?,
                         )]),
                     };
-                    let msg = PeerMsg::Coll {
-                        comm: self.comm.id,
-                        seq,
-                        kind: check.kind,
-                        op: check.op,
-                        dtype: check.dtype,
-                        root: check.root,
-                        count: check.count,
-                        fingerprint: check.fingerprint,
-                        segment: check.segment,
-                        part: call.part,
-                        len: src.len as u64,
-                    };
+                    let msg = PeerMsg::Coll { comm: self.comm.id, seq, header, part: call.part, len: src.len as u64 };
                     let link = self.link(to).ok_or(CollectiveError::Closed { rank, op })?;
                     let transport = |source| CollectiveError::Transport { rank, op, peer: to, source };
                     // A bulk channel that encrypts as it reads takes the payload without a copy.
@@ -351,12 +339,12 @@ impl NexarClient {
                         Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq, part: call.part };
                     let held = self.take_coll(key, from, dst.len * size_of::<T>(), op, &watch).await?;
                     let theirs = held.check.ok_or_else(|| internal("collective message without a header"))?;
-                    if theirs != check {
+                    if theirs != header {
                         return Err(CollectiveError::Mismatch {
                             rank,
                             op,
                             peer: from,
-                            what: disagreement(&check, &theirs, rank, from),
+                            what: disagreement(&header, &theirs, rank, from),
                         });
                     }
                     if held.dtype != T::DTYPE || held.count != dst.len as u64 {

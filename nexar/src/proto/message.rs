@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::frame::FrameError;
 
 /// Version of the join protocol; a seed refuses workers that speak another.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// What a worker sends the seed on its join stream.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -147,6 +147,28 @@ pub struct ActiveColl {
     pub waiting_on: Option<u32>,
 }
 
+/// What a rank called, as every message of a collective carries it: ranks that disagree on
+/// any of it must not exchange data. The one shape of a collective's header, from the call
+/// to the wire to the receiver's check.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CollHeader {
+    /// Operation kind (see `algo::Collective::code`).
+    pub kind: u8,
+    /// Reduction operation code (0 for none).
+    pub op: u8,
+    /// Wire dtype code.
+    pub dtype: u8,
+    /// Root rank (0 for rootless operations).
+    pub root: u32,
+    /// The operation's element count as the sender called it.
+    pub count: u64,
+    /// Fingerprint of the plan the operation belongs to (0 for none).
+    pub fingerprint: u64,
+    /// Elements per segment when the operation runs as consecutive segments under one
+    /// sequence number (a large allreduce), 0 when it runs whole.
+    pub segment: u64,
+}
+
 /// Messages between peers.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum PeerMsg {
@@ -173,29 +195,16 @@ pub enum PeerMsg {
     },
     /// The sender is shutting down and will send nothing more.
     Goodbye,
-    /// One message of a collective; a raw frame of `len * size(dtype)` bytes follows. The
-    /// header fields let the receiver refuse a message from a rank that called another
+    /// One message of a collective; a raw frame of `len * size(header.dtype)` bytes follows.
+    /// The header lets the receiver refuse a message from a rank that called another
     /// operation, count, type, root or plan.
     Coll {
         /// Communicator.
         comm: u64,
         /// Sequence number of the collective on that communicator.
         seq: u64,
-        /// Operation kind (see `algo::Collective::code`).
-        kind: u8,
-        /// Reduction operation code (0 for none).
-        op: u8,
-        /// Wire dtype code.
-        dtype: u8,
-        /// Root rank (0 for rootless operations).
-        root: u32,
-        /// The operation's element count as the sender called it.
-        count: u64,
-        /// Fingerprint of the plan the operation belongs to (0 for none).
-        fingerprint: u64,
-        /// Elements per segment when the operation runs as consecutive segments under one
-        /// sequence number (a large allreduce), 0 when it runs whole.
-        segment: u64,
+        /// What the sender called.
+        header: CollHeader,
         /// The segment this message belongs to (0 when not split).
         part: u32,
         /// Elements in this message.
@@ -324,7 +333,7 @@ impl PeerMsg {
     pub fn payload_elements(&self) -> Option<(u8, u64)> {
         match self {
             PeerMsg::P2p { dtype, count, .. } => Some((*dtype, *count)),
-            PeerMsg::Coll { dtype, len, .. } => Some((*dtype, *len)),
+            PeerMsg::Coll { header, len, .. } => Some((header.dtype, *len)),
             PeerMsg::RpcRequest { len, .. } | PeerMsg::RpcResponse { len, .. } | PeerMsg::Relay { len, .. } => {
                 Some((nexar_types::DType::U8.to_wire(), *len))
             }
@@ -411,7 +420,7 @@ mod tests {
                 PeerMsg::Setup { tag: 7, body: vec![1, 2, 3] },
                 PeerMsg::Heartbeat,
                 PeerMsg::Abort { comm: 1, seq: 2, reason: "count mismatch".into() },
-                PeerMsg::Coll { comm: 1, seq: 2, kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, segment: 4, part: 1, len: 5 },
+                PeerMsg::Coll { comm: 1, seq: 2, header: CollHeader { kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, segment: 4 }, part: 1, len: 5 },
             ];
             let mut bytes = encode(&m[which]).unwrap().to_vec();
             let i = flip % bytes.len();

@@ -131,7 +131,7 @@ mod tests {
     proptest! {
         #[test]
         fn mutated_bodies_never_panic(flip in 0usize..200, xor in 1u8..=255, cut in 0usize..200) {
-            let m = PeerMsg::Coll { comm: 1, seq: 2, kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, segment: 0, part: 0, len: 5 };
+            let m = PeerMsg::Coll { comm: 1, seq: 2, header: crate::proto::message::CollHeader { kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, segment: 0 }, part: 0, len: 5 };
             let mut body = packed(&m, &[7u8; 20]);
             let i = flip % body.len();
             body[i] ^= xor;

@@ -191,13 +191,15 @@ mod tests {
         let msg = PeerMsg::Coll {
             comm: 0,
             seq: 1,
-            kind: 1,
-            op: 1,
-            dtype: 1,
-            root: 0,
-            count: 2,
-            fingerprint: 0,
-            segment: 0,
+            header: crate::proto::message::CollHeader {
+                kind: 1,
+                op: 1,
+                dtype: 1,
+                root: 0,
+                count: 2,
+                fingerprint: 0,
+                segment: 0,
+            },
             part: 0,
             len: 2,
         };

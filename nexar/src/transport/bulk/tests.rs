@@ -10,13 +10,15 @@ pub(crate) fn coll(len: u64) -> PeerMsg {
     PeerMsg::Coll {
         comm: 3,
         seq: 9,
-        kind: 1,
-        op: 1,
-        dtype: 1,
-        root: 0,
-        count: len,
-        fingerprint: 0,
-        segment: 0,
+        header: crate::proto::message::CollHeader {
+            kind: 1,
+            op: 1,
+            dtype: 1,
+            root: 0,
+            count: len,
+            fingerprint: 0,
+            segment: 0,
+        },
         part: 0,
         len,
     }

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use nexar_types::DType;
 use tokio::sync::{Notify, oneshot};
 
-use crate::proto::message::PeerMsg;
+use crate::proto::message::{CollHeader, PeerMsg};
 use crate::transport::framed::Payload;
 use crate::transport::link::Incoming;
 
@@ -44,21 +44,7 @@ pub(crate) struct Held {
     pub count: u64,
     pub payload: Payload,
     /// For collective messages: what the sender called.
-    pub check: Option<CollCheck>,
-}
-
-/// What a rank called, as carried by each collective message: ranks that disagree on any of it
-/// must not exchange data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct CollCheck {
-    pub kind: u8,
-    pub op: u8,
-    pub dtype: u8,
-    pub root: u32,
-    pub count: u64,
-    pub fingerprint: u64,
-    /// Elements per segment (0: the operation runs whole).
-    pub segment: u64,
+    pub check: Option<CollHeader>,
 }
 
 /// Remembered aborted collectives per mailbox (their late messages are dropped on arrival).
@@ -78,15 +64,13 @@ pub(crate) fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
 
 /// Turns a collective message into a mailbox entry keyed by `(comm, src, seq)`.
 pub(crate) fn coll_entry(incoming: Incoming) -> Option<(Key, Held)> {
-    let PeerMsg::Coll { comm, seq, kind, op, dtype, root, count, fingerprint, segment, part, len } = incoming.msg
-    else {
+    let PeerMsg::Coll { comm, seq, header, part, len } = incoming.msg else {
         return None;
     };
-    let check = CollCheck { kind, op, dtype, root, count, fingerprint, segment };
-    let dtype = DType::from_wire(dtype).ok()?;
+    let dtype = DType::from_wire(header.dtype).ok()?;
     Some((
         Key { comm, src: incoming.from, tag: seq, part },
-        Held { dtype, count: len, payload: incoming.payload, check: Some(check) },
+        Held { dtype, count: len, payload: incoming.payload, check: Some(header) },
     ))
 }
 
