@@ -40,6 +40,8 @@ async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]
     let (r, w) = (comm.rank(), comm.world_size());
     match op {
         Op::Allreduce => comm.all_reduce(recv, ReduceOp::Sum).await,
+        Op::AllreduceBf16 => compressed(comm, recv, nexar::Compression::Bf16).await,
+        Op::AllreduceF16 => compressed(comm, recv, nexar::Compression::F16).await,
         Op::Broadcast => comm.broadcast(recv, 0).await,
         Op::Allgather => comm.all_gather(send, recv).await,
         Op::ReduceScatter => comm.reduce_scatter(send, recv, ReduceOp::Sum).await,
@@ -56,13 +58,29 @@ async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]
     }
 }
 
+/// The compressed allreduce, which takes f32 elements only.
+async fn compressed<T: Summable>(
+    comm: &NexarClient,
+    recv: &mut [T],
+    compression: nexar::Compression,
+) -> Result<(), CollectiveError> {
+    if T::DTYPE != nexar::DType::F32 {
+        return Err(CollectiveError::InvalidArgument {
+            rank: comm.rank(),
+            op: "all_reduce_compressed",
+            reason: "the compressed allreduce takes f32 elements: run it with -d f32".into(),
+        });
+    }
+    comm.all_reduce_compressed(bytemuck::cast_slice_mut::<T, f32>(recv), Sum, compression).await
+}
+
 /// Buffer lengths `(send, recv)` for a message of `count` elements.
 fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
     match op {
         Op::Allgather | Op::Gather => (count / w, count / w * w),
         Op::ReduceScatter | Op::Scatter => (count / w * w, count / w),
         Op::Alltoall => (count / w * w, count / w * w),
-        Op::Allreduce | Op::Broadcast | Op::Reduce => (0, count),
+        Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 | Op::Broadcast | Op::Reduce => (0, count),
         Op::Sendrecv => (count, count),
         Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => (0, 0),
     }
@@ -72,7 +90,10 @@ fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
 fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -> u64 {
     let expect = |i: usize| -> T {
         match op {
-            Op::Allreduce => (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i))),
+            // Small integers: exact in 16 bits too.
+            Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 => {
+                (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i)))
+            }
             Op::Reduce if r == 0 => (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i))),
             Op::Gather if r == 0 => val(i / send_len.max(1), i % send_len.max(1)),
             // Other ranks' buffers are left as they were.
@@ -134,7 +155,7 @@ pub(super) async fn run_size<T: Summable>(
     let moved = (recv_len.max(send_len) * size_of::<T>()) as f64;
     let algbw = if time_us > 0.0 { moved / time_us / 1e3 } else { 0.0 };
     let factor = match args.op {
-        Op::Allreduce => 2.0 * (w as f64 - 1.0) / w as f64,
+        Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 => 2.0 * (w as f64 - 1.0) / w as f64,
         Op::Allgather | Op::ReduceScatter | Op::Alltoall | Op::Gather | Op::Scatter => (w as f64 - 1.0) / w as f64,
         _ => 1.0,
     };

@@ -32,6 +32,11 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 #[value(rename_all = "snake_case")]
 enum Op {
     Allreduce,
+    /// `all_reduce_compressed` with bf16 on the wire (f32 data only); bandwidths count the
+    /// f32 bytes, so they compare with `allreduce`'s.
+    AllreduceBf16,
+    /// The same with f16 on the wire.
+    AllreduceF16,
     Broadcast,
     Allgather,
     ReduceScatter,

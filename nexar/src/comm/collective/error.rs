@@ -125,6 +125,17 @@ pub enum CollectiveError {
         /// What the device reported.
         source: DeviceError,
     },
+    /// A compressed collective's result does not fit its wire format (an f16 sum beyond
+    /// ±65504); every rank reports it alike.
+    #[error("rank {rank} {op}: {what}")]
+    Overflow {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// Which element, and what to do.
+        what: String,
+    },
     /// This rank is shutting down.
     #[error("rank {rank} {op}: the client is shut down")]
     Closed {

@@ -15,11 +15,13 @@ use super::state::CommState;
 use crate::proto::algo::Collective;
 
 mod cache;
+mod compressed;
 mod error;
 mod handle;
 mod prepare;
 
 pub(crate) use cache::{ScheduleCache, ScheduleKey};
+pub use compressed::Compression;
 pub use error::CollectiveError;
 use handle::Exchange;
 pub use handle::{CollectiveHandle, ExchangeHandle};

@@ -1,0 +1,126 @@
+//! `all_reduce_compressed` over real QUIC (and the TCP lane for large buffers): results within
+//! the documented error bound of the exact sum for bf16 and f16, exact extrema, the f16
+//! overflow and the argument errors reported alike on every rank.
+
+mod common;
+
+use common::{TEST_LIMIT, on_each};
+use nexar::{CollectiveError, Compression, Max, NexarClient, Prod, Sum};
+
+/// Rank `r`'s contribution to element `i`: varied signs and magnitudes over four decades.
+fn value(r: usize, i: usize) -> f32 {
+    let x = ((r * 7919 + i * 104_729) % 10_007) as f32 / 10_007.0 - 0.5;
+    x * [0.01f32, 0.1, 1.0, 10.0][(i + r) % 4]
+}
+
+async fn ranks(n: usize) -> Vec<NexarClient> {
+    NexarClient::bootstrap_local(n).await.unwrap()
+}
+
+/// Every element of every rank's result is within the bound of the exact (f64) sum.
+async fn sums_within_the_bound(n: usize, len: usize, compression: Compression) {
+    let ranks = ranks(n).await;
+    let results = on_each(&ranks, move |c| async move {
+        let mut v: Vec<f32> = (0..len).map(|i| value(c.rank(), i)).collect();
+        tokio::time::timeout(TEST_LIMIT, c.all_reduce_compressed(&mut v, Sum, compression)).await.unwrap().unwrap();
+        v
+    })
+    .await;
+    let mut worst = 0f64;
+    for i in 0..len {
+        let exact: f64 = (0..n).map(|r| value(r, i) as f64).sum();
+        let magnitude: f64 = (0..n).map(|r| (value(r, i) as f64).abs()).sum();
+        let bound = compression.sum_error_bound(n, magnitude);
+        for (rank, got) in results.iter().enumerate() {
+            let err = (got[i] as f64 - exact).abs();
+            assert!(err <= bound, "{compression:?}, {n} ranks, rank {rank}, element {i}: error {err} over {bound}");
+            worst = worst.max(err / bound.max(f64::MIN_POSITIVE));
+        }
+        assert!(results.iter().all(|r| r[i].to_bits() == results[0][i].to_bits()), "ranks differ at {i}");
+    }
+    eprintln!("{compression:?}, {n} ranks, {len} elements: worst error {:.0}% of the bound", worst * 100.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bf16_and_f16_sums_stay_within_the_documented_bound() {
+    for n in [2, 3, 4] {
+        for compression in [Compression::Bf16, Compression::F16] {
+            // Lengths that do and do not divide by the world size.
+            sums_within_the_bound(n, 1001, compression).await;
+        }
+    }
+}
+
+/// 4 MiB of f32 (2 MiB on the wire) takes the TCP lane: the bound holds there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_buffer_on_the_tcp_lane_stays_within_the_bound() {
+    sums_within_the_bound(2, 1 << 20, Compression::Bf16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extrema_are_the_rounded_extremum_and_buffers_of_any_kind_work() {
+    let ranks = ranks(3).await;
+    let results = on_each(&ranks, |c| async move {
+        let mut v = nexar::Buf::from_vec((0..100).map(|i| value(c.rank(), i)).collect::<Vec<f32>>());
+        c.all_reduce_compressed(&mut v, Max, Compression::F16).await.unwrap();
+        v.as_slice().to_vec()
+    })
+    .await;
+    for (i, got) in results[0].iter().enumerate() {
+        let max = (0..3).map(|r| value(r, i)).fold(f32::MIN, f32::max);
+        assert_eq!(*got, nexar::f16::from_f32(max).to_f32(), "element {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_f16_sum_beyond_its_range_fails_alike_on_every_rank() {
+    let ranks = ranks(2).await;
+    let outcomes = on_each(&ranks, |c| async move {
+        let mut v = vec![1.0f32; 10];
+        v[7] = 40_000.0; // 80,000 in all: beyond ±65504
+        let got = c.all_reduce_compressed(&mut v, Sum, Compression::F16).await;
+        (got, v)
+    })
+    .await;
+    for (rank, (got, v)) in outcomes.into_iter().enumerate() {
+        match got {
+            Err(CollectiveError::Overflow { what, .. }) => assert!(what.contains("element 7"), "{what}"),
+            other => panic!("rank {rank}: {other:?}"),
+        }
+        assert_eq!(v[7], 40_000.0, "rank {rank}: a failed call leaves the buffer as it was");
+    }
+    // Bf16 has f32's range.
+    let sums = on_each(&ranks, |c| async move {
+        let mut v = vec![40_000.0f32; 4];
+        c.all_reduce_compressed(&mut v, Sum, Compression::Bf16).await.unwrap();
+        v
+    })
+    .await;
+    assert!(sums.iter().all(|v| v.iter().all(|x| (*x - 80_000.0).abs() <= 80_000.0 / 128.0)), "{sums:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lengths_that_differ_and_products_are_refused() {
+    let ranks = ranks(2).await;
+    // 5 and 6 elements make the same 3-element blocks: the lengths are compared first.
+    let outcomes = on_each(&ranks, |c| async move {
+        let mut v = vec![1.0f32; 5 + c.rank()];
+        c.all_reduce_compressed(&mut v, Sum, Compression::Bf16).await
+    })
+    .await;
+    for (rank, got) in outcomes.into_iter().enumerate() {
+        let err = got.expect_err("lengths differ").to_string();
+        assert!(err.contains("5 to 6 elements"), "rank {rank}: {err}");
+    }
+    let mut v = vec![1.0f32; 4];
+    let err = ranks[0].all_reduce_compressed(&mut v, Prod, Compression::Bf16).await.unwrap_err();
+    assert!(err.to_string().contains("prod"), "{err}");
+    // The communicator carries on.
+    let sums = on_each(&ranks, |c| async move {
+        let mut v = vec![2.0f32; 8];
+        c.all_reduce_compressed(&mut v, Sum, Compression::Bf16).await.unwrap();
+        v
+    })
+    .await;
+    assert!(sums.iter().all(|v| v.iter().all(|x| *x == 4.0)));
+}
