@@ -77,29 +77,37 @@ impl Compression {
     }
 }
 
-/// A 16-bit wire format for `f32` elements.
+/// A 16-bit wire format for `f32` elements, converted a slice at a time (`half`'s slice
+/// conversions, which use the CPU's conversion instructions where it has them).
 trait Wire16: Element {
-    fn encode(x: f32) -> Self;
-    fn decode(self) -> f32;
+    fn encode(from: &[f32], to: &mut [Self]);
+    fn decode(from: &[Self], to: &mut [f32]);
+    fn is_finite(self) -> bool;
+    fn value(self) -> f32;
 }
 
-impl Wire16 for bf16 {
-    fn encode(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    fn decode(self) -> f32 {
-        self.to_f32()
-    }
+macro_rules! wire16 {
+    ($($t:ty),*) => {$(
+        impl Wire16 for $t {
+            fn encode(from: &[f32], to: &mut [Self]) {
+                use half::slice::HalfFloatSliceExt;
+                to.convert_from_f32_slice(from);
+            }
+            fn decode(from: &[Self], to: &mut [f32]) {
+                use half::slice::HalfFloatSliceExt;
+                from.convert_to_f32_slice(to);
+            }
+            fn is_finite(self) -> bool {
+                <$t>::is_finite(self)
+            }
+            fn value(self) -> f32 {
+                self.to_f32()
+            }
+        }
+    )*};
 }
 
-impl Wire16 for f16 {
-    fn encode(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    fn decode(self) -> f32 {
-        self.to_f32()
-    }
-}
+wire16!(bf16, f16);
 
 const OP: &str = "all_reduce_compressed";
 
@@ -174,27 +182,25 @@ impl NexarClient {
     ) -> Result<(), CollectiveError> {
         let world = self.world_size();
         let block = data.len().div_ceil(world).max(1);
-        let mut wire: Vec<W> = data.iter().map(|&x| W::encode(x)).collect();
-        wire.resize(block * world, W::zeroed());
+        let mut wire: Vec<W> = vec![W::zeroed(); block * world];
+        W::encode(data, &mut wire[..data.len()]);
         let mut mine = vec![W::zeroed(); block];
         self.reduce_scatter(&wire[..], &mut mine[..], op).await?;
         self.all_gather(&mine[..], &mut wire[..]).await?;
         if compression == Compression::F16
-            && let Some(i) = wire[..data.len()].iter().position(|w| !w.decode().is_finite())
+            && let Some(i) = wire[..data.len()].iter().position(|w| !w.is_finite())
         {
             return Err(CollectiveError::Overflow {
                 rank: self.rank(),
                 op: OP,
                 what: format!(
                     "element {i} is {} after the {} reduction: beyond f16's range (±65504), or a contribution was not finite; use Compression::Bf16",
-                    wire[i].decode(),
+                    wire[i].value(),
                     compression.name()
                 ),
             });
         }
-        for (d, w) in data.iter_mut().zip(&wire) {
-            *d = w.decode();
-        }
+        W::decode(&wire[..data.len()], data);
         Ok(())
     }
 }
