@@ -94,17 +94,19 @@ impl PlanSpec {
     pub(crate) fn layout(&self, shapes: &[Shape]) -> Layout {
         // A statement that touches a buffer an earlier statement of the current phase touched
         // starts a new phase, so fusion never reorders dependent statements.
-        let mut phases: Vec<Vec<Statement>> = vec![Vec::new()];
+        let mut phases: Vec<Vec<Statement>> = Vec::new();
+        let mut current: Vec<Statement> = Vec::new();
         let mut used: Vec<usize> = Vec::new();
         for st in self.statements {
             let bufs = st.buffers();
             if bufs.iter().any(|b| used.contains(b)) || (*st == Statement::Barrier && !used.is_empty()) {
-                phases.push(Vec::new());
+                phases.push(std::mem::take(&mut current));
                 used.clear();
             }
             used.extend(bufs);
-            phases.last_mut().expect("one phase at least").push(*st);
+            current.push(*st);
         }
+        phases.push(current);
         let phases =
             phases.into_iter().filter(|p| !p.is_empty()).map(|statements| self.group(&statements, shapes)).collect();
         Layout { phases }
