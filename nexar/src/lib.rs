@@ -21,7 +21,7 @@
 //! feature `unstable-internals` makes them public for fuzz targets and hostile tests, with no
 //! promise that they stay as they are. A new transport back end is written against
 //! [`backend`].
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod affinity;

@@ -411,6 +411,8 @@ impl NexarClient {
         let client = NexarClient { user: UserHandles::new(&inner), inner, comm: world_comm };
         // A rank joining the running cluster keeps QUIC: the members are not exchanging now.
         if !running {
+            let shm = client.attach_shared_memory().await;
+            tracing::debug!(rank = client.rank(), peers = ?shm, "shared-memory links");
             client.bring_up_tcp_lanes(identity, ca).await;
         }
         Ok(client)

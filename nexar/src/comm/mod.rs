@@ -17,6 +17,7 @@ mod p2p;
 mod pieces;
 mod recovery;
 pub(crate) mod route;
+mod shm;
 pub(crate) mod spin;
 pub(crate) mod state;
 mod tcp_lane;

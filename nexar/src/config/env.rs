@@ -144,11 +144,10 @@ impl NexarConfig {
                 usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;
         }
         if let Some((var, v)) = get("NEXAR_BULK_ENCRYPTION") {
-            c.bulk_encryption = match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "true" => true,
-                "off" | "0" | "false" => false,
-                _ => return Err(invalid(var, &v, "expected on or off")),
-            };
+            c.bulk_encryption = on_off(var, &v)?;
+        }
+        if let Some((var, v)) = get("NEXAR_SHM") {
+            c.shared_memory = on_off(var, &v)?;
         }
         if let Some((var, v)) = get("NEXAR_SEGMENT_BYTES") {
             c.segment_bytes =
@@ -246,6 +245,15 @@ where
     T::Err: std::fmt::Display,
 {
     value.trim().parse::<T>().map_err(|e| invalid(var, value, &e.to_string()))
+}
+
+/// `on`/`off` (also `1`/`0`, `true`/`false`).
+fn on_off(var: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        _ => Err(invalid(var, value, "expected on or off")),
+    }
 }
 
 fn positive(var: &'static str, value: &str) -> Result<usize, ConfigError> {

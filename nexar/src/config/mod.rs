@@ -169,6 +169,21 @@ pub struct NexarConfig {
     /// assert!(nexar::NexarConfig::default().bulk_encryption);
     /// ```
     pub bulk_encryption: bool,
+    /// Whether ranks on the same host carry collective payloads through shared memory
+    /// (`NEXAR_SHM`: `on`, the default, or `off`). Two ranks that find they share a host (the
+    /// same machine, boot, network namespace and user; `NEXAR_HOST_ID` overrides the host's
+    /// identity) map a pair of rings in a memfd segment that only the two processes hold, after
+    /// proving the link over QUIC and checking each other's process credentials; their
+    /// collective payloads then skip the network stack and encryption (no other user can read
+    /// the segment). A link where either rank has it off, or where setting it up fails, uses
+    /// the TCP lane or QUIC as before.
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_SHM").then(|| "off".into())).unwrap();
+    /// assert!(!cfg.shared_memory);
+    /// assert!(nexar::NexarConfig::default().shared_memory);
+    /// ```
+    pub shared_memory: bool,
     /// Largest piece of its buffer an allreduce works on at a time (`NEXAR_SEGMENT_BYTES`,
     /// default 8 MiB; 0 never splits). A larger buffer runs as consecutive segments under
     /// one sequence number, which keeps each segment's working set in cache and lets a device
@@ -231,6 +246,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_transport", &self.bulk_transport)
             .field("bulk_min_bytes", &self.bulk_min_bytes)
             .field("bulk_encryption", &self.bulk_encryption)
+            .field("shared_memory", &self.shared_memory)
             .field("segment_bytes", &self.segment_bytes)
             .field("chaos", &self.chaos)
             .field("trace", &self.trace)
@@ -338,6 +354,7 @@ impl Default for NexarConfig {
             bulk_transport: BulkTransport::Tcp,
             bulk_min_bytes: 256 << 10,
             bulk_encryption: true,
+            shared_memory: true,
             segment_bytes: 8 << 20,
             trace: crate::trace::TraceConfig::default(),
             metrics_addr: None,

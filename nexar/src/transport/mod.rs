@@ -13,6 +13,7 @@ pub mod mailbox;
 pub mod pool;
 pub(crate) mod relay_hook;
 pub mod relay_seal;
+pub(crate) mod shm;
 pub mod tcp_lane;
 pub mod tls;
 

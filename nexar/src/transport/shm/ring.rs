@@ -1,0 +1,292 @@
+//! A one-way byte ring in a shared segment: one process writes, the other reads, and neither
+//! trusts what the other left in the segment.
+//!
+//! Layout: a header page, then `capacity` data bytes (a power of two). The header holds four
+//! words on separate cache lines: `head` (bytes ever written, the writer's), `tail` (bytes
+//! ever read, the reader's), and a flag per side saying that it sleeps and wants a doorbell.
+//!
+//! Each side keeps its own index in its own memory and only *publishes* it to the segment; it
+//! reads the other side's index from the segment and checks it against its own before using
+//! it. So a peer that scribbles on the header can at worst make the ring look full or empty,
+//! or make this side read garbage bytes of the peer's own stream: never an out-of-bounds
+//! access, a panic, or a wait that the group deadline does not end.
+
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+
+use super::mapping::SharedMap;
+
+/// Bytes before the data area.
+pub(crate) const HEADER: usize = 4096;
+const HEAD: usize = 0;
+const TAIL: usize = 128;
+const READER_SLEEPS: usize = 256;
+const WRITER_SLEEPS: usize = 384;
+
+/// The segment length of a ring of `capacity` data bytes.
+pub(crate) fn segment_len(capacity: usize) -> usize {
+    HEADER + capacity
+}
+
+/// What the peer left in the ring's header is impossible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the shared ring's header is corrupt: the writer claims {claimed} unread bytes in a {capacity}-byte ring")]
+pub(crate) struct Corrupt {
+    claimed: u64,
+    capacity: usize,
+}
+
+/// One side's view of a ring: the segment and this side's own index.
+struct Side {
+    map: Arc<SharedMap>,
+    capacity: usize,
+}
+
+impl Side {
+    fn load(&self, at: usize) -> u64 {
+        self.map.word(at).map_or(0, |w| w.load(Ordering::Acquire))
+    }
+
+    fn store(&self, at: usize, v: u64) {
+        if let Some(w) = self.map.word(at) {
+            w.store(v, Ordering::Release);
+        }
+    }
+
+    /// Copies `len` bytes between the stream position `pos` and `buf`, in up to two pieces
+    /// around the end of the data area.
+    fn copy(&self, pos: u64, mut each: impl FnMut(usize, std::ops::Range<usize>) -> bool, len: usize) -> bool {
+        let start = (pos % self.capacity as u64) as usize;
+        let first = len.min(self.capacity - start);
+        each(HEADER + start, 0..first) && (first == len || each(HEADER, first..len))
+    }
+}
+
+/// The writing side of a ring.
+pub(crate) struct Writer {
+    side: Side,
+    head: u64,
+}
+
+impl Writer {
+    /// The writer of the ring in `map` (which it created: the ring starts empty).
+    pub fn new(map: Arc<SharedMap>) -> Writer {
+        let capacity = map.len() - HEADER;
+        Writer { side: Side { map, capacity }, head: 0 }
+    }
+
+    /// Bytes that fit now. A tail the reader claims past the head, or too far behind it, reads
+    /// as a full ring (the peer's scribbles stall only its own stream).
+    pub fn room(&self) -> usize {
+        let tail = self.side.load(TAIL);
+        match self.head.checked_sub(tail) {
+            Some(used) if used <= self.side.capacity as u64 => self.side.capacity - used as usize,
+            _ => 0,
+        }
+    }
+
+    /// Copies as much of `src` as fits; returns how much. Unpublished until [`publish`](Self::publish).
+    pub fn write(&mut self, src: &[u8]) -> usize {
+        let n = src.len().min(self.room());
+        if n > 0 && self.side.copy(self.head, |at, r| self.side.map.copy_in(at, &src[r]), n) {
+            self.head += n as u64;
+            n
+        } else {
+            0
+        }
+    }
+
+    /// Makes what was written visible to the reader; `true` when the reader sleeps and must be
+    /// woken (its flag is cleared here, so one doorbell answers it).
+    pub fn publish(&self) -> bool {
+        self.side.store(HEAD, self.head);
+        fence(Ordering::SeqCst);
+        self.side.map.word(READER_SLEEPS).is_some_and(|w| w.swap(0, Ordering::AcqRel) != 0)
+    }
+
+    /// This side is about to sleep until the reader frees room: `true` if it must (still no
+    /// room for `want` bytes once the flag is up), `false` when room appeared meanwhile.
+    pub fn sleep_for(&self, want: usize) -> bool {
+        self.side.store(WRITER_SLEEPS, 1);
+        fence(Ordering::SeqCst);
+        if self.room() >= want.min(self.side.capacity) {
+            self.side.store(WRITER_SLEEPS, 0);
+            return false;
+        }
+        true
+    }
+
+    /// The ring's data capacity.
+    pub fn capacity(&self) -> usize {
+        self.side.capacity
+    }
+}
+
+/// The reading side of a ring.
+pub(crate) struct Reader {
+    side: Side,
+    tail: u64,
+}
+
+impl Reader {
+    /// The reader of the ring in `map` (the peer created it: it starts empty).
+    pub fn new(map: Arc<SharedMap>) -> Reader {
+        let capacity = map.len() - HEADER;
+        Reader { side: Side { map, capacity }, tail: 0 }
+    }
+
+    /// Bytes ready to read, checked against the ring's capacity.
+    pub fn ready(&self) -> Result<usize, Corrupt> {
+        let head = self.side.load(HEAD);
+        match head.checked_sub(self.tail) {
+            Some(n) if n <= self.side.capacity as u64 => Ok(n as usize),
+            _ => Err(Corrupt { claimed: head.wrapping_sub(self.tail), capacity: self.side.capacity }),
+        }
+    }
+
+    /// Copies up to `dst.len()` ready bytes into `dst`; returns how many. The room is handed
+    /// back to the writer only by [`release`](Self::release).
+    pub fn read(&mut self, dst: &mut [u8]) -> Result<usize, Corrupt> {
+        let n = dst.len().min(self.ready()?);
+        if n > 0 && self.side.copy(self.tail, |at, r| self.side.map.copy_out(at, &mut dst[r]), n) {
+            self.tail += n as u64;
+            Ok(n)
+        } else {
+            Ok(0)
+        }
+    }
+
+    /// Hands the bytes read so far back to the writer; `true` when the writer sleeps and must
+    /// be woken.
+    pub fn release(&self) -> bool {
+        self.side.store(TAIL, self.tail);
+        fence(Ordering::SeqCst);
+        self.side.map.word(WRITER_SLEEPS).is_some_and(|w| w.swap(0, Ordering::AcqRel) != 0)
+    }
+
+    /// This side is about to sleep until bytes arrive: `true` if it must (none ready once the
+    /// flag is up), `false` when some arrived meanwhile.
+    pub fn sleep(&self) -> Result<bool, Corrupt> {
+        self.side.store(READER_SLEEPS, 1);
+        fence(Ordering::SeqCst);
+        if self.ready()? > 0 {
+            self.side.store(READER_SLEEPS, 0);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(capacity: usize) -> Arc<SharedMap> {
+        Arc::new(SharedMap::create("nexar-ring-test", segment_len(capacity)).unwrap())
+    }
+
+    /// Every sequence of writes and reads of sizes 0..=5 (up to six steps) on an 8-byte ring
+    /// delivers the written stream exactly, in order, and never more than fits.
+    #[test]
+    fn every_small_schedule_delivers_the_stream_exactly() {
+        const CAP: usize = 8;
+        const STEPS: usize = 6;
+        // A step: write n (0..=5) or read n (0..=5): 12 choices. One segment, its header
+        // reset per schedule, with the data area cut to CAP bytes.
+        let map = ring(4096);
+        for schedule in 0..12usize.pow(STEPS as u32) {
+            map.word(HEAD).unwrap().store(0, Ordering::SeqCst);
+            map.word(TAIL).unwrap().store(0, Ordering::SeqCst);
+            let (mut w, mut r) = (Writer::new(map.clone()), Reader::new(map.clone()));
+            w.side.capacity = CAP;
+            r.side.capacity = CAP;
+            let (mut sent, mut got, mut next) = (Vec::new(), Vec::new(), 0u8);
+            let mut s = schedule;
+            for _ in 0..STEPS {
+                let (op, n) = ((s % 12) / 6, s % 6);
+                s /= 12;
+                if op == 0 {
+                    let src: Vec<u8> = (0..n).map(|i| next.wrapping_add(i as u8)).collect();
+                    let room = w.room();
+                    let wrote = w.write(&src);
+                    assert_eq!(wrote, n.min(room));
+                    assert!(sent.len() + wrote - got.len() <= CAP);
+                    sent.extend_from_slice(&src[..wrote]);
+                    next = next.wrapping_add(wrote as u8);
+                    w.publish();
+                } else {
+                    let mut dst = vec![0u8; n];
+                    let read = r.read(&mut dst).unwrap();
+                    assert_eq!(read, n.min(sent.len() - got.len()));
+                    got.extend_from_slice(&dst[..read]);
+                    r.release();
+                }
+                assert_eq!(&sent[..got.len()], &got[..], "schedule {schedule}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_scribbled_header_is_refused_or_stalls_never_reads_out_of_bounds() {
+        let map = ring(4096);
+        let (mut w, mut r) = (Writer::new(map.clone()), Reader::new(map.clone()));
+        assert_eq!(w.write(b"abc"), 3);
+        w.publish();
+        // The peer claims more than the ring holds.
+        map.word(HEAD).unwrap().store(1 << 40, Ordering::SeqCst);
+        let err = r.read(&mut [0u8; 16]).unwrap_err();
+        assert!(err.to_string().contains("corrupt"), "{err}");
+        // Or a head behind the tail.
+        map.word(HEAD).unwrap().store(0, Ordering::SeqCst);
+        assert_eq!(r.read(&mut [0u8; 16]).unwrap(), 0);
+        // A tail past the head makes the writer see a full ring, not a huge one.
+        map.word(TAIL).unwrap().store(u64::MAX, Ordering::SeqCst);
+        assert_eq!(w.room(), 0);
+        assert_eq!(w.write(b"x"), 0);
+    }
+
+    #[test]
+    fn the_sleep_flags_ask_for_exactly_one_doorbell() {
+        let map = ring(4096);
+        let (mut w, mut r) = (Writer::new(map.clone()), Reader::new(map.clone()));
+        assert!(r.sleep().unwrap(), "nothing to read: sleep");
+        w.write(b"x");
+        assert!(w.publish(), "the reader sleeps: ring");
+        assert!(!w.publish(), "once");
+        assert!(!r.sleep().unwrap(), "bytes are ready: no sleep");
+        r.read(&mut [0u8; 1]).unwrap();
+        assert!(!r.release(), "the writer does not sleep");
+        w.write(&[0u8; 4096]);
+        w.publish();
+        assert!(w.sleep_for(1), "full: the writer sleeps");
+        r.read(&mut [0u8; 10]).unwrap();
+        assert!(r.release(), "room: wake the writer");
+    }
+
+    #[test]
+    fn two_threads_stream_through_a_small_ring() {
+        let map = ring(4096);
+        let total = 1usize << 20;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut w = Writer::new(map.clone());
+                let data: Vec<u8> = (0..total).map(|i| (i * 7 % 251) as u8).collect();
+                let mut at = 0;
+                while at < total {
+                    at += w.write(&data[at..(at + 1000).min(total)]);
+                    w.publish();
+                    std::hint::spin_loop();
+                }
+            });
+            let mut r = Reader::new(map.clone());
+            let mut got = Vec::with_capacity(total);
+            let mut buf = [0u8; 777];
+            while got.len() < total {
+                let n = r.read(&mut buf).unwrap();
+                got.extend_from_slice(&buf[..n]);
+                r.release();
+            }
+            assert!(got.iter().enumerate().all(|(i, b)| *b == (i * 7 % 251) as u8));
+        });
+    }
+}

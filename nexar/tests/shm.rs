@@ -1,0 +1,112 @@
+//! The same-host transport (`NexarConfig::shared_memory`): ranks of one host carry their
+//! collective payloads through rings in shared memory; every collective checked at sizes that
+//! fit the ring and sizes that stream through it many times, ranks on fake hosts keep the
+//! network, and a link that breaks mid-operation fails what it carried, never with wrong
+//! results.
+
+mod common;
+
+use std::time::Duration;
+
+use nexar::prelude::*;
+use nexar::{BulkTransport, CollectiveError};
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_ranks_carry_every_collective_through_shared_memory() {
+    common::logs();
+    let run = async {
+        for n in [2, 3] {
+            let ranks = NexarClient::bootstrap_local_with(n, NexarConfig::default()).await.unwrap();
+            common::on_each(&ranks, move |c| async move {
+                for p in (0..n).filter(|p| *p != c.rank()) {
+                    assert_eq!(c.bulk_transport(p), Some("shm"), "rank {} to {p}", c.rank());
+                }
+                common::check_every_collective(&c, &[0, 1, 3, 1000, 300_007, 1 << 20]).await;
+                for i in 0..300i64 {
+                    let mut x = vec![i + c.rank() as i64; 5];
+                    c.all_reduce(&mut x, Sum).await.unwrap();
+                    assert_eq!(x, vec![n as i64 * i + (n * (n - 1) / 2) as i64; 5]);
+                }
+                // 48 MiB: twelve times the ring, each way.
+                let mut big: Vec<f32> = (0..12 << 20).map(|i| (i % 1000) as f32 + c.rank() as f32).collect();
+                c.all_reduce(&mut big, Sum).await.unwrap();
+                let sum_ranks = (n * (n - 1) / 2) as f32;
+                for (i, v) in big.iter().enumerate().step_by(4099) {
+                    assert_eq!(*v, n as f32 * (i % 1000) as f32 + sum_ranks, "element {i}");
+                }
+                // Point-to-point stays on QUIC beside it.
+                let peer = (c.rank() + 1) % n;
+                c.send(&[c.rank() as u32; 3][..], peer, 9).await.unwrap();
+                let got: Vec<u32> = c.recv_vec((c.rank() + n - 1) % n, 9).await.unwrap();
+                assert_eq!(got, vec![((c.rank() + n - 1) % n) as u32; 3]);
+                c.barrier().await.unwrap();
+                c.shutdown().await;
+            })
+            .await;
+        }
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_or_another_host_keeps_the_network() {
+    common::logs();
+    let run = async {
+        let off = NexarConfig { shared_memory: false, bulk_transport: BulkTransport::Tcp, ..Default::default() };
+        let ranks = NexarClient::bootstrap_local_with(2, off).await.unwrap();
+        common::on_each(&ranks, |c| async move {
+            assert_eq!(c.bulk_transport(1 - c.rank()), Some("tcp-tls"));
+            let mut x = vec![1u64; 1 << 20];
+            c.all_reduce(&mut x, Sum).await.unwrap();
+            assert!(x.iter().all(|v| *v == 2));
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_breaks_mid_allreduce_fails_what_it_carried_without_wrong_results() {
+    common::logs();
+    let run = async {
+        let cfg = NexarConfig { op_timeout: Duration::from_secs(20), ..Default::default() };
+        let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
+        let mut tasks = Vec::new();
+        for c in ranks.clone() {
+            tasks.push(tokio::spawn(async move {
+                c.barrier().await.unwrap();
+                let mut failed = 0;
+                for _ in 0..20 {
+                    let mut x = vec![c.rank() as i64; 1 << 20];
+                    match c.all_reduce(&mut x, Sum).await {
+                        Ok(()) => assert!(x.iter().all(|v| *v == 3), "a completed operation is correct"),
+                        Err(e) => {
+                            assert!(!matches!(e, CollectiveError::Mismatch { .. }), "rank {}: {e}", c.rank());
+                            failed += 1;
+                        }
+                    }
+                }
+                failed
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(ranks[0].inject_bulk_fault(1), "rank 0 has a shared-memory link to rank 1");
+        for t in tasks {
+            t.await.expect("rank task panicked");
+        }
+        // The broken link went back to the network; the others stay in shared memory.
+        assert_ne!(ranks[0].bulk_transport(1), Some("shm"));
+        assert_eq!(ranks[0].bulk_transport(2), Some("shm"));
+        common::on_each(&ranks, |c| async move {
+            let mut x = vec![1i64; 1 << 20];
+            c.all_reduce(&mut x, Sum).await.unwrap();
+            assert!(x.iter().all(|v| *v == 3));
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
