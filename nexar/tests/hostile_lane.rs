@@ -59,7 +59,12 @@ async fn carries_on(ranks: &[NexarClient]) {
 
 /// Two ranks whose collectives of any size take the TCP lane.
 async fn two_ranks_on_tcp_lanes() -> Vec<NexarClient> {
-    let cfg = NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes: 0, ..Default::default() };
+    let cfg = NexarConfig {
+        bulk_transport: nexar::BulkTransport::Tcp,
+        bulk_min_bytes: 0,
+        shared_memory: false,
+        ..Default::default()
+    };
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     assert_eq!(HostileMember::new(&ranks[1]).bulk_channel(0).map(|l| l.name()), Some("tcp-tls"));
     ranks
@@ -176,6 +181,7 @@ async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_bo
         bulk_min_bytes: 0,
         max_unmatched_bytes: 16 << 20,
         max_message_bytes: len,
+        shared_memory: false,
         ..Default::default()
     };
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
@@ -229,7 +235,7 @@ fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline() {
 }
 
 async fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline_body() {
-    let cfg = NexarConfig { connect_timeout: Duration::from_secs(5), ..Default::default() };
+    let cfg = NexarConfig { connect_timeout: Duration::from_secs(5), shared_memory: false, ..Default::default() };
     // The listeners live only while a cluster forms; form clusters until the stranger has
     // caught one (the first nearly always).
     for attempt in 1..=10 {

@@ -244,17 +244,25 @@ async fn killing_a_worker_process_mid_allreduce_fails_the_others_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survivors_of_a_killed_worker_detect_it_rebuild_and_carry_on() {
-    survive_a_killed_worker("quic").await;
+    survive_a_killed_worker("quic", "off").await;
+}
+
+/// The same with collective payloads in shared memory (the workers share this host): the
+/// rings to the dead rank end with its socket, the survivors' rings carry the rebuilt
+/// communicator, and the death is detected as fast as over the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survivors_of_a_killed_worker_in_shared_memory_detect_it_rebuild_and_carry_on() {
+    survive_a_killed_worker("tcp", "on").await;
 }
 
 /// The same with collective payloads on TCP lanes: the lanes to the dead rank fail with it,
 /// the survivors' lanes carry the rebuilt communicator.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survivors_of_a_killed_worker_on_tcp_lanes_detect_it_rebuild_and_carry_on() {
-    survive_a_killed_worker("tcp").await;
+    survive_a_killed_worker("tcp", "off").await;
 }
 
-async fn survive_a_killed_worker(bulk_transport: &str) {
+async fn survive_a_killed_worker(bulk_transport: &str, shm: &str) {
     tokio::time::timeout(TEST_LIMIT, async {
         let mut seed = start_seed(4).await;
         let spawn_worker = || {
@@ -265,6 +273,7 @@ async fn survive_a_killed_worker(bulk_transport: &str) {
                 .env("NEXAR_HEARTBEAT_TIMEOUT_MS", "2000")
                 .env("NEXAR_HEARTBEAT_INTERVAL_MS", "200")
                 .env("NEXAR_BULK_TRANSPORT", bulk_transport)
+                .env("NEXAR_SHM", shm)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .kill_on_drop(true);

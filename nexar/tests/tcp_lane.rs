@@ -11,8 +11,15 @@ use nexar::{BulkTransport, CollectiveError};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
+/// The TCP lane between ranks that share this host: shared memory (which would take these
+/// links) is off.
 fn tcp(min_bytes: usize) -> NexarConfig {
-    NexarConfig { bulk_transport: BulkTransport::Tcp, bulk_min_bytes: min_bytes, ..Default::default() }
+    NexarConfig {
+        bulk_transport: BulkTransport::Tcp,
+        bulk_min_bytes: min_bytes,
+        shared_memory: false,
+        ..Default::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

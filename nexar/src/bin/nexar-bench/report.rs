@@ -25,6 +25,11 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
         }
         _ => "QUIC + TLS".to_string(),
     };
+    let transport = if NexarConfig::from_env()?.shared_memory {
+        format!("{transport}; collective messages between ranks of one host in shared memory")
+    } else {
+        transport
+    };
     println!(
         "# nexar-bench: {:?} {:?}, {} ranks ({mode}, {transport} on loopback), {} iterations after {} warm-ups",
         args.op, args.dtype, args.np, args.iters, args.warmup

@@ -8,14 +8,14 @@
 //! it as any transport's groups are checked, and delivers it.
 //!
 //! Either side spins briefly when the ring it waits on is empty (or full), then raises its
-//! sleep flag and blocks on the socket; the other side sends one byte when it sees the flag:
-//! [`DATA`] for a reader, [`SPACE`] for a writer (which the peer's reader thread passes on).
-//! The socket ending means the peer process is gone or gave the link up.
+//! sleep flag and sleeps: a reader on the socket, until the writer sends it a [`DATA`] byte; a
+//! writer on a futex on its flag, until the reader wakes it. The socket ending means the peer
+//! process is gone or gave the link up.
 
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc as std_mpsc};
+use std::sync::{Arc, Mutex, mpsc as std_mpsc};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -26,14 +26,13 @@ use super::ring::{Corrupt, Reader, Writer};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
 use crate::transport::mailbox::Admitted;
+use crate::transport::tcp_lane::{GroupSink, RecvPool};
 
 /// The name links report for this transport.
 pub const SHM_NAME: &str = "shm";
 
 /// The doorbell byte that tells a sleeping reader that bytes are ready.
 const DATA: u8 = 1;
-/// The doorbell byte that tells a sleeping writer that room was freed.
-const SPACE: u8 = 2;
 /// The length word that says goodbye instead of announcing a group.
 const GOODBYE: u64 = u64::MAX;
 /// Bytes of a group's first part read before it is admitted: its message frame must lie in
@@ -41,8 +40,8 @@ const GOODBYE: u64 = u64::MAX;
 const PEEK: usize = 4096;
 /// How much longer than its payload a group may be (its frames).
 const FRAMES_MAX: u64 = 64 << 10;
-/// How long a writer waiting for room sleeps at most before it looks again (a doorbell may
-/// wait in the socket while the peer's reader waits for its own rank).
+/// How long a writer waiting for room sleeps at most before it looks again (its wake can be
+/// lost only to a peer that scribbles on the flag, or the link may have stopped).
 const WRITER_NAP: Duration = Duration::from_millis(1);
 /// How long the goodbye may take.
 const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -73,8 +72,6 @@ struct State {
     stopped: Notify,
     /// The link's socket: doorbells both ways, and its end means the peer is gone.
     sock: UnixStream,
-    /// Where a writer waiting for room sleeps.
-    room: (Mutex<()>, Condvar),
     spin: Duration,
 }
 
@@ -91,7 +88,6 @@ impl State {
         if how != Stop::Goodbye {
             self.stopped.notify_waiters();
         }
-        self.room.1.notify_all();
     }
 
     fn stopped(&self) -> bool {
@@ -143,14 +139,8 @@ impl ShmChannel {
     ) -> io::Result<ShmChannel> {
         sock.set_read_timeout(None)?;
         sock.set_write_timeout(Some(GOODBYE_TIMEOUT))?;
-        let state = Arc::new(State {
-            peer,
-            failed: AtomicBool::new(false),
-            stopped: Notify::new(),
-            sock,
-            room: (Mutex::new(()), Condvar::new()),
-            spin: limits.spin,
-        });
+        let state =
+            Arc::new(State { peer, failed: AtomicBool::new(false), stopped: Notify::new(), sock, spin: limits.spin });
         let sending = Arc::new(Mutex::new(Sending { writer: Writer::new(Arc::new(ours)), queued: 0 }));
         let (jobs, queue) = std_mpsc::channel::<Job>();
         let (writer_state, writer_sending) = (state.clone(), sending.clone());
@@ -352,11 +342,8 @@ fn write_until<'p>(
                 continue;
             }
             let want = (part.len() - at).min(capacity / 2);
-            let (lock, room) = &state.room;
-            let guard = crate::sync::lock(lock);
-            if crate::sync::lock(sending).writer.sleep_for(want) {
-                let _ = room.wait_timeout(guard, WRITER_NAP);
-            }
+            let waiter = crate::sync::lock(sending).writer.waiter();
+            waiter.wait(want, WRITER_NAP);
         }
     }
     Ok(())
@@ -372,8 +359,10 @@ fn read_groups(state: &Arc<State>, mut reader: Reader, limits: ShmLimits, inboun
         Err(e) => return state.stop(&format!("starting the reader: {e}"), Stop::Failed),
     };
     let mut input = RingInput { state, reader: &mut reader, spin: limits.spin };
+    // Receive buffers come back as nexar is done with them (no fresh pages per group).
+    let pool = Arc::new(RecvPool::default());
     let why = loop {
-        match read_group(&mut input, limits, inbound, &waits) {
+        match read_group(&mut input, &pool, limits, inbound, &waits) {
             Ok(true) => {}
             Ok(false) => break None,
             Err(e) => break Some(e),
@@ -419,6 +408,7 @@ fn wait_for<T>(
 /// One group: `Ok(false)` when the peer said goodbye.
 fn read_group(
     input: &mut RingInput<'_>,
+    pool: &Arc<RecvPool>,
     limits: ShmLimits,
     inbound: &BulkInbound,
     waits: &tokio::runtime::Runtime,
@@ -446,8 +436,8 @@ fn read_group(
     }
     let admitted: Option<Admitted<'_>> =
         wait_for(input.state, waits, "a group waited to be admitted", inbound.admit(&msg, payload_len))?;
-    let mut group = AlignedGroup::new(len, len - payload_len as usize);
-    let bytes = group.bytes_mut();
+    let mut group = RecvPool::take(pool, len, len as u64 - payload_len);
+    let bytes = group.room(len);
     bytes[..first.len()].copy_from_slice(&first);
     input.read_exact(&mut bytes[first.len()..], Some(Instant::now() + limits.group_deadline))?;
     let delivered = wait_for(
@@ -461,31 +451,6 @@ fn read_group(
         invalid(format!("protocol: {e}"))
     })?;
     Ok(true)
-}
-
-/// A received group in memory placed so that its payload (its last bytes) is 8-byte aligned,
-/// so that it can be reduced straight from the buffer.
-struct AlignedGroup {
-    words: Vec<u64>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedGroup {
-    fn new(len: usize, lead: usize) -> AlignedGroup {
-        let start = (8 - lead % 8) % 8;
-        AlignedGroup { words: vec![0u64; (start + len).div_ceil(8)], start, len }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[self.start..self.start + self.len]
-    }
-}
-
-impl AsRef<[u8]> for AlignedGroup {
-    fn as_ref(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.words)[self.start..self.start + self.len]
-    }
 }
 
 /// The peer's ring as a byte stream that waits: spinning, then asleep on the socket until a
@@ -510,9 +475,7 @@ impl RingInput<'_> {
             if n > 0 {
                 at += n;
                 idle_since = None;
-                if self.reader.release() {
-                    self.state.ring(SPACE);
-                }
+                self.reader.release();
                 continue;
             }
             if self.state.stopped() {
@@ -530,8 +493,7 @@ impl RingInput<'_> {
         Ok(())
     }
 
-    /// Sleeps on the socket until a doorbell arrives (passing [`SPACE`] on to this side's
-    /// writer), the socket ends (the peer is gone), or `deadline` passes.
+    /// Sleeps on the socket until a doorbell arrives, the socket ends (the peer is gone), or `deadline` passes.
     fn wait_doorbell(&self, deadline: Option<Instant>) -> io::Result<()> {
         let timeout = match deadline {
             Some(d) => Some(d.checked_duration_since(Instant::now()).filter(|t| !t.is_zero()).ok_or_else(late)?),
@@ -541,13 +503,7 @@ impl RingInput<'_> {
         let mut bells = [0u8; 64];
         match rustix::net::recv(&self.state.sock, &mut bells, rustix::net::RecvFlags::empty()) {
             Ok((0, _)) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the link")),
-            Ok((n, _)) => {
-                if bells[..n.min(bells.len())].contains(&SPACE) {
-                    let _guard = crate::sync::lock(&self.state.room.0);
-                    self.state.room.1.notify_all();
-                }
-                Ok(())
-            }
+            Ok(_) => Ok(()),
             Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR => {
                 if deadline.is_some_and(|d| Instant::now() >= d) { Err(late()) } else { Ok(()) }
             }

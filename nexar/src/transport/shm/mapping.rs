@@ -10,7 +10,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
@@ -102,6 +102,17 @@ impl SharedMap {
         // long as `self`. Another process may write the word at any time, which is what an
         // atomic allows: its value is untrusted, never its access.
         Some(unsafe { AtomicU64::from_ptr(self.ptr.add(offset).cast()) })
+    }
+
+    /// The 4-byte-aligned word at byte `offset`, as an atomic a futex can wait on; `None` out
+    /// of bounds or unaligned.
+    pub fn word32(&self, offset: usize) -> Option<&AtomicU32> {
+        if offset % 4 != 0 || offset.checked_add(4)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds and 4-aligned (the mapping is page-aligned); the memory lives as
+        // long as `self`. Its value is untrusted, never its access (as for `word`).
+        Some(unsafe { AtomicU32::from_ptr(self.ptr.add(offset).cast()) })
     }
 
     /// Copies `src` into the segment at `offset`; `false` (nothing copied) out of bounds.

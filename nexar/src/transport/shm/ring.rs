@@ -3,7 +3,9 @@
 //!
 //! Layout: a header page, then `capacity` data bytes (a power of two). The header holds four
 //! words on separate cache lines: `head` (bytes ever written, the writer's), `tail` (bytes
-//! ever read, the reader's), and a flag per side saying that it sleeps and wants a doorbell.
+//! ever read, the reader's), and a flag per side saying that it sleeps and wants waking: the
+//! reader by a doorbell on the link's socket, the writer by a futex wake on its flag (the
+//! segment is shared, so the futex is too).
 //!
 //! Each side keeps its own index in its own memory and only *publishes* it to the segment; it
 //! reads the other side's index from the segment and checks it against its own before using
@@ -104,21 +106,44 @@ impl Writer {
         self.side.map.word(READER_SLEEPS).is_some_and(|w| w.swap(0, Ordering::AcqRel) != 0)
     }
 
-    /// This side is about to sleep until the reader frees room: `true` if it must (still no
-    /// room for `want` bytes once the flag is up), `false` when room appeared meanwhile.
-    pub fn sleep_for(&self, want: usize) -> bool {
-        self.side.store(WRITER_SLEEPS, 1);
-        fence(Ordering::SeqCst);
-        if self.room() >= want.min(self.side.capacity) {
-            self.side.store(WRITER_SLEEPS, 0);
-            return false;
-        }
-        true
+    /// What [`RoomWait::wait`] needs, taken so that the wait holds no lock on the writer.
+    pub fn waiter(&self) -> RoomWait {
+        RoomWait { side: Side { map: self.side.map.clone(), capacity: self.side.capacity }, head: self.head }
     }
 
     /// The ring's data capacity.
     pub fn capacity(&self) -> usize {
         self.side.capacity
+    }
+}
+
+/// A writer's wait for room, apart from the writer.
+pub(crate) struct RoomWait {
+    side: Side,
+    head: u64,
+}
+
+impl RoomWait {
+    /// Sleeps until the reader frees room for `want` bytes, or `nap` passes (a wake can be
+    /// missed only if the peer scribbles on the flag). Returns at once if room appeared after
+    /// the flag went up.
+    pub fn wait(&self, want: usize, nap: std::time::Duration) {
+        let Some(flag) = self.side.map.word32(WRITER_SLEEPS) else { return };
+        flag.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let tail = self.side.load(TAIL);
+        let room = match self.head.checked_sub(tail) {
+            Some(used) if used <= self.side.capacity as u64 => self.side.capacity - used as usize,
+            _ => 0,
+        };
+        if room >= want.min(self.side.capacity) {
+            flag.store(0, Ordering::SeqCst);
+            return;
+        }
+        let nap = rustix::thread::futex::Timespec { tv_sec: nap.as_secs() as i64, tv_nsec: nap.subsec_nanos() as i64 };
+        // The flag still 1: asleep until woken or the nap ends; anything else: awake.
+        let _ = rustix::thread::futex::wait(flag, rustix::thread::futex::Flags::empty(), 1, Some(&nap));
+        flag.store(0, Ordering::SeqCst);
     }
 }
 
@@ -156,12 +181,15 @@ impl Reader {
         }
     }
 
-    /// Hands the bytes read so far back to the writer; `true` when the writer sleeps and must
-    /// be woken.
-    pub fn release(&self) -> bool {
+    /// Hands the bytes read so far back to the writer, waking it if it sleeps.
+    pub fn release(&self) {
         self.side.store(TAIL, self.tail);
         fence(Ordering::SeqCst);
-        self.side.map.word(WRITER_SLEEPS).is_some_and(|w| w.swap(0, Ordering::AcqRel) != 0)
+        if let Some(flag) = self.side.map.word32(WRITER_SLEEPS)
+            && flag.swap(0, Ordering::AcqRel) != 0
+        {
+            let _ = rustix::thread::futex::wake(flag, rustix::thread::futex::Flags::empty(), 1);
+        }
     }
 
     /// This side is about to sleep until bytes arrive: `true` if it must (none ready once the
@@ -255,12 +283,21 @@ mod tests {
         assert!(!w.publish(), "once");
         assert!(!r.sleep().unwrap(), "bytes are ready: no sleep");
         r.read(&mut [0u8; 1]).unwrap();
-        assert!(!r.release(), "the writer does not sleep");
+        r.release();
+        // A full ring: the writer sleeps until the reader frees room (well before the nap).
         w.write(&[0u8; 4096]);
         w.publish();
-        assert!(w.sleep_for(1), "full: the writer sleeps");
-        r.read(&mut [0u8; 10]).unwrap();
-        assert!(r.release(), "room: wake the writer");
+        std::thread::scope(|s| {
+            let start = std::time::Instant::now();
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                r.read(&mut [0u8; 10]).unwrap();
+                r.release();
+            });
+            w.waiter().wait(10, std::time::Duration::from_secs(60));
+            assert!(start.elapsed() < std::time::Duration::from_secs(30), "woken, not timed out");
+            assert!(w.room() >= 10);
+        });
     }
 
     #[test]

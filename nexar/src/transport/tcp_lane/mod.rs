@@ -24,6 +24,6 @@ mod tamper;
 
 pub(crate) use channel::{Connected, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
-pub(crate) use reader::ReadLimits;
-pub(crate) use records::{Deferred, SealedRecord};
+pub(crate) use reader::{ReadLimits, RecvPool};
+pub(crate) use records::{Deferred, GroupSink, SealedRecord};
 pub(crate) use setup::{LaneMsg, TOKEN_LEN, lane_tag};

@@ -221,7 +221,7 @@ fn read_group<'a>(
 /// lane neither zeroes nor faults in fresh pages for every group. Buffers are words, so that
 /// their start is [`ALIGN`]-aligned wherever the allocator puts them.
 #[derive(Default)]
-struct RecvPool {
+pub(crate) struct RecvPool {
     free: Mutex<Vec<Vec<u64>>>,
 }
 
@@ -241,7 +241,7 @@ impl RecvPool {
     /// [`ALIGN`]-aligned: a payload that starts there can be reduced straight from the buffer.
     /// A pooled buffer comes as it is (the reader overwrites what it uses); a fresh one starts
     /// small and grows as records arrive ([`GroupSink::room`]).
-    fn take(pool: &Arc<RecvPool>, len: usize, lead: u64) -> PooledGroup {
+    pub(crate) fn take(pool: &Arc<RecvPool>, len: usize, lead: u64) -> PooledGroup {
         let start = (ALIGN - (lead as usize) % ALIGN) % ALIGN;
         let words = (start + len + TAG).div_ceil(ALIGN);
         let buf = {
@@ -257,7 +257,7 @@ impl RecvPool {
 }
 
 /// One received group in a pooled buffer; dropping it gives the buffer back.
-struct PooledGroup {
+pub(crate) struct PooledGroup {
     buf: Vec<u64>,
     /// Where the group starts in the buffer, in bytes.
     start: usize,
