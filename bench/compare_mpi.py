@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""nexar-bench against OpenMPI over TCP, alternated in one sitting.
+"""nexar-bench against OpenMPI (TCP, or with --btl vader its shared memory), alternated in one sitting.
 
 Each round runs the OpenMPI baseline (TCP BTL over loopback, np 2) and then the same
 operations with nexar-bench, so both see the same machine load; after all rounds it prints, per
@@ -7,6 +7,7 @@ row, the median and range of each side and the ratio of the medians (above 1 is 
 busbw divided by busbw, or time divided by time for latencies).
 
     bench/compare_mpi.py --rounds 5
+    bench/compare_mpi.py --rounds 5 --btl vader --shm-off   # same-host transports
 
 Needs `target/release/nexar-bench` (`cargo build --release -p nexar --features cli --bin nexar-bench`) and the
 baseline binary that `../shared/bench/baselines/run_mpi.sh` builds (`/tmp/baselines-build/
@@ -26,11 +27,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BASELINES = os.path.join(ROOT, "..", "shared", "bench", "baselines")
 
-MPI_RUN = [
-    "mpirun", "--allow-run-as-root", "--oversubscribe",
-    "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo",
-    "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "-np", "2",
-]
+def mpi_run(btl):
+    """The mpirun command line for OpenMPI's `tcp` or `vader` (shared memory) transport."""
+    return [
+        "mpirun", "--allow-run-as-root", "--oversubscribe",
+        "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo",
+        "--mca", "pml", "ob1", "--mca", "btl", f"{btl},self", "-np", "2",
+    ]
 
 # (row name, MPI output label, nexar-bench arguments, bytes of the nexar row, unit)
 ROWS = [
@@ -44,9 +47,9 @@ ROWS = [
 ]
 
 
-def mpi_round(binary):
+def mpi_round(binary, btl):
     """One OpenMPI run: {label: (time_us, busbw)}."""
-    out = subprocess.run(MPI_RUN + [binary], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(mpi_run(btl) + [binary], capture_output=True, text=True, check=True).stdout
     found = {}
     for line in out.splitlines():
         m = re.match(r"^(\w+)\s+(\S+)\s+([\d.]+)\s+([\d.]+|-)\s+([\d.]+|-)", line)
@@ -82,6 +85,10 @@ def main():
     p.add_argument("--build-mpi", action="store_true", help="run the baseline script once to build the MPI binary")
     p.add_argument("--plaintext", action="store_true",
                    help="also run nexar with NEXAR_BULK_ENCRYPTION=off in each round (trusted fabrics only)")
+    p.add_argument("--btl", choices=["tcp", "vader"], default="tcp",
+                   help="OpenMPI's transport: tcp (loopback) or vader (shared memory)")
+    p.add_argument("--shm-off", action="store_true",
+                   help="also run nexar with NEXAR_SHM=off in each round (its network path between same-host ranks)")
     a = p.parse_args()
     if a.build_mpi:
         env = dict(os.environ, REPS="1", NPS="2", RESULTS=tempfile.mkdtemp())
@@ -92,10 +99,12 @@ def main():
     sides = [("nexar", {})]
     if a.plaintext:
         sides.append(("nexar plaintext", {"NEXAR_BULK_ENCRYPTION": "off"}))
+    if a.shm_off:
+        sides.append(("nexar shm off", {"NEXAR_SHM": "off"}))
     mpi = {name: [] for name, *_ in ROWS}
     nexar = {side: {name: [] for name, *_ in ROWS} for side, _ in sides}
     for r in range(a.rounds):
-        found = mpi_round(a.mpi)
+        found = mpi_round(a.mpi, a.btl)
         for name, label, args, nbytes, unit in ROWS:
             t, bw = found[label]
             mpi[name].append(t if unit == "us" else bw)
@@ -103,9 +112,9 @@ def main():
                 t, bw = nexar_row(a.nexar, args, nbytes, env)
                 nexar[side][name].append(t if unit == "us" else bw)
         print(f"# round {r + 1}/{a.rounds} done", file=sys.stderr)
-    print(f"# {a.rounds} alternating rounds, np 2, loopback; median (min–max); ratio > 1: nexar ahead")
-    head = "".join(f" {side:<22} |" for side, _ in sides) + f" {'OpenMPI TCP':<22} |" + "".join(
-        f" ratio{'' if side == 'nexar' else ' (plain)'} |" for side, _ in sides)
+    print(f"# {a.rounds} alternating rounds, np 2, loopback, OpenMPI {a.btl}; median (min–max); ratio > 1: nexar ahead")
+    head = "".join(f" {side:<22} |" for side, _ in sides) + f" {'OpenMPI ' + a.btl:<22} |" + "".join(
+        f" ratio{'' if side == 'nexar' else ' (' + side[6:] + ')'} |" for side, _ in sides)
     print(f"| {'operation':<18} | unit |{head}")
     print(f"|{'-' * 20}|------|" + f"{'-' * 24}|" * (len(sides) + 1) + "-------|" * len(sides))
     for name, _, _, _, unit in ROWS:

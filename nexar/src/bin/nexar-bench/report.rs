@@ -25,8 +25,9 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
         }
         _ => "QUIC + TLS".to_string(),
     };
-    let transport = if NexarConfig::from_env()?.shared_memory {
-        format!("{transport}; collective messages between ranks of one host in shared memory")
+    let cfg = NexarConfig::from_env()?;
+    let transport = if cfg.shared_memory {
+        format!("{transport}; between ranks of one host, from {} B in shared memory", cfg.bulk_min_bytes)
     } else {
         transport
     };

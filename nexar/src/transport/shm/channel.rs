@@ -55,6 +55,9 @@ pub(crate) struct ShmLimits {
     pub group_deadline: Duration,
     /// How long a side spins on an empty (or full) ring before it sleeps.
     pub spin: Duration,
+    /// The smallest group worth the ring: smaller ones stay on QUIC, whose receiver spins on
+    /// its own thread instead of waiting for this link's reader thread to wake it.
+    pub min_bytes: usize,
 }
 
 /// How a channel stopped.
@@ -124,6 +127,7 @@ pub(crate) struct ShmChannel {
     state: Arc<State>,
     sending: Arc<Mutex<Sending>>,
     jobs: Mutex<Option<std_mpsc::Sender<Job>>>,
+    min_bytes: usize,
 }
 
 impl ShmChannel {
@@ -152,7 +156,7 @@ impl ShmChannel {
         std::thread::Builder::new()
             .name(format!("nexar-shm-rx-{peer}"))
             .spawn(move || read_groups(&reader_state, reader, limits, &inbound))?;
-        Ok(ShmChannel { state, sending, jobs: Mutex::new(Some(jobs)) })
+        Ok(ShmChannel { state, sending, jobs: Mutex::new(Some(jobs)), min_bytes: limits.min_bytes })
     }
 
     fn queue(&self, job: Job) -> bool {
@@ -211,6 +215,10 @@ impl BulkChannel for ShmChannel {
         let mut owned = frames.to_vec();
         owned.push(Bytes::from(payload.concat()));
         Some(self.send(owned))
+    }
+
+    fn min_bytes(&self) -> usize {
+        self.min_bytes
     }
 
     fn usable(&self) -> bool {
