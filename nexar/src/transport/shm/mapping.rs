@@ -70,7 +70,7 @@ impl SharedMap {
     }
 
     fn map(fd: OwnedFd, len: usize) -> io::Result<SharedMap> {
-        if len == 0 || len % 4096 != 0 {
+        if len == 0 || !len.is_multiple_of(4096) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("a {len}-byte segment")));
         }
         // SAFETY: a new mapping at an address the kernel picks, of a descriptor we own whose
@@ -103,7 +103,7 @@ impl SharedMap {
     /// The 8-byte-aligned word at byte `offset`, as an atomic; `None` out of bounds or
     /// unaligned.
     pub fn word(&self, offset: usize) -> Option<&AtomicU64> {
-        if offset % 8 != 0 || offset.checked_add(8)? > self.len {
+        if !offset.is_multiple_of(8) || offset.checked_add(8)? > self.len {
             return None;
         }
         // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); the memory lives as
@@ -115,7 +115,7 @@ impl SharedMap {
     /// The 4-byte-aligned word at byte `offset`, as an atomic a futex can wait on; `None` out
     /// of bounds or unaligned.
     pub fn word32(&self, offset: usize) -> Option<&AtomicU32> {
-        if offset % 4 != 0 || offset.checked_add(4)? > self.len {
+        if !offset.is_multiple_of(4) || offset.checked_add(4)? > self.len {
             return None;
         }
         // SAFETY: in bounds and 4-aligned (the mapping is page-aligned); the memory lives as

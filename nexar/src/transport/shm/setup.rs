@@ -66,7 +66,7 @@ fn push_text(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(text);
 }
 
-fn take_text<'a>(rest: &mut &'a [u8]) -> Result<String, String> {
+fn take_text(rest: &mut &[u8]) -> Result<String, String> {
     let [a, b, tail @ ..] = *rest else { return Err("a same-host setup message ends inside a length".into()) };
     let len = u16::from_le_bytes([*a, *b]) as usize;
     if len > MAX_TEXT || len > tail.len() {
