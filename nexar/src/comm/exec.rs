@@ -441,7 +441,7 @@ impl NexarClient {
             },
         };
         // A message that comes through another transport's threads is not worth a core.
-        let other_transport = self.inner.links.get(key.src as usize).is_some_and(|l| l.bulk_takes(bytes));
+        let other_transport = self.inner.links.get(key.src as usize).is_some_and(|l| l.bulk_takes_on_thread(bytes));
         let spin = if other_transport { None } else { Some(&self.inner.spin) };
         if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin).await.map_err(refused)? {
             return Ok(held);

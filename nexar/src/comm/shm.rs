@@ -179,7 +179,6 @@ impl NexarClient {
             max_group: cfg.max_message_bytes.saturating_add(GROUP_OVERHEAD),
             group_deadline: cfg.op_timeout,
             spin: self.inner.spin.max().min(MAX_SPIN),
-            min_bytes: cfg.bulk_min_bytes,
         };
         let channel = ShmChannel::start(peer, sock, ours, theirs, inbound, limits)
             .map_err(|e| format!("cannot start the link's threads: {e}"))?;

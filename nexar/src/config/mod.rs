@@ -151,9 +151,9 @@ pub struct NexarConfig {
     /// [`connect_timeout`](Self::connect_timeout) at start, then those links use QUIC); a
     /// rank with [`chaos`](Self::chaos) faults, or joining a running cluster, keeps QUIC.
     pub bulk_transport: BulkTransport,
-    /// Smallest collective message that takes the TCP lane or, between ranks of one host,
-    /// shared memory (`NEXAR_BULK_MIN_BYTES`, default 256 KiB): smaller ones stay on QUIC,
-    /// whose latency path spins.
+    /// Smallest collective message that takes the TCP lane (`NEXAR_BULK_MIN_BYTES`, default
+    /// 256 KiB): smaller ones stay on QUIC, whose latency path spins. Shared memory between
+    /// ranks of one host ([`shared_memory`](Self::shared_memory)) takes every size.
     pub bulk_min_bytes: usize,
     /// Whether the TCP lane encrypts collective payloads (`NEXAR_BULK_ENCRYPTION`: `on`, the
     /// default, or `off`). **Off is insecure**: for an isolated, trusted fabric only, where

@@ -25,9 +25,8 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
         }
         _ => "QUIC + TLS".to_string(),
     };
-    let cfg = NexarConfig::from_env()?;
-    let transport = if cfg.shared_memory {
-        format!("{transport}; between ranks of one host, from {} B in shared memory", cfg.bulk_min_bytes)
+    let transport = if NexarConfig::from_env()?.shared_memory {
+        format!("{transport}; collective messages between ranks of one host in shared memory")
     } else {
         transport
     };

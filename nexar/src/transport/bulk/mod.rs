@@ -118,6 +118,13 @@ pub trait BulkChannel: Send + Sync + 'static {
         Box::pin(std::future::ready(()))
     }
 
+    /// Whether the channel delivers what it receives from a task on the rank's runtime (as
+    /// QUIC does), so that a receive polling its mailbox sees a message without any thread
+    /// being woken; `false` (the default) where a thread of the channel's own delivers.
+    fn delivers_on_runtime(&self) -> bool {
+        false
+    }
+
     /// The smallest message group worth this channel: a collective whose first message to
     /// the peer is smaller stays on QUIC (whose latency path spins), 0 (the default) sends
     /// every collective here.
@@ -307,6 +314,12 @@ impl BulkSlot {
     /// Whether a new collective's `len`-byte message would take the channel.
     pub fn takes(&self, len: usize) -> bool {
         self.working() && self.channel.get().is_some_and(|c| c.usable() && len >= c.min_bytes())
+    }
+
+    /// Whether a new collective's `len`-byte message would arrive through a thread of the
+    /// channel's own (so that a receive polling for it holds a core the thread may need).
+    pub fn takes_on_thread(&self, len: usize) -> bool {
+        self.takes(len) && self.channel.get().is_some_and(|c| !c.delivers_on_runtime())
     }
 
     /// How to send a `len`-byte message of collective `key`: `Ok` the channel (the collective

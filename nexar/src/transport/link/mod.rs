@@ -147,9 +147,11 @@ impl PeerLink {
     }
 
     /// Whether a collective message of `len` bytes from this peer comes over its bulk channel
-    /// (the channel is working and takes messages that large on either side).
-    pub(crate) fn bulk_takes(&self, len: usize) -> bool {
-        self.bulk.takes(len)
+    /// (the channel is working and takes messages that large on either side) and through a
+    /// thread of the channel's own, not a task on this rank's runtime (see
+    /// [`BulkChannel::delivers_on_runtime`]).
+    pub(crate) fn bulk_takes_on_thread(&self, len: usize) -> bool {
+        self.bulk.takes_on_thread(len)
     }
 
     /// Where the peer's QUIC endpoint is, as this link reaches it.

@@ -4,13 +4,13 @@
 //! A group goes into this side's ring as an 8-byte length and its bytes. A small group is
 //! written by the sender itself, straight from the caller's buffer, when nothing is queued
 //! ahead of it and the ring has room; anything else goes to the writer thread, which waits for
-//! room as the peer reads. The reader thread copies each group out of the peer's ring, checks
-//! it as any transport's groups are checked, and delivers it.
+//! room as the peer reads. A task on the rank's runtime reads the peer's ring
+//! ([`super::receive`]).
 //!
-//! Either side spins briefly when the ring it waits on is empty (or full), then raises its
-//! sleep flag and sleeps: a reader on the socket, until the writer sends it a [`DATA`] byte; a
-//! writer on a futex on its flag, until the reader wakes it. The socket ending means the peer
-//! process is gone or gave the link up.
+//! Either side polls briefly when the ring it waits on is empty (or full), then raises its
+//! sleep flag and sleeps: the reader on the socket, until the writer sends it a [`DATA`] byte;
+//! the writer on a futex on its flag, until the reader wakes it. The socket ending means the
+//! peer process is gone or gave the link up.
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -22,11 +22,10 @@ use bytes::Bytes;
 use tokio::sync::{Notify, oneshot};
 
 use super::mapping::SharedMap;
-use super::ring::{Corrupt, Reader, Writer};
+use super::receive::{ReadLimits, spawn_reader};
+use super::ring::{Reader, Writer};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
-use crate::transport::mailbox::Admitted;
-use crate::transport::tcp_lane::{GroupSink, RecvPool};
 
 /// The name links report for this transport.
 pub const SHM_NAME: &str = "shm";
@@ -34,12 +33,7 @@ pub const SHM_NAME: &str = "shm";
 /// The doorbell byte that tells a sleeping reader that bytes are ready.
 const DATA: u8 = 1;
 /// The length word that says goodbye instead of announcing a group.
-const GOODBYE: u64 = u64::MAX;
-/// Bytes of a group's first part read before it is admitted: its message frame must lie in
-/// them.
-const PEEK: usize = 4096;
-/// How much longer than its payload a group may be (its frames).
-const FRAMES_MAX: u64 = 64 << 10;
+pub(super) const GOODBYE: u64 = u64::MAX;
 /// How long a writer waiting for room sleeps at most before it looks again (its wake can be
 /// lost only to a peer that scribbles on the flag, or the link may have stopped).
 const WRITER_NAP: Duration = Duration::from_millis(1);
@@ -55,31 +49,29 @@ pub(crate) struct ShmLimits {
     pub group_deadline: Duration,
     /// How long a side spins on an empty (or full) ring before it sleeps.
     pub spin: Duration,
-    /// The smallest group worth the ring: smaller ones stay on QUIC, whose receiver spins on
-    /// its own thread instead of waiting for this link's reader thread to wake it.
-    pub min_bytes: usize,
 }
 
 /// How a channel stopped.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Stop {
+pub(super) enum Stop {
     Goodbye,
     GivenUp,
     Failed,
 }
 
-/// What both threads and the channel share.
-struct State {
-    peer: usize,
+/// What the writer thread, the reading task and the channel share.
+pub(super) struct State {
+    pub peer: usize,
     failed: AtomicBool,
     stopped: Notify,
     /// The link's socket: doorbells both ways, and its end means the peer is gone.
     sock: UnixStream,
-    spin: Duration,
+    /// How long a side polls an empty (or full) ring before it sleeps.
+    pub spin: Duration,
 }
 
 impl State {
-    fn stop(&self, why: &str, how: Stop) {
+    pub fn stop(&self, why: &str, how: Stop) {
         if !self.failed.swap(true, Ordering::SeqCst) {
             if how == Stop::Failed {
                 tracing::warn!(peer = self.peer, why, "shared-memory link failed");
@@ -93,8 +85,21 @@ impl State {
         }
     }
 
-    fn stopped(&self) -> bool {
+    pub fn stopped(&self) -> bool {
         self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the link stops (for a reason other than the peer's goodbye).
+    pub async fn wait_stopped(&self) {
+        loop {
+            let notified = self.stopped.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.stopped() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     fn lost(&self, why: impl std::fmt::Display) -> TransportError {
@@ -127,11 +132,10 @@ pub(crate) struct ShmChannel {
     state: Arc<State>,
     sending: Arc<Mutex<Sending>>,
     jobs: Mutex<Option<std_mpsc::Sender<Job>>>,
-    min_bytes: usize,
 }
 
 impl ShmChannel {
-    /// Starts the threads of a link whose rings are mapped: `ours` is written here, `theirs`
+    /// Starts the writer thread and the reading task (on the current runtime) of a link whose rings are mapped: `ours` is written here, `theirs`
     /// is read; groups from the peer (within `limits`) go to `inbound`.
     pub fn start(
         peer: usize,
@@ -141,8 +145,7 @@ impl ShmChannel {
         inbound: BulkInbound,
         limits: ShmLimits,
     ) -> io::Result<ShmChannel> {
-        sock.set_read_timeout(None)?;
-        sock.set_write_timeout(Some(GOODBYE_TIMEOUT))?;
+        let doorbell = sock.try_clone()?;
         let state =
             Arc::new(State { peer, failed: AtomicBool::new(false), stopped: Notify::new(), sock, spin: limits.spin });
         let sending = Arc::new(Mutex::new(Sending { writer: Writer::new(Arc::new(ours)), queued: 0 }));
@@ -151,12 +154,13 @@ impl ShmChannel {
         std::thread::Builder::new()
             .name(format!("nexar-shm-tx-{peer}"))
             .spawn(move || write_jobs(&writer_state, &writer_sending, queue))?;
-        let reader_state = state.clone();
+        let read_limits = ReadLimits { max_group: limits.max_group, group_deadline: limits.group_deadline };
         let reader = Reader::new(Arc::new(theirs));
-        std::thread::Builder::new()
-            .name(format!("nexar-shm-rx-{peer}"))
-            .spawn(move || read_groups(&reader_state, reader, limits, &inbound))?;
-        Ok(ShmChannel { state, sending, jobs: Mutex::new(Some(jobs)), min_bytes: limits.min_bytes })
+        if let Err(e) = spawn_reader(state.clone(), reader, doorbell, read_limits, inbound) {
+            state.stop(&format!("starting the reader: {e}"), Stop::Failed);
+            return Err(e);
+        }
+        Ok(ShmChannel { state, sending, jobs: Mutex::new(Some(jobs)) })
     }
 
     fn queue(&self, job: Job) -> bool {
@@ -217,8 +221,8 @@ impl BulkChannel for ShmChannel {
         Some(self.send(owned))
     }
 
-    fn min_bytes(&self) -> usize {
-        self.min_bytes
+    fn delivers_on_runtime(&self) -> bool {
+        true
     }
 
     fn usable(&self) -> bool {
@@ -227,17 +231,7 @@ impl BulkChannel for ShmChannel {
 
     fn closed(&self) -> BulkClosed {
         let state = self.state.clone();
-        Box::pin(async move {
-            loop {
-                let notified = state.stopped.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if state.stopped() {
-                    return;
-                }
-                notified.await;
-            }
-        })
+        Box::pin(async move { state.wait_stopped().await })
     }
 
     fn close(&self) {
@@ -355,171 +349,4 @@ fn write_until<'p>(
         }
     }
     Ok(())
-}
-
-/// The reader thread: whole groups, each checked and admitted before its payload is read,
-/// handed to nexar one by one.
-fn read_groups(state: &Arc<State>, mut reader: Reader, limits: ShmLimits, inbound: &BulkInbound) {
-    // The thread's own runtime for its waits (admission, delivery): they must not depend on
-    // the rank's runtime, which may be shutting down while the link still reads.
-    let waits = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
-        Ok(waits) => waits,
-        Err(e) => return state.stop(&format!("starting the reader: {e}"), Stop::Failed),
-    };
-    let mut input = RingInput { state, reader: &mut reader, spin: limits.spin };
-    // Receive buffers come back as nexar is done with them (no fresh pages per group).
-    let pool = Arc::new(RecvPool::default());
-    let why = loop {
-        match read_group(&mut input, &pool, limits, inbound, &waits) {
-            Ok(true) => {}
-            Ok(false) => break None,
-            Err(e) => break Some(e),
-        }
-    };
-    match why {
-        None => state.stop("the peer said goodbye", Stop::Goodbye),
-        Some(e) if !state.stopped() => state.stop(&format!("reading: {e}"), Stop::Failed),
-        Some(_) => {}
-    }
-}
-
-/// Runs `wait` on the reader's runtime until it ends or the link stops.
-fn wait_for<T>(
-    state: &Arc<State>,
-    waits: &tokio::runtime::Runtime,
-    what: &str,
-    wait: impl std::future::Future<Output = T>,
-) -> io::Result<T> {
-    let stopped = {
-        let state = state.clone();
-        async move {
-            loop {
-                let notified = state.stopped.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if state.stopped() {
-                    return;
-                }
-                notified.await;
-            }
-        }
-    };
-    waits.block_on(async {
-        tokio::select! {
-            biased;
-            out = wait => Ok(out),
-            () = stopped => Err(io::Error::other(format!("the link stopped while {what}"))),
-        }
-    })
-}
-
-/// One group: `Ok(false)` when the peer said goodbye.
-fn read_group(
-    input: &mut RingInput<'_>,
-    pool: &Arc<RecvPool>,
-    limits: ShmLimits,
-    inbound: &BulkInbound,
-    waits: &tokio::runtime::Runtime,
-) -> io::Result<bool> {
-    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-    let mut word = [0u8; 8];
-    input.read_exact(&mut word, None)?;
-    let len = u64::from_le_bytes(word);
-    if len == GOODBYE {
-        return Ok(false);
-    }
-    if len > limits.max_group {
-        return Err(invalid(format!("a {len}-byte group is over the {}-byte limit", limits.max_group)));
-    }
-    let deadline = Some(Instant::now() + limits.group_deadline);
-    let len = len as usize;
-    let mut first = vec![0u8; len.min(PEEK)];
-    input.read_exact(&mut first, deadline)?;
-    let (msg, payload_len) = inbound
-        .peek(&first)
-        .map_err(|e| invalid(format!("protocol: {e}")))?
-        .ok_or_else(|| invalid(format!("protocol: the group's message frame is not in its first {PEEK} bytes")))?;
-    if payload_len > len as u64 || len as u64 - payload_len > FRAMES_MAX {
-        return Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")));
-    }
-    let admitted: Option<Admitted<'_>> =
-        wait_for(input.state, waits, "a group waited to be admitted", inbound.admit(&msg, payload_len))?;
-    let mut group = RecvPool::take(pool, len, len as u64 - payload_len);
-    let bytes = group.room(len);
-    bytes[..first.len()].copy_from_slice(&first);
-    input.read_exact(&mut bytes[first.len()..], Some(Instant::now() + limits.group_deadline))?;
-    let delivered = wait_for(
-        input.state,
-        waits,
-        "a group was delivered",
-        inbound.deliver_admitted(Bytes::from_owner(group), &[], admitted),
-    )?;
-    delivered.map_err(|e| {
-        tracing::error!(peer = input.state.peer, error = %e, "rank broke the protocol on its shared-memory link; the link stops");
-        invalid(format!("protocol: {e}"))
-    })?;
-    Ok(true)
-}
-
-/// The peer's ring as a byte stream that waits: spinning, then asleep on the socket until a
-/// doorbell, the link's end, or a deadline.
-struct RingInput<'a> {
-    state: &'a Arc<State>,
-    reader: &'a mut Reader,
-    spin: Duration,
-}
-
-impl RingInput<'_> {
-    fn corrupt(e: Corrupt) -> io::Error {
-        io::Error::new(io::ErrorKind::InvalidData, e.to_string())
-    }
-
-    /// Fills `dst` from the ring; bytes must keep coming until `deadline`, if any.
-    fn read_exact(&mut self, dst: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
-        let mut at = 0;
-        let mut idle_since: Option<Instant> = None;
-        while at < dst.len() {
-            let n = self.reader.read(&mut dst[at..]).map_err(Self::corrupt)?;
-            if n > 0 {
-                at += n;
-                idle_since = None;
-                self.reader.release();
-                continue;
-            }
-            if self.state.stopped() {
-                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the link stopped"));
-            }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < self.spin {
-                std::hint::spin_loop();
-                continue;
-            }
-            if self.reader.sleep().map_err(Self::corrupt)? {
-                self.wait_doorbell(deadline)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Sleeps on the socket until a doorbell arrives, the socket ends (the peer is gone), or `deadline` passes.
-    fn wait_doorbell(&self, deadline: Option<Instant>) -> io::Result<()> {
-        let timeout = match deadline {
-            Some(d) => Some(d.checked_duration_since(Instant::now()).filter(|t| !t.is_zero()).ok_or_else(late)?),
-            None => None,
-        };
-        self.state.sock.set_read_timeout(timeout)?;
-        let mut bells = [0u8; 64];
-        match rustix::net::recv(&self.state.sock, &mut bells, rustix::net::RecvFlags::empty()) {
-            Ok((0, _)) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the link")),
-            Ok(_) => Ok(()),
-            Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR => {
-                if deadline.is_some_and(|d| Instant::now() >= d) { Err(late()) } else { Ok(()) }
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
-fn late() -> io::Error {
-    io::Error::new(io::ErrorKind::TimedOut, "a group's bytes did not all arrive within the operation timeout")
 }

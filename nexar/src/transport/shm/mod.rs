@@ -17,6 +17,7 @@
 
 mod channel;
 pub(crate) mod mapping;
+mod receive;
 pub(crate) mod ring;
 pub(crate) mod setup;
 

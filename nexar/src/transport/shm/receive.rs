@@ -1,0 +1,197 @@
+//! The receiving side of a same-host link: a task on the rank's runtime that copies each group
+//! out of the peer's ring, checks it as any transport's groups are checked, and delivers it.
+//!
+//! It runs where nexar's receives run, like QUIC's endpoint driver, not on a thread of its
+//! own: a receive that spins on its mailbox yields to this task between polls, so a small
+//! message goes from the peer's store into the ring to the waiting receive without a thread
+//! being woken. While the ring is empty the task keeps polling (yielding) for the link's spin
+//! window, then raises the ring's sleep flag and waits for the peer's doorbell on the socket.
+
+use std::io;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::net::UnixStream;
+
+use super::channel::{GOODBYE, State, Stop};
+use super::ring::{Corrupt, Reader};
+use crate::transport::bulk::BulkInbound;
+use crate::transport::mailbox::Admitted;
+use crate::transport::tcp_lane::{GroupSink, RecvPool};
+
+/// Bytes of a group's first part read before it is admitted: its message frame must lie in
+/// them.
+const PEEK: usize = 4096;
+/// How much longer than its payload a group may be (its frames).
+const FRAMES_MAX: u64 = 64 << 10;
+/// Bytes copied out of the ring between two yields to the runtime, so that a large group
+/// does not hold a runtime thread for long.
+const CHUNK: usize = 1 << 20;
+
+/// What the reader allows the peer.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReadLimits {
+    /// The longest group in bytes, checked before anything is allocated for it.
+    pub max_group: u64,
+    /// From a group's first byte to its last.
+    pub group_deadline: Duration,
+}
+
+/// Starts the reading task of a link on the current runtime; `doorbell` is the link's socket
+/// (a duplicate of the state's), on which the peer's doorbells and its end arrive.
+pub(super) fn spawn_reader(
+    state: Arc<State>,
+    reader: Reader,
+    doorbell: StdUnixStream,
+    limits: ReadLimits,
+    inbound: BulkInbound,
+) -> io::Result<()> {
+    doorbell.set_nonblocking(true)?;
+    let doorbell = UnixStream::from_std(doorbell)?;
+    tokio::spawn(async move {
+        // Whatever ends the task (the runtime shutting down included) stops the link, so
+        // that the peer and nexar hear of it.
+        let stop = StopOnDrop(state.clone());
+        let mut input = RingInput { state: &state, reader, doorbell, pool: Arc::new(RecvPool::default()) };
+        let why = tokio::select! {
+            biased;
+            () = state.wait_stopped() => Some(io::Error::other("the link stopped")),
+            why = read_groups(&mut input, limits, &inbound) => why,
+        };
+        match why {
+            None => state.stop("the peer said goodbye", Stop::Goodbye),
+            Some(e) if !state.stopped() => state.stop(&format!("reading: {e}"), Stop::Failed),
+            Some(_) => {}
+        }
+        drop(stop);
+    });
+    Ok(())
+}
+
+/// Stops the link when the reading task ends, however it ends.
+struct StopOnDrop(Arc<State>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop("the reading task ended", Stop::GivenUp);
+    }
+}
+
+/// Groups until the peer says goodbye (`None`) or something fails.
+async fn read_groups(input: &mut RingInput<'_>, limits: ReadLimits, inbound: &BulkInbound) -> Option<io::Error> {
+    loop {
+        match read_group(input, limits, inbound).await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => return Some(e),
+        }
+    }
+}
+
+/// One group: `Ok(false)` when the peer said goodbye.
+async fn read_group(input: &mut RingInput<'_>, limits: ReadLimits, inbound: &BulkInbound) -> io::Result<bool> {
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let mut word = [0u8; 8];
+    input.read_exact(&mut word, None).await?;
+    let len = u64::from_le_bytes(word);
+    if len == GOODBYE {
+        return Ok(false);
+    }
+    if len > limits.max_group {
+        return Err(invalid(format!("a {len}-byte group is over the {}-byte limit", limits.max_group)));
+    }
+    let deadline = Some(Instant::now() + limits.group_deadline);
+    let len = len as usize;
+    let mut first = [0u8; PEEK];
+    let first = &mut first[..len.min(PEEK)];
+    input.read_exact(first, deadline).await?;
+    let (msg, payload_len) = inbound
+        .peek(first)
+        .map_err(|e| invalid(format!("protocol: {e}")))?
+        .ok_or_else(|| invalid(format!("protocol: the group's message frame is not in its first {PEEK} bytes")))?;
+    if payload_len > len as u64 || len as u64 - payload_len > FRAMES_MAX {
+        return Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")));
+    }
+    let admitted: Option<Admitted<'_>> = inbound.admit(&msg, payload_len).await;
+    let mut group = RecvPool::take(&input.pool, len, len as u64 - payload_len);
+    let bytes = group.room(len);
+    bytes[..first.len()].copy_from_slice(first);
+    input.read_exact(&mut bytes[first.len()..], Some(Instant::now() + limits.group_deadline)).await?;
+    inbound.deliver_admitted(Bytes::from_owner(group), &[], admitted).await.map_err(|e| {
+        tracing::error!(peer = input.state.peer, error = %e, "rank broke the protocol on its shared-memory link; the link stops");
+        invalid(format!("protocol: {e}"))
+    })?;
+    Ok(true)
+}
+
+/// The peer's ring as a byte stream that waits: polling, then asleep on the socket until a
+/// doorbell, the link's end, or a deadline.
+struct RingInput<'a> {
+    state: &'a Arc<State>,
+    reader: Reader,
+    doorbell: UnixStream,
+    /// Receive buffers come back as nexar is done with them (no fresh pages per group).
+    pool: Arc<RecvPool>,
+}
+
+impl RingInput<'_> {
+    fn corrupt(e: Corrupt) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+    }
+
+    /// Fills `dst` from the ring; bytes must keep coming until `deadline`, if any.
+    async fn read_exact(&mut self, dst: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
+        let mut at = 0;
+        let mut idle_since: Option<Instant> = None;
+        while at < dst.len() {
+            let end = dst.len().min(at + CHUNK);
+            let n = self.reader.read(&mut dst[at..end]).map_err(Self::corrupt)?;
+            if n > 0 {
+                at += n;
+                idle_since = None;
+                self.reader.release();
+                if at < dst.len() {
+                    tokio::task::yield_now().await;
+                }
+                continue;
+            }
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < self.state.spin {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            if self.reader.sleep().map_err(Self::corrupt)? {
+                self.wait_doorbell(deadline).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits on the socket until a doorbell arrives, the socket ends (the peer is gone), or
+    /// `deadline` passes.
+    async fn wait_doorbell(&self, deadline: Option<Instant>) -> io::Result<()> {
+        let wait = async {
+            loop {
+                self.doorbell.readable().await?;
+                let mut bells = [0u8; 64];
+                match self.doorbell.try_read(&mut bells) {
+                    Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the link")),
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        match deadline {
+            None => wait.await,
+            Some(d) => tokio::time::timeout_at(d.into(), wait).await.unwrap_or_else(|_| Err(late())),
+        }
+    }
+}
+
+fn late() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "a group's bytes did not all arrive within the operation timeout")
+}
