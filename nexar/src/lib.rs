@@ -49,8 +49,8 @@ mod transport;
 
 pub use cluster::{ClusterError, JoinToken, SeedNode};
 pub use comm::{
-    BackendError, CollectiveError, CollectiveHandle, Compression, ExchangeHandle, FailureWatch, LinkStats,
-    MAX_SETUP_BODY, NexarClient, P2pError, PeerFailure, RecoveryError,
+    BackendError, CollectiveError, CollectiveHandle, Compression, ErrorFeedback, ExchangeHandle, FailureWatch,
+    LinkStats, MAX_SETUP_BODY, NexarClient, P2pError, PeerFailure, RecoveryError,
 };
 pub use config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
 pub use error::NexarError;

@@ -27,7 +27,7 @@ pub(crate) use build::RankKeys;
 pub(crate) use client::Inner;
 pub use client::{LinkStats, NexarClient};
 pub(crate) use collective::ScheduleCache;
-pub use collective::{CollectiveError, CollectiveHandle, Compression, ExchangeHandle};
+pub use collective::{CollectiveError, CollectiveHandle, Compression, ErrorFeedback, ExchangeHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
 pub use failure_watch::FailureWatch;
 #[cfg(feature = "hostile-member")]

@@ -19,12 +19,14 @@ mod compressed;
 mod error;
 mod handle;
 mod prepare;
+mod topk;
 
 pub(crate) use cache::{ScheduleCache, ScheduleKey};
 pub use compressed::Compression;
 pub use error::CollectiveError;
 use handle::Exchange;
 pub use handle::{CollectiveHandle, ExchangeHandle};
+pub use topk::ErrorFeedback;
 
 impl NexarClient {
     /// Reduces `buf` across all ranks with `op`; every rank ends with the result.

@@ -1,0 +1,162 @@
+//! A member of the cluster on the same host writes crafted groups into the shared-memory ring
+//! it shares with an honest rank (`nexar::hostile`): the honest rank refuses what is crafted,
+//! gives the link up with an error naming the peer, and carries on; nothing forged reaches a
+//! caller's buffer, nothing hangs, no rank panics, and groups nobody asked for cost no more
+//! memory than the configured limits (asserted from `/proc/self/status`, in a process of its
+//! own).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nexar::hostile::{HostileMember, take_collective_payload};
+use nexar::proto::frame::{message_frame, raw_header};
+use nexar::proto::message::{CollHeader, PeerMsg, encode};
+use nexar::{NexarClient, NexarConfig};
+
+use common::{TEST_LIMIT, alone, on_each, resident_bytes};
+
+/// The frames of a `len`-byte broadcast message of collective `seq` (part 0), as the member
+/// would send them before the payload.
+fn coll_frames(comm: u64, seq: u64, len: u64) -> Bytes {
+    let msg = PeerMsg::Coll {
+        comm,
+        seq,
+        header: CollHeader {
+            kind: 1,
+            op: 1,
+            dtype: nexar::DType::U8.to_wire(),
+            root: 0,
+            count: len,
+            fingerprint: 0,
+            segment: 0,
+        },
+        part: 0,
+        len,
+    };
+    Bytes::from([message_frame(&encode(&msg).unwrap()), raw_header(len)].concat())
+}
+
+/// Every rank sums 4 MiB: the result is exact on every rank.
+async fn carries_on(ranks: &[NexarClient]) {
+    let n = ranks.len() as u32;
+    let sums = on_each(ranks, |c| async move {
+        let mut v = vec![c.rank() as u32 + 1; 1 << 20];
+        tokio::time::timeout(TEST_LIMIT, c.all_reduce(&mut v[..], nexar::Sum)).await.unwrap().unwrap();
+        v
+    })
+    .await;
+    for (rank, v) in sums.iter().enumerate() {
+        assert!(v.iter().all(|x| *x == n * (n + 1) / 2), "rank {rank}'s sum after the member's attempt");
+    }
+}
+
+/// Two ranks of one process (one host) linked through shared memory.
+async fn two_ranks_in_shared_memory(cfg: NexarConfig) -> Vec<NexarClient> {
+    let ranks = NexarClient::bootstrap_local_with(2, NexarConfig { shared_memory: true, ..cfg }).await.unwrap();
+    assert_eq!(HostileMember::new(&ranks[1]).bulk_channel(0).map(|l| l.name()), Some("shm"));
+    ranks
+}
+
+/// Waits until rank 0 no longer uses its shared-memory link to rank 1.
+async fn gives_the_link_up(ranks: &[NexarClient]) {
+    let started = Instant::now();
+    while HostileMember::new(&ranks[0]).bulk_channel(1).is_some_and(|l| l.usable()) {
+        assert!(started.elapsed() < TEST_LIMIT, "rank 0 kept the link");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The member writes a group that is not a collective message at all (junk where the message
+/// frame should be): rank 0 refuses it, delivers nothing and gives the link up; the ranks'
+/// later collectives move over the network and are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_junk_is_refused_and_the_link_given_up() {
+    let ranks = two_ranks_in_shared_memory(NexarConfig::default()).await;
+    let link = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
+    let junk = Bytes::from((0..64 << 10).map(|i| (i * 7 + 3) as u8).collect::<Vec<u8>>());
+    let _ = tokio::time::timeout(TEST_LIMIT, link.send(vec![junk])).await.unwrap();
+    gives_the_link_up(&ranks).await;
+    carries_on(&ranks).await;
+}
+
+/// A group longer than the rank's message limit allows is refused from its length word,
+/// before anything is allocated for it; nothing of it is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_over_the_message_limit_is_refused_before_it_is_read() {
+    let limit: u64 = 1 << 20;
+    let ranks = two_ranks_in_shared_memory(NexarConfig { max_message_bytes: limit, ..Default::default() }).await;
+    let comm = ranks[0].comm_id();
+    let link = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
+    let len = 4 * limit;
+    let sent = link.send(vec![coll_frames(comm, 1000, len), Bytes::from(vec![5u8; len as usize])]);
+    let _ = tokio::time::timeout(TEST_LIMIT, sent).await.unwrap();
+    let refused = take_collective_payload(&ranks[0], 1, 1000, len, Duration::from_secs(3)).await;
+    assert!(refused.is_err(), "the oversized group was delivered");
+    gives_the_link_up(&ranks).await;
+    carries_on(&ranks).await;
+}
+
+/// A group whose frames announce a payload longer than the group itself: refused, the link
+/// given up, nothing delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_announces_more_than_it_holds_is_refused() {
+    let ranks = two_ranks_in_shared_memory(NexarConfig::default()).await;
+    let comm = ranks[0].comm_id();
+    let link = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
+    let sent = link.send(vec![coll_frames(comm, 1000, 1 << 20), Bytes::from(vec![5u8; 1000])]);
+    let _ = tokio::time::timeout(TEST_LIMIT, sent).await.unwrap();
+    let refused = take_collective_payload(&ranks[0], 1, 1000, 1 << 20, Duration::from_secs(3)).await;
+    assert!(refused.is_err(), "the short group was delivered");
+    gives_the_link_up(&ranks).await;
+    carries_on(&ranks).await;
+}
+
+/// A member writes eight 32 MiB collective groups nobody asked for to a rank whose collective
+/// store holds 16 MiB. The rank reads the first group's message frame, admits it (an empty
+/// store takes any one message) and leaves the next in the ring, which fills, so the member
+/// waits. Asked for, all eight arrive intact, and the cluster carries on.
+#[test]
+fn shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
+    alone(
+        "shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits",
+        shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body,
+    );
+}
+
+async fn shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
+    let len: u64 = 32 << 20;
+    let cfg = NexarConfig { max_unmatched_bytes: 16 << 20, max_message_bytes: len, ..Default::default() };
+    let ranks = two_ranks_in_shared_memory(cfg).await;
+    let link = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
+    let comm = ranks[0].comm_id();
+    let payload = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let group = |seq: u64| vec![coll_frames(comm, seq, len), payload.clone()];
+    let groups: Vec<Vec<Bytes>> = (1000..1008).map(group).collect();
+    let before = resident_bytes();
+    let writer = tokio::spawn(async move {
+        for frames in groups {
+            link.send(frames).await.unwrap();
+        }
+    });
+    let mut peak = 0;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(resident_bytes().saturating_sub(before));
+    }
+    assert!(!writer.is_finished(), "all eight groups were read though nobody asked for them");
+    // This process is both ranks; the rings (2 x 4 MiB each way) were mapped before `before`.
+    assert!(
+        peak < 2 * len + (16 << 20),
+        "resident memory grew by {} MiB for groups of {} MiB that the limits allow one of",
+        peak >> 20,
+        len >> 20
+    );
+    for seq in 1000..1008u64 {
+        let got = take_collective_payload(&ranks[0], 1, seq, len, Duration::from_secs(60)).await.unwrap();
+        assert!(got.len() as u64 == len && got[..] == payload[..], "group {seq} arrived changed");
+    }
+    tokio::time::timeout(Duration::from_secs(60), writer).await.unwrap().unwrap();
+    carries_on(&ranks).await;
+}
