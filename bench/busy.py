@@ -96,8 +96,9 @@ class Load:
 def nexar_run(binary, args, bind):
     """One nexar-bench run: (p50, p99, share over 10x) in microseconds and percent."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        # Over the network, as OpenMPI here (NEXAR_SHM=off: no shared memory between the ranks).
         subprocess.run([binary, "--np", "2", "-I", "--bind-to", bind, "--json", f.name] + args,
-                       capture_output=True, text=True, check=True)
+                       capture_output=True, text=True, check=True, env=dict(os.environ, NEXAR_SHM="off"))
         row = json.load(open(f.name))[0]
     if row["wrong"]:
         sys.exit(f"nexar-bench reported {row['wrong']} wrong elements for {args}")

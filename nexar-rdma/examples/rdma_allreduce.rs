@@ -17,8 +17,9 @@ use nexar_rdma::{RdmaConfig, attach};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = std::env::var("RANKS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
     let cfg = RdmaConfig::from_env()?;
-    // RDMA takes links whose collective payloads are on QUIC (a TCP lane would hold them).
-    let quic = NexarConfig { bulk_transport: nexar::BulkTransport::Quic, ..Default::default() };
+    // RDMA takes links whose collective payloads are on QUIC (a TCP lane or, between these
+    // ranks of one host, shared memory would hold them).
+    let quic = NexarConfig { bulk_transport: nexar::BulkTransport::Quic, shared_memory: false, ..Default::default() };
     let ranks = NexarClient::bootstrap_local_with(n, quic).await?;
     let mut tasks = Vec::new();
     for c in ranks {

@@ -14,10 +14,12 @@ use nexar_rdma::{Fabric, RdmaConfig, attach};
 async fn a_failed_rdma_link_falls_back_to_quic_for_later_operations() {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let run = async {
-        // RDMA takes links whose collective payloads are on QUIC (a TCP lane would hold them).
+        // RDMA takes links whose collective payloads are on QUIC (a TCP lane or, between
+        // these ranks of one host, shared memory would hold them).
         let cfg = NexarConfig {
             op_timeout: Duration::from_secs(10),
             bulk_transport: nexar::BulkTransport::Quic,
+            shared_memory: false,
             ..Default::default()
         };
         let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();

@@ -15,8 +15,10 @@ use nexar_rdma::{Fabric, LinkTransport, RdmaConfig, RdmaError, attach};
 const LIMIT: Duration = Duration::from_secs(180);
 
 /// RDMA takes links whose collective payloads are on QUIC (a TCP lane would hold them).
+/// Links whose collective payloads are on QUIC, which RDMA takes (a TCP lane or shared
+/// memory would hold them; these ranks share a host).
 fn quic() -> NexarConfig {
-    NexarConfig { bulk_transport: nexar::BulkTransport::Quic, ..Default::default() }
+    NexarConfig { bulk_transport: nexar::BulkTransport::Quic, shared_memory: false, ..Default::default() }
 }
 
 fn logs() {

@@ -36,12 +36,19 @@ impl Summable for u8 {
     }
 }
 
-async fn one<T: Summable>(comm: &NexarClient, op: Op, send: &[T], recv: &mut [T]) -> Result<(), CollectiveError> {
+async fn one<T: Summable>(
+    comm: &NexarClient,
+    op: Op,
+    send: &[T],
+    recv: &mut [T],
+    feedback: &mut nexar::ErrorFeedback,
+) -> Result<(), CollectiveError> {
     let (r, w) = (comm.rank(), comm.world_size());
     match op {
         Op::Allreduce => comm.all_reduce(recv, ReduceOp::Sum).await,
         Op::AllreduceBf16 => compressed(comm, recv, nexar::Compression::Bf16).await,
         Op::AllreduceF16 => compressed(comm, recv, nexar::Compression::F16).await,
+        Op::AllreduceTopk => comm.all_reduce_topk(f32s(comm, recv)?, Sum, feedback).await,
         Op::Broadcast => comm.broadcast(recv, 0).await,
         Op::Allgather => comm.all_gather(send, recv).await,
         Op::ReduceScatter => comm.reduce_scatter(send, recv, ReduceOp::Sum).await,
@@ -64,14 +71,19 @@ async fn compressed<T: Summable>(
     recv: &mut [T],
     compression: nexar::Compression,
 ) -> Result<(), CollectiveError> {
+    comm.all_reduce_compressed(f32s(comm, recv)?, Sum, compression).await
+}
+
+/// `recv` as the f32 elements the compressed allreduces take.
+fn f32s<'a, T: Summable>(comm: &NexarClient, recv: &'a mut [T]) -> Result<&'a mut [f32], CollectiveError> {
     if T::DTYPE != nexar::DType::F32 {
         return Err(CollectiveError::InvalidArgument {
             rank: comm.rank(),
-            op: "all_reduce_compressed",
-            reason: "the compressed allreduce takes f32 elements: run it with -d f32".into(),
+            op: "nexar-bench",
+            reason: "the compressed allreduces take f32 elements: run them with -d f32".into(),
         });
     }
-    comm.all_reduce_compressed(bytemuck::cast_slice_mut::<T, f32>(recv), Sum, compression).await
+    Ok(bytemuck::cast_slice_mut::<T, f32>(recv))
 }
 
 /// Buffer lengths `(send, recv)` for a message of `count` elements.
@@ -80,7 +92,9 @@ fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
         Op::Allgather | Op::Gather => (count / w, count / w * w),
         Op::ReduceScatter | Op::Scatter => (count / w * w, count / w),
         Op::Alltoall => (count / w * w, count / w * w),
-        Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 | Op::Broadcast | Op::Reduce => (0, count),
+        Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 | Op::AllreduceTopk | Op::Broadcast | Op::Reduce => {
+            (0, count)
+        }
         Op::Sendrecv => (count, count),
         Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => (0, 0),
     }
@@ -91,7 +105,7 @@ fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -
     let expect = |i: usize| -> T {
         match op {
             // Small integers: exact in 16 bits too.
-            Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 => {
+            Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 | Op::AllreduceTopk => {
                 (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i)))
             }
             Op::Reduce if r == 0 => (1..w).fold(val::<T>(0, i), |a, q| a.add(val(q, i))),
@@ -125,7 +139,9 @@ pub(super) async fn run_size<T: Summable>(
     let send: Vec<T> = (0..send_len).map(|i| val(r, i)).collect();
     let mut recv: Vec<T> =
         (0..recv_len).map(|i| if args.op == Op::Broadcast && r != 0 { T::zeroed() } else { val(r, i) }).collect();
-    one(comm, args.op, &send, &mut recv).await?;
+    // The check sends everything (ratio 1: the exact sum); the timing, the asked-for share.
+    one(comm, args.op, &send, &mut recv, &mut nexar::ErrorFeedback::new(1.0)).await?;
+    let mut feedback = nexar::ErrorFeedback::new(args.topk_ratio);
     let mut wrong_here = [wrong(args.op, r, w, send_len, &recv)];
     comm.all_reduce(&mut wrong_here, Sum).await?;
     // Time with zeros (no growth, no denormals), in the same buffers.
@@ -133,13 +149,13 @@ pub(super) async fn run_size<T: Summable>(
     send.fill(T::zeroed());
     recv.fill(T::zeroed());
     for _ in 0..args.warmup {
-        one(comm, args.op, &send, &mut recv).await?;
+        one(comm, args.op, &send, &mut recv, &mut feedback).await?;
     }
     comm.barrier().await?;
     let mut times = Vec::with_capacity(args.iters);
     for _ in 0..args.iters.max(1) {
         let start = Instant::now();
-        one(comm, args.op, &send, &mut recv).await?;
+        one(comm, args.op, &send, &mut recv, &mut feedback).await?;
         times.push(start.elapsed().as_secs_f64() * 1e6);
     }
     // Each rank's own median, summarised across ranks (for -a).
@@ -155,7 +171,7 @@ pub(super) async fn run_size<T: Summable>(
     let moved = (recv_len.max(send_len) * size_of::<T>()) as f64;
     let algbw = if time_us > 0.0 { moved / time_us / 1e3 } else { 0.0 };
     let factor = match args.op {
-        Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 => 2.0 * (w as f64 - 1.0) / w as f64,
+        Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 | Op::AllreduceTopk => 2.0 * (w as f64 - 1.0) / w as f64,
         Op::Allgather | Op::ReduceScatter | Op::Alltoall | Op::Gather | Op::Scatter => (w as f64 - 1.0) / w as f64,
         _ => 1.0,
     };

@@ -37,6 +37,9 @@ enum Op {
     AllreduceBf16,
     /// The same with f16 on the wire.
     AllreduceF16,
+    /// `all_reduce_topk`, sending the `--topk-ratio` share of the elements (f32 data only);
+    /// checked with ratio 1 (exact), timed with the ratio; bandwidths count the f32 bytes.
+    AllreduceTopk,
     Broadcast,
     Allgather,
     ReduceScatter,
@@ -280,6 +283,9 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "nexar-bench.json")]
     json: String,
+    /// allreduce_topk: the share of elements each call sends.
+    #[arg(long, default_value_t = 0.01)]
+    topk_ratio: f64,
     /// How long the soak runs, in seconds.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
