@@ -65,6 +65,7 @@ pub use nexar_types::{
 #[cfg(feature = "cuda")]
 pub use nexar_types::{Cuda, CudaAdapter, DeviceSpan, compile_reduce_kernel, cuda_device_count, reduce_kernel_source};
 pub use proto::algo::Algorithm;
+pub use proto::algo::hierarchical::HostLayout;
 pub use proto::topology::Topology;
 pub use rpc::RpcError;
 pub use transport::TransportError;

@@ -345,6 +345,7 @@ impl NexarClient {
             launch: std::sync::OnceLock::new(),
             joined: Notify::new(),
             initial_world: addrs.len(),
+            host_keys: std::sync::OnceLock::new(),
             routes: route_cache(),
             relay_seals,
             late_joiners: Mutex::new(Vec::new()),
@@ -413,6 +414,7 @@ impl NexarClient {
         if !running {
             let shm = client.attach_shared_memory().await;
             tracing::debug!(rank = client.rank(), peers = ?shm, "shared-memory links");
+            client.learn_hosts().await;
             client.bring_up_tcp_lanes(identity, ca).await;
         }
         Ok(client)

@@ -109,6 +109,9 @@ pub(crate) struct Inner {
     pub joined: Notify,
     /// The world size the cluster formed with (the topology is laid over it).
     pub initial_world: usize,
+    /// A key of the host of each rank of the world the cluster formed with, equal for ranks
+    /// of one host (see `comm::hosts`); unset when they were not learnt.
+    pub host_keys: std::sync::OnceLock<Vec<u64>>,
     /// Next hops to ranks without a direct link.
     pub routes: Mutex<RouteCache>,
     /// The keys that seal this rank's relayed messages end to end (none in a cluster started

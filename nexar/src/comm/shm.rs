@@ -62,7 +62,7 @@ impl NexarClient {
                 return Vec::new();
             }
         };
-        let (host, pid) = (host_identity(), std::process::id());
+        let (host, pid) = (host_identity(self.config().host_id.as_deref()), std::process::id());
         let expected: Expected = Arc::default();
         let mut mine = Vec::new();
         for rank in peers {

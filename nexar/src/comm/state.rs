@@ -20,6 +20,8 @@ pub(crate) struct CommState {
     recoveries: AtomicU64,
     /// Number of the next transport back-end setup on this communicator.
     setups: AtomicU64,
+    /// Which host each member is on, once known (see `NexarClient::host_layout`).
+    pub layout: std::sync::OnceLock<Option<std::sync::Arc<crate::proto::algo::hierarchical::HostLayout>>>,
 }
 
 impl CommState {
@@ -28,7 +30,15 @@ impl CommState {
     }
 
     pub fn new(id: u64, members: Vec<usize>, me: usize) -> Self {
-        CommState { id, members, me, seq: AtomicU64::new(0), recoveries: AtomicU64::new(0), setups: AtomicU64::new(0) }
+        CommState {
+            id,
+            members,
+            me,
+            seq: AtomicU64::new(0),
+            recoveries: AtomicU64::new(0),
+            setups: AtomicU64::new(0),
+            layout: std::sync::OnceLock::new(),
+        }
     }
 
     /// Takes the next sequence number. Every member calls collectives in the same order, so

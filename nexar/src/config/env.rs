@@ -149,6 +149,9 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_SHM") {
             c.shared_memory = on_off(var, &v)?;
         }
+        if let Some((_, v)) = get("NEXAR_HOST_ID") {
+            c.host_id = Some(v.trim().to_string());
+        }
         if let Some((var, v)) = get("NEXAR_SEGMENT_BYTES") {
             c.segment_bytes =
                 usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;

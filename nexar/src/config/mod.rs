@@ -185,6 +185,17 @@ pub struct NexarConfig {
     /// assert!(nexar::NexarConfig::default().shared_memory);
     /// ```
     pub shared_memory: bool,
+    /// Which host this rank says it is on (`NEXAR_HOST_ID`); `None` (the default) derives it
+    /// from the machine id, boot id, network namespace and user. Ranks with different hosts
+    /// never share memory, and collectives across several hosts with several ranks each use
+    /// the two-level algorithms (see [`NexarClient::host_layout`](crate::NexarClient::host_layout)),
+    /// so tests can place ranks of one machine on fake hosts.
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_HOST_ID").then(|| "node-7".into())).unwrap();
+    /// assert_eq!(cfg.host_id.as_deref(), Some("node-7"));
+    /// ```
+    pub host_id: Option<String>,
     /// Largest piece of its buffer an allreduce works on at a time (`NEXAR_SEGMENT_BYTES`,
     /// default 8 MiB; 0 never splits). A larger buffer runs as consecutive segments under
     /// one sequence number, which keeps each segment's working set in cache and lets a device
@@ -248,6 +259,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_min_bytes", &self.bulk_min_bytes)
             .field("bulk_encryption", &self.bulk_encryption)
             .field("shared_memory", &self.shared_memory)
+            .field("host_id", &self.host_id)
             .field("segment_bytes", &self.segment_bytes)
             .field("chaos", &self.chaos)
             .field("trace", &self.trace)
@@ -356,6 +368,7 @@ impl Default for NexarConfig {
             bulk_min_bytes: 256 << 10,
             bulk_encryption: true,
             shared_memory: true,
+            host_id: None,
             segment_bytes: 8 << 20,
             trace: crate::trace::TraceConfig::default(),
             metrics_addr: None,

@@ -234,3 +234,107 @@ fn the_size_table_picks_the_tree_for_small_broadcasts_and_the_chain_for_large_on
     assert_eq!(select(bcast, BROADCAST_PAIR_TREE_BYTES, 2), Algorithm::BinomialTree);
     assert!(chain(select(bcast, BROADCAST_PAIR_TREE_BYTES + 1, 2)));
 }
+
+/// Host layouts the two-level allreduce is checked on: contiguous, round-robin and shuffled
+/// placements, with 1 to 4 ranks per host.
+fn layouts() -> Vec<Vec<u64>> {
+    vec![
+        vec![0, 0, 1, 1],
+        vec![0, 1, 0, 1],
+        vec![5, 5, 5, 9, 9, 9],
+        vec![0, 1, 2, 0, 1, 2],
+        vec![3, 1, 1, 3, 2, 2, 2, 3, 1],
+        vec![0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3],
+        vec![0, 1, 2, 3],
+        vec![4, 4, 4],
+    ]
+}
+
+/// Runs the two-level allreduce on `keys`' layout in the simulator: every rank's result.
+fn two_level<T: Element>(keys: &[u64], n: usize, red: ReduceOp, value: impl Fn(usize, usize) -> T) -> Vec<Vec<T>> {
+    use super::algo::generate_on;
+    use super::algo::hierarchical::HostLayout;
+    let layout = HostLayout::from_keys(keys);
+    let w = keys.len();
+    let algo = Algorithm::Hierarchical { segment_bytes: 4096 };
+    let mut ranks: Vec<SimRank<T>> =
+        (0..w).map(|r| SimRank { input: Vec::new(), data: (0..n).map(|i| value(r, i)).collect() }).collect();
+    let schedules: Vec<_> = (0..w)
+        .map(|r| generate_on(Collective::AllReduce, algo, r, w, n, T::DTYPE.size(), Some(&layout)).unwrap())
+        .collect();
+    simulate(&schedules, &mut ranks, red).unwrap_or_else(|e| panic!("hierarchical {keys:?} n={n}: {e}"));
+    ranks.into_iter().map(|r| r.data).collect()
+}
+
+#[test]
+fn the_two_level_allreduce_matches_the_reference_on_every_layout() {
+    for keys in layouts() {
+        let w = keys.len();
+        for n in [0, 1, w - 1, w, w + 1, PRIME, LARGE] {
+            let want_xor = fold(ReduceOp::BitXor, (0..w).map(|r| (0..n).map(|i| bits(r, i)).collect()));
+            for (r, got) in two_level(&keys, n, ReduceOp::BitXor, bits).iter().enumerate() {
+                assert!(got == &want_xor, "{keys:?} n={n}: rank {r}'s xor differs from the reference");
+            }
+            if n > PRIME {
+                continue;
+            }
+            let want = fold(ReduceOp::Sum, (0..w).map(|r| (0..n).map(|i| small(r, i)).collect()));
+            for (r, got) in two_level(&keys, n, ReduceOp::Sum, small).iter().enumerate() {
+                assert!(got == &want, "{keys:?} n={n}: rank {r}'s sum differs from the reference");
+            }
+        }
+    }
+}
+
+/// Integers come out bitwise equal to the flat ring's; floats (added in another order) within
+/// rounding, and the same on every rank.
+#[test]
+fn flat_and_two_level_agree_bitwise_for_integers_and_closely_for_floats() {
+    let float = |r: usize, i: usize| ((r * 7919 + i * 104_729) % 10_007) as f32 / 10_007.0 - 0.5;
+    for keys in layouts() {
+        let w = keys.len();
+        let n = 10_000;
+        let flat = |red, v: &dyn Fn(usize, usize) -> i64| {
+            let mut ranks: Vec<SimRank<i64>> =
+                (0..w).map(|r| SimRank { input: Vec::new(), data: (0..n).map(|i| v(r, i)).collect() }).collect();
+            let s: Vec<_> =
+                (0..w).map(|r| generate(Collective::AllReduce, Algorithm::Ring, r, w, n, 8).unwrap()).collect();
+            simulate(&s, &mut ranks, red).unwrap();
+            ranks.into_iter().map(|r| r.data).collect::<Vec<_>>()
+        };
+        let sum_int = |r: usize, i: usize| bits(r, i) >> 8;
+        assert_eq!(two_level(&keys, n, ReduceOp::Sum, sum_int), flat(ReduceOp::Sum, &sum_int), "{keys:?}");
+        let got = two_level(&keys, n, ReduceOp::Sum, float);
+        for i in 0..n {
+            let exact: f64 = (0..w).map(|r| float(r, i) as f64).sum();
+            assert!(got.iter().all(|g| g[i].to_bits() == got[0][i].to_bits()), "{keys:?}: ranks differ at {i}");
+            assert!(
+                (got[0][i] as f64 - exact).abs() <= 1e-5 * w as f64,
+                "{keys:?} element {i}: {} vs {exact}",
+                got[0][i]
+            );
+        }
+    }
+}
+
+#[test]
+fn the_size_table_goes_two_level_only_across_hosts_with_several_ranks_each() {
+    use super::algo::hierarchical::HostLayout;
+    use super::algo::select_on;
+    let large = 64 << 20;
+    let two_level = |keys: &[u64], bytes| {
+        matches!(
+            select_on(Collective::AllReduce, bytes, keys.len(), Some(&HostLayout::from_keys(keys))),
+            Algorithm::Hierarchical { .. }
+        )
+    };
+    assert!(two_level(&[0, 0, 1, 1], large));
+    assert!(two_level(&[0, 1, 0, 1], large));
+    // One host, one rank per host, or hosts of different sizes: flat.
+    assert!(!two_level(&[0, 0, 0, 0], large));
+    assert!(!two_level(&[0, 1, 2, 3], large));
+    assert!(!two_level(&[0, 0, 1], large));
+    // Small messages keep the latency algorithms.
+    assert!(!two_level(&[0, 0, 1, 1], 4096));
+    assert_eq!(select_on(Collective::AllReduce, large, 4, None).name(), "pipelined_ring");
+}

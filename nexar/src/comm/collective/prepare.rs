@@ -9,7 +9,7 @@ use super::super::client::NexarClient;
 use super::super::exec::CollCall;
 use super::super::pieces::{Data, Pieces, runs_on_pieces};
 use super::{CollectiveError, Exchange, ScheduleCache, ScheduleKey};
-use crate::proto::algo::{Algorithm, Collective, generate, select};
+use crate::proto::algo::{Algorithm, Collective, generate_on, select_on};
 use crate::proto::schedule::Schedule;
 
 impl NexarClient {
@@ -23,7 +23,28 @@ impl NexarClient {
             Collective::Barrier => cfg.barrier_algorithm,
             _ => None,
         };
-        pinned.unwrap_or_else(|| select(kind, bytes, self.world_size()))
+        let layout = self.layout();
+        match pinned {
+            // Pinned where it cannot run (one host, hosts of different sizes): the table.
+            Some(Algorithm::Hierarchical { .. }) if layout.as_deref().is_none_or(|l| l.ranks_per_host().is_none()) => {
+                select_on(kind, bytes, self.world_size(), None)
+            }
+            Some(pinned) => pinned,
+            None => select_on(kind, bytes, self.world_size(), layout.as_deref()),
+        }
+    }
+
+    /// The algorithm an allreduce of `bytes` bytes per rank runs with on this communicator
+    /// (the size table's choice, or the one `NEXAR_ALLREDUCE_ALGORITHM` pins), by name:
+    /// `recursive_doubling`, `halving_doubling`, `pipelined_ring`, `hierarchical`, ...
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) {
+    /// println!("a 64 MiB allreduce runs {}", comm.allreduce_algorithm(64 << 20));
+    /// # }
+    /// ```
+    pub fn allreduce_algorithm(&self, bytes: usize) -> &'static str {
+        self.algorithm_for(Collective::AllReduce, bytes).name()
     }
 
     /// Plans and runs one collective with sequence number `seq`.
@@ -87,7 +108,8 @@ impl NexarClient {
         if let Some(schedule) = cache.and_then(|c| c.get(&key)) {
             return Ok(schedule);
         }
-        let mut schedule = generate(call.kind, algorithm, rank, key.world, count, key.elem)
+        let layout = self.layout();
+        let mut schedule = generate_on(call.kind, algorithm, rank, key.world, count, key.elem, layout.as_deref())
             .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
         schedule.algorithm = algorithm.name();
         tracing::trace!(rank, op, seq, %algorithm, steps = schedule.steps.len(), "collective");

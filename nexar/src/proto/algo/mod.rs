@@ -4,6 +4,7 @@
 pub mod allreduce;
 pub mod barrier;
 pub mod blocks;
+pub mod hierarchical;
 pub mod rooted;
 pub mod scan;
 
@@ -11,6 +12,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::schedule::Schedule;
+use hierarchical::HostLayout;
 
 /// A collective operation, as far as scheduling is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -154,6 +156,12 @@ pub enum Algorithm {
     Dissemination,
     /// Gather to rank 0, then release (barrier).
     TwoPhase,
+    /// Two levels for ranks on several hosts (allreduce): within each host, then between
+    /// hosts, then within each host again, in segments of this many bytes.
+    Hierarchical {
+        /// Segment size in bytes.
+        segment_bytes: usize,
+    },
 }
 
 impl Algorithm {
@@ -172,6 +180,7 @@ impl Algorithm {
             Algorithm::PrefixDoubling => "prefix_doubling",
             Algorithm::Dissemination => "dissemination",
             Algorithm::TwoPhase => "two_phase",
+            Algorithm::Hierarchical { .. } => "hierarchical",
         }
     }
 }
@@ -198,6 +207,7 @@ impl FromStr for Algorithm {
             "prefix_doubling" => Algorithm::PrefixDoubling,
             "dissemination" => Algorithm::Dissemination,
             "two_phase" => Algorithm::TwoPhase,
+            "hierarchical" => Algorithm::Hierarchical { segment_bytes: DEFAULT_SEGMENT_BYTES },
             other => return Err(format!("unknown algorithm {other:?}")),
         })
     }
@@ -245,6 +255,20 @@ pub fn select(op: Collective, bytes: usize, world: usize) -> Algorithm {
     }
 }
 
+/// The algorithm table for a communicator whose ranks lie on hosts as `layout` says: the
+/// two-level allreduce where the ranks span several hosts with several ranks on each and the
+/// flat table would run the ring, else [`select`].
+pub fn select_on(op: Collective, bytes: usize, world: usize, layout: Option<&HostLayout>) -> Algorithm {
+    match select(op, bytes, world) {
+        Algorithm::PipelinedRing { segment_bytes }
+            if op == Collective::AllReduce && layout.is_some_and(HostLayout::is_two_level) =>
+        {
+            Algorithm::Hierarchical { segment_bytes }
+        }
+        flat => flat,
+    }
+}
+
 /// An algorithm asked of an operation it does not implement.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("algorithm {algorithm} does not implement {op}")]
@@ -258,6 +282,7 @@ pub struct Unsupported {
 /// The schedule of `rank` of `world` for `op` on `count` elements (per-rank block size for
 /// block operations) of `elem_size` bytes, with `algorithm`. Rooted operations end with a
 /// confirmation round (see [`Collective::needs_confirmation`]).
+#[cfg_attr(not(any(test, feature = "unstable-internals")), allow(dead_code))]
 pub fn generate(
     op: Collective,
     algorithm: Algorithm,
@@ -265,6 +290,21 @@ pub fn generate(
     world: usize,
     count: usize,
     elem_size: usize,
+) -> Result<Schedule, Unsupported> {
+    generate_on(op, algorithm, rank, world, count, elem_size, None)
+}
+
+/// [`generate`] for ranks that lie on hosts as `layout` says, which the two-level algorithms
+/// need (they are unsupported without one, or when it does not describe `world` ranks with
+/// the same number on each host).
+pub fn generate_on(
+    op: Collective,
+    algorithm: Algorithm,
+    rank: usize,
+    world: usize,
+    count: usize,
+    elem_size: usize,
+    layout: Option<&HostLayout>,
 ) -> Result<Schedule, Unsupported> {
     let seg = |bytes: usize| (bytes / elem_size.max(1)).max(1);
     let unsupported = || Unsupported { algorithm, op: op.name() };
@@ -306,6 +346,10 @@ pub fn generate(
         (Collective::ExclusiveScan, Algorithm::PrefixDoubling) => scan::exclusive(rank, world, count),
         (Collective::Barrier, Algorithm::Dissemination) => barrier::dissemination(rank, world),
         (Collective::Barrier, Algorithm::TwoPhase) => barrier::two_phase(rank, world),
+        (Collective::AllReduce, Algorithm::Hierarchical { segment_bytes }) => layout
+            .filter(|l| l.world() == world)
+            .and_then(|l| hierarchical::allreduce(rank, l, count, seg(segment_bytes)))
+            .ok_or_else(unsupported)?,
         _ => return Err(unsupported()),
     };
     if op.needs_confirmation() {

@@ -34,11 +34,11 @@ const MAX_RING: u64 = 256 << 20;
 
 /// The identity of the host a rank runs on, as far as shared memory goes: the machine, its
 /// current boot, the network namespace (abstract sockets live in it) and the user (a segment
-/// is shared only between processes of one user). `NEXAR_HOST_ID` replaces it, so that tests
-/// can place ranks on fake hosts.
-pub(crate) fn host_identity() -> String {
-    if let Ok(id) = std::env::var("NEXAR_HOST_ID") {
-        return format!("override:{}", id.trim());
+/// is shared only between processes of one user). `overridden` (`NEXAR_HOST_ID`) replaces it,
+/// so that tests can place ranks on fake hosts.
+pub(crate) fn host_identity(overridden: Option<&str>) -> String {
+    if let Some(id) = overridden {
+        return format!("override:{id}");
     }
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
     let netns = std::fs::read_link("/proc/self/ns/net").map(|p| p.display().to_string()).unwrap_or_default();

@@ -1,0 +1,64 @@
+//! Which host each rank is on: learnt once when the cluster forms, by an all-gather of a key
+//! of each rank's host identity (so every rank holds the same table), and read per
+//! communicator to pick the two-level algorithms.
+
+use std::sync::Arc;
+
+use crate::proto::algo::hierarchical::HostLayout;
+use crate::transport::shm::setup::host_identity;
+
+use super::client::NexarClient;
+use super::state::CommState;
+
+impl NexarClient {
+    /// Gathers every rank's host key; every rank of the world calls it once, at the same
+    /// point, when the cluster forms. On failure the ranks that saw it keep no table, and
+    /// their collectives stay on the flat algorithms (logged).
+    pub(crate) async fn learn_hosts(&self) {
+        let identity = host_identity(self.config().host_id.as_deref());
+        let mine = [nexar_types::stable_hash(identity.as_bytes())];
+        let mut keys = vec![0u64; self.world_size()];
+        // A communicator of its own: the world's sequence numbers start untouched.
+        let id = nexar_types::stable_id(&["hosts", &self.comm.id.to_string()]).max(1);
+        let gather = self.with_comm(CommState::new(id, self.comm.members.clone(), self.comm.me));
+        match gather.all_gather(&mine[..], &mut keys[..]).await {
+            Ok(()) => {
+                let layout = HostLayout::from_keys(&keys);
+                tracing::debug!(rank = self.rank(), hosts = layout.hosts(), "host layout");
+                let _ = self.inner.host_keys.set(keys);
+            }
+            Err(e) => {
+                tracing::warn!(rank = self.rank(), error = %e, "could not learn which hosts the ranks are on; collectives stay flat")
+            }
+        }
+    }
+
+    /// Which host each rank of this communicator is on, as learnt when the cluster formed;
+    /// `None` where it is not known (a communicator with ranks that joined later). The
+    /// collectives use the two-level algorithms when
+    /// [`is_two_level`](HostLayout::is_two_level) says so.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) {
+    /// if let Some(layout) = comm.host_layout() {
+    ///     println!("{} ranks on {} hosts", layout.world(), layout.hosts());
+    /// }
+    /// # }
+    /// ```
+    pub fn host_layout(&self) -> Option<HostLayout> {
+        self.layout().map(|l| (*l).clone())
+    }
+
+    /// [`host_layout`](Self::host_layout), made once per communicator.
+    pub(crate) fn layout(&self) -> Option<Arc<HostLayout>> {
+        // Not kept before the table is learnt (nothing would make it again).
+        let keys = self.inner.host_keys.get()?;
+        self.comm
+            .layout
+            .get_or_init(|| {
+                let mine: Option<Vec<u64>> = self.comm.members.iter().map(|w| keys.get(*w).copied()).collect();
+                mine.map(|keys| Arc::new(HostLayout::from_keys(&keys)))
+            })
+            .clone()
+    }
+}

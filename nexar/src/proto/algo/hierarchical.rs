@@ -1,0 +1,159 @@
+//! Two-level algorithms for ranks spread over several hosts, several per host: the ranks of a
+//! host work among themselves (through shared memory) and only one share of the data per rank
+//! crosses between hosts.
+//!
+//! The allreduce: a reduce-scatter ring within each host (local rank `j` ends with block `j`
+//! reduced over its host), an allreduce ring of block `j` across the hosts among the ranks of
+//! local index `j` (one per host), then an all-gather ring within each host. Every host must
+//! hold the same number of ranks ([`HostLayout::ranks_per_host`]).
+
+use crate::proto::schedule::{Schedule, Slot, Span, Step};
+
+/// Which host each rank of a communicator is on.
+///
+/// ```
+/// use nexar::HostLayout;
+/// // Ranks 0 and 2 on one host, 1 and 3 on another (round-robin placement).
+/// let layout = HostLayout::from_keys(&[7, 9, 7, 9]);
+/// assert_eq!(layout.hosts(), 2);
+/// assert_eq!(layout.members(0), vec![0, 2]);
+/// assert_eq!(layout.ranks_per_host(), Some(2));
+/// assert!(layout.is_two_level());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HostLayout {
+    /// The host index of each rank; hosts are numbered in the order of their lowest rank.
+    host_of: Vec<usize>,
+    hosts: usize,
+}
+
+impl HostLayout {
+    /// The layout of ranks whose hosts are told apart by `keys` (one per rank, equal on one
+    /// host). Every rank that is given the same keys builds the same layout.
+    pub fn from_keys(keys: &[u64]) -> HostLayout {
+        let mut seen: Vec<u64> = Vec::new();
+        let host_of = keys
+            .iter()
+            .map(|k| {
+                seen.iter().position(|s| s == k).unwrap_or_else(|| {
+                    seen.push(*k);
+                    seen.len() - 1
+                })
+            })
+            .collect();
+        HostLayout { host_of, hosts: seen.len() }
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.host_of.len()
+    }
+
+    /// Number of hosts.
+    pub fn hosts(&self) -> usize {
+        self.hosts
+    }
+
+    /// The host of `rank`.
+    pub fn host_of(&self, rank: usize) -> usize {
+        self.host_of[rank]
+    }
+
+    /// The ranks on `host`, in rank order.
+    pub fn members(&self, host: usize) -> Vec<usize> {
+        (0..self.host_of.len()).filter(|r| self.host_of[*r] == host).collect()
+    }
+
+    /// The number of ranks on each host, when every host holds the same number.
+    pub fn ranks_per_host(&self) -> Option<usize> {
+        let first = self.members(0).len();
+        (0..self.hosts).all(|h| self.members(h).len() == first).then_some(first)
+    }
+
+    /// Whether the two-level algorithms apply and pay: several hosts, the same number of
+    /// ranks on each, and more than one there.
+    pub fn is_two_level(&self) -> bool {
+        self.hosts > 1 && self.ranks_per_host().is_some_and(|l| l > 1)
+    }
+}
+
+/// The two-level allreduce of `rank` on `count` elements, forwarding segments of at most
+/// `segment` elements as soon as they are reduced. `None` when the hosts hold different
+/// numbers of ranks.
+///
+/// Cost per rank: `2(L-1)` messages of `count/L` elements within the host and `2(H-1)`
+/// messages of `count/(L·H)` between hosts, for `H` hosts of `L` ranks.
+pub fn allreduce(rank: usize, layout: &HostLayout, count: usize, segment: usize) -> Option<Schedule> {
+    let per_host = layout.ranks_per_host()?;
+    let mut s = Schedule::new();
+    let local = layout.members(layout.host_of(rank));
+    let j = local.iter().position(|r| *r == rank)?;
+    let all = Span::new(Slot::Data, 0, count);
+    let block = all.part(per_host, j);
+    reduce_scatter_ring(&mut s, &local, j, all, segment);
+    // Block j across the hosts, among the ranks of local index j.
+    let peers: Vec<usize> = (0..layout.hosts()).map(|h| layout.members(h)[j]).collect();
+    let me = layout.host_of(rank);
+    let across = super::allreduce::ring(me, peers.len(), block.len, segment);
+    s.steps.extend(across.steps.into_iter().map(|step| moved(step, &peers, block.offset)));
+    all_gather_ring(&mut s, &local, j, all, segment);
+    Some(s)
+}
+
+/// A step of a schedule made for ranks `0..peers.len()` on a buffer of its own, as the step
+/// of rank `peers[i]` on the span of the real buffer that starts at `offset`.
+fn moved(step: Step, peers: &[usize], offset: usize) -> Step {
+    let at = |span: Span| Span::new(span.slot, span.offset + offset, span.len);
+    match step {
+        Step::Send { to, src } => Step::Send { to: peers[to], src: at(src) },
+        Step::Recv { from, dst, reduce } => Step::Recv { from: peers[from], dst: at(dst), reduce },
+        Step::Copy { src, dst } => Step::Copy { src: at(src), dst: at(dst) },
+        Step::Reduce { src, dst } => Step::Reduce { src: at(src), dst: at(dst) },
+    }
+}
+
+/// Ring reduce-scatter of `all` among `ring` (this rank is `ring[me]`), in place: afterwards
+/// this rank's block `me` of `ring.len()` holds the reduction over the ring.
+fn reduce_scatter_ring(s: &mut Schedule, ring: &[usize], me: usize, all: Span, segment: usize) {
+    let n = ring.len();
+    if n == 1 {
+        return;
+    }
+    let (next, prev) = (ring[(me + 1) % n], ring[(me + n - 1) % n]);
+    let block = |i: usize| all.part(n, i % n);
+    // Step k sends block me-k-1 and receives block me-k-2, which goes on at step k+1; the
+    // last one received, block me-n = me, stays.
+    for seg in block(me + n - 1).segments(segment) {
+        s.send(next, seg);
+    }
+    for k in 0..n - 1 {
+        for seg in block(me + 2 * n - k - 2).segments(segment) {
+            s.recv_reduce(prev, seg);
+            if k < n - 2 {
+                s.send(next, seg);
+            }
+        }
+    }
+}
+
+/// Ring all-gather of the blocks of `all` among `ring`, where this rank (`ring[me]`) holds
+/// block `me`: afterwards it holds every block.
+fn all_gather_ring(s: &mut Schedule, ring: &[usize], me: usize, all: Span, segment: usize) {
+    let n = ring.len();
+    if n == 1 {
+        return;
+    }
+    let (next, prev) = (ring[(me + 1) % n], ring[(me + n - 1) % n]);
+    let block = |i: usize| all.part(n, i % n);
+    for seg in block(me).segments(segment) {
+        s.send(next, seg);
+    }
+    for k in 0..n - 1 {
+        for seg in block(me + 2 * n - k - 1).segments(segment) {
+            s.recv(prev, seg);
+            if k < n - 2 {
+                s.send(next, seg);
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The two-level allreduce over real links: ranks of this machine placed on fake hosts with
+//! `NexarConfig::host_id` (`NEXAR_HOST_ID`), shared memory within a host and the network
+//! between hosts. Every rank learns the same layout, large allreduces run two-level, integers
+//! come out bitwise equal to the flat ring's and floats within rounding of the exact sum.
+
+mod common;
+
+use common::{TEST_LIMIT, on_each};
+use nexar::{Algorithm, NexarClient, NexarConfig, Sum};
+
+/// Ranks whose hosts are `hosts[rank]`, the allreduce algorithm pinned where `pinned` says.
+async fn on_hosts(hosts: &[&str], pinned: Option<Algorithm>) -> Vec<NexarClient> {
+    let configs = hosts
+        .iter()
+        .map(|h| NexarConfig { host_id: Some(h.to_string()), allreduce_algorithm: pinned, ..Default::default() })
+        .collect();
+    NexarClient::bootstrap_local_each(configs).await.unwrap()
+}
+
+fn int(r: usize, i: usize) -> u64 {
+    (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
+fn float(r: usize, i: usize) -> f32 {
+    ((r * 7919 + i * 104_729) % 10_007) as f32 / 10_007.0 - 0.5
+}
+
+/// Every rank's integer and float allreduce of `len` elements.
+async fn sums(ranks: &[NexarClient], len: usize) -> Vec<(Vec<u64>, Vec<f32>)> {
+    on_each(ranks, move |c| async move {
+        let r = c.rank();
+        let mut ints: Vec<u64> = (0..len).map(|i| int(r, i)).collect();
+        let mut floats: Vec<f32> = (0..len).map(|i| float(r, i)).collect();
+        tokio::time::timeout(TEST_LIMIT, c.all_reduce(&mut ints[..], Sum)).await.unwrap().unwrap();
+        tokio::time::timeout(TEST_LIMIT, c.all_reduce(&mut floats[..], Sum)).await.unwrap().unwrap();
+        (ints, floats)
+    })
+    .await
+}
+
+async fn two_level_matches_flat(hosts: &[&str]) {
+    let w = hosts.len();
+    let len = 1 << 19; // 4 MiB of u64: the ring's size, so two-level where the hosts allow
+    let ranks = on_hosts(hosts, None).await;
+    for c in &ranks {
+        let layout = c.host_layout().expect("the layout is learnt when the cluster forms");
+        assert_eq!(layout.hosts(), 2, "rank {}", c.rank());
+        assert_eq!(c.allreduce_algorithm(len * 8), "hierarchical", "rank {}", c.rank());
+        assert_eq!(c.allreduce_algorithm(4096), "recursive_doubling");
+        for p in (0..w).filter(|p| *p != c.rank()) {
+            let same = hosts[p] == hosts[c.rank()];
+            assert_eq!(c.bulk_transport(p) == Some("shm"), same, "rank {} to {p}", c.rank());
+        }
+    }
+    let two_level = sums(&ranks, len).await;
+    for c in ranks {
+        c.shutdown().await;
+    }
+    let flat_ranks = on_hosts(hosts, Some(Algorithm::PipelinedRing { segment_bytes: 1 << 20 })).await;
+    assert_eq!(flat_ranks[0].allreduce_algorithm(len * 8), "pipelined_ring");
+    let flat = sums(&flat_ranks, len).await;
+    for c in flat_ranks {
+        c.shutdown().await;
+    }
+    for (r, ((ints, floats), (flat_ints, _))) in two_level.iter().zip(&flat).enumerate() {
+        assert!(ints == flat_ints, "{hosts:?}: rank {r}'s integers differ from the flat ring's");
+        assert!(floats.iter().zip(&two_level[0].1).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {r} differs");
+        for (i, got) in floats.iter().enumerate() {
+            let exact: f64 = (0..w).map(|q| float(q, i) as f64).sum();
+            assert!((*got as f64 - exact).abs() <= 1e-5 * w as f64, "{hosts:?} element {i}: {got} vs {exact}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_on_two_fake_hosts_allreduce_in_two_levels() {
+    common::logs();
+    two_level_matches_flat(&["a", "a", "b", "b"]).await;
+    // Round-robin placement: the flat ring would cross hosts at every hop.
+    two_level_matches_flat(&["a", "b", "a", "b"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_of_different_sizes_stay_flat_and_correct() {
+    let ranks = on_hosts(&["a", "a", "b"], Some(Algorithm::Hierarchical { segment_bytes: 1 << 20 })).await;
+    // Pinned, but the hosts hold 2 and 1 ranks: the size table's flat choice.
+    assert_eq!(ranks[0].allreduce_algorithm(64 << 20), "pipelined_ring");
+    let got = sums(&ranks, 1 << 20).await;
+    for (r, (ints, _)) in got.iter().enumerate() {
+        assert!(
+            ints.iter().enumerate().all(|(i, v)| *v == (0..3).fold(0u64, |a, q| a.wrapping_add(int(q, i)))),
+            "rank {r}"
+        );
+    }
+}
