@@ -184,5 +184,6 @@ pub(super) async fn run_size<T: Summable>(
         wrong: wrong_here[0],
         iters: times,
         across,
+        algorithm: if args.op == Op::Allreduce { comm.allreduce_algorithm(moved as usize) } else { "" },
     })
 }

@@ -137,6 +137,7 @@ async fn run_plan(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collectiv
             wrong,
             iters: times,
             across: None,
+            algorithm: "",
         });
     }
     if r == 0 {
@@ -158,8 +159,17 @@ async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
     let fail = |e: nexar::RpcError| CollectiveError::Internal { rank: comm.rank(), op: "rpc", what: e.to_string() };
     let mut rows = Vec::new();
     for bytes in sizes(args) {
-        let mut row =
-            Row { bytes, count: 1, time_us: 0.0, algbw: 0.0, busbw: 0.0, wrong: 0, iters: Vec::new(), across: None };
+        let mut row = Row {
+            bytes,
+            count: 1,
+            time_us: 0.0,
+            algbw: 0.0,
+            busbw: 0.0,
+            wrong: 0,
+            iters: Vec::new(),
+            across: None,
+            algorithm: "",
+        };
         if comm.rank() == 0 && comm.world_size() > 1 {
             let payload = vec![7u8; bytes];
             let back = echo::call(comm, 1, payload.clone()).await.map_err(fail)?;
@@ -329,6 +339,8 @@ struct Row {
     /// The smallest, average and largest of the ranks' own median times, for `-a` (`None`
     /// where only one rank measures).
     across: Option<[f64; 3]>,
+    /// The algorithm that ran (allreduce), empty where not reported.
+    algorithm: &'static str,
 }
 
 fn main() -> std::process::ExitCode {

@@ -42,6 +42,10 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
     if args.across_ranks {
         spread_header += &format!(" {:>12} {:>12} {:>12}", "rank-min(us)", "rank-avg(us)", "rank-max(us)");
     }
+    let algorithms = rows.iter().any(|r| !r.algorithm.is_empty());
+    if algorithms {
+        spread_header += "  algorithm";
+    }
     println!(
         "#{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}{spread_header}",
         "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
@@ -60,6 +64,9 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
                 None => format!(" {:>12} {:>12} {:>12}", "-", "-", "-"),
             };
         }
+        if algorithms {
+            spread_cols += &format!("  {}", r.algorithm);
+        }
         let across = match r.across {
             Some([low, avg, high]) => {
                 format!(", \"rank_min_us\": {low:.3}, \"rank_avg_us\": {avg:.3}, \"rank_max_us\": {high:.3}")
@@ -77,8 +84,8 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
             String::new()
         };
         json.push_str(&format!(
-            "  {{\"op\": \"{:?}\", \"dtype\": \"{:?}\", \"np\": {}, \"bytes\": {}, \"count\": {}, \"time_us\": {:.3}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"over_10x\": {:.5}, \"algbw_gbps\": {:.4}, \"busbw_gbps\": {:.4}, \"wrong\": {}{across}{iters}}}{}\n",
-            args.op, args.dtype, args.np, r.bytes, r.count, r.time_us, spread.p50, spread.p99, spread.max, spread.over_10x, r.algbw, r.busbw, r.wrong, if i + 1 < rows.len() { "," } else { "" }
+            "  {{\"op\": \"{:?}\", \"dtype\": \"{:?}\", \"np\": {}, \"bytes\": {}, \"count\": {}, \"time_us\": {:.3}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"over_10x\": {:.5}, \"algbw_gbps\": {:.4}, \"busbw_gbps\": {:.4}, \"wrong\": {}, \"algorithm\": \"{}\"{across}{iters}}}{}\n",
+            args.op, args.dtype, args.np, r.bytes, r.count, r.time_us, spread.p50, spread.p99, spread.max, spread.over_10x, r.algbw, r.busbw, r.wrong, r.algorithm, if i + 1 < rows.len() { "," } else { "" }
         ));
     }
     json.push(']');
