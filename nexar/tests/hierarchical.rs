@@ -1,7 +1,8 @@
 //! The two-level allreduce over real links: ranks of this machine placed on fake hosts with
 //! `NexarConfig::host_id` (`NEXAR_HOST_ID`), shared memory within a host and the network
 //! between hosts. Every rank learns the same layout, large allreduces run two-level, integers
-//! come out bitwise equal to the flat ring's and floats within rounding of the exact sum.
+//! come out bitwise equal to the flat ring's and floats within rounding of the exact sum, and
+//! broadcasts (through a leader per host) deliver the root's bytes from every root.
 
 mod common;
 
@@ -23,6 +24,20 @@ fn int(r: usize, i: usize) -> u64 {
 
 fn float(r: usize, i: usize) -> f32 {
     ((r * 7919 + i * 104_729) % 10_007) as f32 / 10_007.0 - 0.5
+}
+
+/// Broadcasts from every root in turn of `len` bytes: every rank ends with the root's bytes.
+async fn broadcasts_arrive(ranks: &[NexarClient], len: usize) {
+    let w = ranks.len();
+    on_each(ranks, move |c| async move {
+        for root in 0..w {
+            let fill = |r: usize| (0..len).map(|i| (i * 31 + r * 7) as u8).collect::<Vec<u8>>();
+            let mut buf = fill(c.rank());
+            tokio::time::timeout(TEST_LIMIT, c.broadcast(&mut buf[..], root)).await.unwrap().unwrap();
+            assert!(buf == fill(root), "rank {}: the broadcast from {root} differs", c.rank());
+        }
+    })
+    .await;
 }
 
 /// Every rank's integer and float allreduce of `len` elements.
@@ -47,12 +62,15 @@ async fn two_level_matches_flat(hosts: &[&str]) {
         assert_eq!(layout.hosts(), 2, "rank {}", c.rank());
         assert_eq!(c.allreduce_algorithm(len * 8), "hierarchical", "rank {}", c.rank());
         assert_eq!(c.allreduce_algorithm(4096), "recursive_doubling");
+        assert_eq!(c.host_layout().unwrap().members(0).len(), 2);
         for p in (0..w).filter(|p| *p != c.rank()) {
             let same = hosts[p] == hosts[c.rank()];
             assert_eq!(c.bulk_transport(p) == Some("shm"), same, "rank {} to {p}", c.rank());
         }
     }
     let two_level = sums(&ranks, len).await;
+    broadcasts_arrive(&ranks, 3 << 20).await;
+    broadcasts_arrive(&ranks, 1000).await;
     for c in ranks {
         c.shutdown().await;
     }
@@ -86,6 +104,8 @@ async fn hosts_of_different_sizes_stay_flat_and_correct() {
     // Pinned, but the hosts hold 2 and 1 ranks: the size table's flat choice.
     assert_eq!(ranks[0].allreduce_algorithm(64 << 20), "pipelined_ring");
     let got = sums(&ranks, 1 << 20).await;
+    // Two-level broadcasts need no equal hosts.
+    broadcasts_arrive(&ranks, 3 << 20).await;
     for (r, (ints, _)) in got.iter().enumerate() {
         assert!(
             ints.iter().enumerate().all(|(i, v)| *v == (0..3).fold(0u64, |a, q| a.wrapping_add(int(q, i)))),

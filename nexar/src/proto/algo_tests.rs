@@ -338,3 +338,37 @@ fn the_size_table_goes_two_level_only_across_hosts_with_several_ranks_each() {
     assert!(!two_level(&[0, 0, 1, 1], 4096));
     assert_eq!(select_on(Collective::AllReduce, large, 4, None).name(), "pipelined_ring");
 }
+
+#[test]
+fn the_two_level_broadcast_delivers_the_roots_buffer_on_every_layout() {
+    use super::algo::generate_on;
+    use super::algo::hierarchical::HostLayout;
+    for keys in layouts() {
+        let layout = HostLayout::from_keys(&keys);
+        let w = keys.len();
+        for root in 0..w {
+            // Below and above the sizes where a level switches from the tree to the chain.
+            for n in [0, 1, PRIME, 300_000] {
+                let op = Collective::Broadcast { root };
+                let algo = Algorithm::Hierarchical { segment_bytes: 1 << 20 };
+                let mut ranks: Vec<SimRank<i64>> =
+                    (0..w).map(|r| SimRank { input: Vec::new(), data: (0..n).map(|i| bits(r, i)).collect() }).collect();
+                let want = ranks[root].data.clone();
+                let schedules: Vec<_> =
+                    (0..w).map(|r| generate_on(op, algo, r, w, n, 8, Some(&layout)).unwrap()).collect();
+                simulate(&schedules, &mut ranks, ReduceOp::Sum)
+                    .unwrap_or_else(|e| panic!("broadcast {keys:?} root {root} n={n}: {e}"));
+                for (r, got) in ranks.iter().enumerate() {
+                    assert!(got.data == want, "broadcast {keys:?} root {root} n={n}: rank {r} differs");
+                }
+            }
+        }
+    }
+    // The table: two-level wherever a host holds several of several hosts' ranks.
+    use super::algo::select_on;
+    let bcast = Collective::Broadcast { root: 0 };
+    let two = |keys: &[u64]| select_on(bcast, 4096, keys.len(), Some(&HostLayout::from_keys(keys))).name();
+    assert_eq!(two(&[0, 0, 1]), "hierarchical");
+    assert_eq!(two(&[0, 1, 2]), "binomial_tree");
+    assert_eq!(two(&[0, 0, 0]), "binomial_tree");
+}

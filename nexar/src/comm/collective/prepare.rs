@@ -9,6 +9,7 @@ use super::super::client::NexarClient;
 use super::super::exec::CollCall;
 use super::super::pieces::{Data, Pieces, runs_on_pieces};
 use super::{CollectiveError, Exchange, ScheduleCache, ScheduleKey};
+use crate::proto::algo::hierarchical::HostLayout;
 use crate::proto::algo::{Algorithm, Collective, generate_on, select_on};
 use crate::proto::schedule::Schedule;
 
@@ -24,9 +25,14 @@ impl NexarClient {
             _ => None,
         };
         let layout = self.layout();
+        let runs_two_level = |l: &HostLayout| match kind {
+            Collective::AllReduce => l.ranks_per_host().is_some(),
+            Collective::Broadcast { .. } => true,
+            _ => false,
+        };
         match pinned {
-            // Pinned where it cannot run (one host, hosts of different sizes): the table.
-            Some(Algorithm::Hierarchical { .. }) if layout.as_deref().is_none_or(|l| l.ranks_per_host().is_none()) => {
+            // Pinned where it cannot run (no layout, hosts of different sizes): the table.
+            Some(Algorithm::Hierarchical { .. }) if !layout.as_deref().is_some_and(runs_two_level) => {
                 select_on(kind, bytes, self.world_size(), None)
             }
             Some(pinned) => pinned,

@@ -6,6 +6,10 @@
 //! reduced over its host), an allreduce ring of block `j` across the hosts among the ranks of
 //! local index `j` (one per host), then an all-gather ring within each host. Every host must
 //! hold the same number of ranks ([`HostLayout::ranks_per_host`]).
+//!
+//! The broadcast: from the root to one leader per host (the root on its own host, the lowest
+//! rank on the others), then from each leader to the ranks of its host; each level with the
+//! tree or the chain, as the flat size table would pick for that many ranks.
 
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
 
@@ -70,10 +74,45 @@ impl HostLayout {
         (0..self.hosts).all(|h| self.members(h).len() == first).then_some(first)
     }
 
-    /// Whether the two-level algorithms apply and pay: several hosts, the same number of
+    /// Whether the two-level allreduce applies and pays: several hosts, the same number of
     /// ranks on each, and more than one there.
     pub fn is_two_level(&self) -> bool {
         self.hosts > 1 && self.ranks_per_host().is_some_and(|l| l > 1)
+    }
+
+    /// Whether the ranks span several hosts and some host holds more than one (the two-level
+    /// broadcast pays).
+    pub fn shares_hosts(&self) -> bool {
+        self.hosts > 1 && self.hosts < self.host_of.len()
+    }
+}
+
+/// The two-level broadcast of `count` elements of `elem_size` bytes from `root`.
+pub fn broadcast(rank: usize, layout: &HostLayout, count: usize, root: usize, elem_size: usize) -> Schedule {
+    let mut s = Schedule::new();
+    let my_host = layout.host_of(rank);
+    let leader_of = |h: usize| if h == layout.host_of(root) { root } else { layout.members(h)[0] };
+    let leaders: Vec<usize> = (0..layout.hosts()).map(leader_of).collect();
+    if rank == leaders[my_host] {
+        let across = level_broadcast(my_host, leaders.len(), count, layout.host_of(root), elem_size);
+        s.steps.extend(across.steps.into_iter().map(|step| moved(step, &leaders, 0)));
+    }
+    let local = layout.members(my_host);
+    let me = local.iter().position(|r| *r == rank).unwrap_or(0);
+    let from = local.iter().position(|r| *r == leaders[my_host]).unwrap_or(0);
+    let within = level_broadcast(me, local.len(), count, from, elem_size);
+    s.steps.extend(within.steps.into_iter().map(|step| moved(step, &local, 0)));
+    s
+}
+
+/// One level of the broadcast: the flat table's choice for `world` ranks.
+fn level_broadcast(rank: usize, world: usize, count: usize, root: usize, elem_size: usize) -> Schedule {
+    let bytes = count.saturating_mul(elem_size);
+    match super::select(super::Collective::Broadcast { root }, bytes, world) {
+        super::Algorithm::PipelinedChain { segment_bytes } => {
+            super::rooted::broadcast_chain(rank, world, count, root, (segment_bytes / elem_size.max(1)).max(1))
+        }
+        _ => super::rooted::broadcast_binomial(rank, world, count, root),
     }
 }
 

@@ -156,8 +156,9 @@ pub enum Algorithm {
     Dissemination,
     /// Gather to rank 0, then release (barrier).
     TwoPhase,
-    /// Two levels for ranks on several hosts (allreduce): within each host, then between
-    /// hosts, then within each host again, in segments of this many bytes.
+    /// Two levels for ranks on several hosts: allreduce within each host, then between hosts,
+    /// then within each host again, in segments of this many bytes; broadcast to one leader
+    /// per host, then within each host.
     Hierarchical {
         /// Segment size in bytes.
         segment_bytes: usize,
@@ -257,13 +258,17 @@ pub fn select(op: Collective, bytes: usize, world: usize) -> Algorithm {
 
 /// The algorithm table for a communicator whose ranks lie on hosts as `layout` says: the
 /// two-level allreduce where the ranks span several hosts with several ranks on each and the
-/// flat table would run the ring, else [`select`].
+/// flat table would run the ring, the two-level broadcast wherever the ranks span several
+/// hosts and some host holds more than one, else [`select`].
 pub fn select_on(op: Collective, bytes: usize, world: usize, layout: Option<&HostLayout>) -> Algorithm {
     match select(op, bytes, world) {
         Algorithm::PipelinedRing { segment_bytes }
             if op == Collective::AllReduce && layout.is_some_and(HostLayout::is_two_level) =>
         {
             Algorithm::Hierarchical { segment_bytes }
+        }
+        _ if matches!(op, Collective::Broadcast { .. }) && layout.is_some_and(HostLayout::shares_hosts) => {
+            Algorithm::Hierarchical { segment_bytes: DEFAULT_SEGMENT_BYTES }
         }
         flat => flat,
     }
@@ -349,6 +354,10 @@ pub fn generate_on(
         (Collective::AllReduce, Algorithm::Hierarchical { segment_bytes }) => layout
             .filter(|l| l.world() == world)
             .and_then(|l| hierarchical::allreduce(rank, l, count, seg(segment_bytes)))
+            .ok_or_else(unsupported)?,
+        (Collective::Broadcast { root }, Algorithm::Hierarchical { .. }) => layout
+            .filter(|l| l.world() == world && root < world)
+            .map(|l| hierarchical::broadcast(rank, l, count, root, elem_size))
             .ok_or_else(unsupported)?,
         _ => return Err(unsupported()),
     };
