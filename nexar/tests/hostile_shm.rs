@@ -59,12 +59,15 @@ async fn two_ranks_in_shared_memory(cfg: NexarConfig) -> Vec<NexarClient> {
     ranks
 }
 
-/// Waits until rank 0 no longer uses its shared-memory link to rank 1.
+/// Waits until rank 0 no longer uses its shared-memory link to rank 1, and rank 1 has heard
+/// (a collective it started on the link before would fail on both sides, as it should).
 async fn gives_the_link_up(ranks: &[NexarClient]) {
     let started = Instant::now();
-    while HostileMember::new(&ranks[0]).bulk_channel(1).is_some_and(|l| l.usable()) {
-        assert!(started.elapsed() < TEST_LIMIT, "rank 0 kept the link");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for (rank, peer) in [(0, 1), (1, 0)] {
+        while HostileMember::new(&ranks[rank]).bulk_channel(peer).is_some_and(|l| l.usable()) {
+            assert!(started.elapsed() < TEST_LIMIT, "rank {rank} kept the link");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
