@@ -6,51 +6,16 @@
 //! own).
 
 mod common;
+mod hostile_common;
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nexar::hostile::{HostileMember, take_collective_payload};
-use nexar::proto::frame::{message_frame, raw_header};
-use nexar::proto::message::{CollHeader, PeerMsg, encode};
 use nexar::{NexarClient, NexarConfig};
 
-use common::{TEST_LIMIT, alone, on_each, resident_bytes};
-
-/// The frames of a `len`-byte broadcast message of collective `seq` (part 0), as the member
-/// would send them before the payload.
-fn coll_frames(comm: u64, seq: u64, len: u64) -> Bytes {
-    let msg = PeerMsg::Coll {
-        comm,
-        seq,
-        header: CollHeader {
-            kind: 1,
-            op: 1,
-            dtype: nexar::DType::U8.to_wire(),
-            root: 0,
-            count: len,
-            fingerprint: 0,
-            segment: 0,
-        },
-        part: 0,
-        len,
-    };
-    Bytes::from([message_frame(&encode(&msg).unwrap()), raw_header(len)].concat())
-}
-
-/// Every rank sums 4 MiB: the result is exact on every rank.
-async fn carries_on(ranks: &[NexarClient]) {
-    let n = ranks.len() as u32;
-    let sums = on_each(ranks, |c| async move {
-        let mut v = vec![c.rank() as u32 + 1; 1 << 20];
-        tokio::time::timeout(TEST_LIMIT, c.all_reduce(&mut v[..], nexar::Sum)).await.unwrap().unwrap();
-        v
-    })
-    .await;
-    for (rank, v) in sums.iter().enumerate() {
-        assert!(v.iter().all(|x| *x == n * (n + 1) / 2), "rank {rank}'s sum after the member's attempt");
-    }
-}
+use common::{TEST_LIMIT, alone, resident_bytes};
+use hostile_common::{carries_on, coll_frames};
 
 /// Two ranks of one process (one host) linked through shared memory.
 async fn two_ranks_in_shared_memory(cfg: NexarConfig) -> Vec<NexarClient> {
