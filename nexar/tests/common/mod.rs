@@ -116,6 +116,29 @@ pub fn alone<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
     assert!(out.status.success() && stdout.contains("1 passed"), "{test} in its own process:\n{stdout}\n{stderr}");
 }
 
+/// [`alone`], in a network namespace of its own (`unshare --net`, with only `lo` up): what
+/// the test reads of the host's network tables (`/proc/self/net/tcp`) is then its own
+/// sockets, not those of every other process on a busy machine. Needs root (CI runs as
+/// root); without it the test fails and says so.
+pub fn alone_in_own_network<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
+    const ALONE: &str = "NEXAR_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        return alone(name, body);
+    }
+    let out = std::process::Command::new("unshare")
+        .args(["--net", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+        .arg(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env(ALONE, "1")
+        .output()
+        .expect("running `unshare` (util-linux) for a network namespace of the test's own");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{name} in its own process and network namespace (this needs root):\n{stdout}\n{stderr}"
+    );
+}
+
 /// This process's resident memory, from `/proc/self/status` (`VmRSS`).
 pub fn resident_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
