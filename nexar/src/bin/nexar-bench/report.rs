@@ -42,9 +42,11 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
     if args.across_ranks {
         spread_header += &format!(" {:>12} {:>12} {:>12}", "rank-min(us)", "rank-avg(us)", "rank-max(us)");
     }
-    let algorithms = rows.iter().any(|r| !r.algorithm.is_empty());
-    if algorithms {
-        spread_header += "  algorithm";
+    // Which algorithm ran, by size, on a line of its own (the table keeps nccl-tests' columns,
+    // `#wrong` last).
+    if rows.iter().any(|r| !r.algorithm.is_empty()) {
+        let by_size: Vec<String> = rows.iter().map(|r| format!("{} B {}", r.bytes, r.algorithm)).collect();
+        println!("# algorithm: {}", by_size.join(", "));
     }
     println!(
         "#{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}{spread_header}",
@@ -63,9 +65,6 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
                 Some([low, avg, high]) => format!(" {low:>12.1} {avg:>12.1} {high:>12.1}"),
                 None => format!(" {:>12} {:>12} {:>12}", "-", "-", "-"),
             };
-        }
-        if algorithms {
-            spread_cols += &format!("  {}", r.algorithm);
         }
         let across = match r.across {
             Some([low, avg, high]) => {
