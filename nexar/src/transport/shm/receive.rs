@@ -75,7 +75,10 @@ struct StopOnDrop(Arc<State>);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        self.0.stop("the reading task ended", Stop::GivenUp);
+        // Not after the peer's goodbye: that stop is final and fails nothing.
+        if !self.0.stopped() {
+            self.0.stop("the reading task ended", Stop::GivenUp);
+        }
     }
 }
 
