@@ -40,6 +40,11 @@ async fn broadcasts_arrive(ranks: &[NexarClient], len: usize) {
     .await;
 }
 
+/// Every rank leaves, all at once (like `MPI_Finalize`, each waits for the others' goodbyes).
+async fn shutdown(ranks: &[NexarClient]) {
+    on_each(ranks, |c| async move { c.shutdown().await }).await;
+}
+
 /// Every rank's integer and float allreduce of `len` elements.
 async fn sums(ranks: &[NexarClient], len: usize) -> Vec<(Vec<u64>, Vec<f32>)> {
     on_each(ranks, move |c| async move {
@@ -71,15 +76,11 @@ async fn two_level_matches_flat(hosts: &[&str]) {
     let two_level = sums(&ranks, len).await;
     broadcasts_arrive(&ranks, 3 << 20).await;
     broadcasts_arrive(&ranks, 1000).await;
-    for c in ranks {
-        c.shutdown().await;
-    }
+    shutdown(&ranks).await;
     let flat_ranks = on_hosts(hosts, Some(Algorithm::PipelinedRing { segment_bytes: 1 << 20 })).await;
     assert_eq!(flat_ranks[0].allreduce_algorithm(len * 8), "pipelined_ring");
     let flat = sums(&flat_ranks, len).await;
-    for c in flat_ranks {
-        c.shutdown().await;
-    }
+    shutdown(&flat_ranks).await;
     for (r, ((ints, floats), (flat_ints, _))) in two_level.iter().zip(&flat).enumerate() {
         assert!(ints == flat_ints, "{hosts:?}: rank {r}'s integers differ from the flat ring's");
         assert!(floats.iter().zip(&two_level[0].1).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {r} differs");
