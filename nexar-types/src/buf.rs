@@ -338,6 +338,13 @@ pub trait RecvBuf: SendBuf {
         let _ = segment;
         Ok(Box::new(WholeStage::new(self.host_stage()?)))
     }
+
+    /// The elements as an operand of an NCCL collective (feature `nccl`): `Some` only for a
+    /// `Buf<T, Cuda>` whose element type NCCL has. Host memory answers `None` and is staged.
+    #[cfg(feature = "nccl")]
+    fn nccl_operand(&mut self) -> Option<crate::nccl::NcclOperand<'_>> {
+        None
+    }
 }
 
 macro_rules! host_buffers {

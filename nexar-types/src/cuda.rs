@@ -32,6 +32,12 @@ impl<T: Element> CudaStorage<T> {
         (&self.slice, &self.stream, self.device)
     }
 
+    /// The device memory for writing, its stream and its device index, borrowed apart.
+    #[cfg(feature = "nccl")]
+    pub(crate) fn parts_split(&mut self) -> (&mut CudaSlice<T>, &Arc<CudaStream>, usize) {
+        (&mut self.slice, &self.stream, self.device)
+    }
+
     /// The device memory, for writing, and its stream.
     pub(crate) fn parts_mut(&mut self) -> (&mut CudaSlice<T>, Arc<CudaStream>) {
         (&mut self.slice, self.stream.clone())
@@ -215,6 +221,11 @@ impl<T: Element> RecvBuf for Buf<T, Cuda> {
 
     fn segment_stage(&mut self, segment: usize) -> Result<Box<dyn SegmentStage<T> + Send + '_>, DeviceError> {
         Ok(Box::new(CudaSegments::new(self, segment)))
+    }
+
+    #[cfg(feature = "nccl")]
+    fn nccl_operand(&mut self) -> Option<crate::nccl::NcclOperand<'_>> {
+        crate::nccl::NcclOperand::of(self)
     }
 }
 

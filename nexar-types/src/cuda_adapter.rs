@@ -182,23 +182,28 @@ fn download_chunks<T: Element>(
     chunk: usize,
 ) -> Result<(), cudarc::driver::DriverError> {
     let n = out.len();
-    let chunks = n.div_ceil(chunk);
-    let range = |i: usize| i * chunk..((i + 1) * chunk).min(n);
-    stream.memcpy_dtoh(&slice.slice(range(0)), &mut pair[0])?;
-    for i in 0..chunks {
-        if i + 1 < chunks {
+    // Whole chunks go through the pinned pair. A copy into a pinned buffer moves the whole
+    // buffer's length, so a shorter last chunk is copied straight into `out` (the caller
+    // waits for the stream before it returns).
+    let whole = n / chunk;
+    let range = |i: usize| i * chunk..(i + 1) * chunk;
+    if whole > 0 {
+        stream.memcpy_dtoh(&slice.slice(range(0)), &mut pair[0])?;
+    }
+    for i in 0..whole {
+        if i + 1 < whole {
             stream.memcpy_dtoh(&slice.slice(range(i + 1)), &mut pair[(i + 1) % 2])?;
         }
-        let r = range(i);
         let staged = pair[i % 2].as_slice()?;
-        out[r.clone()].copy_from_slice(&staged[..r.len()]);
+        out[range(i)].copy_from_slice(staged);
+    }
+    let rest = whole * chunk..n;
+    if !rest.is_empty() {
+        stream.memcpy_dtoh(&slice.slice(rest.clone()), &mut out[rest])?;
     }
     Ok(())
 }
 
-/// Host → device in chunks: while the GPU copies one pinned buffer, the CPU fills the other
-/// (`as_mut_slice` waits until that buffer's previous copy is done). A last partial chunk goes
-/// straight from `data`.
 fn upload_chunks<T: Element>(
     stream: &Arc<CudaStream>,
     slice: &mut cudarc::driver::CudaSlice<T>,

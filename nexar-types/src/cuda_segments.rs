@@ -67,11 +67,17 @@ impl<T: Element> SegmentStage<T> for CudaSegments<'_, T> {
             )));
         }
         let mut slot = self.slot()?;
-        if !range.is_empty() {
-            let (slice, _, _) = self.buf.storage.parts();
-            self.stream
-                .memcpy_dtoh(&slice.slice(range.clone()), &mut slot)
-                .map_err(driver("copying a segment to the host", self.device))?;
+        let fail = driver("copying a segment to the host", self.device);
+        let (slice, _, _) = self.buf.storage.parts();
+        if range.len() == slot.len() {
+            // Asynchronous: the slot's event records the copy, and `host` waits for it.
+            self.stream.memcpy_dtoh(&slice.slice(range.clone()), &mut slot).map_err(&fail)?;
+        } else if !range.is_empty() {
+            // A copy into a pinned buffer moves the whole buffer's length, so a shorter (last)
+            // segment goes into part of the slot, which no event tracks: wait for it here.
+            let host = slot.as_mut_slice().map_err(&fail)?;
+            self.stream.memcpy_dtoh(&slice.slice(range.clone()), &mut host[..range.len()]).map_err(&fail)?;
+            self.stream.synchronize().map_err(&fail)?;
         }
         self.staged.push_back((range, slot));
         Ok(())

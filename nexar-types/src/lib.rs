@@ -20,7 +20,8 @@
 //! ```
 // The exceptions, behind the `cuda` feature: asking whether the CUDA driver library can be
 // loaded (`cuda.rs`), zeroing freshly allocated pinned host memory (`cuda_adapter.rs`), and
-// loading NVRTC and launching the generated reduction kernels (`cuda_reduce.rs`).
+// loading NVRTC and launching the generated reduction kernels (`cuda_reduce.rs`), and calling
+// libnccl (`nccl.rs`, feature `nccl`).
 #![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 #![cfg_attr(feature = "cuda", deny(unsafe_code))]
 #![warn(missing_docs)]
@@ -37,6 +38,8 @@ mod cuda_reduce;
 mod cuda_segments;
 mod element;
 mod id;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod op;
 mod segments;
 mod space;
@@ -51,6 +54,8 @@ pub use cuda_adapter::{CudaAdapter, DEFAULT_CHUNK_BYTES};
 pub use cuda_reduce::{compile_reduce_kernel, reduce_kernel_source};
 pub use element::{DType, Element, UnknownDType};
 pub use id::{stable_hash, stable_id};
+#[cfg(feature = "nccl")]
+pub use nccl::{NcclComm, NcclId, NcclInFlight, NcclOperand, nccl_supports, nccl_version};
 pub use op::{BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce, reduce_slice};
 pub use segments::{SegmentStage, WholeStage, segment_ranges};
 #[cfg(feature = "cuda")]

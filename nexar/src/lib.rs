@@ -48,6 +48,8 @@ pub mod transport;
 mod transport;
 
 pub use cluster::{ClusterError, JoinToken, SeedNode};
+#[cfg(feature = "nccl")]
+pub use comm::NcclState;
 pub use comm::{
     BackendError, CollectiveError, CollectiveHandle, Compression, ErrorFeedback, ExchangeHandle, FailureWatch,
     LinkStats, MAX_SETUP_BODY, NexarClient, P2pError, PeerFailure, RecoveryError,
@@ -64,6 +66,8 @@ pub use nexar_types::{
 };
 #[cfg(feature = "cuda")]
 pub use nexar_types::{Cuda, CudaAdapter, DeviceSpan, compile_reduce_kernel, cuda_device_count, reduce_kernel_source};
+#[cfg(feature = "nccl")]
+pub use nexar_types::{NcclComm, NcclId, nccl_supports, nccl_version};
 pub use proto::algo::Algorithm;
 pub use proto::algo::hierarchical::HostLayout;
 pub use proto::topology::Topology;

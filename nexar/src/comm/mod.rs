@@ -14,6 +14,8 @@ mod init;
 mod inspect;
 mod leave;
 mod meter;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod p2p;
 mod pieces;
 mod recovery;
@@ -34,5 +36,7 @@ pub use failure_watch::FailureWatch;
 #[cfg(feature = "hostile-member")]
 pub(crate) use health::CLOSE_DECLARED_DEAD;
 pub use health::PeerFailure;
+#[cfg(feature = "nccl")]
+pub use nccl::NcclState;
 pub use p2p::P2pError;
 pub use recovery::RecoveryError;

@@ -22,6 +22,9 @@ pub(crate) struct CommState {
     setups: AtomicU64,
     /// Which host each member is on, once known (see `NexarClient::host_layout`).
     pub layout: std::sync::OnceLock<Option<std::sync::Arc<crate::proto::algo::hierarchical::HostLayout>>>,
+    /// This communicator's NCCL member for device collectives, once made.
+    #[cfg(feature = "nccl")]
+    pub nccl: super::nccl::NcclSlot,
 }
 
 impl CommState {
@@ -38,6 +41,8 @@ impl CommState {
             recoveries: AtomicU64::new(0),
             setups: AtomicU64::new(0),
             layout: std::sync::OnceLock::new(),
+            #[cfg(feature = "nccl")]
+            nccl: Default::default(),
         }
     }
 

@@ -149,6 +149,9 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_SHM") {
             c.shared_memory = on_off(var, &v)?;
         }
+        if let Some((var, v)) = get("NEXAR_NCCL") {
+            c.nccl = on_off(var, &v)?;
+        }
         if let Some((_, v)) = get("NEXAR_HOST_ID") {
             c.host_id = Some(v.trim().to_string());
         }

@@ -185,6 +185,18 @@ pub struct NexarConfig {
     /// assert!(nexar::NexarConfig::default().shared_memory);
     /// ```
     pub shared_memory: bool,
+    /// Whether `Buf<T, Cuda>` allreduces and broadcasts among the ranks of one host run on
+    /// NCCL (`NEXAR_NCCL`: `on`, the default, or `off`; only builds with the feature `nccl`
+    /// have NCCL at all). Where any rank has it off, or cannot load libnccl, or NCCL refuses
+    /// the communicator (two ranks on one GPU), every rank stages the call through host
+    /// memory instead, logged once; see [`NexarClient::nccl_state`](crate::NexarClient).
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_NCCL").then(|| "off".into())).unwrap();
+    /// assert!(!cfg.nccl);
+    /// assert!(nexar::NexarConfig::default().nccl);
+    /// ```
+    pub nccl: bool,
     /// Which host this rank says it is on (`NEXAR_HOST_ID`); `None` (the default) derives it
     /// from the machine id, boot id, network namespace and user. Ranks with different hosts
     /// never share memory, and collectives across several hosts with several ranks each use
@@ -259,6 +271,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_min_bytes", &self.bulk_min_bytes)
             .field("bulk_encryption", &self.bulk_encryption)
             .field("shared_memory", &self.shared_memory)
+            .field("nccl", &self.nccl)
             .field("host_id", &self.host_id)
             .field("segment_bytes", &self.segment_bytes)
             .field("chaos", &self.chaos)
@@ -368,6 +381,7 @@ impl Default for NexarConfig {
             bulk_min_bytes: 256 << 10,
             bulk_encryption: true,
             shared_memory: true,
+            nccl: true,
             host_id: None,
             segment_bytes: 8 << 20,
             trace: crate::trace::TraceConfig::default(),

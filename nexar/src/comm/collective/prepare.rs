@@ -166,6 +166,20 @@ impl NexarClient {
         op: Option<ReduceOp>,
         buf: &mut B,
     ) -> Result<(), CollectiveError> {
+        #[cfg(feature = "nccl")]
+        if let Some(done) = self.try_nccl(kind, op, buf).await {
+            return done;
+        }
+        self.staged(kind, op, buf).await
+    }
+
+    /// [`collective_staged`](Self::collective_staged) on nexar's own links, never NCCL.
+    pub(in crate::comm) async fn staged<B: RecvBuf + ?Sized>(
+        &self,
+        kind: Collective,
+        op: Option<ReduceOp>,
+        buf: &mut B,
+    ) -> Result<(), CollectiveError> {
         let total = buf.elems();
         if let Some(segment) = self.segment_len::<B::Elem>(kind, total) {
             let seq = self.comm.next_seq();

@@ -1,0 +1,438 @@
+//! NCCL for device buffers (feature `nccl`): communicators among the GPUs of one host, with the
+//! library loaded at run time, so builds and hosts without NCCL are unaffected.
+//!
+//! The runtime (`nexar`) hands out the unique id over its own links, makes one
+//! [`NcclComm`] per communicator and host, and runs a `Buf<T, Cuda>` collective as an
+//! [`NcclInFlight`] that it polls without blocking its tasks. An operation still in flight when
+//! its `NcclInFlight` is dropped (the caller's future dropped, or a deadline passed) aborts the
+//! communicator and waits for the stream, so the GPU never writes into the buffer after the
+//! borrow ends.
+//!
+//! Every block of `unsafe` here calls into libnccl with a raw communicator this module owns
+//! and device addresses taken from live `CudaSlice`s; each says why it holds.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cudarc::driver::{CudaEvent, CudaStream, DevicePtrMut, SyncOnDrop};
+use cudarc::nccl::{result, sys};
+
+use crate::buf::{Buf, DeviceError};
+use crate::cuda::{context, driver};
+use crate::element::{DType, Element};
+use crate::op::ReduceOp;
+use crate::space::Cuda;
+
+/// Whether NCCL can be used on this host: the CUDA driver and libnccl load, and the library
+/// reports its version as `(major, minor, patch)`.
+///
+/// nexar looks for the library under the names cudarc tries (`libnccl.so`, from a
+/// `libnccl-dev` package or a link to `libnccl.so.2`), on the usual search path and
+/// `LD_LIBRARY_PATH`.
+///
+/// ```
+/// match nexar_types::nccl_version() {
+///     Ok((major, minor, patch)) => println!("NCCL {major}.{minor}.{patch}"),
+///     Err(e) => println!("no NCCL here: {e}"),
+/// }
+/// ```
+pub fn nccl_version() -> Result<(u32, u32, u32), DeviceError> {
+    crate::cuda::cuda_device_count()?;
+    if !library_present() {
+        return Err(DeviceError::Unavailable {
+            reason: "libnccl was not found (looked for libnccl.so and its versioned names on the library path)".into(),
+        });
+    }
+    let code = result::get_nccl_version().map_err(nccl_error("reading the NCCL version", 0))?;
+    let code = u32::try_from(code).unwrap_or(0);
+    // NCCL >= 2.9 encodes MAJOR * 10000 + MINOR * 100 + PATCH.
+    Ok((code / 10_000, (code / 100) % 100, code % 100))
+}
+
+fn library_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        // SAFETY: only tries to open the library and reports whether it opened; no NCCL
+        // function is called. cudarc's entry points panic when the library is missing, so
+        // every path to them checks this first.
+        #[allow(unsafe_code)]
+        unsafe {
+            sys::is_culib_present()
+        }
+    })
+}
+
+fn nccl_error(op: &'static str, device: usize) -> impl Fn(result::NcclError) -> DeviceError {
+    move |e| DeviceError::Driver { op, device, reason: format!("NCCL: {:?}", e.0) }
+}
+
+/// The 128-byte id that names one NCCL communicator: made by one rank, sent to the others.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct NcclId([u8; 128]);
+
+impl NcclId {
+    /// A fresh id (asks libnccl, which opens its bootstrap listener on this host).
+    ///
+    /// ```no_run
+    /// let id = nexar_types::NcclId::new()?;
+    /// let bytes = *id.as_bytes(); // send these to the other ranks
+    /// assert_eq!(nexar_types::NcclId::from_bytes(bytes), id);
+    /// # Ok::<(), nexar_types::DeviceError>(())
+    /// ```
+    pub fn new() -> Result<Self, DeviceError> {
+        nccl_version()?;
+        let id = result::get_uniqueid().map_err(nccl_error("making an NCCL id", 0))?;
+        Ok(NcclId(id.internal.map(|c| c as u8)))
+    }
+
+    /// An id received from the rank that made it.
+    pub fn from_bytes(bytes: [u8; 128]) -> Self {
+        NcclId(bytes)
+    }
+
+    /// The bytes to send.
+    pub fn as_bytes(&self) -> &[u8; 128] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for NcclId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NcclId(..)")
+    }
+}
+
+/// Whether NCCL can run a collective on elements of `dtype` with reduction `op` (`None` for a
+/// collective that reduces nothing): NCCL has no 16-bit integers and no bitwise reductions.
+///
+/// ```
+/// use nexar_types::{DType, ReduceOp, nccl_supports};
+/// assert!(nccl_supports(DType::BF16, Some(ReduceOp::Sum)));
+/// assert!(!nccl_supports(DType::U16, None));
+/// assert!(!nccl_supports(DType::U32, Some(ReduceOp::BitXor)));
+/// ```
+pub fn nccl_supports(dtype: DType, op: Option<ReduceOp>) -> bool {
+    nccl_dtype(dtype).is_some() && op.is_none_or(|op| nccl_op(op).is_some())
+}
+
+/// The NCCL type of elements of `dtype`, if NCCL has one (it has none for 16-bit integers).
+fn nccl_dtype(dtype: DType) -> Option<sys::ncclDataType_t> {
+    use sys::ncclDataType_t as N;
+    Some(match dtype {
+        DType::F32 => N::ncclFloat32,
+        DType::F64 => N::ncclFloat64,
+        DType::F16 => N::ncclFloat16,
+        DType::BF16 => N::ncclBfloat16,
+        DType::I8 => N::ncclInt8,
+        DType::U8 => N::ncclUint8,
+        DType::I32 => N::ncclInt32,
+        DType::U32 => N::ncclUint32,
+        DType::I64 => N::ncclInt64,
+        DType::U64 => N::ncclUint64,
+        DType::I16 | DType::U16 => return None,
+    })
+}
+
+/// The NCCL reduction for `op`, if NCCL has one (it has no bitwise ones).
+fn nccl_op(op: ReduceOp) -> Option<sys::ncclRedOp_t> {
+    use sys::ncclRedOp_t as N;
+    Some(match op {
+        ReduceOp::Sum => N::ncclSum,
+        ReduceOp::Prod => N::ncclProd,
+        ReduceOp::Min => N::ncclMin,
+        ReduceOp::Max => N::ncclMax,
+        _ => return None,
+    })
+}
+
+/// One rank's member of an NCCL communicator on one device.
+pub struct NcclComm {
+    raw: sys::ncclComm_t,
+    device: usize,
+    rank: usize,
+    size: usize,
+    /// Set once the communicator was aborted; it takes no more work.
+    aborted: AtomicBool,
+}
+
+// SAFETY: an NCCL communicator handle may be used from any thread; NCCL asks only that
+// operations on one communicator are issued in the same order on every rank, which the runtime
+// guarantees by issuing them one at a time (it holds a lock around each).
+#[allow(unsafe_code)]
+unsafe impl Send for NcclComm {}
+// SAFETY: as for `Send`; `&NcclComm` gives only operations that take the raw handle by value.
+#[allow(unsafe_code)]
+unsafe impl Sync for NcclComm {}
+
+impl fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("device", &self.device)
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl NcclComm {
+    /// Joins communicator `id` as `rank` of `size` on `device`. Blocks until every rank has
+    /// joined (run it off the async runtime's threads).
+    ///
+    /// ```no_run
+    /// use nexar_types::{NcclComm, NcclId};
+    /// let id = NcclId::new()?;
+    /// let comm = NcclComm::join(0, 0, 1, &id)?; // a communicator of one
+    /// assert_eq!((comm.rank(), comm.size()), (0, 1));
+    /// # Ok::<(), nexar_types::DeviceError>(())
+    /// ```
+    pub fn join(device: usize, rank: usize, size: usize, id: &NcclId) -> Result<Self, DeviceError> {
+        nccl_version()?;
+        if rank >= size {
+            return Err(DeviceError::Unavailable { reason: format!("NCCL rank {rank} of {size}") });
+        }
+        let (n, r) = match (i32::try_from(size), i32::try_from(rank)) {
+            (Ok(n), Ok(r)) => (n, r),
+            _ => return Err(DeviceError::Unavailable { reason: format!("{size} NCCL ranks") }),
+        };
+        context(device)?.bind_to_thread().map_err(driver("joining an NCCL communicator", device))?;
+        let unique = sys::ncclUniqueId { internal: id.0.map(|b| b as ::core::ffi::c_char) };
+        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid place for the handle; the id is 128 bytes by type; the
+        // device's context is current on this thread, as ncclCommInitRank requires.
+        #[allow(unsafe_code)]
+        unsafe { result::comm_init_rank(&mut raw, n, unique, r) }.map_err(|e| DeviceError::Driver {
+            op: "joining an NCCL communicator",
+            device,
+            reason: format!("NCCL: {:?}{}", e.0, last_error()),
+        })?;
+        Ok(NcclComm { raw, device, rank, size, aborted: AtomicBool::new(false) })
+    }
+
+    /// This rank's index in the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The device this member runs on.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Starts an in-place allreduce of `buf` on its stream.
+    pub fn all_reduce<'a>(&'a self, buf: NcclOperand<'a>, op: ReduceOp) -> Result<NcclInFlight<'a>, DeviceError> {
+        let Some(nop) = nccl_op(op) else {
+            return Err(DeviceError::Unavailable { reason: format!("NCCL has no {op:?} reduction") });
+        };
+        self.start(buf, "an NCCL allreduce", |comm, o| {
+            // SAFETY: send and receive are the same live allocation of `o.count` elements of
+            // `o.dtype` on this communicator's device (checked in `start`), ordered on its
+            // stream, and kept borrowed until the operation completed or was aborted.
+            #[allow(unsafe_code)]
+            unsafe {
+                result::all_reduce(o.ptr as _, o.ptr as _, o.count, o.dtype, nop, comm, o.stream.cu_stream() as _)
+            }
+        })
+    }
+
+    /// Starts an in-place broadcast of `root`'s `buf` on its stream.
+    pub fn broadcast<'a>(&'a self, buf: NcclOperand<'a>, root: usize) -> Result<NcclInFlight<'a>, DeviceError> {
+        let Ok(root) = i32::try_from(root) else {
+            return Err(DeviceError::Unavailable { reason: format!("NCCL root {root}") });
+        };
+        self.start(buf, "an NCCL broadcast", |comm, o| {
+            // SAFETY: as for `all_reduce`: one live allocation of `o.count` elements on this
+            // communicator's device, borrowed until the operation is over.
+            #[allow(unsafe_code)]
+            unsafe {
+                result::broadcast(o.ptr as _, o.ptr as _, o.count, o.dtype, root, comm, o.stream.cu_stream() as _)
+            }
+        })
+    }
+
+    fn start<'a>(
+        &'a self,
+        operand: NcclOperand<'a>,
+        what: &'static str,
+        enqueue: impl FnOnce(sys::ncclComm_t, &NcclOperand<'a>) -> Result<result::NcclStatus, result::NcclError>,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(DeviceError::Unavailable { reason: "this NCCL communicator was aborted".into() });
+        }
+        if operand.device != self.device {
+            return Err(DeviceError::Unavailable {
+                reason: format!(
+                    "a buffer on device {} for an NCCL communicator on device {}",
+                    operand.device, self.device
+                ),
+            });
+        }
+        let stream = operand.stream.clone();
+        stream.context().bind_to_thread().map_err(driver(what, self.device))?;
+        enqueue(self.raw, &operand).map_err(|e| DeviceError::Driver {
+            op: what,
+            device: self.device,
+            reason: format!("NCCL: {:?}{}", e.0, last_error()),
+        })?;
+        let done = stream.record_event(None).map_err(driver(what, self.device))?;
+        Ok(NcclInFlight { comm: self, operand: Some(operand), done, what })
+    }
+
+    /// Stops every operation of this communicator; it takes no more work.
+    pub fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::AcqRel) {
+            // SAFETY: `raw` came from ncclCommInitRank and is aborted once (the flag); its
+            // destruction in `drop` is skipped afterwards.
+            #[allow(unsafe_code)]
+            let _ = unsafe { result::comm_abort(self.raw) };
+        }
+    }
+
+    /// The communicator's asynchronous error, if it has one.
+    fn async_error(&self) -> Result<(), DeviceError> {
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: `raw` is a live communicator and `state` a valid place for the result.
+        #[allow(unsafe_code)]
+        let asked = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut state) };
+        match (asked, state) {
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {
+                Ok(())
+            }
+            (sys::ncclResult_t::ncclSuccess, failed) | (failed, _) => Err(DeviceError::Driver {
+                op: "an NCCL operation",
+                device: self.device,
+                reason: format!("NCCL: {failed:?}{}", last_error()),
+            }),
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        if !self.aborted.load(Ordering::Acquire) {
+            // SAFETY: `raw` came from ncclCommInitRank, was not aborted, and is destroyed once;
+            // every operation on it was waited for by its `NcclInFlight`, which borrows `self`.
+            #[allow(unsafe_code)]
+            let _ = unsafe { result::comm_destroy(self.raw) };
+        }
+    }
+}
+
+/// NCCL's own words for its last error, after ": ", or nothing.
+fn last_error() -> String {
+    // SAFETY: ncclGetLastError(NULL) returns a pointer to a NUL-terminated string owned by the
+    // library (or null); it is copied at once.
+    #[allow(unsafe_code)]
+    let text = unsafe {
+        let p = sys::ncclGetLastError(std::ptr::null_mut());
+        if p.is_null() { String::new() } else { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() }
+    };
+    if text.is_empty() { String::new() } else { format!(": {text}") }
+}
+
+/// A device buffer lent to one NCCL operation: its address, length, NCCL type, device and
+/// stream. Made by [`RecvBuf::nccl_operand`](crate::RecvBuf::nccl_operand) for element types
+/// NCCL has; it keeps the buffer borrowed for as long as it lives.
+pub struct NcclOperand<'a> {
+    ptr: u64,
+    count: usize,
+    dtype: sys::ncclDataType_t,
+    device: usize,
+    stream: Arc<CudaStream>,
+    _record: SyncOnDrop<'a>,
+}
+
+impl fmt::Debug for NcclOperand<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NcclOperand").field("device", &self.device).field("count", &self.count).finish()
+    }
+}
+
+impl<'a> NcclOperand<'a> {
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// `true` when the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The device the buffer lives on.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    pub(crate) fn of<T: Element>(buf: &'a mut Buf<T, Cuda>) -> Option<Self> {
+        let dtype = nccl_dtype(T::DTYPE)?;
+        let count = buf.len();
+        let (slice, stream, device) = buf.storage.parts_split();
+        let (ptr, record) = slice.device_ptr_mut(stream);
+        Some(NcclOperand { ptr, count, dtype, device, stream: stream.clone(), _record: record })
+    }
+}
+
+/// An NCCL operation on its way: [`poll`](Self::poll) it until it says done. Dropping it
+/// before then aborts the communicator and waits for the stream, so nothing writes into the
+/// buffer afterwards.
+pub struct NcclInFlight<'a> {
+    comm: &'a NcclComm,
+    operand: Option<NcclOperand<'a>>,
+    done: CudaEvent,
+    what: &'static str,
+}
+
+impl fmt::Debug for NcclInFlight<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NcclInFlight").field("what", &self.what).field("comm", self.comm).finish()
+    }
+}
+
+impl NcclInFlight<'_> {
+    /// `Ok(true)` once the operation has completed on the device; an error if the device or
+    /// the communicator failed (the communicator is then aborted).
+    pub fn poll(&mut self) -> Result<bool, DeviceError> {
+        if self.operand.is_none() {
+            return Ok(true);
+        }
+        match self.done.try_is_complete() {
+            Ok(true) => {
+                self.operand = None;
+                Ok(true)
+            }
+            Ok(false) => match self.comm.async_error() {
+                Ok(()) => Ok(false),
+                Err(e) => {
+                    self.stop();
+                    Err(e)
+                }
+            },
+            Err(e) => {
+                self.stop();
+                Err(driver(self.what, self.comm.device)(e))
+            }
+        }
+    }
+
+    /// Aborts the communicator and waits until the buffer's stream has stopped.
+    fn stop(&mut self) {
+        if let Some(operand) = self.operand.take() {
+            self.comm.abort();
+            let _ = operand.stream.synchronize();
+        }
+    }
+}
+
+impl Drop for NcclInFlight<'_> {
+    fn drop(&mut self) {
+        if self.operand.is_some() && !matches!(self.done.try_is_complete(), Ok(true)) {
+            self.stop();
+        }
+    }
+}
