@@ -342,7 +342,7 @@ pub trait RecvBuf: SendBuf {
     /// The elements as an operand of an NCCL collective (feature `nccl`): `Some` only for a
     /// `Buf<T, Cuda>` whose element type NCCL has. Host memory answers `None` and is staged.
     #[cfg(feature = "nccl")]
-    fn nccl_operand(&mut self) -> Option<crate::nccl::NcclOperand<'_>> {
+    fn nccl_operand(&mut self) -> Option<crate::nccl::NcclOperand<'_, Self::Elem>> {
         None
     }
 }

@@ -32,10 +32,10 @@ impl<T: Element> CudaStorage<T> {
         (&self.slice, &self.stream, self.device)
     }
 
-    /// The device memory for writing, its stream and its device index, borrowed apart.
+    /// The device memory for writing, its stream and its device index.
     #[cfg(feature = "nccl")]
-    pub(crate) fn parts_split(&mut self) -> (&mut CudaSlice<T>, &Arc<CudaStream>, usize) {
-        (&mut self.slice, &self.stream, self.device)
+    pub(crate) fn parts_mut_with_device(&mut self) -> (&mut CudaSlice<T>, Arc<CudaStream>, usize) {
+        (&mut self.slice, self.stream.clone(), self.device)
     }
 
     /// The device memory, for writing, and its stream.
@@ -224,7 +224,7 @@ impl<T: Element> RecvBuf for Buf<T, Cuda> {
     }
 
     #[cfg(feature = "nccl")]
-    fn nccl_operand(&mut self) -> Option<crate::nccl::NcclOperand<'_>> {
+    fn nccl_operand(&mut self) -> Option<crate::nccl::NcclOperand<'_, T>> {
         crate::nccl::NcclOperand::of(self)
     }
 }

@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cudarc::driver::{CudaEvent, CudaStream, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 
 use crate::buf::{Buf, DeviceError};
@@ -225,41 +225,129 @@ impl NcclComm {
     }
 
     /// Starts an in-place allreduce of `buf` on its stream.
-    pub fn all_reduce<'a>(&'a self, buf: NcclOperand<'a>, op: ReduceOp) -> Result<NcclInFlight<'a>, DeviceError> {
-        let Some(nop) = nccl_op(op) else {
-            return Err(DeviceError::Unavailable { reason: format!("NCCL has no {op:?} reduction") });
-        };
-        self.start(buf, "an NCCL allreduce", |comm, o| {
-            // SAFETY: send and receive are the same live allocation of `o.count` elements of
-            // `o.dtype` on this communicator's device (checked in `start`), ordered on its
-            // stream, and kept borrowed until the operation completed or was aborted.
+    pub fn all_reduce<'a, T: Element>(
+        &'a self,
+        buf: &'a mut NcclOperand<'_, T>,
+        op: ReduceOp,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        let nop = self.reduction(op)?;
+        let count = buf.len();
+        self.start(buf, "an NCCL allreduce", |comm, at, stream| {
+            // SAFETY: send and receive are the same live allocation of `count` elements of the
+            // operand's type on this communicator's device (checked in `start`), ordered on
+            // its stream, and kept borrowed until the operation completed or was aborted.
             #[allow(unsafe_code)]
             unsafe {
-                result::all_reduce(o.ptr as _, o.ptr as _, o.count, o.dtype, nop, comm, o.stream.cu_stream() as _)
+                result::all_reduce(at(0), at(0), count, buf_type::<T>(), nop, comm, stream)
             }
         })
     }
 
     /// Starts an in-place broadcast of `root`'s `buf` on its stream.
-    pub fn broadcast<'a>(&'a self, buf: NcclOperand<'a>, root: usize) -> Result<NcclInFlight<'a>, DeviceError> {
-        let Ok(root) = i32::try_from(root) else {
-            return Err(DeviceError::Unavailable { reason: format!("NCCL root {root}") });
-        };
-        self.start(buf, "an NCCL broadcast", |comm, o| {
-            // SAFETY: as for `all_reduce`: one live allocation of `o.count` elements on this
+    pub fn broadcast<'a, T: Element>(
+        &'a self,
+        buf: &'a mut NcclOperand<'_, T>,
+        root: usize,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        let root = self.member(root)?;
+        let count = buf.len();
+        self.start(buf, "an NCCL broadcast", |comm, at, stream| {
+            // SAFETY: as for `all_reduce`: one live allocation of `count` elements on this
             // communicator's device, borrowed until the operation is over.
             #[allow(unsafe_code)]
             unsafe {
-                result::broadcast(o.ptr as _, o.ptr as _, o.count, o.dtype, root, comm, o.stream.cu_stream() as _)
+                result::broadcast(at(0), at(0), count, buf_type::<T>(), root, comm, stream)
             }
         })
     }
 
-    fn start<'a>(
+    /// Starts an in-place reduction of every rank's `buf` into `root`'s `buf`.
+    pub fn reduce<'a, T: Element>(
         &'a self,
-        operand: NcclOperand<'a>,
+        buf: &'a mut NcclOperand<'_, T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        let (nop, root) = (self.reduction(op)?, self.member(root)?);
+        let count = buf.len();
+        self.start(buf, "an NCCL reduce", |comm, at, stream| {
+            // SAFETY: as for `all_reduce`.
+            #[allow(unsafe_code)]
+            unsafe {
+                result::reduce(at(0), at(0), count, buf_type::<T>(), nop, root, comm, stream)
+            }
+        })
+    }
+
+    /// Starts an in-place reduce-scatter: `buf` holds `size()` blocks of `buf.len() / size()`
+    /// elements, and this rank's block (block `rank()`) ends as the reduction of every rank's
+    /// block of that index. `buf.len()` must be a multiple of `size()`.
+    pub fn reduce_scatter<'a, T: Element>(
+        &'a self,
+        buf: &'a mut NcclOperand<'_, T>,
+        op: ReduceOp,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        let nop = self.reduction(op)?;
+        let block = self.block(buf.len())?;
+        let mine = self.rank * block;
+        self.start(buf, "an NCCL reduce-scatter", |comm, at, stream| {
+            // SAFETY: as for `all_reduce`; this rank's block lies inside the allocation
+            // (`block * size == len`, checked), which is NCCL's in-place form.
+            #[allow(unsafe_code)]
+            unsafe {
+                result::reduce_scatter(at(0), at(mine), block, buf_type::<T>(), nop, comm, stream)
+            }
+        })
+    }
+
+    /// Starts an in-place all-gather: every rank's block `rank()` of `buf` (blocks of
+    /// `buf.len() / size()` elements) reaches every rank's `buf`.
+    pub fn all_gather<'a, T: Element>(
+        &'a self,
+        buf: &'a mut NcclOperand<'_, T>,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        let block = self.block(buf.len())?;
+        let mine = self.rank * block;
+        self.start(buf, "an NCCL all-gather", |comm, at, stream| {
+            // SAFETY: as for `reduce_scatter`: NCCL's in-place form, inside the allocation.
+            #[allow(unsafe_code)]
+            unsafe {
+                result::all_gather(at(mine), at(0), block, buf_type::<T>(), comm, stream)
+            }
+        })
+    }
+
+    fn reduction(&self, op: ReduceOp) -> Result<sys::ncclRedOp_t, DeviceError> {
+        nccl_op(op).ok_or_else(|| DeviceError::Unavailable { reason: format!("NCCL has no {op:?} reduction") })
+    }
+
+    fn member(&self, root: usize) -> Result<i32, DeviceError> {
+        match i32::try_from(root) {
+            Ok(r) if root < self.size => Ok(r),
+            _ => Err(DeviceError::Unavailable { reason: format!("NCCL root {root} of {} ranks", self.size) }),
+        }
+    }
+
+    fn block(&self, len: usize) -> Result<usize, DeviceError> {
+        if len % self.size != 0 {
+            return Err(DeviceError::Unavailable {
+                reason: format!("{len} elements do not split into {} equal NCCL blocks", self.size),
+            });
+        }
+        Ok(len / self.size)
+    }
+
+    /// Enqueues one operation on the operand's stream; `enqueue` gets the raw communicator, a
+    /// function from an element offset to its device address, and the stream.
+    fn start<'a, T: Element>(
+        &'a self,
+        operand: &'a mut NcclOperand<'_, T>,
         what: &'static str,
-        enqueue: impl FnOnce(sys::ncclComm_t, &NcclOperand<'a>) -> Result<result::NcclStatus, result::NcclError>,
+        enqueue: impl FnOnce(
+            sys::ncclComm_t,
+            &dyn Fn(usize) -> *mut ::core::ffi::c_void,
+            sys::cudaStream_t,
+        ) -> Result<result::NcclStatus, result::NcclError>,
     ) -> Result<NcclInFlight<'a>, DeviceError> {
         if self.aborted.load(Ordering::Acquire) {
             return Err(DeviceError::Unavailable { reason: "this NCCL communicator was aborted".into() });
@@ -274,13 +362,19 @@ impl NcclComm {
         }
         let stream = operand.stream.clone();
         stream.context().bind_to_thread().map_err(driver(what, self.device))?;
-        enqueue(self.raw, &operand).map_err(|e| DeviceError::Driver {
-            op: what,
-            device: self.device,
-            reason: format!("NCCL: {:?}{}", e.0, last_error()),
-        })?;
+        {
+            // The record orders later work on this buffer after the operation once dropped,
+            // which is after the enqueue.
+            let (base, _record) = operand.slice.device_ptr_mut(&stream);
+            let at = |elems: usize| (base + (elems * size_of::<T>()) as u64) as *mut ::core::ffi::c_void;
+            enqueue(self.raw, &at, stream.cu_stream() as _).map_err(|e| DeviceError::Driver {
+                op: what,
+                device: self.device,
+                reason: format!("NCCL: {:?}{}", e.0, last_error()),
+            })?;
+        }
         let done = stream.record_event(None).map_err(driver(what, self.device))?;
-        Ok(NcclInFlight { comm: self, operand: Some(operand), done, what })
+        Ok(NcclInFlight { comm: self, stream, pending: true, done, what, _buf: std::marker::PhantomData })
     }
 
     /// Stops every operation of this communicator; it takes no more work.
@@ -335,33 +429,36 @@ fn last_error() -> String {
     if text.is_empty() { String::new() } else { format!(": {text}") }
 }
 
-/// A device buffer lent to one NCCL operation: its address, length, NCCL type, device and
-/// stream. Made by [`RecvBuf::nccl_operand`](crate::RecvBuf::nccl_operand) for element types
-/// NCCL has; it keeps the buffer borrowed for as long as it lives.
-pub struct NcclOperand<'a> {
-    ptr: u64,
-    count: usize,
-    dtype: sys::ncclDataType_t,
-    device: usize,
-    stream: Arc<CudaStream>,
-    _record: SyncOnDrop<'a>,
+fn buf_type<T: Element>() -> sys::ncclDataType_t {
+    // Operands exist only for element types NCCL has (`NcclOperand::of`).
+    nccl_dtype(T::DTYPE).unwrap_or(sys::ncclDataType_t::ncclUint8)
 }
 
-impl fmt::Debug for NcclOperand<'_> {
+/// A device buffer lent to NCCL operations: made by
+/// [`RecvBuf::nccl_operand`](crate::RecvBuf::nccl_operand) for element types NCCL has. It
+/// keeps the buffer borrowed for as long as it lives, and copies ranges of it to and from host
+/// memory for the steps that leave the host.
+pub struct NcclOperand<'a, T: Element> {
+    slice: &'a mut CudaSlice<T>,
+    stream: Arc<CudaStream>,
+    device: usize,
+}
+
+impl<T: Element> fmt::Debug for NcclOperand<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NcclOperand").field("device", &self.device).field("count", &self.count).finish()
+        f.debug_struct("NcclOperand").field("device", &self.device).field("len", &self.slice.len()).finish()
     }
 }
 
-impl<'a> NcclOperand<'a> {
+impl<'a, T: Element> NcclOperand<'a, T> {
     /// Elements in the buffer.
     pub fn len(&self) -> usize {
-        self.count
+        self.slice.len()
     }
 
     /// `true` when the buffer has no elements.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.slice.len() == 0
     }
 
     /// The device the buffer lives on.
@@ -369,23 +466,51 @@ impl<'a> NcclOperand<'a> {
         self.device
     }
 
-    pub(crate) fn of<T: Element>(buf: &'a mut Buf<T, Cuda>) -> Option<Self> {
-        let dtype = nccl_dtype(T::DTYPE)?;
-        let count = buf.len();
-        let (slice, stream, device) = buf.storage.parts_split();
-        let (ptr, record) = slice.device_ptr_mut(stream);
-        Some(NcclOperand { ptr, count, dtype, device, stream: stream.clone(), _record: record })
+    /// Copies elements `range` to `out` (as long as the range) and waits for the copy.
+    pub fn copy_out(&self, range: std::ops::Range<usize>, out: &mut [T]) -> Result<(), DeviceError> {
+        self.check(&range, out.len())?;
+        let fail = driver("copying to the host", self.device);
+        if !range.is_empty() {
+            self.stream.memcpy_dtoh(&self.slice.slice(range), out).map_err(&fail)?;
+        }
+        self.stream.synchronize().map_err(fail)
+    }
+
+    /// Copies `data` (as long as the range) into elements `range` and waits for the copy.
+    pub fn copy_in(&mut self, range: std::ops::Range<usize>, data: &[T]) -> Result<(), DeviceError> {
+        self.check(&range, data.len())?;
+        let fail = driver("copying to the device", self.device);
+        if !range.is_empty() {
+            let mut target = self.slice.slice_mut(range);
+            self.stream.memcpy_htod(data, &mut target).map_err(&fail)?;
+        }
+        self.stream.synchronize().map_err(fail)
+    }
+
+    fn check(&self, range: &std::ops::Range<usize>, host: usize) -> Result<(), DeviceError> {
+        if range.start > range.end || range.end > self.len() || range.len() != host {
+            return Err(DeviceError::LengthMismatch { adapter: "nccl", buffer: self.len(), host });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn of(buf: &'a mut Buf<T, Cuda>) -> Option<Self> {
+        nccl_dtype(T::DTYPE)?;
+        let (slice, stream, device) = buf.storage.parts_mut_with_device();
+        Some(NcclOperand { slice, stream, device })
     }
 }
 
-/// An NCCL operation on its way: [`poll`](Self::poll) it until it says done. Dropping it
-/// before then aborts the communicator and waits for the stream, so nothing writes into the
-/// buffer afterwards.
+/// An NCCL operation on its way: [`poll`](Self::poll) it until it says done. It borrows the
+/// operand; dropping it before the operation is done aborts the communicator and waits for
+/// the stream, so nothing writes into the buffer afterwards.
 pub struct NcclInFlight<'a> {
     comm: &'a NcclComm,
-    operand: Option<NcclOperand<'a>>,
+    stream: Arc<CudaStream>,
+    pending: bool,
     done: CudaEvent,
     what: &'static str,
+    _buf: std::marker::PhantomData<&'a mut ()>,
 }
 
 impl fmt::Debug for NcclInFlight<'_> {
@@ -398,12 +523,12 @@ impl NcclInFlight<'_> {
     /// `Ok(true)` once the operation has completed on the device; an error if the device or
     /// the communicator failed (the communicator is then aborted).
     pub fn poll(&mut self) -> Result<bool, DeviceError> {
-        if self.operand.is_none() {
+        if !self.pending {
             return Ok(true);
         }
         match self.done.try_is_complete() {
             Ok(true) => {
-                self.operand = None;
+                self.pending = false;
                 Ok(true)
             }
             Ok(false) => match self.comm.async_error() {
@@ -422,16 +547,16 @@ impl NcclInFlight<'_> {
 
     /// Aborts the communicator and waits until the buffer's stream has stopped.
     fn stop(&mut self) {
-        if let Some(operand) = self.operand.take() {
+        if std::mem::take(&mut self.pending) {
             self.comm.abort();
-            let _ = operand.stream.synchronize();
+            let _ = self.stream.synchronize();
         }
     }
 }
 
 impl Drop for NcclInFlight<'_> {
     fn drop(&mut self) {
-        if self.operand.is_some() && !matches!(self.done.try_is_complete(), Ok(true)) {
+        if self.pending && !matches!(self.done.try_is_complete(), Ok(true)) {
             self.stop();
         }
     }

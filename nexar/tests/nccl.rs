@@ -1,17 +1,21 @@
 //! NCCL within a host for `Buf<T, Cuda>` collectives (feature `nccl`).
 //!
 //! On a host without a GPU or libnccl (CI): the absence is named clearly, device buffers fail
-//! to be made with a clear error, and nothing panics or hangs. With one GPU and libnccl: a
-//! communicator of one runs on the device through nexar's NCCL bindings, and two ranks on the
-//! one GPU (which NCCL refuses: "Duplicate GPU detected") fall back to host staging, logged
-//! once, with correct results. With two GPUs or more: the two ranks run on NCCL.
+//! to be made with a clear error, and nothing panics or hangs. With one GPU and libnccl:
+//! - a communicator of one runs every NCCL operation on the device through nexar's bindings;
+//! - two ranks on the one GPU (which NCCL refuses: "Duplicate GPU detected") fall back to host
+//!   staging, logged once, with correct results;
+//! - two ranks on two fake hosts with the two-level allreduce pinned run it for real: an NCCL
+//!   communicator of one per host, nexar across the hosts.
+//!
+//! With two GPUs or more, the two ranks of one host run on NCCL.
 #![cfg(feature = "nccl")]
 
 mod common;
 
 use common::{TEST_LIMIT, on_each};
 use nexar::prelude::*;
-use nexar::{NcclComm, NcclId, NcclState, RecvBuf, nccl_version};
+use nexar::{Algorithm, NcclComm, NcclId, NcclState, RecvBuf, nccl_version};
 use nexar_types::{Cuda, cuda_device_count};
 
 fn gpus() -> usize {
@@ -44,23 +48,32 @@ fn a_communicator_of_one_runs_on_the_device() {
     }
     let id = NcclId::new().unwrap();
     let comm = NcclComm::join(0, 0, 1, &id).unwrap();
+    let wait = |mut flight: nexar::NcclInFlight<'_>| {
+        while !flight.poll().unwrap() {
+            std::thread::yield_now();
+        }
+    };
     let data: Vec<f32> = (0..1_000_003).map(|i| i as f32).collect();
     let mut buf = Buf::<f32, Cuda>::from_host(0, &data).unwrap();
     {
-        let mut flight = comm.all_reduce(buf.nccl_operand().unwrap(), nexar::ReduceOp::Max).unwrap();
-        while !flight.poll().unwrap() {
-            std::thread::yield_now();
-        }
+        let mut operand = buf.nccl_operand().unwrap();
+        wait(comm.all_reduce(&mut operand, nexar::ReduceOp::Max).unwrap());
+        wait(comm.reduce(&mut operand, nexar::ReduceOp::Sum, 0).unwrap());
+        wait(comm.broadcast(&mut operand, 0).unwrap());
+        wait(comm.reduce_scatter(&mut operand, nexar::ReduceOp::Sum).unwrap());
+        wait(comm.all_gather(&mut operand).unwrap());
+        // Ranges to and from host memory, checked.
+        let mut part = vec![0f32; 5];
+        operand.copy_out(10..15, &mut part).unwrap();
+        assert_eq!(part, data[10..15]);
+        operand.copy_in(10..15, &[-1.0; 5]).unwrap();
+        assert!(operand.copy_out(10..16, &mut part).is_err(), "a host side of another length");
+        assert!(operand.copy_in(1_000_000..1_000_004, &[0.0; 4]).is_err(), "past the end");
+        assert!(comm.broadcast(&mut operand, 1).is_err(), "a root outside the communicator");
     }
-    assert_eq!(buf.to_host().unwrap(), data);
-    let mut ints = Buf::<u64, Cuda>::from_host(0, &[7, 8, 9]).unwrap();
-    {
-        let mut flight = comm.broadcast(ints.nccl_operand().unwrap(), 0).unwrap();
-        while !flight.poll().unwrap() {
-            std::thread::yield_now();
-        }
-    }
-    assert_eq!(ints.to_host().unwrap(), vec![7, 8, 9]);
+    let mut expect = data.clone();
+    expect[10..15].fill(-1.0);
+    assert_eq!(buf.to_host().unwrap(), expect);
     let mut halves = Buf::<u16, Cuda>::zeros_on(0, 4).unwrap();
     assert!(halves.nccl_operand().is_none(), "NCCL has no 16-bit integers");
 }
@@ -106,7 +119,26 @@ async fn device_collectives_run_on_nccl_or_are_staged_with_a_reason() {
             (2.., Ok(_)) => {
                 assert!(states.iter().all(|s| matches!(s, NcclState::Ready { ranks: 2, .. })), "{states:?}")
             }
-            _ => assert!(states.iter().all(|s| matches!(s, NcclState::Unusable { .. })), "{states:?}"),
+            // NCCL refuses two ranks on one GPU.
+            (_, Ok(_)) => assert!(states.iter().all(|s| matches!(s, NcclState::Unusable { .. })), "{states:?}"),
+            // Without libnccl the ranks agree to stage before trying.
+            (_, Err(_)) => assert!(states.iter().all(|s| *s == NcclState::NotTried), "{states:?}"),
+        }
+        // Two fake hosts of one rank each, the two-level allreduce pinned: an NCCL communicator
+        // of one per host (no duplicate GPU within one), nexar between the hosts.
+        let configs = ["a", "b"]
+            .map(|h| NexarConfig {
+                host_id: Some(h.into()),
+                allreduce_algorithm: Some(Algorithm::Hierarchical { segment_bytes: 1 << 20 }),
+                ..Default::default()
+            })
+            .to_vec();
+        let ranks = NexarClient::bootstrap_local_each(configs).await.unwrap();
+        let states = on_each(&ranks, device_collectives).await;
+        println!("two hosts of one rank: {states:?}");
+        match nccl_version() {
+            Ok(_) => assert!(states.iter().all(|s| matches!(s, NcclState::Ready { ranks: 1, .. })), "{states:?}"),
+            Err(_) => assert!(states.iter().all(|s| matches!(s, NcclState::NotTried)), "{states:?}"),
         }
         let mut off = NexarConfig::default();
         off.nccl = false;

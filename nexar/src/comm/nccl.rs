@@ -1,15 +1,25 @@
-//! NCCL for `Buf<T, Cuda>` collectives among the ranks of one host (feature `nccl`).
+//! NCCL for `Buf<T, Cuda>` collectives within each host (feature `nccl`).
 //!
-//! A device allreduce or broadcast on a communicator whose ranks all share one host runs on
-//! an NCCL communicator instead of being staged through host memory:
+//! A device allreduce or broadcast runs on NCCL among the ranks of each host instead of being
+//! staged through host memory, when the communicator's ranks share one host, or span several
+//! hosts with the same number on each (more than one; `NEXAR_ALLREDUCE_ALGORITHM=hierarchical`
+//! takes one too). Across hosts the data goes over nexar's own links, two-level:
+//! - allreduce: an NCCL reduce-scatter within the host, an allreduce of this rank's block
+//!   among the ranks of the same local index on every host (nexar, through host memory), an
+//!   NCCL all-gather within the host; a length that does not split into equal blocks goes
+//!   through the local leaders instead (NCCL reduce, nexar allreduce, NCCL broadcast);
+//! - broadcast: the root's local index on every host receives it over nexar, then an NCCL
+//!   broadcast within each host.
+//!
+//! The steps:
 //! - The ranks first agree, with a small allreduce over nexar's own links, that every one of
 //!   them can use NCCL for this call and that their element counts and arguments match; any
 //!   "no" (no libnccl, `NEXAR_NCCL=off`, an element type or reduction NCCL lacks, a failed
 //!   setup) sends every rank down the staged path together, so no rank waits in NCCL for a
 //!   rank that is not coming.
-//! - The first such call makes the NCCL communicator: rank 0 makes the unique id and nexar
-//!   broadcasts it over its links; each rank joins on its buffer's device; the ranks agree on
-//!   the outcome. A failure (two ranks on one GPU, which NCCL refuses) is logged once and the
+//! - The first such call makes the NCCL communicators: each host's first rank makes a unique
+//!   id and nexar all-gathers them over its links; each rank joins its host's communicator on
+//!   its buffer's device; the ranks agree on the outcome. A failure (two ranks on one GPU, which NCCL refuses) is logged once and the
 //!   communicator's device collectives stay staged.
 //! - The operation is polled without blocking the rank's tasks, within `op_timeout`; a
 //!   deadline or a dropped future aborts the NCCL communicator and waits for the stream.
@@ -18,11 +28,15 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use nexar_types::{DeviceError, Element, NcclComm, NcclId, RecvBuf, ReduceOp, nccl_supports, nccl_version};
+use nexar_types::{
+    DeviceError, Element, NcclComm, NcclId, NcclInFlight, NcclOperand, RecvBuf, ReduceOp, nccl_supports, nccl_version,
+};
 
 use super::client::NexarClient;
 use super::collective::CollectiveError;
-use crate::proto::algo::Collective;
+use super::state::CommState;
+use crate::proto::algo::hierarchical::HostLayout;
+use crate::proto::algo::{Algorithm, Collective};
 
 /// What NCCL does for a communicator's device buffers (see [`NexarClient::nccl_state`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,9 +44,9 @@ use crate::proto::algo::Collective;
 pub enum NcclState {
     /// No device collective has asked for it yet.
     NotTried,
-    /// Device allreduces and broadcasts run on NCCL.
+    /// Device allreduces and broadcasts run on NCCL within the host.
     Ready {
-        /// Ranks in the NCCL communicator.
+        /// Ranks in this host's NCCL communicator.
         ranks: usize,
         /// This rank's device.
         device: usize,
@@ -57,8 +71,15 @@ pub(crate) struct NcclSlot {
 enum Slot {
     #[default]
     NotTried,
-    Ready(std::sync::Arc<NcclComm>),
+    Ready(std::sync::Arc<NcclGroup>),
     Unusable(String),
+}
+
+/// This rank's NCCL communicator within its host, and, where the communicator spans several
+/// hosts, the nexar communicator of the ranks with its local index on every host.
+pub(crate) struct NcclGroup {
+    local: NcclComm,
+    across: Option<NexarClient>,
 }
 
 impl std::fmt::Debug for NcclSlot {
@@ -72,7 +93,7 @@ impl NcclSlot {
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = slot;
     }
 
-    fn ready(&self) -> Option<std::sync::Arc<NcclComm>> {
+    fn ready(&self) -> Option<std::sync::Arc<NcclGroup>> {
         match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
             Slot::Ready(comm) => Some(comm.clone()),
             _ => None,
@@ -103,7 +124,7 @@ impl NexarClient {
     pub fn nccl_state(&self) -> NcclState {
         match &*self.comm.nccl.state.lock().unwrap_or_else(|e| e.into_inner()) {
             Slot::NotTried => NcclState::NotTried,
-            Slot::Ready(c) => NcclState::Ready { ranks: c.size(), device: c.device() },
+            Slot::Ready(g) => NcclState::Ready { ranks: g.local.size(), device: g.local.device() },
             Slot::Unusable(reason) => NcclState::Unusable { reason: reason.clone() },
         }
     }
@@ -121,14 +142,16 @@ impl NexarClient {
             Collective::Broadcast { root } => root,
             _ => return None,
         };
-        // The same on every rank: the host table and the world.
-        if self.world_size() < 2 || self.layout()?.hosts() != 1 {
+        // The same on every rank: the host table, the world and the configuration's pin.
+        let layout = self.layout()?;
+        if !self.nccl_layout(&layout) {
             return None;
         }
         let (count, device) = buf.nccl_operand().map(|o| (o.len(), o.device()))?;
         let _turn = self.comm.nccl.turn.lock().await;
-        let local = self.nccl_local(<B::Elem as Element>::DTYPE, op);
-        let key = <B::Elem as Element>::DTYPE.to_wire() as u64
+        let dtype = <B::Elem as Element>::DTYPE;
+        let local = self.nccl_local(dtype, op);
+        let key = u64::from(dtype.to_wire())
             | (op.map_or(0, |o| o as u64) << 8)
             | ((root as u64) << 16)
             | (u64::from(kind.code()) << 48);
@@ -146,27 +169,103 @@ impl NexarClient {
             // Counts or arguments differ: the staged path names the mismatch.
             return None;
         }
-        let comm = match self.comm.nccl.ready() {
-            Some(comm) => comm,
-            None => match self.nccl_setup(device).await {
-                Ok(Some(comm)) => comm,
+        let group = match self.comm.nccl.ready() {
+            Some(group) => group,
+            None => match self.nccl_setup(&layout, device).await {
+                Ok(Some(group)) => group,
                 Ok(None) => return None,
                 Err(e) => return Some(Err(e)),
             },
         };
-        let operand = buf.nccl_operand()?;
-        let started = match kind {
-            Collective::Broadcast { root } => comm.broadcast(operand, root),
-            _ => comm.all_reduce(operand, op.unwrap_or(ReduceOp::Sum)),
+        let mut operand = buf.nccl_operand()?;
+        let outcome = match kind {
+            Collective::Broadcast { root } => self.nccl_broadcast(&group, &layout, &mut operand, root).await,
+            _ => self.nccl_all_reduce(&group, &mut operand, op.unwrap_or(ReduceOp::Sum)).await,
         };
-        let outcome = match started {
-            Ok(mut flight) => self.nccl_wait(&mut flight, device).await,
-            Err(e) => Err(e),
-        };
-        Some(outcome.map_err(|source| {
+        Some(outcome.map_err(|failure| {
+            let source = match failure {
+                Step::Device(source) => source,
+                Step::Across(e) => return e,
+            };
             self.comm.nccl.set(Slot::Unusable(format!("an NCCL operation failed: {source}")));
             CollectiveError::Device { rank: self.rank(), op: kind.name(), source }
         }))
+    }
+
+    /// Whether this communicator's hosts take the NCCL path: one host with several ranks, or
+    /// several with the same number each (more than one, unless the configuration pins the
+    /// two-level allreduce).
+    fn nccl_layout(&self, layout: &HostLayout) -> bool {
+        let pinned = matches!(self.config().allreduce_algorithm, Some(Algorithm::Hierarchical { .. }));
+        match (layout.hosts(), layout.ranks_per_host()) {
+            (1, _) => self.world_size() > 1,
+            (_, Some(per_host)) => per_host > 1 || pinned,
+            _ => false,
+        }
+    }
+
+    /// The two-level allreduce: NCCL within the host, nexar across hosts.
+    async fn nccl_all_reduce<T: Element>(
+        &self,
+        group: &NcclGroup,
+        buf: &mut NcclOperand<'_, T>,
+        op: ReduceOp,
+    ) -> Result<(), Step> {
+        let local = &group.local;
+        let Some(across) = &group.across else {
+            return self.nccl_wait(local.all_reduce(buf, op)?).await;
+        };
+        let (n, per_host) = (buf.len(), local.size());
+        if n % per_host == 0 {
+            let block = n / per_host;
+            let mine = local.rank() * block..(local.rank() + 1) * block;
+            self.nccl_wait(local.reduce_scatter(buf, op)?).await?;
+            let mut host = vec![T::zeroed(); block];
+            buf.copy_out(mine.clone(), &mut host)?;
+            across.staged(Collective::AllReduce, Some(op), &mut host[..]).await.map_err(Step::Across)?;
+            buf.copy_in(mine, &host)?;
+            return self.nccl_wait(local.all_gather(buf)?).await;
+        }
+        // Blocks of unequal length: through each host's leader.
+        self.nccl_wait(local.reduce(buf, op, 0)?).await?;
+        if local.rank() == 0 {
+            let mut host = vec![T::zeroed(); n];
+            buf.copy_out(0..n, &mut host)?;
+            across.staged(Collective::AllReduce, Some(op), &mut host[..]).await.map_err(Step::Across)?;
+            buf.copy_in(0..n, &host)?;
+        }
+        self.nccl_wait(local.broadcast(buf, 0)?).await
+    }
+
+    /// The two-level broadcast: to the root's local index on every host over nexar, then NCCL
+    /// within each host.
+    async fn nccl_broadcast<T: Element>(
+        &self,
+        group: &NcclGroup,
+        layout: &HostLayout,
+        buf: &mut NcclOperand<'_, T>,
+        root: usize,
+    ) -> Result<(), Step> {
+        let local = &group.local;
+        let root_host = layout.host_of(root);
+        let root_index = layout.members(root_host).iter().position(|r| *r == root).unwrap_or(0);
+        if let Some(across) = &group.across
+            && local.rank() == root_index
+        {
+            let n = buf.len();
+            let mut host = vec![T::zeroed(); n];
+            if self.rank() == root {
+                buf.copy_out(0..n, &mut host)?;
+            }
+            across
+                .staged(Collective::Broadcast { root: root_host }, None, &mut host[..])
+                .await
+                .map_err(Step::Across)?;
+            if self.rank() != root {
+                buf.copy_in(0..n, &host)?;
+            }
+        }
+        self.nccl_wait(local.broadcast(buf, root_index)?).await
     }
 
     /// Why this rank cannot take part in an NCCL call, if it cannot.
@@ -175,7 +274,10 @@ impl NexarClient {
             return Err("NEXAR_NCCL is off".into());
         }
         if !nccl_supports(dtype, op) {
-            return Err(format!("NCCL has no {dtype:?} elements or no {op:?} reduction"));
+            return Err(match op {
+                Some(op) => format!("NCCL has no {dtype:?} elements or no {op:?} reduction"),
+                None => format!("NCCL has no {dtype:?} elements"),
+            });
         }
         if let Slot::Unusable(reason) = &*self.comm.nccl.state.lock().unwrap_or_else(|e| e.into_inner()) {
             return Err(reason.clone());
@@ -183,26 +285,39 @@ impl NexarClient {
         nccl_version().map(|_| ()).map_err(|e| e.to_string())
     }
 
-    /// Makes this communicator's NCCL member on `device`; `Ok(None)` where some rank could not
-    /// (every rank then stages this communicator's device collectives).
-    async fn nccl_setup(&self, device: usize) -> Result<Option<std::sync::Arc<NcclComm>>, CollectiveError> {
-        let (me, size) = (self.comm.me, self.world_size());
-        let mut id = [0u8; 129];
-        if me == 0 {
+    /// Makes this rank's NCCL communicator within its host on `device`, and the nexar
+    /// communicator across hosts; `Ok(None)` where some rank could not (every rank then stages
+    /// this communicator's device collectives).
+    async fn nccl_setup(
+        &self,
+        layout: &HostLayout,
+        device: usize,
+    ) -> Result<Option<std::sync::Arc<NcclGroup>>, CollectiveError> {
+        let me = self.comm.me;
+        let host = layout.host_of(me);
+        let neighbours = layout.members(host);
+        let index = neighbours.iter().position(|r| *r == me).unwrap_or(0);
+        // Each host's first rank makes its id; every rank gets every host's.
+        let mut mine = [0u8; ID_BYTES];
+        if index == 0 {
             match NcclId::new() {
                 Ok(made) => {
-                    id[0] = 1;
-                    id[1..].copy_from_slice(made.as_bytes());
+                    mine[0] = 1;
+                    mine[1..].copy_from_slice(made.as_bytes());
                 }
                 Err(e) => tracing::warn!(rank = self.rank(), error = %e, "could not make an NCCL id"),
             }
         }
-        self.staged(Collective::Broadcast { root: 0 }, None, &mut id[..]).await?;
-        let joined = if id[0] == 1 {
+        let mut ids = vec![0u8; ID_BYTES * self.world_size()];
+        let at = |r: usize| r * ID_BYTES..(r + 1) * ID_BYTES;
+        self.all_gather(&mine[..], &mut ids[..]).await?;
+        let leaders = &ids[at(neighbours[0])];
+        let joined = if leaders[0] == 1 {
             let mut bytes = [0u8; 128];
-            bytes.copy_from_slice(&id[1..]);
-            let nccl_id = NcclId::from_bytes(bytes);
-            let join = tokio::task::spawn_blocking(move || NcclComm::join(device, me, size, &nccl_id));
+            bytes.copy_from_slice(&leaders[1..]);
+            let id = NcclId::from_bytes(bytes);
+            let size = neighbours.len();
+            let join = tokio::task::spawn_blocking(move || NcclComm::join(device, index, size, &id));
             match tokio::time::timeout(self.config().op_timeout, join).await {
                 Ok(Ok(Ok(comm))) => Ok(comm),
                 Ok(Ok(Err(e))) => Err(e.to_string()),
@@ -210,22 +325,29 @@ impl NexarClient {
                 Err(_) => Err(format!("joining the NCCL communicator took longer than {:?}", self.config().op_timeout)),
             }
         } else {
-            Err("rank 0 could not make an NCCL id".into())
+            Err(format!("rank {} could not make an NCCL id", self.comm.members[neighbours[0]]))
         };
         let mut all = [u64::from(joined.is_ok())];
         self.staged(Collective::AllReduce, Some(ReduceOp::Min), &mut all[..]).await?;
         match joined {
-            Ok(comm) if all[0] == 1 => {
-                tracing::info!(rank = self.rank(), device, ranks = size, "device collectives run on NCCL");
-                let comm = std::sync::Arc::new(comm);
-                self.comm.nccl.set(Slot::Ready(comm.clone()));
-                Ok(Some(comm))
+            Ok(local) if all[0] == 1 => {
+                tracing::info!(
+                    rank = self.rank(),
+                    device,
+                    ranks = local.size(),
+                    hosts = layout.hosts(),
+                    "device collectives run on NCCL within the host"
+                );
+                let across = (layout.hosts() > 1).then(|| self.across_hosts(layout, index));
+                let group = std::sync::Arc::new(NcclGroup { local, across });
+                self.comm.nccl.set(Slot::Ready(group.clone()));
+                Ok(Some(group))
             }
             joined => {
                 let reason = match joined {
-                    Ok(comm) => {
-                        comm.abort();
-                        "another rank could not join the NCCL communicator".to_string()
+                    Ok(local) => {
+                        local.abort();
+                        "another rank could not join its NCCL communicator".to_string()
                     }
                     Err(reason) => reason,
                 };
@@ -234,6 +356,16 @@ impl NexarClient {
                 Ok(None)
             }
         }
+    }
+
+    /// The communicator of the ranks with local index `index` on every host, in host order:
+    /// every rank computes the same members from the same table, so no collective is needed.
+    fn across_hosts(&self, layout: &HostLayout, index: usize) -> NexarClient {
+        let ranks: Vec<usize> = (0..layout.hosts()).map(|h| layout.members(h)[index]).collect();
+        let me = ranks.iter().position(|r| *r == self.comm.me).unwrap_or(0);
+        let members = ranks.iter().map(|r| self.comm.members[*r]).collect();
+        let id = nexar_types::stable_id(&["nccl-across", &self.comm.id.to_string(), &index.to_string()]).max(1);
+        self.with_comm(CommState::new(id, members, me))
     }
 
     /// Logs, once per communicator, that its device collectives are staged, and why.
@@ -245,17 +377,16 @@ impl NexarClient {
 
     /// Polls an NCCL operation to its end, yielding to the rank's other tasks, within
     /// `op_timeout` (then the communicator is aborted).
-    async fn nccl_wait(&self, flight: &mut nexar_types::NcclInFlight<'_>, device: usize) -> Result<(), DeviceError> {
+    async fn nccl_wait(&self, mut flight: NcclInFlight<'_>) -> Result<(), Step> {
         let start = Instant::now();
         let timeout = self.config().op_timeout;
         while !flight.poll()? {
             let waited = start.elapsed();
             if waited > timeout {
-                return Err(DeviceError::Driver {
-                    op: "an NCCL operation",
-                    device,
-                    reason: format!("not done after {timeout:?}; the NCCL communicator was aborted"),
-                });
+                // Dropping the flight aborts the communicator and waits for the stream.
+                return Err(Step::Device(DeviceError::Unavailable {
+                    reason: format!("an NCCL operation was not done after {timeout:?}; its communicator was aborted"),
+                }));
             }
             if waited < Duration::from_micros(200) {
                 tokio::task::yield_now().await;
@@ -266,3 +397,20 @@ impl NexarClient {
         Ok(())
     }
 }
+
+/// How a step of an NCCL collective failed: on the device (NCCL or a copy), or in the nexar
+/// collective across hosts (reported as it is).
+enum Step {
+    Device(DeviceError),
+    Across(CollectiveError),
+}
+
+impl From<DeviceError> for Step {
+    fn from(e: DeviceError) -> Self {
+        Step::Device(e)
+    }
+}
+
+/// An NCCL id as sent: a byte that says whether its host's first rank could make one, then
+/// the id.
+const ID_BYTES: usize = 129;
