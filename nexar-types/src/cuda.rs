@@ -273,6 +273,30 @@ mod tests {
                 }
                 let back = big.to_host().unwrap();
                 assert!(back.iter().zip(&data).all(|(b, d)| *b == d + 1), "every segment written back");
+                // At size, through the default 4 MiB chunks and 8 MiB segments, several times
+                // with new data: each host read waits for its own copy (a read that raced the
+                // DMA was seen on an H100 before the copies had events of their own).
+                for round in 0..3u32 {
+                    let data: Vec<u32> = (0..24_000_003u32).map(|i| i.wrapping_mul(2_654_435_761) ^ round).collect();
+                    let mut big = Buf::<u32, Cuda>::from_host(0, &data).unwrap();
+                    assert!(big.to_host().unwrap() == data, "round {round}: chunked round trip");
+                    let ranges: Vec<_> = crate::segment_ranges(big.len(), 2 << 20).collect();
+                    let mut stage = big.segment_stage(2 << 20).unwrap();
+                    stage.prefetch(ranges[0].clone()).unwrap();
+                    for (k, range) in ranges.iter().enumerate() {
+                        if let Some(next) = ranges.get(k + 1) {
+                            stage.prefetch(next.clone()).unwrap();
+                        }
+                        let seg = stage.host().unwrap();
+                        assert!(seg == &data[range.clone()], "round {round}: segment {k} arrived whole");
+                        seg.iter_mut().for_each(|x| *x = x.wrapping_add(round));
+                        stage.write_back().unwrap();
+                    }
+                    stage.finish().unwrap();
+                    drop(stage);
+                    let back = big.to_host().unwrap();
+                    assert!(back.iter().zip(&data).all(|(b, d)| *b == d.wrapping_add(round)), "round {round}");
+                }
             }
             Err(e) => {
                 let text = e.to_string();

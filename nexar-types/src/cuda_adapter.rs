@@ -7,7 +7,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
 
 use crate::adapter::{DeviceAdapter, same_length};
 use crate::buf::{Buf, DeviceError};
@@ -187,12 +187,21 @@ fn download_chunks<T: Element>(
     // waits for the stream before it returns).
     let whole = n / chunk;
     let range = |i: usize| i * chunk..(i + 1) * chunk;
+    // Each copy into a pinned buffer is followed by an event of our own, waited for before
+    // the host reads it: cudarc records the buffer's own event only for contexts with several
+    // streams, so `as_slice` alone would read memory the copy has not reached yet.
+    let mut copied: [Option<CudaEvent>; 2] = [None, None];
     if whole > 0 {
         stream.memcpy_dtoh(&slice.slice(range(0)), &mut pair[0])?;
+        copied[0] = Some(stream.record_event(None)?);
     }
     for i in 0..whole {
         if i + 1 < whole {
             stream.memcpy_dtoh(&slice.slice(range(i + 1)), &mut pair[(i + 1) % 2])?;
+            copied[(i + 1) % 2] = Some(stream.record_event(None)?);
+        }
+        if let Some(done) = copied[i % 2].take() {
+            done.synchronize()?;
         }
         let staged = pair[i % 2].as_slice()?;
         out[range(i)].copy_from_slice(staged);
@@ -212,6 +221,9 @@ fn upload_chunks<T: Element>(
     chunk: usize,
 ) -> Result<(), cudarc::driver::DriverError> {
     let n = data.len();
+    // The host refills a pinned buffer only once the copy out of it (two chunks back) is
+    // done, known by an event of our own (see `download_chunks`).
+    let mut sent: [Option<CudaEvent>; 2] = [None, None];
     for (i, start) in (0..n).step_by(chunk).enumerate() {
         let end = (start + chunk).min(n);
         let mut target = slice.slice_mut(start..end);
@@ -219,9 +231,13 @@ fn upload_chunks<T: Element>(
             stream.memcpy_htod(&data[start..end], &mut target)?;
             continue;
         }
+        if let Some(done) = sent[i % 2].take() {
+            done.synchronize()?;
+        }
         let pinned = &mut pair[i % 2];
         pinned.as_mut_slice()?.copy_from_slice(&data[start..end]);
         stream.memcpy_htod(pinned, &mut target)?;
+        sent[i % 2] = Some(stream.record_event(None)?);
     }
     Ok(())
 }

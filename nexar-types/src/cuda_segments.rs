@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
 
 use crate::buf::{Buf, DeviceError};
 use crate::cuda::driver;
@@ -28,8 +28,10 @@ pub(crate) struct CudaSegments<'a, T: Element> {
     device: usize,
     /// Elements of each pinned buffer: the longest segment.
     slot_len: usize,
-    /// Prefetched and not yet written back, oldest first.
-    staged: VecDeque<(Range<usize>, PinnedHostSlice<T>)>,
+    /// Prefetched and not yet written back, oldest first, with the event that says the copy
+    /// into the pinned buffer is done (cudarc records the buffer's own event only for contexts
+    /// with several streams, so the host waits on this one before it reads).
+    staged: VecDeque<(Range<usize>, PinnedHostSlice<T>, Option<CudaEvent>)>,
     /// Pinned buffers whose segment was written back (the stream orders their reuse).
     free: Vec<PinnedHostSlice<T>>,
 }
@@ -69,35 +71,45 @@ impl<T: Element> SegmentStage<T> for CudaSegments<'_, T> {
         let mut slot = self.slot()?;
         let fail = driver("copying a segment to the host", self.device);
         let (slice, _, _) = self.buf.storage.parts();
+        let mut copied = None;
         if range.len() == slot.len() {
-            // Asynchronous: the slot's event records the copy, and `host` waits for it.
+            // Asynchronous: `host` waits for the event recorded after it.
             self.stream.memcpy_dtoh(&slice.slice(range.clone()), &mut slot).map_err(&fail)?;
+            copied = Some(self.stream.record_event(None).map_err(&fail)?);
         } else if !range.is_empty() {
             // A copy into a pinned buffer moves the whole buffer's length, so a shorter (last)
-            // segment goes into part of the slot, which no event tracks: wait for it here.
+            // segment goes into part of the slot: wait for it here.
             let host = slot.as_mut_slice().map_err(&fail)?;
             self.stream.memcpy_dtoh(&slice.slice(range.clone()), &mut host[..range.len()]).map_err(&fail)?;
             self.stream.synchronize().map_err(&fail)?;
         }
-        self.staged.push_back((range, slot));
+        self.staged.push_back((range, slot, copied));
         Ok(())
     }
 
     fn host(&mut self) -> Result<&mut [T], DeviceError> {
         let device = self.device;
-        let (range, slot) = self.staged.front_mut().ok_or_else(|| out_of_order("no segment was prefetched"))?;
+        let fail = driver("copying a segment to the host", device);
+        let (range, slot, copied) = self.staged.front_mut().ok_or_else(|| out_of_order("no segment was prefetched"))?;
         // Waits for this buffer's own copy only; the next segment's copy keeps running.
-        let host = slot.as_mut_slice().map_err(driver("copying a segment to the host", device))?;
+        if let Some(done) = copied.take() {
+            done.synchronize().map_err(&fail)?;
+        }
+        let host = slot.as_mut_slice().map_err(&fail)?;
         Ok(&mut host[..range.len()])
     }
 
     fn write_back(&mut self) -> Result<(), DeviceError> {
-        let (range, slot) = self.staged.pop_front().ok_or_else(|| out_of_order("no segment to write back"))?;
+        let (range, slot, copied) = self.staged.pop_front().ok_or_else(|| out_of_order("no segment to write back"))?;
+        if copied.is_some() {
+            return Err(out_of_order("a segment written back before `host` was asked for"));
+        }
         let fail = driver("copying a segment to the device", self.device);
         let (slice, _) = self.buf.storage.parts_mut();
         let mut target = slice.slice_mut(range.clone());
         if range.len() == slot.len() {
-            // Asynchronous: the slot's event records the copy, so its reuse waits for it.
+            // Asynchronous: the slot is only refilled by a later `prefetch`, whose copy the
+            // stream orders after this one.
             self.stream.memcpy_htod(&slot, &mut target).map_err(&fail)?;
         } else if !range.is_empty() {
             // A shorter (last) segment is copied from part of the slot, which no event tracks:
@@ -120,7 +132,7 @@ impl<T: Element> Drop for CudaSegments<'_, T> {
     /// that is dropped, leaves nothing running), then keeps the pinned buffers for reuse.
     fn drop(&mut self) {
         let settled = self.stream.synchronize().is_ok();
-        let slots = self.free.drain(..).chain(self.staged.drain(..).map(|(_, slot)| slot));
+        let slots = self.free.drain(..).chain(self.staged.drain(..).map(|(_, slot, _)| slot));
         if settled {
             slots.for_each(|slot| CudaAdapter::global().give_pinned(self.device, slot));
         }

@@ -224,6 +224,12 @@ impl NcclComm {
         self.device
     }
 
+    /// Whether the communicator was aborted (a failed, timed-out or dropped operation); it
+    /// takes no more work.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
     /// Starts an in-place allreduce of `buf` on its stream.
     pub fn all_reduce<'a, T: Element>(
         &'a self,

@@ -15,6 +15,15 @@ async fn on_device(comm: NexarClient) {
     let mut grads = Buf::<f32, Cuda>::from_host(dev, &vec![r as f32 + 1.0; 100_000]).unwrap();
     comm.all_reduce(&mut grads, Sum).await.unwrap();
     assert!(grads.to_host().unwrap().iter().all(|x| *x == (w * (w + 1) / 2) as f32));
+    // 96 MiB: twelve 8 MiB segments staged through two reused pinned buffers.
+    let n = 24 << 20;
+    let mine: Vec<f32> = (0..n).map(|i| ((i * 7 + r * 13) % 1024) as f32).collect();
+    let mut big = Buf::<f32, Cuda>::from_host(dev, &mine).unwrap();
+    comm.all_reduce(&mut big, Sum).await.unwrap();
+    let want = |i: usize| (0..w).map(|q| ((i * 7 + q * 13) % 1024) as f32).sum::<f32>();
+    let got = big.to_host().unwrap();
+    let wrong = got.iter().enumerate().filter(|(i, v)| **v != want(*i)).count();
+    assert_eq!(wrong, 0, "rank {r}: {wrong} of {n} elements of a segmented device allreduce are wrong");
     let mut weights = Buf::<u32, Cuda>::from_host(dev, &vec![if r == 0 { 7 } else { 0 }; 333]).unwrap();
     comm.broadcast(&mut weights, 0).await.unwrap();
     assert_eq!(weights.to_host().unwrap(), vec![7; 333]);

@@ -223,7 +223,13 @@ impl NexarClient {
 
     /// A handle on the same rank for another communicator.
     pub(crate) fn with_comm(&self, comm: CommState) -> NexarClient {
-        NexarClient { user: self.user.clone(), inner: self.inner.clone(), comm: Arc::new(comm) }
+        self.with_shared_comm(Arc::new(comm))
+    }
+
+    /// This rank's client on a communicator state that is kept elsewhere (its sequence numbers
+    /// go on from where they were).
+    pub(crate) fn with_shared_comm(&self, comm: Arc<CommState>) -> NexarClient {
+        NexarClient { user: self.user.clone(), inner: self.inner.clone(), comm }
     }
 
     /// Counters of the QUIC path to rank `peer` of this communicator (`None` for this rank

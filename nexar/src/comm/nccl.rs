@@ -76,10 +76,11 @@ enum Slot {
 }
 
 /// This rank's NCCL communicator within its host, and, where the communicator spans several
-/// hosts, the nexar communicator of the ranks with its local index on every host.
+/// hosts, the nexar communicator of the ranks with its local index on every host (its state
+/// only: a client holds the runtime, which must not be kept alive from a communicator's state).
 pub(crate) struct NcclGroup {
     local: NcclComm,
-    across: Option<NexarClient>,
+    across: Option<std::sync::Arc<CommState>>,
 }
 
 impl std::fmt::Debug for NcclSlot {
@@ -212,7 +213,7 @@ impl NexarClient {
         op: ReduceOp,
     ) -> Result<(), Step> {
         let local = &group.local;
-        let Some(across) = &group.across else {
+        let Some(across) = group.across.clone().map(|c| self.with_shared_comm(c)) else {
             return self.nccl_wait(local.all_reduce(buf, op)?).await;
         };
         let (n, per_host) = (buf.len(), local.size());
@@ -249,7 +250,7 @@ impl NexarClient {
         let local = &group.local;
         let root_host = layout.host_of(root);
         let root_index = layout.members(root_host).iter().position(|r| *r == root).unwrap_or(0);
-        if let Some(across) = &group.across
+        if let Some(across) = group.across.clone().map(|c| self.with_shared_comm(c))
             && local.rank() == root_index
         {
             let n = buf.len();
@@ -279,8 +280,13 @@ impl NexarClient {
                 None => format!("NCCL has no {dtype:?} elements"),
             });
         }
-        if let Slot::Unusable(reason) = &*self.comm.nccl.state.lock().unwrap_or_else(|e| e.into_inner()) {
-            return Err(reason.clone());
+        match &*self.comm.nccl.state.lock().unwrap_or_else(|e| e.into_inner()) {
+            Slot::Unusable(reason) => return Err(reason.clone()),
+            // A call dropped midway aborted it; the others learn it here and stage with us.
+            Slot::Ready(group) if group.local.is_aborted() => {
+                return Err("this rank's NCCL communicator was aborted (a device collective was dropped midway)".into());
+            }
+            _ => {}
         }
         nccl_version().map(|_| ()).map_err(|e| e.to_string())
     }
@@ -360,12 +366,12 @@ impl NexarClient {
 
     /// The communicator of the ranks with local index `index` on every host, in host order:
     /// every rank computes the same members from the same table, so no collective is needed.
-    fn across_hosts(&self, layout: &HostLayout, index: usize) -> NexarClient {
+    fn across_hosts(&self, layout: &HostLayout, index: usize) -> std::sync::Arc<CommState> {
         let ranks: Vec<usize> = (0..layout.hosts()).map(|h| layout.members(h)[index]).collect();
         let me = ranks.iter().position(|r| *r == self.comm.me).unwrap_or(0);
         let members = ranks.iter().map(|r| self.comm.members[*r]).collect();
         let id = nexar_types::stable_id(&["nccl-across", &self.comm.id.to_string(), &index.to_string()]).max(1);
-        self.with_comm(CommState::new(id, members, me))
+        std::sync::Arc::new(CommState::new(id, members, me))
     }
 
     /// Logs, once per communicator, that its device collectives are staged, and why.

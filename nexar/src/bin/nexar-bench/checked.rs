@@ -158,6 +158,21 @@ pub(super) async fn run_size<T: Summable>(
         one(comm, args.op, &send, &mut recv, &mut feedback).await?;
         times.push(start.elapsed().as_secs_f64() * 1e6);
     }
+    let moved = recv_len.max(send_len) * size_of::<T>();
+    row(comm, args, times, moved, recv_len.max(send_len), wrong_here[0]).await
+}
+
+/// A size's row from its per-iteration times: the slowest rank's time per iteration, its
+/// median, and the spread of the ranks' own medians.
+async fn row(
+    comm: &NexarClient,
+    args: &Args,
+    mut times: Vec<f64>,
+    moved: usize,
+    count: usize,
+    wrong: u64,
+) -> Result<Row, CollectiveError> {
+    let w = comm.world_size();
     // Each rank's own median, summarised across ranks (for -a).
     let own = Spread::of(&times).p50;
     let (mut low, mut high, mut sum) = ([own], [own], [own]);
@@ -168,22 +183,71 @@ pub(super) async fn run_size<T: Summable>(
     // The slowest rank's time for each iteration, then the median over iterations.
     comm.all_reduce(&mut times, Max).await?;
     let time_us = Spread::of(&times).p50;
-    let moved = (recv_len.max(send_len) * size_of::<T>()) as f64;
-    let algbw = if time_us > 0.0 { moved / time_us / 1e3 } else { 0.0 };
+    let algbw = if time_us > 0.0 { moved as f64 / time_us / 1e3 } else { 0.0 };
     let factor = match args.op {
         Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 | Op::AllreduceTopk => 2.0 * (w as f64 - 1.0) / w as f64,
         Op::Allgather | Op::ReduceScatter | Op::Alltoall | Op::Gather | Op::Scatter => (w as f64 - 1.0) / w as f64,
         _ => 1.0,
     };
     Ok(Row {
-        bytes: moved as usize,
-        count: recv_len.max(send_len),
+        bytes: moved,
+        count,
         time_us,
         algbw,
         busbw: algbw * factor,
-        wrong: wrong_here[0],
+        wrong,
         iters: times,
         across,
-        algorithm: if args.op == Op::Allreduce { comm.allreduce_algorithm(moved as usize) } else { "" },
+        algorithm: if args.op == Op::Allreduce { comm.allreduce_algorithm(moved) } else { "" },
+    })
+}
+
+/// One size of an allreduce, broadcast or reduce of f32 `Buf<f32, Cuda>` on GPU
+/// `rank % GPUs`: checked once, then timed (each call returns once the device holds the
+/// result, on NCCL or staged).
+#[cfg(feature = "cuda")]
+pub(super) async fn run_size_on_device(comm: &NexarClient, args: &Args, bytes: usize) -> Result<Row, CollectiveError> {
+    use nexar::{Cuda, cuda_device_count};
+    let (r, w) = (comm.rank(), comm.world_size());
+    let device_error = |source| CollectiveError::Device { rank: r, op: "nexar-bench", source };
+    let gpus = cuda_device_count().map_err(device_error)?.max(1);
+    let count = bytes / size_of::<f32>();
+    let start: Vec<f32> =
+        (0..count).map(|i| if args.op == Op::Broadcast && r != 0 { 0.0 } else { val(r, i) }).collect();
+    let mut buf = Buf::<f32, Cuda>::from_host(r % gpus, &start).map_err(device_error)?;
+    let call = async |buf: &mut Buf<f32, Cuda>| match args.op {
+        Op::Allreduce => comm.all_reduce(buf, Sum).await,
+        Op::Broadcast => comm.broadcast(buf, 0).await,
+        Op::Reduce => comm.reduce(buf, Sum, 0).await,
+        _ => Err(CollectiveError::InvalidArgument {
+            rank: r,
+            op: "nexar-bench",
+            reason: "--memory cuda runs allreduce, broadcast and reduce".into(),
+        }),
+    };
+    call(&mut buf).await?;
+    let mut wrong_here = [wrong(args.op, r, w, 0, &buf.to_host().map_err(device_error)?)];
+    comm.all_reduce(&mut wrong_here, Sum).await?;
+    buf.copy_from_host(&vec![0.0; count]).map_err(device_error)?;
+    for _ in 0..args.warmup {
+        call(&mut buf).await?;
+    }
+    comm.barrier().await?;
+    let mut times = Vec::with_capacity(args.iters);
+    for _ in 0..args.iters.max(1) {
+        let start = Instant::now();
+        call(&mut buf).await?;
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    row(comm, args, times, count * size_of::<f32>(), count, wrong_here[0]).await
+}
+
+/// Without the feature `cuda` there is no device memory to measure.
+#[cfg(not(feature = "cuda"))]
+pub(super) async fn run_size_on_device(comm: &NexarClient, _: &Args, _: usize) -> Result<Row, CollectiveError> {
+    Err(CollectiveError::InvalidArgument {
+        rank: comm.rank(),
+        op: "nexar-bench",
+        reason: "--memory cuda needs a build with the feature `cuda` (or `nccl`)".into(),
     })
 }

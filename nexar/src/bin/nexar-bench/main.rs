@@ -227,6 +227,16 @@ enum BindTo {
     None,
 }
 
+/// Where the benchmark's buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Memory {
+    Host,
+    /// `Buf<T, Cuda>` on GPU `rank % GPUs` (a build with the feature `cuda`; with `nccl`,
+    /// allreduce and broadcast run on NCCL within each host where they can). Allreduce,
+    /// broadcast and reduce only.
+    Cuda,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Dt {
     F32,
@@ -256,6 +266,9 @@ struct Args {
     /// Element type.
     #[arg(short = 'd', long, value_enum, default_value = "f32")]
     dtype: Dt,
+    /// Where the buffers live: host memory, or GPU memory (`cuda`).
+    #[arg(long, value_enum, default_value = "host")]
+    memory: Memory,
     /// Timed iterations per size.
     #[arg(short = 'n', long, default_value_t = 20)]
     iters: usize,
@@ -484,6 +497,10 @@ async fn run_all(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
     let sizes = if args.op == Op::Barrier { vec![0] } else { sizes(args) };
     let mut rows = Vec::new();
     for bytes in sizes {
+        if args.memory == Memory::Cuda {
+            rows.push(checked::run_size_on_device(comm, args, bytes).await?);
+            continue;
+        }
         let row = match args.dtype {
             Dt::F32 => run_size::<f32>(comm, args, bytes).await?,
             Dt::F64 => run_size::<f64>(comm, args, bytes).await?,
