@@ -335,7 +335,7 @@ impl NcclComm {
     }
 
     fn block(&self, len: usize) -> Result<usize, DeviceError> {
-        if len % self.size != 0 {
+        if !len.is_multiple_of(self.size) {
             return Err(DeviceError::Unavailable {
                 reason: format!("{len} elements do not split into {} equal NCCL blocks", self.size),
             });

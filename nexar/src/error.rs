@@ -39,6 +39,10 @@ pub enum NexarError {
     /// Transport back-end hooks.
     #[error(transparent)]
     Backend(#[from] crate::BackendError),
+    /// Device memory outside an operation (making, filling or reading a `Buf<T, Cuda>`), so
+    /// that `?` works on it in a program that returns `NexarError`.
+    #[error(transparent)]
+    Device(#[from] crate::DeviceError),
 }
 
 /// The job's shared secret cannot be used (a cluster-formation error).

@@ -140,8 +140,7 @@ async fn device_collectives_run_on_nccl_or_are_staged_with_a_reason() {
             Ok(_) => assert!(states.iter().all(|s| matches!(s, NcclState::Ready { ranks: 1, .. })), "{states:?}"),
             Err(_) => assert!(states.iter().all(|s| matches!(s, NcclState::NotTried)), "{states:?}"),
         }
-        let mut off = NexarConfig::default();
-        off.nccl = false;
+        let off = NexarConfig { nccl: false, ..Default::default() };
         let ranks = NexarClient::bootstrap_local_with(2, off).await.unwrap();
         let states = on_each(&ranks, device_collectives).await;
         assert!(states.iter().all(|s| *s == NcclState::NotTried), "NEXAR_NCCL=off never tries: {states:?}");

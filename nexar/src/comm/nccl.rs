@@ -217,7 +217,7 @@ impl NexarClient {
             return self.nccl_wait(local.all_reduce(buf, op)?).await;
         };
         let (n, per_host) = (buf.len(), local.size());
-        if n % per_host == 0 {
+        if n.is_multiple_of(per_host) {
             let block = n / per_host;
             let mine = local.rank() * block..(local.rank() + 1) * block;
             self.nccl_wait(local.reduce_scatter(buf, op)?).await?;
