@@ -1,8 +1,10 @@
 //! The two-level allreduce over real links: ranks of this machine placed on fake hosts with
 //! `NexarConfig::host_id` (`NEXAR_HOST_ID`), shared memory within a host and the network
 //! between hosts. Every rank learns the same layout, large allreduces run two-level, integers
-//! come out bitwise equal to the flat ring's and floats within rounding of the exact sum, and
-//! broadcasts (through a leader per host) deliver the root's bytes from every root.
+//! come out bitwise equal to the flat ring's and floats within rounding of the exact sum,
+//! broadcasts (through a leader per host) deliver the root's bytes from every root, and
+//! reduces (within each host to its leader, then among the leaders) leave the sum at every
+//! root in turn and every other buffer as it was.
 
 mod common;
 
@@ -35,6 +37,24 @@ async fn broadcasts_arrive(ranks: &[NexarClient], len: usize) {
             let mut buf = fill(c.rank());
             tokio::time::timeout(TEST_LIMIT, c.broadcast(&mut buf[..], root)).await.unwrap().unwrap();
             assert!(buf == fill(root), "rank {}: the broadcast from {root} differs", c.rank());
+        }
+    })
+    .await;
+}
+
+/// Reduces to every root in turn of `len` integers: the root ends with the wrapping sum, every
+/// other rank with its buffer as it was (the two-level reduce keeps host partials in scratch).
+async fn reduces_arrive(ranks: &[NexarClient], len: usize) {
+    let w = ranks.len();
+    on_each(ranks, move |c| async move {
+        for root in 0..w {
+            let mut buf: Vec<u64> = (0..len).map(|i| int(c.rank(), i)).collect();
+            tokio::time::timeout(TEST_LIMIT, c.reduce(&mut buf[..], Sum, root)).await.unwrap().unwrap();
+            let want = |i: usize| match c.rank() == root {
+                true => (0..w).fold(0u64, |a, q| a.wrapping_add(int(q, i))),
+                false => int(c.rank(), i),
+            };
+            assert!(buf.iter().enumerate().all(|(i, v)| *v == want(i)), "rank {}: the reduce to {root}", c.rank());
         }
     })
     .await;
@@ -76,6 +96,8 @@ async fn two_level_matches_flat(hosts: &[&str]) {
     let two_level = sums(&ranks, len).await;
     broadcasts_arrive(&ranks, 3 << 20).await;
     broadcasts_arrive(&ranks, 1000).await;
+    reduces_arrive(&ranks, 3 << 17).await;
+    reduces_arrive(&ranks, 7).await;
     shutdown(&ranks).await;
     let flat_ranks = on_hosts(hosts, Some(Algorithm::PipelinedRing { segment_bytes: 1 << 20 })).await;
     assert_eq!(flat_ranks[0].allreduce_algorithm(len * 8), "pipelined_ring");
@@ -105,8 +127,9 @@ async fn hosts_of_different_sizes_stay_flat_and_correct() {
     // Pinned, but the hosts hold 2 and 1 ranks: the size table's flat choice.
     assert_eq!(ranks[0].allreduce_algorithm(64 << 20), "pipelined_ring");
     let got = sums(&ranks, 1 << 20).await;
-    // Two-level broadcasts need no equal hosts.
+    // Two-level broadcasts and reduces need no equal hosts.
     broadcasts_arrive(&ranks, 3 << 20).await;
+    reduces_arrive(&ranks, 100_003).await;
     for (r, (ints, _)) in got.iter().enumerate() {
         assert!(
             ints.iter().enumerate().all(|(i, v)| *v == (0..3).fold(0u64, |a, q| a.wrapping_add(int(q, i)))),

@@ -372,3 +372,42 @@ fn the_two_level_broadcast_delivers_the_roots_buffer_on_every_layout() {
     assert_eq!(two(&[0, 1, 2]), "binomial_tree");
     assert_eq!(two(&[0, 0, 0]), "binomial_tree");
 }
+
+#[test]
+fn the_two_level_reduce_leaves_the_sum_at_the_root_and_every_other_buffer_as_it_was() {
+    use super::algo::generate_on;
+    use super::algo::hierarchical::HostLayout;
+    for keys in layouts() {
+        let layout = HostLayout::from_keys(&keys);
+        let w = keys.len();
+        for root in 0..w {
+            for n in [0, 1, PRIME, 300_000] {
+                let op = Collective::Reduce { root };
+                let algo = Algorithm::Hierarchical { segment_bytes: 1 << 20 };
+                let schedules: Vec<_> =
+                    (0..w).map(|r| generate_on(op, algo, r, w, n, 8, Some(&layout)).unwrap()).collect();
+                for (red, value) in
+                    [(ReduceOp::BitXor, bits as fn(usize, usize) -> i64), (ReduceOp::Sum, |r, i| bits(r, i) >> 8)]
+                {
+                    let mut ranks: Vec<SimRank<i64>> = (0..w)
+                        .map(|r| SimRank { input: Vec::new(), data: (0..n).map(|i| value(r, i)).collect() })
+                        .collect();
+                    let before: Vec<Vec<i64>> = ranks.iter().map(|r| r.data.clone()).collect();
+                    let want = fold(red, before.iter().cloned());
+                    simulate(&schedules, &mut ranks, red)
+                        .unwrap_or_else(|e| panic!("reduce {keys:?} root {root} n={n}: {e}"));
+                    for (r, got) in ranks.iter().enumerate() {
+                        let expect = if r == root { &want } else { &before[r] };
+                        assert!(&got.data == expect, "reduce {red:?} {keys:?} root {root} n={n}: rank {r} differs");
+                    }
+                }
+            }
+        }
+    }
+    use super::algo::select_on;
+    let reduce = Collective::Reduce { root: 0 };
+    let table = |keys: &[u64]| select_on(reduce, 4096, keys.len(), Some(&HostLayout::from_keys(keys))).name();
+    assert_eq!(table(&[0, 0, 1]), "hierarchical");
+    assert_eq!(table(&[0, 1, 2]), "binomial_tree");
+    assert_eq!(table(&[0, 0, 0]), "binomial_tree");
+}

@@ -27,7 +27,7 @@ impl NexarClient {
         let layout = self.layout();
         let runs_two_level = |l: &HostLayout| match kind {
             Collective::AllReduce => l.ranks_per_host().is_some(),
-            Collective::Broadcast { .. } => true,
+            Collective::Broadcast { .. } | Collective::Reduce { .. } => true,
             _ => false,
         };
         match pinned {

@@ -105,6 +105,54 @@ pub fn broadcast(rank: usize, layout: &HostLayout, count: usize, root: usize, el
     s
 }
 
+/// The two-level reduce of `count` elements to `root`, in segments of at most `segment`
+/// elements: a binomial reduce within each host to its leader (`root` on its own host, the
+/// host's first rank elsewhere), then among the leaders to `root`. As in the flat reduce, no
+/// rank but the root changes its buffer: a leader other than the root accumulates its host's
+/// partial sum in scratch space and sends it from there.
+pub fn reduce(rank: usize, layout: &HostLayout, count: usize, root: usize, segment: usize) -> Schedule {
+    let mut s = Schedule::new();
+    let my_host = layout.host_of(rank);
+    let leader_of = |h: usize| if h == layout.host_of(root) { root } else { layout.members(h)[0] };
+    let leaders: Vec<usize> = (0..layout.hosts()).map(leader_of).collect();
+    let leads = rank == leaders[my_host];
+    // A leader other than the root works in scratch from the start: its buffer stays as it was.
+    let in_scratch = leads && rank != root;
+    let place = |step: Step| if in_scratch { into_scratch(step) } else { step };
+    if in_scratch {
+        s.need_scratch(count);
+        s.copy(Span::new(Slot::Data, 0, count), Span::new(Slot::Scratch, 0, count));
+    }
+    let local = layout.members(my_host);
+    let me = local.iter().position(|r| *r == rank).unwrap_or(0);
+    let to = local.iter().position(|r| *r == leaders[my_host]).unwrap_or(0);
+    let within = super::rooted::reduce_binomial(me, local.len(), count, to, segment);
+    s.need_scratch(within.scratch_len);
+    s.steps.extend(within.steps.into_iter().map(|step| place(moved(step, &local, 0))));
+    if leads {
+        let across = super::rooted::reduce_binomial(my_host, leaders.len(), count, layout.host_of(root), segment);
+        s.need_scratch(across.scratch_len);
+        for step in across.steps.into_iter().map(|step| place(moved(step, &leaders, 0))) {
+            // The across level's own copy into scratch would overwrite the host's partial sum.
+            if !matches!(step, Step::Copy { src, dst } if src.slot == dst.slot) {
+                s.steps.push(step);
+            }
+        }
+    }
+    s
+}
+
+/// A step of a rank that keeps its running result in scratch space instead of its buffer.
+fn into_scratch(step: Step) -> Step {
+    let at = |span: Span| if span.slot == Slot::Data { Span::new(Slot::Scratch, span.offset, span.len) } else { span };
+    match step {
+        Step::Send { to, src } => Step::Send { to, src: at(src) },
+        Step::Recv { from, dst, reduce } => Step::Recv { from, dst: at(dst), reduce },
+        Step::Copy { src, dst } => Step::Copy { src: at(src), dst: at(dst) },
+        Step::Reduce { src, dst } => Step::Reduce { src: at(src), dst: at(dst) },
+    }
+}
+
 /// One level of the broadcast: the flat table's choice for `world` ranks.
 fn level_broadcast(rank: usize, world: usize, count: usize, root: usize, elem_size: usize) -> Schedule {
     let bytes = count.saturating_mul(elem_size);

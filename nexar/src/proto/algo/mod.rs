@@ -158,7 +158,8 @@ pub enum Algorithm {
     TwoPhase,
     /// Two levels for ranks on several hosts: allreduce within each host, then between hosts,
     /// then within each host again, in segments of this many bytes; broadcast to one leader
-    /// per host, then within each host.
+    /// per host, then within each host; reduce within each host to its leader, then among
+    /// the leaders.
     Hierarchical {
         /// Segment size in bytes.
         segment_bytes: usize,
@@ -258,8 +259,8 @@ pub fn select(op: Collective, bytes: usize, world: usize) -> Algorithm {
 
 /// The algorithm table for a communicator whose ranks lie on hosts as `layout` says: the
 /// two-level allreduce where the ranks span several hosts with several ranks on each and the
-/// flat table would run the ring, the two-level broadcast wherever the ranks span several
-/// hosts and some host holds more than one, else [`select`].
+/// flat table would run the ring, the two-level broadcast and reduce wherever the ranks span
+/// several hosts and some host holds more than one, else [`select`].
 pub fn select_on(op: Collective, bytes: usize, world: usize, layout: Option<&HostLayout>) -> Algorithm {
     match select(op, bytes, world) {
         Algorithm::PipelinedRing { segment_bytes }
@@ -267,7 +268,9 @@ pub fn select_on(op: Collective, bytes: usize, world: usize, layout: Option<&Hos
         {
             Algorithm::Hierarchical { segment_bytes }
         }
-        _ if matches!(op, Collective::Broadcast { .. }) && layout.is_some_and(HostLayout::shares_hosts) => {
+        _ if matches!(op, Collective::Broadcast { .. } | Collective::Reduce { .. })
+            && layout.is_some_and(HostLayout::shares_hosts) =>
+        {
             Algorithm::Hierarchical { segment_bytes: DEFAULT_SEGMENT_BYTES }
         }
         flat => flat,
@@ -358,6 +361,10 @@ pub fn generate_on(
         (Collective::Broadcast { root }, Algorithm::Hierarchical { .. }) => layout
             .filter(|l| l.world() == world && root < world)
             .map(|l| hierarchical::broadcast(rank, l, count, root, elem_size))
+            .ok_or_else(unsupported)?,
+        (Collective::Reduce { root }, Algorithm::Hierarchical { .. }) => layout
+            .filter(|l| l.world() == world && root < world)
+            .map(|l| hierarchical::reduce(rank, l, count, root, seg(DEFAULT_SEGMENT_BYTES)))
             .ok_or_else(unsupported)?,
         _ => return Err(unsupported()),
     };
