@@ -4,7 +4,8 @@
 //! come out bitwise equal to the flat ring's and floats within rounding of the exact sum,
 //! broadcasts (through a leader per host) deliver the root's bytes from every root, and
 //! reduces (within each host to its leader, then among the leaders) leave the sum at every
-//! root in turn and every other buffer as it was.
+//! root in turn and every other buffer as it was, and all-gathers (across hosts per local
+//! index, then within each host) deliver every block.
 
 mod common;
 
@@ -60,6 +61,19 @@ async fn reduces_arrive(ranks: &[NexarClient], len: usize) {
     .await;
 }
 
+/// An all-gather of `len` integers per rank: every rank ends with every block in rank order.
+async fn gathers_arrive(ranks: &[NexarClient], len: usize) {
+    let w = ranks.len();
+    on_each(ranks, move |c| async move {
+        let mine: Vec<u64> = (0..len).map(|i| int(c.rank(), i)).collect();
+        let mut all = vec![0u64; len * w];
+        tokio::time::timeout(TEST_LIMIT, c.all_gather(&mine[..], &mut all[..])).await.unwrap().unwrap();
+        let want: Vec<u64> = (0..w).flat_map(|q| (0..len).map(move |i| int(q, i))).collect();
+        assert!(all == want, "rank {}: the all-gather differs", c.rank());
+    })
+    .await;
+}
+
 /// Every rank leaves, all at once (like `MPI_Finalize`, each waits for the others' goodbyes).
 async fn shutdown(ranks: &[NexarClient]) {
     on_each(ranks, |c| async move { c.shutdown().await }).await;
@@ -98,6 +112,8 @@ async fn two_level_matches_flat(hosts: &[&str]) {
     broadcasts_arrive(&ranks, 1000).await;
     reduces_arrive(&ranks, 3 << 17).await;
     reduces_arrive(&ranks, 7).await;
+    gathers_arrive(&ranks, 3 << 17).await;
+    gathers_arrive(&ranks, 5).await;
     shutdown(&ranks).await;
     let flat_ranks = on_hosts(hosts, Some(Algorithm::PipelinedRing { segment_bytes: 1 << 20 })).await;
     assert_eq!(flat_ranks[0].allreduce_algorithm(len * 8), "pipelined_ring");

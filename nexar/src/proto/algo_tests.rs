@@ -411,3 +411,36 @@ fn the_two_level_reduce_leaves_the_sum_at_the_root_and_every_other_buffer_as_it_
     assert_eq!(table(&[0, 1, 2]), "binomial_tree");
     assert_eq!(table(&[0, 0, 0]), "binomial_tree");
 }
+
+#[test]
+fn the_two_level_all_gather_delivers_every_block_on_every_layout() {
+    use super::algo::generate_on;
+    use super::algo::hierarchical::HostLayout;
+    for keys in layouts() {
+        let layout = HostLayout::from_keys(&keys);
+        let w = keys.len();
+        for n in [0, 1, PRIME, 100_000] {
+            let algo = Algorithm::Hierarchical { segment_bytes: 1 << 16 };
+            let schedules: Vec<_> =
+                (0..w).map(|r| generate_on(Collective::AllGather, algo, r, w, n, 8, Some(&layout)).unwrap()).collect();
+            let mut ranks: Vec<SimRank<i64>> =
+                (0..w).map(|r| SimRank { input: (0..n).map(|i| bits(r, i)).collect(), data: vec![0; n * w] }).collect();
+            simulate(&schedules, &mut ranks, ReduceOp::Sum)
+                .unwrap_or_else(|e| panic!("all-gather {keys:?} n={n}: {e}"));
+            let want: Vec<i64> = (0..w).flat_map(|q| (0..n).map(move |i| bits(q, i))).collect();
+            for (r, got) in ranks.iter().enumerate() {
+                assert!(got.data == want, "all-gather {keys:?} n={n}: rank {r} differs");
+            }
+        }
+    }
+    // Hosts of different sizes have no two-level all-gather; the table keeps the flat ring.
+    let uneven = HostLayout::from_keys(&[0, 0, 1]);
+    let pinned = Algorithm::Hierarchical { segment_bytes: 1 << 16 };
+    assert!(generate_on(Collective::AllGather, pinned, 0, 3, 10, 8, Some(&uneven)).is_err());
+    use super::algo::select_on;
+    let table =
+        |keys: &[u64]| select_on(Collective::AllGather, 1 << 20, keys.len(), Some(&HostLayout::from_keys(keys))).name();
+    assert_eq!(table(&[0, 0, 1, 1]), "hierarchical");
+    assert_eq!(table(&[0, 1, 2, 3]), "ring");
+    assert_eq!(table(&[0, 0, 1]), "ring");
+}

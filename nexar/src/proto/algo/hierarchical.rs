@@ -142,6 +142,52 @@ pub fn reduce(rank: usize, layout: &HostLayout, count: usize, root: usize, segme
     s
 }
 
+/// The two-level all-gather of `count` elements per rank, in segments of at most `segment`
+/// elements: first a ring among the ranks of each local index across the hosts (rank `(h, j)`
+/// gathers the blocks of every host's rank `j`), then a ring within each host that passes
+/// those columns around, so that each block crosses between hosts once per host rather than
+/// once per hop of a flat ring laid over the hosts. `None` when the hosts hold different
+/// numbers of ranks.
+pub fn all_gather(rank: usize, layout: &HostLayout, count: usize, segment: usize) -> Option<Schedule> {
+    layout.ranks_per_host()?;
+    let mut s = Schedule::new();
+    let block = |r: usize| Span::new(Slot::Data, r * count, count);
+    s.copy(Span::new(Slot::Input, 0, count), block(rank));
+    let (my_host, hosts) = (layout.host_of(rank), layout.hosts());
+    let local = layout.members(my_host);
+    let j = local.iter().position(|r| *r == rank)?;
+    let column = |i: usize| -> Vec<usize> { (0..hosts).map(|h| layout.members(h)[i]).collect() };
+    let peers = column(j);
+    ring_pass(&mut s, &peers, my_host, |i| vec![block(peers[i])], segment);
+    ring_pass(&mut s, &local, j, |i| column(i).into_iter().map(block).collect(), segment);
+    Some(s)
+}
+
+/// Ring all-gather among `ring` (this rank is `ring[me]`) where member `i` starts with the
+/// spans `bundle(i)`: afterwards this rank holds every member's bundle.
+fn ring_pass(s: &mut Schedule, ring: &[usize], me: usize, bundle: impl Fn(usize) -> Vec<Span>, segment: usize) {
+    let n = ring.len();
+    if n == 1 {
+        return;
+    }
+    let (next, prev) = (ring[(me + 1) % n], ring[(me + n - 1) % n]);
+    for span in bundle(me) {
+        for seg in span.segments(segment) {
+            s.send(next, seg);
+        }
+    }
+    for k in 0..n - 1 {
+        for span in bundle((me + 2 * n - k - 1) % n) {
+            for seg in span.segments(segment) {
+                s.recv(prev, seg);
+                if k < n - 2 {
+                    s.send(next, seg);
+                }
+            }
+        }
+    }
+}
+
 /// A step of a rank that keeps its running result in scratch space instead of its buffer.
 fn into_scratch(step: Step) -> Step {
     let at = |span: Span| if span.slot == Slot::Data { Span::new(Slot::Scratch, span.offset, span.len) } else { span };
