@@ -7,7 +7,9 @@ use syn::spanned::Spanned;
 use syn::{Expr, FnArg, ItemFn, LitInt, LitStr, Pat, Path, Stmt, Type};
 
 const ALLOWED: &str = "a collective plan may contain only `all_reduce(buf, Op);`, `broadcast(buf, root);`, \
-`reduce_scatter(send, recv, Op);`, `all_gather(send, recv);` and `barrier();` statements";
+`reduce_scatter(send, recv, Op);`, `all_gather(send, recv);` and `barrier();` statements \
+(and, on `f32` buffers, `all_reduce_compressed(buf, Sum | Max | Min, Bf16 | F16);` and \
+`all_reduce_topk(buf, Sum, ratio);`)";
 
 const OPS: [&str; 7] = ["Sum", "Prod", "Min", "Max", "BitAnd", "BitOr", "BitXor"];
 
@@ -51,6 +53,8 @@ enum Parsed {
     Broadcast { buf: Use, root: LitInt },
     ReduceScatter { send: Use, recv: Use, op: syn::Ident },
     AllGather { send: Use, recv: Use },
+    Compressed { buf: Use, op: syn::Ident, compression: syn::Ident },
+    TopK { buf: Use, ratio_ppm: u32 },
     Barrier,
 }
 
@@ -174,6 +178,39 @@ fn statement(stmt: &Stmt, params: &[Param]) -> syn::Result<Parsed> {
                 recv: buffer(params, args[1], Some("all_gather"))?,
             })
         }
+        "all_reduce_compressed" => {
+            arity(3)?;
+            let op = op_ident(args[1])?;
+            if !["Sum", "Max", "Min"].contains(&op.to_string().as_str()) {
+                return Err(syn::Error::new(op.span(), "a compressed allreduce reduces with `Sum`, `Max` or `Min`"));
+            }
+            let compression = match args[2] {
+                Expr::Path(p) => p.path.segments.last().map(|s| s.ident.clone()),
+                _ => None,
+            }
+            .filter(|c| c == "Bf16" || c == "F16")
+            .ok_or_else(|| syn::Error::new(args[2].span(), "expected the wire format: `Bf16` or `F16`"))?;
+            Ok(Parsed::Compressed { buf: buffer(params, args[0], Some("all_reduce_compressed"))?, op, compression })
+        }
+        "all_reduce_topk" => {
+            arity(3)?;
+            let op = op_ident(args[1])?;
+            if op != "Sum" {
+                return Err(syn::Error::new(op.span(), "a top-k allreduce sums (`Sum`)"));
+            }
+            let Expr::Lit(syn::ExprLit { lit: syn::Lit::Float(ratio), .. }) = args[2] else {
+                return Err(syn::Error::new(
+                    args[2].span(),
+                    "the share a planned top-k allreduce sends is a float literal",
+                ));
+            };
+            let value: f64 = ratio.base10_parse()?;
+            if !(value > 0.0 && value <= 1.0) {
+                return Err(syn::Error::new(ratio.span(), "the share sent is in (0, 1]"));
+            }
+            let ratio_ppm = ((value * 1e6).round() as u32).max(1);
+            Ok(Parsed::TopK { buf: buffer(params, args[0], Some("all_reduce_topk"))?, ratio_ppm })
+        }
         "barrier" => {
             arity(0)?;
             Ok(Parsed::Barrier)
@@ -231,6 +268,22 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
                 (
                     quote!(#krate::__private::Statement::AllGather { send: #si, recv: #ri }),
                     quote_spanned!(r.span()=> #krate::__private::check_same_dtype(&*#s, &*#r);),
+                )
+            }
+            Parsed::Compressed { buf, op, compression } => {
+                let (i, b) = (buf.index, &buf.ident);
+                (
+                    quote!(#krate::__private::Statement::AllReduceCompressed {
+                        buf: #i, op: #krate::ReduceOp::#op, compression: #krate::__private::Compression::#compression
+                    }),
+                    quote_spanned!(b.span()=> #krate::__private::check_f32(&*#b);),
+                )
+            }
+            Parsed::TopK { buf, ratio_ppm } => {
+                let (i, b) = (buf.index, &buf.ident);
+                (
+                    quote!(#krate::__private::Statement::AllReduceTopK { buf: #i, ratio_ppm: #ratio_ppm }),
+                    quote_spanned!(b.span()=> #krate::__private::check_f32(&*#b);),
                 )
             }
             Parsed::Barrier => (quote!(#krate::__private::Statement::Barrier), quote!()),

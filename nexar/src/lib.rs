@@ -121,6 +121,11 @@ pub mod __private {
     {
     }
 
+    /// Compile-time check that a planned compressed or top-k allreduce gets `f32` elements.
+    pub fn check_f32<B: nexar_types::SendBuf<Elem = f32> + ?Sized>(_: &B) {}
+
+    pub use crate::Compression;
+
     /// Shape of a plan buffer.
     pub fn shape_of<B: crate::plan::PlanBuffer + ?Sized>(b: &B) -> (nexar_types::DType, usize) {
         (b.dtype(), b.elems())

@@ -615,3 +615,71 @@ async fn plans_of_vecs_and_arrays_match_unfused_calls() {
     .await
     .expect("test timed out");
 }
+
+#[nexar::collective_plan]
+async fn lossy(comm: &NexarClient, a: &mut Buf<f32>, b: &mut Vec<f32>, m: &mut Buf<f32>, g: &mut Buf<f32>) {
+    all_reduce_compressed(a, Sum, Bf16);
+    all_reduce_compressed(b, Sum, Bf16);
+    all_reduce_compressed(m, Max, F16);
+    all_reduce_topk(g, Sum, 0.25);
+}
+
+/// Compressed and top-k allreduces as plan statements: the two bf16 sums share one bucket
+/// (flattened) and equal the unfused compressed calls bitwise; the f16 max is exact on small
+/// values; the top-k statement keeps its residual between runs, so what it did not send
+/// arrives in later runs and the outputs add up to the exact sums.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_and_top_k_statements_fuse_and_keep_their_residual() {
+    let text = lossy::explain(&Buf::<f32>::zeros(10), &vec![0f32; 20], &Buf::<f32>::zeros(3), &Buf::<f32>::zeros(8), 2);
+    assert!(
+        text.contains("all_reduce_compressed bucket (bf16 on the wire, sum): 2 buffer(s) [0, 1], 30 f32"),
+        "{text}"
+    );
+    assert!(text.contains("all_reduce_topk bucket (250000 ppm sent"), "{text}");
+    tokio::time::timeout(
+        TEST_LIMIT,
+        on_ranks(3, |c| async move {
+            let (r, w) = (c.rank(), c.world_size());
+            let value = |k: usize, i: usize| ((r * 31 + k * 7 + i * 13) % 97) as f32 / 7.0 - 5.0;
+            let mut a = Buf::from_vec((0..1000).map(|i| value(0, i)).collect::<Vec<f32>>());
+            let mut b: Vec<f32> = (0..777).map(|i| value(1, i)).collect();
+            let mut m = Buf::from_vec((0..50).map(|i| ((r * 5 + i) % 11) as f32).collect::<Vec<f32>>());
+            let grads: Vec<f32> = (0..400).map(|i| value(2, i)).collect();
+            let mut g = Buf::from_vec(grads.clone());
+            let (mut ea, mut eb) = (a.clone(), b.clone());
+            lossy(&c, &mut a, &mut b, &mut m, &mut g).await.unwrap();
+            c.all_reduce_compressed(&mut ea, Sum, nexar::Compression::Bf16).await.unwrap();
+            c.all_reduce_compressed(&mut eb[..], Sum, nexar::Compression::Bf16).await.unwrap();
+            let bound = |exact: f64, magnitude: f64| {
+                nexar::Compression::Bf16.sum_error_bound(w, magnitude) + 1e-6 * exact.abs()
+            };
+            for (i, (got, unfused)) in a.iter().zip(ea.iter()).enumerate() {
+                let exact: f64 = (0..w).map(|q| ((q * 31 + i * 13) % 97) as f64 / 7.0 - 5.0).sum();
+                let magnitude: f64 = (0..w).map(|q| (((q * 31 + i * 13) % 97) as f64 / 7.0 - 5.0).abs()).sum();
+                assert!((*got as f64 - exact).abs() <= bound(exact, magnitude), "a[{i}]: {got} vs {exact}");
+                assert!((*got as f64 - *unfused as f64).abs() <= 2.0 * bound(exact, magnitude), "a[{i}] vs unfused");
+            }
+            assert_eq!(b.len(), eb.len());
+            let max = |i: usize| (0..w).map(|q| ((q * 5 + i) % 11) as f32).fold(f32::MIN, f32::max);
+            assert!(m.iter().enumerate().all(|(i, v)| *v == max(i)), "the f16 max of small integers is exact");
+            // Top-k with error feedback: run again with zeros until the residual is drained;
+            // the outputs add up to the exact sums.
+            let mut total: Vec<f64> = g.iter().map(|v| *v as f64).collect();
+            for _ in 0..8 {
+                let (mut a, mut b, mut m) = (Buf::<f32>::zeros(1000), vec![0f32; 777], Buf::<f32>::zeros(50));
+                let mut g = Buf::<f32>::zeros(400);
+                lossy(&c, &mut a, &mut b, &mut m, &mut g).await.unwrap();
+                for (t, v) in total.iter_mut().zip(g.iter()) {
+                    *t += *v as f64;
+                }
+            }
+            for (i, t) in total.iter().enumerate() {
+                let exact: f64 = (0..w).map(|q| ((q * 31 + 2 * 7 + i * 13) % 97) as f64 / 7.0 - 5.0).sum();
+                assert!((t - exact).abs() < 1e-3, "top-k element {i}: {t} delivered in all, exact {exact}");
+            }
+            c
+        }),
+    )
+    .await
+    .expect("test timed out");
+}

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use nexar_types::{Buf, DType, Element};
 
 use crate::proto::algo::{Algorithm, Collective, select};
-pub(crate) use crate::proto::plan::{Layout, Unit};
+pub(crate) use crate::proto::plan::{Layout, Lossy, Unit};
 pub use crate::proto::plan::{PlanSpec, Shape, Statement};
 
 pub use run::PlanRun;
@@ -59,6 +59,25 @@ impl PlanSpec {
                     Unit::Single(st) => {
                         let _ = writeln!(out, "    {}", describe_single(st, shapes, pick));
                     }
+                    Unit::Lossy { how, members, elems } => {
+                        let what = match how {
+                            Lossy::Wire { op, compression } => {
+                                format!("all_reduce_compressed bucket ({} on the wire, {op})", compression.name())
+                            }
+                            Lossy::TopK { ratio_ppm } => {
+                                format!(
+                                    "all_reduce_topk bucket ({} ppm sent, sum, error feedback kept per bucket)",
+                                    ratio_ppm
+                                )
+                            }
+                        };
+                        let _ = writeln!(
+                            out,
+                            "    {what}: {} buffer(s) {members:?}, {elems} f32 elements ({} bytes), flattened",
+                            members.len(),
+                            elems * 4
+                        );
+                    }
                 }
             }
         }
@@ -97,6 +116,10 @@ fn describe_single(st: &Statement, shapes: &[Shape], pick: &dyn Fn(Collective, u
             pick(Collective::Broadcast { root }, bytes(buf))
         ),
         Statement::Barrier => "barrier".to_string(),
+        // Grouped into `Unit::Lossy`, never single.
+        Statement::AllReduceCompressed { buf, .. } | Statement::AllReduceTopK { buf, .. } => {
+            format!("lossy all_reduce: {}", buffer(buf))
+        }
     }
 }
 
@@ -107,12 +130,18 @@ pub struct PlanCache {
     last: Mutex<Option<(Vec<Shape>, Arc<Layout>)>>,
     /// The schedules of the plan's collectives, generated on the first run.
     pub(crate) schedules: crate::comm::ScheduleCache,
+    /// The error feedback of each top-k bucket (by its buffers), carried from run to run.
+    pub(crate) feedback: Mutex<Vec<(Vec<usize>, crate::ErrorFeedback)>>,
 }
 
 impl PlanCache {
     /// An empty cache (usable in a `static`).
     pub const fn new() -> Self {
-        PlanCache { last: Mutex::new(None), schedules: crate::comm::ScheduleCache::new() }
+        PlanCache {
+            last: Mutex::new(None),
+            schedules: crate::comm::ScheduleCache::new(),
+            feedback: Mutex::new(Vec::new()),
+        }
     }
 
     pub(crate) fn layout(&self, spec: &PlanSpec, shapes: &[Shape]) -> Arc<Layout> {

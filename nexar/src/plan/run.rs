@@ -9,7 +9,7 @@ use std::task::Poll;
 
 use nexar_types::{DType, Element, bf16, f16};
 
-use super::{Layout, PlanBuffer, PlanCache, PlanSpec, Shape, Statement, Unit};
+use super::{Layout, Lossy, PlanBuffer, PlanCache, PlanSpec, Shape, Statement, Unit};
 use crate::comm::{CollCall, CollectiveError, NexarClient};
 use crate::proto::algo::Collective;
 
@@ -200,7 +200,7 @@ impl<'a> PlanRun<'a> {
 
 fn unit_buffers(unit: &Unit) -> Vec<usize> {
     match unit {
-        Unit::Bucket { members, .. } => members.clone(),
+        Unit::Bucket { members, .. } | Unit::Lossy { members, .. } => members.clone(),
         Unit::Single(st) => st.buffers(),
     }
 }
@@ -265,6 +265,10 @@ async fn run_unit<'a>(
             pool.give(staging);
             Ok(args)
         }
+        Unit::Lossy { how, members, elems } => {
+            run_lossy(&comm, fingerprint, seq, how, &members, elems, &mut args, cache).await?;
+            Ok(args)
+        }
         Unit::Single(Statement::Barrier) => {
             let call = CollCall::whole(Collective::Barrier, None, 0, fingerprint);
             comm.run_collective_cached::<u8>(seq, call, &mut [], &[], schedules).await?;
@@ -312,4 +316,61 @@ async fn run_unit<'a>(
             Ok(args)
         }
     }
+}
+
+/// A compressed or top-k bucket: the ranks first check the plan's fingerprint at the unit's
+/// sequence number (a rank running another plan is refused there, as for every plan
+/// collective), then the `f32` buffers are flattened into one copy, reduced by the operation
+/// on a communicator of its own for this unit (it runs several collectives), and copied back.
+#[allow(clippy::too_many_arguments)]
+async fn run_lossy(
+    comm: &NexarClient,
+    fingerprint: u64,
+    seq: u64,
+    how: Lossy,
+    members: &[usize],
+    elems: usize,
+    args: &mut [(usize, PlanArg<'_>)],
+    cache: &'static PlanCache,
+) -> Result<(), CollectiveError> {
+    let rank = comm.rank();
+    let op = match how {
+        Lossy::Wire { .. } => "all_reduce_compressed",
+        Lossy::TopK { .. } => "all_reduce_topk",
+    };
+    let check = CollCall::whole(Collective::Barrier, None, 0, fingerprint);
+    if let Some((i, _)) = args.iter().find(|(_, a)| a.shape().0 != DType::F32) {
+        let reason = format!("plan buffer {i} is not f32: {op} takes f32 elements");
+        return Err(comm.fail_seq(seq, check, reason).await);
+    }
+    comm.run_collective_cached::<u8>(seq, check, &mut [], &[], Some(&cache.schedules)).await?;
+    let mut flat: Vec<f32> = Vec::with_capacity(elems);
+    for (_, a) in args.iter() {
+        flat.extend_from_slice(typed::<f32>(a.bytes(), rank, op)?);
+    }
+    let unit = comm.plan_view(seq);
+    match how {
+        Lossy::Wire { op, compression } => unit.all_reduce_compressed(&mut flat[..], op, compression).await?,
+        Lossy::TopK { ratio_ppm } => {
+            let ratio = f64::from(ratio_ppm) / 1e6;
+            let kept = {
+                let mut kept = crate::sync::lock(&cache.feedback);
+                let at = kept.iter().position(|(m, _)| m == members);
+                at.map(|at| kept.swap_remove(at).1)
+            };
+            let mut feedback = kept.unwrap_or_else(|| crate::ErrorFeedback::new(ratio));
+            let outcome = unit.all_reduce_topk(&mut flat[..], nexar_types::Sum, &mut feedback).await;
+            crate::sync::lock(&cache.feedback).push((members.to_vec(), feedback));
+            outcome?;
+        }
+    }
+    let mut at = 0;
+    for (_, a) in args.iter_mut() {
+        if let PlanArg::Write(b) = a {
+            let out = typed_mut::<f32>(b.bytes_mut(), rank, op)?;
+            out.copy_from_slice(&flat[at..at + out.len()]);
+            at += out.len();
+        }
+    }
+    Ok(())
 }

@@ -8,6 +8,7 @@
 use nexar_types::{DType, ReduceOp};
 
 use crate::proto::algo::Collective;
+use crate::proto::compression::Compression;
 
 /// One statement of a plan, as the macro recorded it (buffers by parameter index).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +43,23 @@ pub enum Statement {
         /// Parameter index of the receive buffer.
         recv: usize,
     },
+    /// `all_reduce_compressed(buf, op, Bf16 | F16)`: an `f32` buffer, 16-bit on the wire.
+    AllReduceCompressed {
+        /// Parameter index of the buffer.
+        buf: usize,
+        /// The reduction (`Sum`, `Max` or `Min`).
+        op: ReduceOp,
+        /// The wire format.
+        compression: Compression,
+    },
+    /// `all_reduce_topk(buf, Sum, ratio)`: an `f32` buffer's largest entries, with error
+    /// feedback that the plan keeps per bucket between runs.
+    AllReduceTopK {
+        /// Parameter index of the buffer.
+        buf: usize,
+        /// The share of elements sent, in parts per million (1 to 1,000,000).
+        ratio_ppm: u32,
+    },
     /// `barrier()`
     Barrier,
 }
@@ -50,7 +68,10 @@ impl Statement {
     /// The buffers the statement touches, by parameter index.
     pub(crate) fn buffers(&self) -> Vec<usize> {
         match *self {
-            Statement::AllReduce { buf, .. } | Statement::Broadcast { buf, .. } => vec![buf],
+            Statement::AllReduce { buf, .. }
+            | Statement::Broadcast { buf, .. }
+            | Statement::AllReduceCompressed { buf, .. }
+            | Statement::AllReduceTopK { buf, .. } => vec![buf],
             Statement::ReduceScatter { send, recv, .. } | Statement::AllGather { send, recv } => vec![send, recv],
             Statement::Barrier => vec![],
         }
@@ -84,6 +105,17 @@ pub(crate) enum Unit {
     Bucket { kind: Collective, op: Option<ReduceOp>, dtype: DType, members: Vec<usize>, elems: usize },
     /// A statement run as it is (reduce-scatter, all-gather, barrier).
     Single(Statement),
+    /// `f32` buffers fused into one compressed or top-k allreduce (through a flat copy).
+    Lossy { how: Lossy, members: Vec<usize>, elems: usize },
+}
+
+/// How a [`Unit::Lossy`] allreduce loses precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lossy {
+    /// 16-bit on the wire, reduced with `op`.
+    Wire { op: ReduceOp, compression: Compression },
+    /// The largest `ratio_ppm` parts per million, summed, with error feedback.
+    TopK { ratio_ppm: u32 },
 }
 
 /// The shape of one plan buffer: element type and length.
@@ -115,6 +147,26 @@ impl PlanSpec {
     fn group(&self, statements: &[Statement], shapes: &[Shape]) -> Vec<Unit> {
         let mut units: Vec<Unit> = Vec::new();
         for st in statements {
+            let lossy = match *st {
+                Statement::AllReduceCompressed { buf, op, compression } => Some((Lossy::Wire { op, compression }, buf)),
+                Statement::AllReduceTopK { buf, ratio_ppm } => Some((Lossy::TopK { ratio_ppm }, buf)),
+                _ => None,
+            };
+            if let Some((how, buf)) = lossy {
+                let len = shapes[buf].1;
+                let cap = (self.bucket_bytes / size_of::<f32>()).max(1);
+                let open = units.iter_mut().find(|u| {
+                    matches!(u, Unit::Lossy { how: h, elems, .. } if *h == how && (*elems + len <= cap || *elems == 0))
+                });
+                match open {
+                    Some(Unit::Lossy { members, elems, .. }) => {
+                        members.push(buf);
+                        *elems += len;
+                    }
+                    _ => units.push(Unit::Lossy { how, members: vec![buf], elems: len }),
+                }
+                continue;
+            }
             let (kind, op, buf) = match *st {
                 Statement::AllReduce { buf, op } => (Collective::AllReduce, Some(op), buf),
                 Statement::Broadcast { buf, root } => (Collective::Broadcast { root }, None, buf),
