@@ -4,8 +4,9 @@
 //! come out bitwise equal to the flat ring's and floats within rounding of the exact sum,
 //! broadcasts (through a leader per host) deliver the root's bytes from every root, and
 //! reduces (within each host to its leader, then among the leaders) leave the sum at every
-//! root in turn and every other buffer as it was, and all-gathers (across hosts per local
-//! index, then within each host) deliver every block.
+//! root in turn and every other buffer as it was, all-gathers (across hosts per local index,
+//! then within each host) deliver every block, and reduce-scatters (within each host, then
+//! across) leave each rank its block's sum.
 
 mod common;
 
@@ -74,6 +75,19 @@ async fn gathers_arrive(ranks: &[NexarClient], len: usize) {
     .await;
 }
 
+/// A reduce-scatter of `len` integers per rank: every rank ends with its block's wrapping sum.
+async fn scatters_arrive(ranks: &[NexarClient], len: usize) {
+    let w = ranks.len();
+    on_each(ranks, move |c| async move {
+        let all: Vec<u64> = (0..len * w).map(|i| int(c.rank(), i)).collect();
+        let mut mine = vec![0u64; len];
+        tokio::time::timeout(TEST_LIMIT, c.reduce_scatter(&all[..], &mut mine[..], Sum)).await.unwrap().unwrap();
+        let want = |i: usize| (0..w).fold(0u64, |a, q| a.wrapping_add(int(q, c.rank() * len + i)));
+        assert!(mine.iter().enumerate().all(|(i, v)| *v == want(i)), "rank {}: the reduce-scatter differs", c.rank());
+    })
+    .await;
+}
+
 /// Every rank leaves, all at once (like `MPI_Finalize`, each waits for the others' goodbyes).
 async fn shutdown(ranks: &[NexarClient]) {
     on_each(ranks, |c| async move { c.shutdown().await }).await;
@@ -114,6 +128,8 @@ async fn two_level_matches_flat(hosts: &[&str]) {
     reduces_arrive(&ranks, 7).await;
     gathers_arrive(&ranks, 3 << 17).await;
     gathers_arrive(&ranks, 5).await;
+    scatters_arrive(&ranks, 3 << 17).await;
+    scatters_arrive(&ranks, 5).await;
     shutdown(&ranks).await;
     let flat_ranks = on_hosts(hosts, Some(Algorithm::PipelinedRing { segment_bytes: 1 << 20 })).await;
     assert_eq!(flat_ranks[0].allreduce_algorithm(len * 8), "pipelined_ring");

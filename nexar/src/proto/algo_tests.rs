@@ -444,3 +444,39 @@ fn the_two_level_all_gather_delivers_every_block_on_every_layout() {
     assert_eq!(table(&[0, 1, 2, 3]), "ring");
     assert_eq!(table(&[0, 0, 1]), "ring");
 }
+
+#[test]
+fn the_two_level_reduce_scatter_matches_the_reference_on_every_layout() {
+    use super::algo::generate_on;
+    use super::algo::hierarchical::HostLayout;
+    for keys in layouts() {
+        let layout = HostLayout::from_keys(&keys);
+        let w = keys.len();
+        for n in [0, 1, PRIME, 100_000] {
+            let algo = Algorithm::Hierarchical { segment_bytes: 1 << 16 };
+            let op = Collective::ReduceScatter;
+            let schedules: Vec<_> = (0..w).map(|r| generate_on(op, algo, r, w, n, 8, Some(&layout)).unwrap()).collect();
+            for (red, value) in
+                [(ReduceOp::BitXor, bits as fn(usize, usize) -> i64), (ReduceOp::Sum, |r, i| bits(r, i) >> 8)]
+            {
+                let mut ranks: Vec<SimRank<i64>> = (0..w)
+                    .map(|r| SimRank { input: (0..n * w).map(|i| value(r, i)).collect(), data: vec![0; n] })
+                    .collect();
+                simulate(&schedules, &mut ranks, red).unwrap_or_else(|e| panic!("reduce-scatter {keys:?} n={n}: {e}"));
+                let total = fold(red, (0..w).map(|q| (0..n * w).map(|i| value(q, i)).collect()));
+                for (r, got) in ranks.iter().enumerate() {
+                    assert!(
+                        got.data == total[r * n..(r + 1) * n],
+                        "reduce-scatter {red:?} {keys:?} n={n}: rank {r} differs"
+                    );
+                }
+            }
+        }
+    }
+    use super::algo::select_on;
+    let table = |keys: &[u64]| {
+        select_on(Collective::ReduceScatter, 1 << 20, keys.len(), Some(&HostLayout::from_keys(keys))).name()
+    };
+    assert_eq!(table(&[0, 1, 0, 1]), "hierarchical");
+    assert_eq!(table(&[0, 0, 1]), "ring");
+}

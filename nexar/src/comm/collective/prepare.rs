@@ -26,7 +26,7 @@ impl NexarClient {
         };
         let layout = self.layout();
         let runs_two_level = |l: &HostLayout| match kind {
-            Collective::AllReduce | Collective::AllGather => l.ranks_per_host().is_some(),
+            Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter => l.ranks_per_host().is_some(),
             Collective::Broadcast { .. } | Collective::Reduce { .. } => true,
             _ => false,
         };

@@ -163,6 +163,58 @@ pub fn all_gather(rank: usize, layout: &HostLayout, count: usize, segment: usize
     Some(s)
 }
 
+/// The two-level reduce-scatter of `count` elements per rank (an input of `count · w`), in
+/// segments of at most `segment` elements, in scratch space holding a copy of the input: a ring
+/// within each host in which local rank `i` ends with the host's sum of the blocks of every
+/// host's rank `i`, then a ring among each local index across the hosts that leaves each rank
+/// its own block summed over every host. Each block crosses to each other host once. `None`
+/// when the hosts hold different numbers of ranks.
+pub fn reduce_scatter(rank: usize, layout: &HostLayout, count: usize, segment: usize) -> Option<Schedule> {
+    layout.ranks_per_host()?;
+    let w = layout.world();
+    let mut s = Schedule::new();
+    let block = |r: usize| Span::new(Slot::Scratch, r * count, count);
+    s.need_scratch(count * w);
+    s.copy(Span::new(Slot::Input, 0, count * w), Span::new(Slot::Scratch, 0, count * w));
+    let (my_host, hosts) = (layout.host_of(rank), layout.hosts());
+    let local = layout.members(my_host);
+    let j = local.iter().position(|r| *r == rank)?;
+    let column = |i: usize| -> Vec<usize> { (0..hosts).map(|h| layout.members(h)[i]).collect() };
+    ring_reduce_pass(&mut s, &local, j, |i| column(i).into_iter().map(block).collect(), segment);
+    let peers = column(j);
+    ring_reduce_pass(&mut s, &peers, my_host, |i| vec![block(peers[i])], segment);
+    s.copy(block(rank), Span::new(Slot::Data, 0, count));
+    Some(s)
+}
+
+/// Ring reduce-scatter among `ring` (this rank is `ring[me]`), in place, where member `i`'s
+/// share is the spans `bundle(i)`: afterwards this rank's bundle holds the reduction over the
+/// ring.
+fn ring_reduce_pass(s: &mut Schedule, ring: &[usize], me: usize, bundle: impl Fn(usize) -> Vec<Span>, segment: usize) {
+    let n = ring.len();
+    if n == 1 {
+        return;
+    }
+    let (next, prev) = (ring[(me + 1) % n], ring[(me + n - 1) % n]);
+    // As `reduce_scatter_ring`: step k sends bundle me-k-1 and receives bundle me-k-2, which
+    // goes on at step k+1; the last one received, bundle me, stays.
+    for span in bundle((me + n - 1) % n) {
+        for seg in span.segments(segment) {
+            s.send(next, seg);
+        }
+    }
+    for k in 0..n - 1 {
+        for span in bundle((me + 2 * n - k - 2) % n) {
+            for seg in span.segments(segment) {
+                s.recv_reduce(prev, seg);
+                if k < n - 2 {
+                    s.send(next, seg);
+                }
+            }
+        }
+    }
+}
+
 /// Ring all-gather among `ring` (this rank is `ring[me]`) where member `i` starts with the
 /// spans `bundle(i)`: afterwards this rank holds every member's bundle.
 fn ring_pass(s: &mut Schedule, ring: &[usize], me: usize, bundle: impl Fn(usize) -> Vec<Span>, segment: usize) {

@@ -160,7 +160,7 @@ pub enum Algorithm {
     /// then within each host again, in segments of this many bytes; broadcast to one leader
     /// per host, then within each host; reduce within each host to its leader, then among
     /// the leaders; all-gather among each local index across the hosts, then within each
-    /// host.
+    /// host; reduce-scatter within each host, then among each local index across the hosts.
     Hierarchical {
         /// Segment size in bytes.
         segment_bytes: usize,
@@ -260,8 +260,8 @@ pub fn select(op: Collective, bytes: usize, world: usize) -> Algorithm {
 
 /// The algorithm table for a communicator whose ranks lie on hosts as `layout` says: the
 /// two-level allreduce where the ranks span several hosts with several ranks on each and the
-/// flat table would run the ring, the two-level all-gather across hosts with several ranks
-/// each, the two-level broadcast and reduce wherever the ranks span several hosts and some
+/// flat table would run the ring, the two-level all-gather and reduce-scatter across hosts
+/// with several ranks each, the two-level broadcast and reduce wherever the ranks span several hosts and some
 /// host holds more than one, else [`select`].
 pub fn select_on(op: Collective, bytes: usize, world: usize, layout: Option<&HostLayout>) -> Algorithm {
     match select(op, bytes, world) {
@@ -276,7 +276,8 @@ pub fn select_on(op: Collective, bytes: usize, world: usize, layout: Option<&Hos
             Algorithm::Hierarchical { segment_bytes: DEFAULT_SEGMENT_BYTES }
         }
         Algorithm::Ring | Algorithm::PipelinedRing { .. }
-            if op == Collective::AllGather && layout.is_some_and(HostLayout::is_two_level) =>
+            if matches!(op, Collective::AllGather | Collective::ReduceScatter)
+                && layout.is_some_and(HostLayout::is_two_level) =>
         {
             Algorithm::Hierarchical { segment_bytes: DEFAULT_SEGMENT_BYTES }
         }
@@ -368,6 +369,10 @@ pub fn generate_on(
         (Collective::Broadcast { root }, Algorithm::Hierarchical { .. }) => layout
             .filter(|l| l.world() == world && root < world)
             .map(|l| hierarchical::broadcast(rank, l, count, root, elem_size))
+            .ok_or_else(unsupported)?,
+        (Collective::ReduceScatter, Algorithm::Hierarchical { segment_bytes }) => layout
+            .filter(|l| l.world() == world)
+            .and_then(|l| hierarchical::reduce_scatter(rank, l, count, seg(segment_bytes)))
             .ok_or_else(unsupported)?,
         (Collective::AllGather, Algorithm::Hierarchical { segment_bytes }) => layout
             .filter(|l| l.world() == world)
