@@ -158,8 +158,8 @@ pub fn all_gather(rank: usize, layout: &HostLayout, count: usize, segment: usize
     let j = local.iter().position(|r| *r == rank)?;
     let column = |i: usize| -> Vec<usize> { (0..hosts).map(|h| layout.members(h)[i]).collect() };
     let peers = column(j);
-    ring_pass(&mut s, &peers, my_host, |i| vec![block(peers[i])], segment);
-    ring_pass(&mut s, &local, j, |i| column(i).into_iter().map(block).collect(), segment);
+    ring_pass(&mut s, &peers, my_host, |i| vec![block(peers[i])], segment, Pass::Gather);
+    ring_pass(&mut s, &local, j, |i| column(i).into_iter().map(block).collect(), segment, Pass::Gather);
     Some(s)
 }
 
@@ -180,58 +180,53 @@ pub fn reduce_scatter(rank: usize, layout: &HostLayout, count: usize, segment: u
     let local = layout.members(my_host);
     let j = local.iter().position(|r| *r == rank)?;
     let column = |i: usize| -> Vec<usize> { (0..hosts).map(|h| layout.members(h)[i]).collect() };
-    ring_reduce_pass(&mut s, &local, j, |i| column(i).into_iter().map(block).collect(), segment);
+    ring_pass(&mut s, &local, j, |i| column(i).into_iter().map(block).collect(), segment, Pass::Reduce);
     let peers = column(j);
-    ring_reduce_pass(&mut s, &peers, my_host, |i| vec![block(peers[i])], segment);
+    ring_pass(&mut s, &peers, my_host, |i| vec![block(peers[i])], segment, Pass::Reduce);
     s.copy(block(rank), Span::new(Slot::Data, 0, count));
     Some(s)
 }
 
-/// Ring reduce-scatter among `ring` (this rank is `ring[me]`), in place, where member `i`'s
-/// share is the spans `bundle(i)`: afterwards this rank's bundle holds the reduction over the
-/// ring.
-fn ring_reduce_pass(s: &mut Schedule, ring: &[usize], me: usize, bundle: impl Fn(usize) -> Vec<Span>, segment: usize) {
-    let n = ring.len();
-    if n == 1 {
-        return;
-    }
-    let (next, prev) = (ring[(me + 1) % n], ring[(me + n - 1) % n]);
-    // As `reduce_scatter_ring`: step k sends bundle me-k-1 and receives bundle me-k-2, which
-    // goes on at step k+1; the last one received, bundle me, stays.
-    for span in bundle((me + n - 1) % n) {
-        for seg in span.segments(segment) {
-            s.send(next, seg);
-        }
-    }
-    for k in 0..n - 1 {
-        for span in bundle((me + 2 * n - k - 2) % n) {
-            for seg in span.segments(segment) {
-                s.recv_reduce(prev, seg);
-                if k < n - 2 {
-                    s.send(next, seg);
-                }
-            }
-        }
-    }
+/// What a ring pass does with what it receives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Reduce-scatter: reduce it in, so member `i`'s bundle ends reduced over the ring at `i`.
+    Reduce,
+    /// All-gather: keep it, so every member ends with every bundle.
+    Gather,
 }
 
-/// Ring all-gather among `ring` (this rank is `ring[me]`) where member `i` starts with the
-/// spans `bundle(i)`: afterwards this rank holds every member's bundle.
-fn ring_pass(s: &mut Schedule, ring: &[usize], me: usize, bundle: impl Fn(usize) -> Vec<Span>, segment: usize) {
+/// A ring among `ring` (this rank is `ring[me]`), in place, where member `i`'s share is the
+/// spans `bundle(i)`, in segments of at most `segment` elements, each passed on as soon as it
+/// is in. Reduce: step k sends bundle me-k-1 and reduces in bundle me-k-2, which goes on at
+/// step k+1; the last one in, bundle me, stays. Gather: the same one bundle later, starting
+/// with this rank's own.
+fn ring_pass(
+    s: &mut Schedule,
+    ring: &[usize],
+    me: usize,
+    bundle: impl Fn(usize) -> Vec<Span>,
+    segment: usize,
+    pass: Pass,
+) {
     let n = ring.len();
     if n == 1 {
         return;
     }
     let (next, prev) = (ring[(me + 1) % n], ring[(me + n - 1) % n]);
-    for span in bundle(me) {
+    let lag = usize::from(pass == Pass::Reduce);
+    for span in bundle((me + n - lag) % n) {
         for seg in span.segments(segment) {
             s.send(next, seg);
         }
     }
     for k in 0..n - 1 {
-        for span in bundle((me + 2 * n - k - 1) % n) {
+        for span in bundle((me + 2 * n - k - 1 - lag) % n) {
             for seg in span.segments(segment) {
-                s.recv(prev, seg);
+                match pass {
+                    Pass::Reduce => s.recv_reduce(prev, seg),
+                    Pass::Gather => s.recv(prev, seg),
+                }
                 if k < n - 2 {
                     s.send(next, seg);
                 }
@@ -275,13 +270,13 @@ pub fn allreduce(rank: usize, layout: &HostLayout, count: usize, segment: usize)
     let j = local.iter().position(|r| *r == rank)?;
     let all = Span::new(Slot::Data, 0, count);
     let block = all.part(per_host, j);
-    reduce_scatter_ring(&mut s, &local, j, all, segment);
+    ring_pass(&mut s, &local, j, |i| vec![all.part(per_host, i)], segment, Pass::Reduce);
     // Block j across the hosts, among the ranks of local index j.
     let peers: Vec<usize> = (0..layout.hosts()).map(|h| layout.members(h)[j]).collect();
     let me = layout.host_of(rank);
     let across = super::allreduce::ring(me, peers.len(), block.len, segment);
     s.steps.extend(across.steps.into_iter().map(|step| moved(step, &peers, block.offset)));
-    all_gather_ring(&mut s, &local, j, all, segment);
+    ring_pass(&mut s, &local, j, |i| vec![all.part(per_host, i)], segment, Pass::Gather);
     Some(s)
 }
 
@@ -294,51 +289,5 @@ fn moved(step: Step, peers: &[usize], offset: usize) -> Step {
         Step::Recv { from, dst, reduce } => Step::Recv { from: peers[from], dst: at(dst), reduce },
         Step::Copy { src, dst } => Step::Copy { src: at(src), dst: at(dst) },
         Step::Reduce { src, dst } => Step::Reduce { src: at(src), dst: at(dst) },
-    }
-}
-
-/// Ring reduce-scatter of `all` among `ring` (this rank is `ring[me]`), in place: afterwards
-/// this rank's block `me` of `ring.len()` holds the reduction over the ring.
-fn reduce_scatter_ring(s: &mut Schedule, ring: &[usize], me: usize, all: Span, segment: usize) {
-    let n = ring.len();
-    if n == 1 {
-        return;
-    }
-    let (next, prev) = (ring[(me + 1) % n], ring[(me + n - 1) % n]);
-    let block = |i: usize| all.part(n, i % n);
-    // Step k sends block me-k-1 and receives block me-k-2, which goes on at step k+1; the
-    // last one received, block me-n = me, stays.
-    for seg in block(me + n - 1).segments(segment) {
-        s.send(next, seg);
-    }
-    for k in 0..n - 1 {
-        for seg in block(me + 2 * n - k - 2).segments(segment) {
-            s.recv_reduce(prev, seg);
-            if k < n - 2 {
-                s.send(next, seg);
-            }
-        }
-    }
-}
-
-/// Ring all-gather of the blocks of `all` among `ring`, where this rank (`ring[me]`) holds
-/// block `me`: afterwards it holds every block.
-fn all_gather_ring(s: &mut Schedule, ring: &[usize], me: usize, all: Span, segment: usize) {
-    let n = ring.len();
-    if n == 1 {
-        return;
-    }
-    let (next, prev) = (ring[(me + 1) % n], ring[(me + n - 1) % n]);
-    let block = |i: usize| all.part(n, i % n);
-    for seg in block(me).segments(segment) {
-        s.send(next, seg);
-    }
-    for k in 0..n - 1 {
-        for seg in block(me + 2 * n - k - 1).segments(segment) {
-            s.recv(prev, seg);
-            if k < n - 2 {
-                s.send(next, seg);
-            }
-        }
     }
 }
