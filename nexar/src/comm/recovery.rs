@@ -4,8 +4,8 @@
 //! lowest-numbered rank not in the failure set coordinates: every other survivor sends it the
 //! ranks it believes failed, the coordinator takes the union (adding any rank that fails while
 //! it waits), and sends the decision to everyone. A survivor whose coordinator fails moves on
-//! to the next lowest rank with the coordinator added to its set; a rank that already decided
-//! answers late proposals with its decision. Every survivor therefore leaves with the same set,
+//! to the next lowest rank with the coordinator added to its set; a rank that has decided
+//! sends its decision on to every survivor still deciding, which adopts it. Every survivor therefore leaves with the same set,
 //! which contains every failure any survivor reported, and builds the same communicator from
 //! it: the remaining members, in their old order, numbered densely from 0.
 
@@ -211,7 +211,10 @@ impl NexarClient {
             }
             return Err(RecoveryError::Excluded { rank: me, reason });
         }
-        linger(view, decided.clone(), decided_by, self.config().heartbeat_timeout * 2);
+        if let Some(coordinator) = decided_by {
+            // A coordinator has told everyone already (`announce`).
+            pass_on(view, decided.clone(), coordinator);
+        }
         Ok((epoch, decided))
     }
 
@@ -304,31 +307,20 @@ async fn announce(view: &NexarClient, set: &BTreeSet<usize>) {
     while sends.join_next().await.is_some() {}
 }
 
-/// After deciding, for a while: answers any proposal that reaches this rank late (its sender's
-/// coordinator failed before telling it), and, if the coordinator this rank heard from
-/// (`decided_by`) is declared dead, passes the decision on to every rank still deciding, so
-/// whoever coordinates next adopts it. Every survivor thus leaves with the same decision.
-fn linger(view: NexarClient, decided: BTreeSet<usize>, decided_by: Option<usize>, limit: Duration) {
+/// After deciding: sends the decision to every other survivor but the coordinator it came
+/// from, at once. A survivor still deciding then finds it whichever way its agreement went on:
+/// as the answer of a coordinator it turned to after its own failed (or that it wrongly took
+/// for failed, on a loaded machine), or, if it coordinates itself, as a decision to adopt (so
+/// it does not wait for proposals from ranks that have already decided). Every decided rank
+/// holds the one decision, so every survivor leaves with the same set. A copy that nobody
+/// waits for stays in this agreement's private communicator.
+fn pass_on(view: NexarClient, decided: BTreeSet<usize>, decided_by: usize) {
     let decision = encode(&decided);
-    let undecided: Vec<usize> = (0..view.world_size())
-        .filter(|r| *r != view.rank() && !decided.contains(r) && Some(*r) != decided_by)
-        .collect();
-    for &peer in &undecided {
+    let undecided = (0..view.world_size()).filter(|r| *r != view.rank() && !decided.contains(r) && *r != decided_by);
+    for peer in undecided {
         let (view, decision) = (view.clone(), decision.clone());
         tokio::spawn(async move {
-            if let Ok(Ok(_)) = tokio::time::timeout(limit, view.recv_vec::<u32>(peer, TAG_PROPOSE)).await {
-                let _ = view.send(&decision, peer, TAG_DECIDE).await;
-            }
-        });
-    }
-    if let Some(coordinator) = decided_by {
-        let world_coordinator = view.comm.members[coordinator];
-        tokio::spawn(async move {
-            if tokio::time::timeout(limit, view.inner.wait_dead(world_coordinator)).await.is_ok() {
-                for peer in undecided {
-                    let _ = view.send(&decision, peer, TAG_DECIDE).await;
-                }
-            }
+            let _ = view.send(&decision, peer, TAG_DECIDE).await;
         });
     }
 }
