@@ -12,8 +12,7 @@
 //! and device addresses taken from live `CudaSlice`s; each says why it holds.
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtrMut};
 use cudarc::nccl::{result, sys};
@@ -38,6 +37,12 @@ use crate::space::Cuda;
 /// }
 /// ```
 pub fn nccl_version() -> Result<(u32, u32, u32), DeviceError> {
+    // Asked before every device collective: found once per process.
+    static FOUND: std::sync::OnceLock<Result<(u32, u32, u32), DeviceError>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(find_nccl).clone()
+}
+
+fn find_nccl() -> Result<(u32, u32, u32), DeviceError> {
     crate::cuda::cuda_device_count()?;
     if !library_present() {
         return Err(DeviceError::Unavailable {
@@ -152,16 +157,20 @@ pub struct NcclComm {
     device: usize,
     rank: usize,
     size: usize,
-    /// Set once the communicator was aborted; it takes no more work.
-    aborted: AtomicBool,
+    /// `true` once the communicator was aborted (NCCL then frees it: `raw` must not be used
+    /// again). Every use of `raw` holds this lock, so uses are one at a time and none follows
+    /// the abort.
+    aborted: Mutex<bool>,
 }
 
-// SAFETY: an NCCL communicator handle may be used from any thread; NCCL asks only that
-// operations on one communicator are issued in the same order on every rank, which the runtime
-// guarantees by issuing them one at a time (it holds a lock around each).
+// SAFETY: an NCCL communicator handle may be used from any thread, one call at a time.
 #[allow(unsafe_code)]
 unsafe impl Send for NcclComm {}
-// SAFETY: as for `Send`; `&NcclComm` gives only operations that take the raw handle by value.
+// SAFETY: every call through `&NcclComm` that uses the handle (enqueue, abort, asking for the
+// asynchronous error) holds the `aborted` lock and checks it first, so calls from several
+// threads are one at a time and none reaches a handle that an abort freed. (The order of
+// collectives across ranks is the caller's to keep, as with NCCL itself; a wrong order is a
+// hang or an NCCL error, not a memory error.)
 #[allow(unsafe_code)]
 unsafe impl Sync for NcclComm {}
 
@@ -206,7 +215,7 @@ impl NcclComm {
             device,
             reason: format!("NCCL: {:?}{}", e.0, last_error()),
         })?;
-        Ok(NcclComm { raw, device, rank, size, aborted: AtomicBool::new(false) })
+        Ok(NcclComm { raw, device, rank, size, aborted: Mutex::new(false) })
     }
 
     /// This rank's index in the communicator.
@@ -227,7 +236,7 @@ impl NcclComm {
     /// Whether the communicator was aborted (a failed, timed-out or dropped operation); it
     /// takes no more work.
     pub fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::Acquire)
+        *self.live()
     }
 
     /// Starts an in-place allreduce of `buf` on its stream.
@@ -355,9 +364,6 @@ impl NcclComm {
             sys::cudaStream_t,
         ) -> Result<result::NcclStatus, result::NcclError>,
     ) -> Result<NcclInFlight<'a>, DeviceError> {
-        if self.aborted.load(Ordering::Acquire) {
-            return Err(DeviceError::Unavailable { reason: "this NCCL communicator was aborted".into() });
-        }
         if operand.device != self.device {
             return Err(DeviceError::Unavailable {
                 reason: format!(
@@ -369,6 +375,10 @@ impl NcclComm {
         let stream = operand.stream.clone();
         stream.context().bind_to_thread().map_err(driver(what, self.device))?;
         {
+            let aborted = self.live();
+            if *aborted {
+                return Err(DeviceError::Unavailable { reason: "this NCCL communicator was aborted".into() });
+            }
             // The record orders later work on this buffer after the operation once dropped,
             // which is after the enqueue.
             let (base, _record) = operand.slice.device_ptr_mut(&stream);
@@ -385,20 +395,33 @@ impl NcclComm {
 
     /// Stops every operation of this communicator; it takes no more work.
     pub fn abort(&self) {
-        if !self.aborted.swap(true, Ordering::AcqRel) {
-            // SAFETY: `raw` came from ncclCommInitRank and is aborted once (the flag); its
-            // destruction in `drop` is skipped afterwards.
+        let mut aborted = self.live();
+        if !*aborted {
+            *aborted = true;
+            // SAFETY: `raw` came from ncclCommInitRank and is aborted once, under the lock that
+            // every other use of it takes and checks first; `drop` skips its destruction.
             #[allow(unsafe_code)]
             let _ = unsafe { result::comm_abort(self.raw) };
         }
     }
 
+    /// The lock every use of `raw` holds; `true` inside once the communicator was aborted.
+    fn live(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.aborted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The communicator's asynchronous error, if it has one.
     fn async_error(&self) -> Result<(), DeviceError> {
+        let aborted = self.live();
+        if *aborted {
+            return Err(DeviceError::Unavailable { reason: "this NCCL communicator was aborted".into() });
+        }
         let mut state = sys::ncclResult_t::ncclSuccess;
-        // SAFETY: `raw` is a live communicator and `state` a valid place for the result.
+        // SAFETY: `raw` is live (not aborted, checked under the lock held here) and `state` a
+        // valid place for the result.
         #[allow(unsafe_code)]
         let asked = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut state) };
+        drop(aborted);
         match (asked, state) {
             (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {
                 Ok(())
@@ -414,7 +437,7 @@ impl NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        if !self.aborted.load(Ordering::Acquire) {
+        if !*self.live() {
             // SAFETY: `raw` came from ncclCommInitRank, was not aborted, and is destroyed once;
             // every operation on it was waited for by its `NcclInFlight`, which borrows `self`.
             #[allow(unsafe_code)]

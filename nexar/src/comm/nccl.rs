@@ -143,12 +143,13 @@ impl NexarClient {
             Collective::Broadcast { root } => root,
             _ => return None,
         };
-        // The same on every rank: the host table, the world and the configuration's pin.
+        // Host buffers leave at once. Then what is the same on every rank: the host table,
+        // the world and the configuration's pin.
+        let (count, device) = buf.nccl_operand().map(|o| (o.len(), o.device()))?;
         let layout = self.layout()?;
         if !self.nccl_layout(&layout) {
             return None;
         }
-        let (count, device) = buf.nccl_operand().map(|o| (o.len(), o.device()))?;
         let _turn = self.comm.nccl.turn.lock().await;
         let dtype = <B::Elem as Element>::DTYPE;
         let local = self.nccl_local(dtype, op);
