@@ -2,23 +2,31 @@
 """Small-message latency on a quiet and on a busy machine: nexar-bench against OpenMPI-TCP.
 
 A training job always has other work on its cores. This script runs, for each background load
-in turn (none; a niced `cargo build`; a niced memory-bound copy on every core), several
+in turn (none; a niced `cargo build`; a niced memory-bound copy on every core; optionally a
+niced busy loop on every core), several
 alternating rounds of:
   - OpenMPI over TCP (np 2, loopback; mpirun binds each rank to a core by default), with
     `bench/mpi_latency.c`, which times each iteration as nexar-bench -I does;
   - nexar-bench with each rank bound to a core (its default, as mpirun does);
   - nexar-bench with placement left to the kernel (`--bind-to none`), which is what a program
     started by a launcher that does not bind sees;
+  - optionally (`--sides`): nexar with shared memory between the ranks (its default on one
+    host), and nexar bound under `chrt -f 1` (SCHED_FIFO; needs root or CAP_SYS_NICE), which
+    shows how much of the tail is the wait of a woken normal thread for its core;
 and prints, per load and side, the median over runs of each run's p50 and p99 for a 4 KiB
 allreduce and a barrier, plus the share of iterations over 10x the run's median.
 
     bench/busy.py --rounds 5
-    bench/busy.py --rounds 3 --loads quiet,build
+    bench/busy.py --rounds 3 --loads quiet,build,spin
+    bench/busy.py --rounds 3 --sides mpi,bound,bound-fifo,bound-shm
 
 Needs `target/release/nexar-bench` and OpenMPI (`mpicc`, `mpirun`); the script compiles
 `bench/mpi_latency.c` itself. The build load compiles nexar into its own target directory
 (`/tmp/nexar-busy-target`, removed afterwards); the memory load is `dd` from /dev/zero to
-/dev/null in 32 MiB blocks, one per core. Both run at `nice -n 15`.
+/dev/null in 32 MiB blocks, one per core; the spin load is a shell busy loop per core. All run
+at `nice -n 15`, each in a session of its own, so with the kernel's autogroups (most
+distributions') the nice value weighs only within the load: across sessions it competes as
+an equal.
 """
 
 import argparse
@@ -78,6 +86,12 @@ class Load:
                     ["nice", "-n", "15", "dd", "if=/dev/zero", "of=/dev/null", "bs=32M"],
                     stderr=subprocess.DEVNULL, start_new_session=True))
             time.sleep(1)
+        elif self.kind == "spin":
+            # Work that never sleeps, one busy loop per core (a data loader, another job).
+            for _ in range(cores):
+                self.procs.append(subprocess.Popen(
+                    ["nice", "-n", "15", "sh", "-c", "while :; do :; done"], start_new_session=True))
+            time.sleep(1)
         elif self.kind != "quiet":
             sys.exit(f"unknown load {self.kind!r}")
         return self
@@ -93,12 +107,24 @@ class Load:
             shutil.rmtree(BUILD_TARGET, ignore_errors=True)
 
 
-def nexar_run(binary, args, bind):
+# The nexar sides: (key, name, --bind-to, extra environment, command prefix).
+NEXAR_SIDES = [
+    ("bound", "nexar, bound", "core", {}, []),
+    ("unbound", "nexar, unbound", "none", {}, []),
+    # Shared memory between the two ranks (nexar's default on one host; OpenMPI-TCP has none).
+    ("bound-shm", "nexar shm, bound", "core", {"NEXAR_SHM": "on"}, []),
+    # Real-time policy: a woken rank takes its core from a normal thread at once.
+    ("bound-fifo", "nexar, bound, SCHED_FIFO", "core", {}, ["chrt", "-f", "1"]),
+]
+
+
+def nexar_run(binary, args, bind, extra, prefix):
     """One nexar-bench run: (p50, p99, share over 10x) in microseconds and percent."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        # Over the network, as OpenMPI here (NEXAR_SHM=off: no shared memory between the ranks).
-        subprocess.run([binary, "--np", "2", "-I", "--bind-to", bind, "--json", f.name] + args,
-                       capture_output=True, text=True, check=True, env=dict(os.environ, NEXAR_SHM="off"))
+        # Over the network, as OpenMPI here (NEXAR_SHM=off: no shared memory between the ranks),
+        # unless the side says otherwise.
+        subprocess.run(prefix + [binary, "--np", "2", "-I", "--bind-to", bind, "--json", f.name] + args,
+                       capture_output=True, text=True, check=True, env={**os.environ, "NEXAR_SHM": "off", **extra})
         row = json.load(open(f.name))[0]
     if row["wrong"]:
         sys.exit(f"nexar-bench reported {row['wrong']} wrong elements for {args}")
@@ -114,12 +140,18 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--loads", default="quiet,build,memory")
     p.add_argument("--nexar", default=os.path.join(ROOT, "target", "release", "nexar-bench"))
+    p.add_argument("--sides", default="mpi,bound,unbound",
+                   help="which sides to run, comma-separated")
     a = p.parse_args()
     if not os.path.exists(a.nexar):
         sys.exit(f"{a.nexar} is missing (cargo build --release -p nexar --features cli --bin nexar-bench)")
     mpi = os.path.join(tempfile.mkdtemp(), "mpi_latency")
     subprocess.run(["mpicc", "-O3", "-o", mpi, os.path.join(ROOT, "bench", "mpi_latency.c")], check=True)
-    sides = ["OpenMPI-TCP", "nexar, bound", "nexar, unbound"]
+    keys = {"mpi": "OpenMPI-TCP", **{key: name for key, name, *_ in NEXAR_SIDES}}
+    unknown = [k for k in a.sides.split(",") if k not in keys]
+    if unknown:
+        sys.exit(f"unknown sides {unknown}; the sides are {list(keys)}")
+    sides = [keys[k] for k in a.sides.split(",")]
     print(f"# {a.rounds} alternating rounds per load, np 2, loopback, {ITERS} iterations a run; medians over")
     print("# runs of each run's p50 / p99 (us) and of its share of iterations over 10x its median")
     print(f"| load | operation | {' | '.join(sides)} |")
@@ -128,11 +160,13 @@ def main():
         got = {(row, side): [] for row, *_ in ROWS for side in sides}
         with Load(kind):
             for r in range(a.rounds):
-                found = mpi_run(mpi)
+                found = mpi_run(mpi) if "OpenMPI-TCP" in sides else {}
                 for name, label, args in ROWS:
-                    got[(name, "OpenMPI-TCP")].append(found[label])
-                    got[(name, "nexar, bound")].append(nexar_run(a.nexar, args, "core"))
-                    got[(name, "nexar, unbound")].append(nexar_run(a.nexar, args, "none"))
+                    if found:
+                        got[(name, "OpenMPI-TCP")].append(found[label])
+                    for _, side, bind, extra, prefix in NEXAR_SIDES:
+                        if side in sides:
+                            got[(name, side)].append(nexar_run(a.nexar, args, bind, extra, prefix))
                 print(f"# {kind}: round {r + 1}/{a.rounds} done", file=sys.stderr)
         for name, *_ in ROWS:
             cells = []
