@@ -19,6 +19,8 @@ mod channel;
 pub(crate) mod mapping;
 mod receive;
 pub(crate) mod ring;
+#[cfg(test)]
+mod ring_model_tests;
 pub(crate) mod setup;
 
 pub(crate) use channel::{ShmChannel, ShmLimits};
