@@ -198,7 +198,15 @@ async fn row(
         wrong,
         iters: times,
         across,
-        algorithm: if args.op == Op::Allreduce { comm.allreduce_algorithm(moved) } else { "" },
+        algorithm: match args.op {
+            Op::Allreduce => comm.allreduce_algorithm(moved),
+            Op::Broadcast => comm.broadcast_algorithm(moved),
+            Op::Reduce => comm.reduce_algorithm(moved),
+            // `moved` is the gathered (scattered) buffer: world blocks.
+            Op::Allgather => comm.all_gather_algorithm(moved / w),
+            Op::ReduceScatter => comm.reduce_scatter_algorithm(moved / w),
+            _ => "",
+        },
     })
 }
 

@@ -319,12 +319,33 @@ struct Args {
     /// and rebuild times) instead of stopping.
     #[arg(long)]
     survive: bool,
-    /// (internal) run as a worker of a multi-process benchmark.
+    /// Each rank prints, before the run, its host layout and which transport carries its
+    /// collective payloads to each peer (shared memory, the TCP lane or QUIC).
+    #[arg(long)]
+    links: bool,
+    /// (internal) run as a worker of a multi-process benchmark: joins `--seed` with the
+    /// token in `NEXAR_TOKEN`, listening on `NEXAR_LISTEN_ADDR` if set (else loopback).
     #[arg(long, hide = true)]
     worker: bool,
     /// (internal) the seed a worker joins.
     #[arg(long, hide = true)]
     seed: Option<SocketAddr>,
+}
+
+/// One line per rank: where it sits among the hosts and what carries its payloads to each peer.
+fn print_links(comm: &NexarClient) {
+    let peers: Vec<String> = (0..comm.world_size())
+        .filter(|p| *p != comm.rank())
+        .map(|p| format!("{p} {}", comm.bulk_transport(p).unwrap_or("quic")))
+        .collect();
+    let layout = match comm.host_layout() {
+        Some(l) => {
+            let host = l.host_of(comm.rank());
+            format!("host {host} of {} with ranks {:?}", l.hosts(), l.members(host))
+        }
+        None => "host layout unknown".into(),
+    };
+    println!("# links of rank {} ({layout}): {}", comm.rank(), peers.join(", "));
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -388,7 +409,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // any user of the host could read it.
         let env = NexarConfig::from_env()?;
         let token = env.token.clone().ok_or("worker needs NEXAR_TOKEN")?;
-        let cfg = NexarConfig { listen_addr: "127.0.0.1:0".parse()?, ..env };
+        // Workers started by this benchmark listen on loopback; one started by hand on another
+        // host (or network namespace) says where with NEXAR_LISTEN_ADDR.
+        let listen_addr = match std::env::var_os("NEXAR_LISTEN_ADDR") {
+            Some(_) => env.listen_addr,
+            None => "127.0.0.1:0".parse()?,
+        };
+        let cfg = NexarConfig { listen_addr, ..env };
         let comm = NexarClient::connect(seed, &token, cfg).await?;
         // The runtime thread (this one: the runtime has one thread) gets a core of its own;
         // the TCP lanes' threads keep every core.
@@ -397,6 +424,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         {
             nexar::affinity::bind_thread(cpu)?;
         }
+        if args.links {
+            print_links(&comm);
+        }
+        // Workers started by hand know the world only from the seed.
+        let args = Args { np: comm.world_size(), ..args };
         if args.op == Op::Soak {
             return Ok(soak::run(comm, args).await?);
         }

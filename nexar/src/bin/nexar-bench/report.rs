@@ -25,13 +25,18 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
         }
         _ => "QUIC + TLS".to_string(),
     };
+    let network = match std::env::var_os("NEXAR_LISTEN_ADDR") {
+        Some(_) => "between the ranks' own addresses",
+        None => "on loopback",
+    };
+    let transport = format!("{transport} {network}");
     let transport = if NexarConfig::from_env()?.shared_memory {
         format!("{transport}; collective messages between ranks of one host in shared memory")
     } else {
         transport
     };
     println!(
-        "# nexar-bench: {:?} {:?}, {} ranks ({mode}, {transport} on loopback), {} iterations after {} warm-ups",
+        "# nexar-bench: {:?} {:?}, {} ranks ({mode}, {transport}), {} iterations after {} warm-ups",
         args.op, args.dtype, args.np, args.iters, args.warmup
     );
     let mut spread_header = if args.per_iteration {

@@ -53,6 +53,54 @@ impl NexarClient {
         self.algorithm_for(Collective::AllReduce, bytes).name()
     }
 
+    /// The algorithm a broadcast of `bytes` bytes runs with on this communicator (the size
+    /// table's choice, or the one `NEXAR_BROADCAST_ALGORITHM` pins): `binomial_tree`,
+    /// `pipelined_chain`, or `hierarchical` where ranks share hosts.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) {
+    /// println!("a 64 MiB broadcast runs {}", comm.broadcast_algorithm(64 << 20));
+    /// # }
+    /// ```
+    pub fn broadcast_algorithm(&self, bytes: usize) -> &'static str {
+        self.algorithm_for(Collective::Broadcast { root: 0 }, bytes).name()
+    }
+
+    /// The algorithm a reduce of `bytes` bytes per rank runs with on this communicator.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) {
+    /// println!("a 64 MiB reduce runs {}", comm.reduce_algorithm(64 << 20));
+    /// # }
+    /// ```
+    pub fn reduce_algorithm(&self, bytes: usize) -> &'static str {
+        self.algorithm_for(Collective::Reduce { root: 0 }, bytes).name()
+    }
+
+    /// The algorithm an all-gather of `block_bytes` bytes from each rank runs with on this
+    /// communicator (its `send` buffer's bytes).
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) {
+    /// println!("an all-gather of 1 MiB blocks runs {}", comm.all_gather_algorithm(1 << 20));
+    /// # }
+    /// ```
+    pub fn all_gather_algorithm(&self, block_bytes: usize) -> &'static str {
+        self.algorithm_for(Collective::AllGather, block_bytes).name()
+    }
+
+    /// The algorithm a reduce-scatter leaving `block_bytes` bytes on each rank runs with on
+    /// this communicator (its `recv` buffer's bytes).
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) {
+    /// println!("a reduce-scatter into 1 MiB blocks runs {}", comm.reduce_scatter_algorithm(1 << 20));
+    /// # }
+    /// ```
+    pub fn reduce_scatter_algorithm(&self, block_bytes: usize) -> &'static str {
+        self.algorithm_for(Collective::ReduceScatter, block_bytes).name()
+    }
+
     /// Plans and runs one collective with sequence number `seq`.
     pub(crate) async fn run_collective<T: Element>(
         &self,

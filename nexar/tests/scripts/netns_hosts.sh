@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Two-level collectives between real hosts: four ranks on two hosts (two network namespaces,
+# two ranks each) and the seed on a third, joined by a bridge in a "switch" namespace. Ranks of
+# one namespace share a host (shared memory between them); ranks of different namespaces
+# talk over TLS on their own addresses. For each collective, nexar-bench runs and checks every
+# element (i32: bitwise), and rank 0 reports which algorithm ran at each size.
+#
+#   bash nexar/tests/scripts/netns_hosts.sh [path/to/nexar] [path/to/nexar-bench]
+#
+# NETNS_ITERS (default 3) sets the iterations per size, NETNS_OPS the collectives to run.
+#
+# Needs root and `ip netns`; otherwise it says so and exits 0 without running.
+set -euo pipefail
+
+BIN=$(realpath "${1:-target/debug/nexar}")
+BENCH=$(realpath "${2:-target/debug/nexar-bench}")
+PREFIX=nxh$$
+NET=198.18.78
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1 || ! ip netns add "${PREFIX}probe" 2>/dev/null; then
+  echo "netns hosts test: not run (needs root and ip netns on this machine)"
+  exit 0
+fi
+ip netns del "${PREFIX}probe"
+
+cleanup() {
+  for i in 0 1 2; do ip netns del "${PREFIX}h$i" 2>/dev/null || true; done
+  ip netns del "${PREFIX}sw" 2>/dev/null || true
+  [ -n "${LOG:-}" ] && rm -rf "$LOG"
+}
+trap cleanup EXIT
+
+ip netns add "${PREFIX}sw"
+ip -n "${PREFIX}sw" link add br0 type bridge
+ip -n "${PREFIX}sw" link set br0 up
+for i in 0 1 2; do
+  ns="${PREFIX}h$i"
+  ip netns add "$ns"
+  ip link add "${PREFIX}a$i" type veth peer name "${PREFIX}b$i"
+  ip link set "${PREFIX}a$i" netns "$ns"
+  ip link set "${PREFIX}b$i" netns "${PREFIX}sw"
+  ip -n "$ns" link set "${PREFIX}a$i" name eth0
+  ip -n "$ns" addr add "$NET.$((i + 1))/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip -n "${PREFIX}sw" link set "${PREFIX}b$i" master br0
+  ip -n "${PREFIX}sw" link set "${PREFIX}b$i" up
+done
+
+LOG=$(mktemp -d)
+SEED_ADDR="$NET.1:7100"
+failed=0
+
+# One cluster per collective: the seed on host 0, ranks on hosts 1 and 2 (two each).
+run_op() {
+  local op=$1 want=$2
+  ip netns exec "${PREFIX}h0" timeout 120 "$BIN" seed --bind "$SEED_ADDR" --world-size 4 --exit-when-done \
+    >"$LOG/seed-$op" 2>&1 &
+  local seed_pid=$!
+  for _ in $(seq 1 100); do grep -q '^token: ' "$LOG/seed-$op" 2>/dev/null && break; sleep 0.1; done
+  local token
+  token=$(sed -n 's/^token: //p' "$LOG/seed-$op")
+  if [ -z "$token" ]; then
+    echo "netns hosts test: the seed printed no token for $op"
+    cat "$LOG/seed-$op"
+    failed=1
+    return
+  fi
+  local pids=() n=0
+  for host in 1 1 2 2; do
+    (cd "$LOG" && NEXAR_TOKEN="$token" NEXAR_LISTEN_ADDR="$NET.$((host + 1)):0" \
+      ip netns exec "${PREFIX}h$host" timeout 120 "$BENCH" --worker --seed "$SEED_ADDR" --op "$op" -d i32 \
+      -b 4K -e 4M -f 32 -n "${NETNS_ITERS:-3}" -w 1 --links --json "$LOG/$op.json" >"$LOG/w$n-$op" 2>&1) &
+    pids+=($!)
+    n=$((n + 1))
+  done
+  local status=0
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  # A seed whose workers failed would wait for them until its timeout.
+  [ $status -eq 0 ] || kill "$seed_pid" 2>/dev/null || true
+  wait "$seed_pid" || status=1
+  cat "$LOG"/w*-"$op"
+  local out
+  out=$(cat "$LOG"/w*-"$op")
+  if [ $status -ne 0 ]; then
+    echo "netns hosts test: $op FAILED (a process failed)"
+    cat "$LOG/seed-$op"
+    failed=1
+  elif ! grep -q '^# wrong results *: 0 OK' <<<"$out"; then
+    echo "netns hosts test: $op FAILED (wrong elements)"
+    failed=1
+  elif ! grep -q "^# algorithm: .*$want" <<<"$out"; then
+    echo "netns hosts test: $op FAILED (no $want in the algorithms that ran)"
+    failed=1
+  elif [ "$(grep -c '^# links of rank' <<<"$out")" != 4 ] \
+    || [ "$(grep '^# links of rank' <<<"$out" | grep -o ' shm' | wc -l)" != 4 ] \
+    || [ "$(grep '^# links of rank' <<<"$out" | grep -o ' tcp-tls' | wc -l)" != 8 ] \
+    || [ "$(grep -c 'of 2 with ranks' <<<"$out")" != 4 ]; then
+    # Each rank: its host's other rank over shared memory, the other host's two over TLS.
+    echo "netns hosts test: $op FAILED (links or host layout not as placed)"
+    failed=1
+  else
+    echo "netns hosts test: $op ok"
+  fi
+}
+
+for op in ${NETNS_OPS:-allreduce broadcast reduce allgather reduce_scatter}; do
+  run_op "$op" hierarchical
+done
+
+if [ $failed -ne 0 ]; then
+  echo "netns hosts test: FAILED"
+  exit 1
+fi
+echo "netns hosts test: passed (4 ranks on 2 namespace hosts, shared memory within, TLS between; two-level allreduce, broadcast, reduce, all-gather, reduce-scatter checked)"
