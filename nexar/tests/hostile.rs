@@ -208,7 +208,7 @@ async fn peers_with_a_foreign_or_misbound_certificate_are_refused_and_the_mesh_f
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
         let ca = ClusterCa::generate().unwrap();
-        let ca_der = ca.cert_der();
+        let ca_der = ca.cert_der().to_vec();
         let addrs = free_addrs(2);
         let cfg = NexarConfig { mesh_timeout: Duration::from_secs(60), ..Default::default() };
 
@@ -271,7 +271,7 @@ async fn a_dialler_refuses_a_listener_whose_certificate_names_another_rank() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
         let ca = ClusterCa::generate().unwrap();
-        let ca_der = ca.cert_der();
+        let ca_der = ca.cert_der().to_vec();
         let addrs = free_addrs(2);
         let cfg = NexarConfig { mesh_timeout: Duration::from_secs(20), ..Default::default() };
         // An impostor listens where rank 0 should be, with a valid certificate for rank 2.

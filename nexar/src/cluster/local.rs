@@ -21,7 +21,7 @@ pub(crate) async fn bootstrap_local(cfgs: Vec<NexarConfig>) -> Result<Vec<NexarC
         cfg.validate().map_err(|e| ClusterError::Mesh { rank, reason: e.to_string() })?;
     }
     let ca = ClusterCa::generate()?;
-    let ca_der = ca.cert_der();
+    let ca_der = ca.certificate();
     let mut ranks = Vec::with_capacity(n);
     for (rank, cfg) in cfgs.iter().enumerate() {
         let identity = ca.issue(&rank_server_name(rank as u32))?;

@@ -308,7 +308,7 @@ mod tests {
     async fn only_the_key_the_seed_certified_passes_for_a_pinned_rank() {
         let cfg = NexarConfig::default();
         let ca = ClusterCa::generate().unwrap();
-        let ca_der = ca.cert_der();
+        let ca_der = ca.certificate();
         let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let (listener, dialler) = (ca.issue(&rank_server_name(0)).unwrap(), ca.issue(&rank_server_name(1)).unwrap());
         // The same rank's certificate with another key: what a worker that left before the

@@ -130,8 +130,8 @@ impl Identity {
         PrivateKeyDer::Pkcs8(self.key.clone_key())
     }
 
-    /// The leaf certificate.
-    pub fn cert(&self) -> &CertificateDer<'static> {
+    /// The leaf certificate (DER).
+    pub fn cert(&self) -> &[u8] {
         &self.chain[0]
     }
 }
@@ -207,7 +207,12 @@ impl ClusterCa {
     }
 
     /// The CA certificate (DER).
-    pub fn cert_der(&self) -> CertificateDer<'static> {
+    pub fn cert_der(&self) -> &[u8] {
+        self.issuer.der()
+    }
+
+    /// The CA certificate as rustls takes it.
+    pub(crate) fn certificate(&self) -> CertificateDer<'static> {
         self.issuer.der().clone()
     }
 
@@ -230,12 +235,12 @@ impl ClusterCa {
 
     /// Signs a worker's request with a certificate bound to `rank`. Only the request's public
     /// key is used: names and extensions it asks for are ignored.
-    pub fn sign_csr(&self, csr_der: &[u8], rank: u32) -> Result<CertificateDer<'static>, TransportError> {
+    pub fn sign_csr(&self, csr_der: &[u8], rank: u32) -> Result<Vec<u8>, TransportError> {
         let csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into())
             .map_err(tls_err("invalid certificate signing request"))?;
         let params = self.leaf_params(&rank_server_name(rank))?;
         let cert = params.signed_by(&csr.public_key, &self.issuer).map_err(tls_err("signing"))?;
-        Ok(cert.der().clone())
+        Ok(cert.der().to_vec())
     }
 
     /// Generates a key and a certificate for `name` in this process (the seed's own identity,
@@ -244,7 +249,7 @@ impl ClusterCa {
         let key = KeyPair::generate().map_err(tls_err("generating a key"))?;
         let cert = self.leaf_params(name)?.signed_by(&key, &self.issuer).map_err(tls_err("signing"))?;
         Ok(Identity {
-            chain: vec![cert.der().clone(), self.cert_der()],
+            chain: vec![cert.der().clone(), self.issuer.der().clone()],
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
         })
     }
@@ -272,11 +277,8 @@ fn quic_client(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, Transpo
 
 /// Server side of worker-to-worker connections: presents the rank's certificate and requires
 /// a client certificate from the same CA.
-pub fn mesh_server(
-    identity: &Identity,
-    ca_der: &CertificateDer<'static>,
-) -> Result<quinn::ServerConfig, TransportError> {
-    quic_server(mesh_server_tls(identity, ca_der, MESH_ALPN)?)
+pub fn mesh_server(identity: &Identity, ca_der: &[u8]) -> Result<quinn::ServerConfig, TransportError> {
+    quic_server(mesh_server_tls(identity, &CertificateDer::from(ca_der.to_vec()), MESH_ALPN)?)
 }
 
 /// The rustls side of [`mesh_server`], speaking `alpn` (also used by the TCP bulk lane).
@@ -300,11 +302,8 @@ pub(crate) fn mesh_server_tls(
 
 /// Client side of worker-to-worker connections: trusts only the cluster CA (the dialled rank's
 /// name is checked by the server-name match) and presents the rank's own certificate.
-pub fn mesh_client(
-    identity: &Identity,
-    ca_der: &CertificateDer<'static>,
-) -> Result<quinn::ClientConfig, TransportError> {
-    quic_client(mesh_client_tls(identity, ca_der, MESH_ALPN)?)
+pub fn mesh_client(identity: &Identity, ca_der: &[u8]) -> Result<quinn::ClientConfig, TransportError> {
+    quic_client(mesh_client_tls(identity, &CertificateDer::from(ca_der.to_vec()), MESH_ALPN)?)
 }
 
 /// The rustls side of [`mesh_client`], speaking `alpn` (also used by the TCP bulk lane).
@@ -450,7 +449,9 @@ mod tests {
         let ca = ClusterCa::generate_valid_for(lifetime).unwrap();
         let (_pending, csr) = PendingIdentity::generate().unwrap();
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        for der in [ca.cert_der(), ca.sign_csr(&csr, 0).unwrap(), ca.issue(SEED_SERVER_NAME).unwrap().cert().clone()] {
+        for der in
+            [ca.cert_der().to_vec(), ca.sign_csr(&csr, 0).unwrap(), ca.issue(SEED_SERVER_NAME).unwrap().cert().to_vec()]
+        {
             let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
             let (from, to) = (cert.validity().not_before.timestamp(), cert.validity().not_after.timestamp());
             assert!(from <= now && from >= now - 3700, "valid from {from}, now {now}");

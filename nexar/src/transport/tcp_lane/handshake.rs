@@ -154,7 +154,7 @@ mod tests {
     const LIMIT: Duration = Duration::from_secs(5);
 
     fn rank_tls(ca: &ClusterCa, rank: u32) -> LaneTls {
-        LaneTls::new(&ca.issue(&rank_server_name(rank)).unwrap(), &ca.cert_der()).unwrap()
+        LaneTls::new(&ca.issue(&rank_server_name(rank)).unwrap(), &ca.certificate()).unwrap()
     }
 
     /// Answers one connection on a fresh listener while `client` runs against it.
