@@ -82,8 +82,10 @@ async fn run() -> Result<(), NexarError> {
         (Some(r), None) => format!("local rank {r}"),
         _ => "local rank unknown".to_string(),
     };
+    // The CPUs this thread (the one that called init) may run on: one under NEXAR_BIND=core.
+    let cpus = nexar::affinity::allowed_cpus().map_or_else(|e| e.to_string(), |c| format!("{c:?}"));
     println!(
-        "rank {me} of {world} ({local}, {launcher}): all_reduce of {len} f64 {} in {took:?}",
+        "rank {me} of {world} ({local}, {launcher}): all_reduce of {len} f64 {} in {took:?}; cpus {cpus}",
         if wrong == 0 { format!("= {expected} everywhere: ok") } else { format!("WRONG in {wrong} elements") }
     );
     comm.shutdown().await;

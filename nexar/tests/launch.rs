@@ -157,6 +157,43 @@ fn nexar_launch_starts_four_ranks_that_form_the_cluster_with_tagged_output() {
     assert_job_lines(&wait(child, "nexar launch"), "nexar launch", true, "nexar launch");
 }
 
+/// The `cpus [..]` each rank of a finished job printed, by rank.
+fn cpus_by_rank(out: &Output, ranks: usize) -> Vec<String> {
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "the job failed ({}): {stdout}\n{}", out.status, text(&out.stderr));
+    (0..ranks)
+        .map(|r| {
+            let line = stdout.lines().find(|l| l.starts_with(&format!("rank {r} of {ranks} ")));
+            let line = line.unwrap_or_else(|| panic!("no line for rank {r} in {stdout:?}"));
+            line.rsplit_once("; cpus ").unwrap_or_else(|| panic!("no cpus in {line}")).1.to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn nexar_launch_binds_each_rank_to_a_core_of_its_own_unless_told_not_to() {
+    let allowed = nexar::affinity::allowed_cpus().expect("read this process's CPUs");
+    let whole = format!("{allowed:?}");
+    let run = |extra: &[&str]| {
+        let child = clean(nexar(), &[])
+            .args(["launch", "-n", "2"])
+            .args(extra)
+            .arg(launched())
+            .spawn()
+            .expect("start nexar launch");
+        cpus_by_rank(&wait(child, "nexar launch"), 2)
+    };
+    let bound = run(&[]);
+    if allowed.len() >= 2 {
+        // mpirun's default: local rank i on the i-th CPU this process may use.
+        assert_eq!(bound, vec![format!("[{}]", allowed[0]), format!("[{}]", allowed[1])], "default binding");
+    } else {
+        // Fewer CPUs than ranks: nothing is bound (ranks that share a core must not be).
+        assert_eq!(bound, vec![whole.clone(), whole.clone()], "one CPU: no binding");
+    }
+    assert_eq!(run(&["--bind-to", "none"]), vec![whole.clone(), whole], "--bind-to none");
+}
+
 #[test]
 fn a_rank_that_exits_3_ends_the_job_with_code_3_naming_it() {
     let started = Instant::now();

@@ -112,6 +112,7 @@ impl NexarClient {
                 (Credentials::Secret(secret), seed)
             }
         };
+        let bind_core = config.bind_core;
         let claim = claim_of(&env);
         let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
         // Rank 0 reaches the seed it hosts over loopback; the others at the launcher's address.
@@ -121,6 +122,9 @@ impl NexarClient {
         };
         let joined = join_with_retry(&endpoint, target, &credentials, &claim, &config).await?;
         let client = NexarClient::from_joined(endpoint, joined, config).await?;
+        if bind_core {
+            bind_to_core(client.rank(), env.local_rank, env.local_world_size);
+        }
         client.remember_launch(Launched {
             launcher: Some(env.launcher),
             local_rank: env.local_rank,
@@ -170,6 +174,27 @@ impl NexarClient {
     fn remember_launch(&self, launched: Launched) {
         // A fresh client: nothing was set before.
         let _ = self.inner.launch.set(launched);
+    }
+}
+
+/// Binds the calling thread to the core of local rank `local` of `local_world` (`NEXAR_BIND=core`);
+/// where that cannot be, says why and leaves the thread as it is.
+fn bind_to_core(rank: usize, local: Option<usize>, local_world: Option<usize>) {
+    let (Some(local), Some(local_world)) = (local, local_world) else {
+        tracing::info!(rank, "NEXAR_BIND=core: the launcher gives no local rank; not binding");
+        return;
+    };
+    match crate::affinity::core_for(local, local_world) {
+        Ok(Some(cpu)) => match crate::affinity::bind_thread(cpu) {
+            Ok(()) => tracing::info!(rank, cpu, "NEXAR_BIND=core: the rank's thread is bound to cpu {cpu}"),
+            Err(e) => tracing::warn!(rank, error = %e, "NEXAR_BIND=core: binding failed; the thread stays unbound"),
+        },
+        Ok(None) => tracing::info!(
+            rank,
+            local_world,
+            "NEXAR_BIND=core: more ranks on this host than CPUs this process may use; not binding"
+        ),
+        Err(e) => tracing::warn!(rank, error = %e, "NEXAR_BIND=core: cannot read the CPU set; not binding"),
     }
 }
 

@@ -149,6 +149,13 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_SHM") {
             c.shared_memory = on_off(var, &v)?;
         }
+        if let Some((var, v)) = get("NEXAR_BIND") {
+            c.bind_core = match v.trim().to_ascii_lowercase().as_str() {
+                "core" => true,
+                "none" => false,
+                _ => return Err(invalid(var, &v, "expected core or none")),
+            };
+        }
         if let Some((var, v)) = get("NEXAR_NCCL") {
             c.nccl = on_off(var, &v)?;
         }

@@ -185,6 +185,20 @@ pub struct NexarConfig {
     /// assert!(nexar::NexarConfig::default().shared_memory);
     /// ```
     pub shared_memory: bool,
+    /// Whether [`NexarClient::init`](crate::NexarClient::init) binds the thread that calls it
+    /// to a core of its own, chosen by the rank's local index among the CPUs the process may
+    /// use, as `mpirun` binds ranks (`NEXAR_BIND`: `core`, or `none`, the default; `nexar
+    /// launch` sets `core` unless told `--bind-to none`). Nothing is bound where the host runs
+    /// more ranks than the process has CPUs, or the launcher gives no local rank. On a host busy
+    /// with other work a bound rank keeps its latency (README, "Latency on a busy machine");
+    /// threads the bound thread starts afterwards inherit its core, as under `mpirun`.
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_BIND").then(|| "core".into())).unwrap();
+    /// assert!(cfg.bind_core);
+    /// assert!(!nexar::NexarConfig::default().bind_core);
+    /// ```
+    pub bind_core: bool,
     /// Whether `Buf<T, Cuda>` allreduces and broadcasts among the ranks of one host run on
     /// NCCL (`NEXAR_NCCL`: `on`, the default, or `off`; only builds with the feature `nccl`
     /// have NCCL at all). Where any rank has it off, or cannot load libnccl, or NCCL refuses
@@ -271,6 +285,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_min_bytes", &self.bulk_min_bytes)
             .field("bulk_encryption", &self.bulk_encryption)
             .field("shared_memory", &self.shared_memory)
+            .field("bind_core", &self.bind_core)
             .field("nccl", &self.nccl)
             .field("host_id", &self.host_id)
             .field("segment_bytes", &self.segment_bytes)
@@ -381,6 +396,7 @@ impl Default for NexarConfig {
             bulk_min_bytes: 256 << 10,
             bulk_encryption: true,
             shared_memory: true,
+            bind_core: false,
             nccl: true,
             host_id: None,
             segment_bytes: 8 << 20,

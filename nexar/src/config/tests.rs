@@ -60,6 +60,7 @@ fn invalid_values_name_their_variable() {
         ("NEXAR_MIN_WORLD_SIZE", "0"),
         ("NEXAR_CHAOS_LOSS", "1.5"),
         ("NEXAR_TOPOLOGY", "k_regular:x"),
+        ("NEXAR_BIND", "socket"),
     ] {
         let err = with(&[(var, val)]).unwrap_err();
         assert!(err.to_string().contains(var), "{var}={val}: {err}");

@@ -44,6 +44,11 @@ pub struct LaunchArgs {
     /// on one node a free local port is chosen).
     #[arg(long)]
     master: Option<String>,
+    /// Bind each rank's thread that calls `NexarClient::init` to a core of its own (`core`,
+    /// as mpirun does by default, when the node has a CPU per rank) or not (`none`). Sets
+    /// `NEXAR_BIND` for the ranks; without this flag an exported `NEXAR_BIND` is kept, else `core`.
+    #[arg(long, value_parser = ["core", "none"])]
+    bind_to: Option<String>,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     program: Vec<OsString>,
@@ -77,6 +82,7 @@ pub async fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error
     // One secret per job, unless the environment brings the job's own.
     let generated = (!secret_set).then(|| SharedSecret::generate().0);
     let world = args.nnodes * args.nproc;
+    let bind = args.bind_to.clone().or_else(|| std::env::var("NEXAR_BIND").ok()).unwrap_or_else(|| "core".into());
 
     let mut ranks = Vec::with_capacity(args.nproc);
     let mut waits = JoinSet::new();
@@ -90,6 +96,7 @@ pub async fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error
             .env("NEXAR_LAUNCH_LOCAL_RANK", local.to_string())
             .env("NEXAR_LAUNCH_LOCAL_WORLD_SIZE", args.nproc.to_string())
             .env("NEXAR_LAUNCH_SEED", &seed)
+            .env("NEXAR_BIND", &bind)
             // A rank whose parent this is ends with it, even if it is killed with SIGKILL.
             .env(nexar::cluster::launcher::LAUNCH_PID_VAR, std::process::id().to_string())
             // A seed address and token set by hand would take precedence in `init`.
