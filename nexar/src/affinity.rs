@@ -78,7 +78,8 @@ pub fn core_for(local_rank: usize, local_world: usize) -> Result<Option<usize>, 
 
 /// Binds the calling thread (and the threads it starts later) to `cpu`, leaving the process's
 /// other threads where they are: the thread that runs a rank's receives gets a core of its
-/// own, while helper threads (the TCP lanes' readers and writers) still use every core.
+/// own, while helper threads (the TCP lanes' readers and writers) still use every core, even
+/// those started later from the bound thread.
 ///
 /// ```no_run
 /// nexar::affinity::bind_thread(0)?;
@@ -89,11 +90,30 @@ pub fn bind_thread(cpu: usize) -> Result<(), AffinityError> {
     if !allowed.contains(&cpu) {
         return Err(AffinityError::NotAllowed { cpu, allowed });
     }
+    // What helper threads started from this thread later get back (see `free_helper_thread`).
+    let before = sched_getaffinity(None).map_err(os("read this thread's CPU set"))?;
+    HELPER_SET.get_or_init(|| before);
     let mut set = CpuSet::new();
     set.set(cpu);
     sched_setaffinity(None, &set).map_err(os("bind this thread"))?;
     tracing::debug!(cpu, "bound this thread");
     Ok(())
+}
+
+/// The CPU set the first thread bound with [`bind_thread`] had before: nexar's helper threads
+/// (the TCP lanes' readers and writers, the shared-memory writer) keep it, whichever thread
+/// starts them, so a bound rank's links still use every core.
+static HELPER_SET: std::sync::OnceLock<CpuSet> = std::sync::OnceLock::new();
+
+/// Gives the calling helper thread the CPUs the process had before a rank's thread was bound
+/// (nothing to do where none was): a thread inherits its parent's set, and links are also
+/// built later, from the bound thread, when the cluster grows or rebuilds.
+pub(crate) fn free_helper_thread() {
+    if let Some(set) = HELPER_SET.get()
+        && let Err(e) = sched_setaffinity(None, set)
+    {
+        tracing::debug!(error = %e, "a helper thread keeps its parent's CPU set");
+    }
 }
 
 /// Binds every thread of this process, and the threads it starts later, to `cpus`.
@@ -173,6 +193,27 @@ mod tests {
         .unwrap();
         let outside = allowed.last().unwrap() + 1;
         assert!(matches!(bind_process(&[outside]), Err(AffinityError::NotAllowed { cpu, .. }) if cpu == outside));
+    }
+
+    #[test]
+    fn a_helper_thread_started_from_a_bound_thread_gets_every_cpu_back() {
+        let whole = allowed_cpus().unwrap();
+        std::thread::spawn(move || {
+            bind_thread(whole[0]).unwrap();
+            assert_eq!(allowed_cpus().unwrap(), vec![whole[0]]);
+            // A plain thread inherits the binding; a helper gives it up.
+            let inherited = std::thread::spawn(|| allowed_cpus().unwrap()).join().unwrap();
+            assert_eq!(inherited, vec![whole[0]]);
+            let helper = std::thread::spawn(|| {
+                free_helper_thread();
+                allowed_cpus().unwrap()
+            })
+            .join()
+            .unwrap();
+            assert_eq!(helper, whole);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -151,9 +151,10 @@ impl ShmChannel {
         let sending = Arc::new(Mutex::new(Sending { writer: Writer::new(Arc::new(ours)), queued: 0 }));
         let (jobs, queue) = std_mpsc::channel::<Job>();
         let (writer_state, writer_sending) = (state.clone(), sending.clone());
-        std::thread::Builder::new()
-            .name(format!("nexar-shm-tx-{peer}"))
-            .spawn(move || write_jobs(&writer_state, &writer_sending, queue))?;
+        std::thread::Builder::new().name(format!("nexar-shm-tx-{peer}")).spawn(move || {
+            crate::affinity::free_helper_thread();
+            write_jobs(&writer_state, &writer_sending, queue)
+        })?;
         let read_limits = ReadLimits { max_group: limits.max_group, group_deadline: limits.group_deadline };
         let reader = Reader::new(Arc::new(theirs));
         if let Err(e) = spawn_reader(state.clone(), reader, doorbell, read_limits, inbound) {

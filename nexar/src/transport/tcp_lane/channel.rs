@@ -169,13 +169,15 @@ impl TcpLane {
         let (jobs, queue) = std_mpsc::channel::<Job>();
         let (writer, spare) = (state.clone(), Spare::default());
         let written = spare.clone();
-        std::thread::Builder::new()
-            .name(format!("nexar-tcp-tx-{peer}"))
-            .spawn(move || write_records(&writer, out_sock, queue, &written))?;
+        std::thread::Builder::new().name(format!("nexar-tcp-tx-{peer}")).spawn(move || {
+            crate::affinity::free_helper_thread();
+            write_records(&writer, out_sock, queue, &written)
+        })?;
         let reader = state.clone();
-        std::thread::Builder::new()
-            .name(format!("nexar-tcp-rx-{peer}"))
-            .spawn(move || read_groups(&reader, in_sock, opener, limits, &inbound))?;
+        std::thread::Builder::new().name(format!("nexar-tcp-rx-{peer}")).spawn(move || {
+            crate::affinity::free_helper_thread();
+            read_groups(&reader, in_sock, opener, limits, &inbound)
+        })?;
         Ok(TcpLane {
             state,
             sending: Mutex::new(Some(Sending { sealer, jobs })),
