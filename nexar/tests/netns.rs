@@ -6,34 +6,28 @@
 
 use std::process::Command;
 
-#[test]
-fn seed_and_workers_form_a_mesh_across_network_namespaces() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/scripts/netns.sh");
-    let out = Command::new("bash").arg(script).arg(env!("CARGO_BIN_EXE_nexar")).output().expect("run the netns script");
+/// Runs `tests/scripts/<script>` with `args`; it must succeed and print `<label>: passed` (or
+/// `<label>: not run` where namespaces cannot be made).
+fn run_script(script: &str, args: &[&str], label: &str) {
+    let path = format!("{}/tests/scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("bash").arg(&path).args(args).output().expect("run the script");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
-    assert!(out.status.success(), "netns script failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("netns test: passed") || stdout.contains("netns test: not run"), "{stdout}");
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("{label}: passed")) || stdout.contains(&format!("{label}: not run")), "{stdout}");
+}
+
+#[test]
+fn seed_and_workers_form_a_mesh_across_network_namespaces() {
+    run_script("netns.sh", &[env!("CARGO_BIN_EXE_nexar")], "netns test");
 }
 
 /// Four ranks on two namespace hosts (two each) run every two-level collective through
 /// nexar-bench, which checks each element: shared memory within a host, TLS between, and the
-/// hierarchical algorithm chosen (runs `tests/scripts/netns_hosts.sh`).
+/// hierarchical algorithm chosen.
 #[test]
 fn two_level_collectives_run_between_ranks_on_two_network_namespace_hosts() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/scripts/netns_hosts.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg(env!("CARGO_BIN_EXE_nexar"))
-        .arg(env!("CARGO_BIN_EXE_nexar-bench"))
-        .output()
-        .expect("run the netns hosts script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(out.status.success(), "netns hosts script failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("netns hosts test: passed") || stdout.contains("netns hosts test: not run"), "{stdout}");
+    run_script("netns_hosts.sh", &[env!("CARGO_BIN_EXE_nexar"), env!("CARGO_BIN_EXE_nexar-bench")], "netns hosts test");
 }

@@ -17,35 +17,18 @@ BENCH=$(realpath "${2:-target/debug/nexar-bench}")
 PREFIX=nxh$$
 NET=198.18.78
 
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1 || ! ip netns add "${PREFIX}probe" 2>/dev/null; then
+# shellcheck source=netns_lib.sh
+. "$(dirname "$0")/netns_lib.sh"
+if ! netns_usable "$PREFIX"; then
   echo "netns hosts test: not run (needs root and ip netns on this machine)"
   exit 0
 fi
-ip netns del "${PREFIX}probe"
-
 cleanup() {
-  for i in 0 1 2; do ip netns del "${PREFIX}h$i" 2>/dev/null || true; done
-  ip netns del "${PREFIX}sw" 2>/dev/null || true
+  netns_remove "$PREFIX" 3
   [ -n "${LOG:-}" ] && rm -rf "$LOG"
 }
 trap cleanup EXIT
-
-ip netns add "${PREFIX}sw"
-ip -n "${PREFIX}sw" link add br0 type bridge
-ip -n "${PREFIX}sw" link set br0 up
-for i in 0 1 2; do
-  ns="${PREFIX}h$i"
-  ip netns add "$ns"
-  ip link add "${PREFIX}a$i" type veth peer name "${PREFIX}b$i"
-  ip link set "${PREFIX}a$i" netns "$ns"
-  ip link set "${PREFIX}b$i" netns "${PREFIX}sw"
-  ip -n "$ns" link set "${PREFIX}a$i" name eth0
-  ip -n "$ns" addr add "$NET.$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-  ip -n "${PREFIX}sw" link set "${PREFIX}b$i" master br0
-  ip -n "${PREFIX}sw" link set "${PREFIX}b$i" up
-done
+netns_hosts "$PREFIX" "$NET" 3
 
 LOG=$(mktemp -d)
 SEED_ADDR="$NET.1:7100"
