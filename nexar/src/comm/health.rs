@@ -382,6 +382,8 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
         }
     }
     let mut last_check = Instant::now();
+    // Authenticated QUIC frames seen from each peer by the last check (see `frames_from`).
+    let mut frames_seen: Vec<u64> = Vec::new();
     loop {
         tick.tick().await;
         let Some(inner) = inner.upgrade() else { return };
@@ -409,6 +411,16 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
         }
         for link in inner.links.iter() {
             let peer = link.peer() as usize;
+            // A heartbeat can wait behind a large message on a lossy connection (the
+            // congestion window is the connection's); any frame the peer's QUIC stack sent
+            // since the last check (an acknowledgement, stream data) shows it runs too.
+            let frames = frames_from(link.connection());
+            if frames_seen.len() <= peer {
+                frames_seen.resize(peer + 1, 0);
+            }
+            if frames > std::mem::replace(&mut frames_seen[peer], frames) {
+                inner.health.liveness.heard(peer as u32);
+            }
             let silent = inner.health.liveness.silent_for(peer);
             if silent > timeout && !inner.health.is_dead(peer) && !inner.health.has_left(peer) {
                 let reason = format!(
@@ -420,6 +432,14 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
             }
         }
     }
+}
+
+/// Frames received on `conn` that prove the peer's QUIC stack is running: acknowledgements,
+/// stream data and pings. quinn counts frames only once their packet decrypted, so a stranger
+/// who knows the connection's id cannot fake them.
+fn frames_from(conn: &quinn::Connection) -> u64 {
+    let rx = conn.stats().frame_rx;
+    rx.acks + rx.stream + rx.ping
 }
 
 /// Under [`RecoveryPolicy::Automatic`]: after each failure, agree and rebuild the current
