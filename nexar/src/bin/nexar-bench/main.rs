@@ -320,7 +320,8 @@ struct Args {
     #[arg(long)]
     survive: bool,
     /// Each rank prints, before the run, its host layout and which transport carries its
-    /// collective payloads to each peer (shared memory, the TCP lane or QUIC).
+    /// collective payloads to each peer (`shm`, `tcp-tls`, `quic`, or `relayed` where the
+    /// topology gives no direct link).
     #[arg(long)]
     links: bool,
     /// (internal) run as a worker of a multi-process benchmark: joins `--seed` with the
@@ -336,7 +337,8 @@ struct Args {
 fn print_links(comm: &NexarClient) {
     let peers: Vec<String> = (0..comm.world_size())
         .filter(|p| *p != comm.rank())
-        .map(|p| format!("{p} {}", comm.bulk_transport(p).unwrap_or("quic")))
+        // No direct link (a sparse topology): the peer's messages are relayed.
+        .map(|p| format!("{p} {}", comm.bulk_transport(p).unwrap_or("relayed")))
         .collect();
     let layout = match comm.host_layout() {
         Some(l) => {
