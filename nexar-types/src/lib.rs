@@ -40,6 +40,8 @@ mod element;
 mod id;
 #[cfg(feature = "nccl")]
 mod nccl;
+#[cfg(feature = "nccl")]
+mod nccl_missing;
 mod op;
 mod segments;
 mod space;
