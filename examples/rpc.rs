@@ -62,7 +62,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn worker(seed: SocketAddr, token: &str) -> anyhow::Result<()> {
-    let cfg = NexarConfig { listen_addr: "127.0.0.1:0".parse()?, ..NexarConfig::from_env()? };
+    let cfg = NexarConfig::from_env()?.into_builder().listen_addr("127.0.0.1:0".parse()?).build()?;
     let comm = NexarClient::connect(seed, token, cfg).await?;
     let (me, world) = (comm.rank(), comm.world_size());
     let next = (me + 1) % world;

@@ -19,7 +19,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = RdmaConfig::from_env()?;
     // RDMA takes links whose collective payloads are on QUIC (a TCP lane or, between these
     // ranks of one host, shared memory would hold them).
-    let quic = NexarConfig { bulk_transport: nexar::BulkTransport::Quic, shared_memory: false, ..Default::default() };
+    let quic = NexarConfig::builder().bulk_transport(nexar::BulkTransport::Quic).shared_memory(false).build()?;
     let ranks = NexarClient::bootstrap_local_with(n, quic).await?;
     let mut tasks = Vec::new();
     for c in ranks {

@@ -16,12 +16,12 @@ async fn a_failed_rdma_link_falls_back_to_quic_for_later_operations() {
     let run = async {
         // RDMA takes links whose collective payloads are on QUIC (a TCP lane or, between
         // these ranks of one host, shared memory would hold them).
-        let cfg = NexarConfig {
-            op_timeout: Duration::from_secs(10),
-            bulk_transport: nexar::BulkTransport::Quic,
-            shared_memory: false,
-            ..Default::default()
-        };
+        let cfg = NexarConfig::builder()
+            .op_timeout(Duration::from_secs(10))
+            .bulk_transport(nexar::BulkTransport::Quic)
+            .shared_memory(false)
+            .build()
+            .unwrap();
         let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
         let rdma = RdmaConfig { fabric: Fabric::Emulated, slots: 4, slot_size: 4096, ..Default::default() };
         let mut tasks = Vec::new();

@@ -18,7 +18,7 @@ const LIMIT: Duration = Duration::from_secs(180);
 /// Links whose collective payloads are on QUIC, which RDMA takes (a TCP lane or shared
 /// memory would hold them; these ranks share a host).
 fn quic() -> NexarConfig {
-    NexarConfig { bulk_transport: nexar::BulkTransport::Quic, shared_memory: false, ..Default::default() }
+    NexarConfig::builder().bulk_transport(nexar::BulkTransport::Quic).shared_memory(false).build().unwrap()
 }
 
 fn logs() {
@@ -181,7 +181,7 @@ async fn a_peer_that_breaks_the_setup_protocol_gets_quic_and_a_named_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setup_messages_are_checked_and_time_out() {
     within_limit(async {
-        let cfg = NexarConfig { op_timeout: Duration::from_millis(500), ..quic() };
+        let cfg = quic().into_builder().op_timeout(Duration::from_millis(500)).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
         let c = ranks[0].clone();
         let too_big = c.send_setup(1, 1, vec![0; nexar::MAX_SETUP_BODY + 1]).await.unwrap_err();

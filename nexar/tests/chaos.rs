@@ -16,12 +16,12 @@ fn checksum(data: Vec<u8>) -> u64 {
 }
 
 fn lossy(loss: f64) -> NexarConfig {
-    NexarConfig {
-        chaos: Some(NetChaos { loss, reorder: 0.02, delay: Duration::from_millis(1), ..NetChaos::default() }),
+    NexarConfig::builder()
+        .chaos(NetChaos { loss, reorder: 0.02, delay: Duration::from_millis(1), ..NetChaos::default() })
         // Loss slows things down; with the default heartbeat timeout it must not be mistaken
         // for death (checked at the end).
-        ..NexarConfig::default()
-    }
+        .build()
+        .unwrap()
 }
 
 async fn run_everything_on(ranks: Vec<NexarClient>, loss: f64) {
@@ -120,12 +120,15 @@ async fn a_rank_that_goes_silent_on_a_lossy_network_is_found_and_the_rest_recove
     tokio::time::timeout(TEST_LIMIT, async {
         let silence = nexar::Silence::default();
         let mut cfgs: Vec<NexarConfig> = (0..4)
-            .map(|_| NexarConfig {
-                // Generous for a loaded 2-core CI machine (1.5 s once took two live ranks for
-                // dead there); the silent rank is still found well within the test's limit.
-                heartbeat_interval: Duration::from_millis(300),
-                heartbeat_timeout: Duration::from_millis(3000),
-                ..lossy(0.02)
+            .map(|_| {
+                lossy(0.02)
+                    .into_builder()
+                    // Generous for a loaded 2-core CI machine (1.5 s once took two live ranks for
+                    // dead there); the silent rank is still found well within the test's limit.
+                    .heartbeat_interval(Duration::from_millis(300))
+                    .heartbeat_timeout(Duration::from_millis(3000))
+                    .build()
+                    .unwrap()
             })
             .collect();
         if let Some(chaos) = cfgs[3].chaos.as_mut() {

@@ -284,7 +284,7 @@ async fn twenty_thousand_small_allreduces_at_4_ranks_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seventy_thousand_collectives_and_an_old_cluster_barrier() {
     tokio::time::timeout(TEST_LIMIT * 2, async {
-        let cfg = NexarConfig { idle_timeout: Duration::from_millis(1500), ..Default::default() };
+        let cfg = NexarConfig::builder().idle_timeout(Duration::from_millis(1500)).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
         // Several keep-alive intervals pass before the first barrier.
         tokio::time::sleep(Duration::from_secs(3)).await;

@@ -17,7 +17,11 @@ use nexar::{Algorithm, NexarClient, NexarConfig, Sum};
 async fn on_hosts(hosts: &[&str], pinned: Option<Algorithm>) -> Vec<NexarClient> {
     let configs = hosts
         .iter()
-        .map(|h| NexarConfig { host_id: Some(h.to_string()), allreduce_algorithm: pinned, ..Default::default() })
+        .map(|h| {
+            let mut cfg = NexarConfig::builder().host_id(*h).build().unwrap();
+            cfg.allreduce_algorithm = pinned;
+            cfg
+        })
         .collect();
     NexarClient::bootstrap_local_each(configs).await.unwrap()
 }

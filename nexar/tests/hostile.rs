@@ -57,8 +57,7 @@ async fn ring_exchange(ranks: Vec<NexarClient>) {
 async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg =
-            NexarConfig { world_size: Some(3), handshake_timeout: Duration::from_millis(800), ..Default::default() };
+        let cfg = NexarConfig::builder().world_size(3).handshake_timeout(Duration::from_millis(800)).build().unwrap();
         let seed = SeedNode::bind(loopback(), cfg.clone()).await.unwrap();
         let (addr, token) = (seed.local_addr(), seed.token().clone());
 
@@ -135,7 +134,7 @@ async fn the_seed_drops_strangers_and_junk_and_the_cluster_still_forms() {
 async fn before_it_authenticates_a_stranger_gets_one_stream_and_a_place_among_a_capped_few() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { world_size: Some(2), handshake_timeout: Duration::from_secs(3), ..Default::default() };
+        let cfg = NexarConfig::builder().world_size(2).handshake_timeout(Duration::from_secs(3)).build().unwrap();
         let seed = SeedNode::bind(loopback(), cfg.clone()).await.unwrap();
         let (addr, token) = (seed.local_addr(), seed.token().clone());
 
@@ -182,7 +181,7 @@ async fn before_it_authenticates_a_stranger_gets_one_stream_and_a_place_among_a_
 async fn a_seed_whose_certificates_expired_admits_nobody_more() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { world_size: Some(2), cert_lifetime: Duration::from_secs(1), ..Default::default() };
+        let cfg = NexarConfig::builder().world_size(2).cert_lifetime(Duration::from_secs(1)).build().unwrap();
         let seed = SeedNode::bind(loopback(), cfg.clone()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(2500)).await;
         let err = NexarClient::connect(seed.local_addr(), &seed.token().to_string(), cfg).await.unwrap_err();
@@ -210,7 +209,7 @@ async fn peers_with_a_foreign_or_misbound_certificate_are_refused_and_the_mesh_f
         let ca = ClusterCa::generate().unwrap();
         let ca_der = ca.cert_der().to_vec();
         let addrs = free_addrs(2);
-        let cfg = NexarConfig { mesh_timeout: Duration::from_secs(60), ..Default::default() };
+        let cfg = NexarConfig::builder().mesh_timeout(Duration::from_secs(60)).build().unwrap();
 
         // Rank 0 starts and waits for rank 1.
         let rank0 = {
@@ -273,7 +272,7 @@ async fn a_dialler_refuses_a_listener_whose_certificate_names_another_rank() {
         let ca = ClusterCa::generate().unwrap();
         let ca_der = ca.cert_der().to_vec();
         let addrs = free_addrs(2);
-        let cfg = NexarConfig { mesh_timeout: Duration::from_secs(20), ..Default::default() };
+        let cfg = NexarConfig::builder().mesh_timeout(Duration::from_secs(20)).build().unwrap();
         // An impostor listens where rank 0 should be, with a valid certificate for rank 2.
         let impostor = ca.issue(&rank_server_name(2)).unwrap();
         let listener =

@@ -23,12 +23,12 @@ use hostile_common::{carries_on, coll_frames};
 
 /// Two ranks whose collectives of any size take the TCP lane.
 async fn two_ranks_on_tcp_lanes() -> Vec<NexarClient> {
-    let cfg = NexarConfig {
-        bulk_transport: nexar::BulkTransport::Tcp,
-        bulk_min_bytes: 0,
-        shared_memory: false,
-        ..Default::default()
-    };
+    let cfg = NexarConfig::builder()
+        .bulk_transport(nexar::BulkTransport::Tcp)
+        .bulk_min_bytes(0)
+        .shared_memory(false)
+        .build()
+        .unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     assert_eq!(HostileMember::new(&ranks[1]).bulk_channel(0).map(|l| l.name()), Some("tcp-tls"));
     ranks
@@ -140,14 +140,14 @@ fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
 
 async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
     let len: u64 = 32 << 20;
-    let cfg = NexarConfig {
-        bulk_transport: nexar::BulkTransport::Tcp,
-        bulk_min_bytes: 0,
-        max_unmatched_bytes: 16 << 20,
-        max_message_bytes: len,
-        shared_memory: false,
-        ..Default::default()
-    };
+    let cfg = NexarConfig::builder()
+        .bulk_transport(nexar::BulkTransport::Tcp)
+        .bulk_min_bytes(0)
+        .max_unmatched_bytes(16 << 20)
+        .max_message_bytes(len)
+        .shared_memory(false)
+        .build()
+        .unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let lane = HostileMember::new(&ranks[1]).bulk_channel(0).expect("a tcp lane to rank 0");
     assert_eq!(lane.name(), "tcp-tls");
@@ -201,13 +201,13 @@ fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline() {
 }
 
 async fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline_body() {
-    let cfg = NexarConfig { connect_timeout: Duration::from_secs(5), shared_memory: false, ..Default::default() };
+    let cfg = NexarConfig::builder().connect_timeout(Duration::from_secs(5)).shared_memory(false).build().unwrap();
     // The listeners live only while the lanes form: a few milliseconds where every rank gets
     // there at once. Rank 2's datagrams take 50 ms (it keeps QUIC, being faulty), so ranks 0
     // and 1 keep listening until its answer arrives, while their own lane forms. Form clusters
     // until the stranger has caught a listener (the first nearly always).
     let slow = NetChaos { reorder: 1.0, delay: Duration::from_millis(50), ..NetChaos::default() };
-    let configs = vec![cfg.clone(), cfg.clone(), NexarConfig { chaos: Some(slow), ..cfg }];
+    let configs = vec![cfg.clone(), cfg.clone(), cfg.into_builder().chaos(slow).build().unwrap()];
     for attempt in 1..=10 {
         let forming = Arc::new(AtomicBool::new(true));
         let stranger = {

@@ -56,7 +56,7 @@ async fn a_relay_that_forges_its_sender_is_refused() {
 /// keys, not by replaying an envelope rank 2 really sealed. Rank 2's real messages still arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_cannot_forge_or_replay_a_message_from_a_rank_it_relays_for() {
-    let cfg = NexarConfig { topology: nexar::Topology::KRegular(2), ..Default::default() };
+    let cfg = NexarConfig::builder().topology(nexar::Topology::KRegular(2)).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(5, cfg).await.unwrap();
     let (honest, relay) = (HostileMember::new(&ranks[2]), HostileMember::new(&ranks[1]));
     assert!(honest.link(0).is_none(), "rank 2 has no direct link to rank 0 on this ring");
@@ -164,7 +164,7 @@ async fn one_rank_cannot_evict_another_or_the_receiver_with_a_suspect() {
 /// rank 3 through the relays, gets an answer, and evicts nobody.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_member_cannot_evict_a_rank_that_has_no_direct_link_to_the_receiver() {
-    let cfg = NexarConfig { topology: nexar::Topology::KRegular(2), ..Default::default() };
+    let cfg = NexarConfig::builder().topology(nexar::Topology::KRegular(2)).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(5, cfg).await.unwrap();
     assert!(HostileMember::new(&ranks[0]).link(3).is_none(), "rank 3 is not a neighbour of rank 0");
     // Long enough that rank 0 has heard nothing from rank 3 for longer than the check's window.
@@ -295,7 +295,7 @@ fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits() {
 
 /// Two ranks whose unmatched-message limit is 16 MiB, and rank 1's connection to rank 0.
 async fn two_ranks_with_16_mib_limits() -> (Vec<NexarClient>, quinn::Connection) {
-    let cfg = NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
+    let cfg = NexarConfig::builder().max_unmatched_bytes(16 << 20).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let conn = HostileMember::new(&ranks[1]).link(0).unwrap().connection().clone();
     (ranks, conn)
@@ -402,7 +402,7 @@ async fn a_waiting_receive_admits_no_more_than_it_asked_for_body() {
 /// its link closed for that reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rpc_request_over_the_limit_cuts_the_member_that_sent_it() {
-    let cfg = NexarConfig { max_rpc_bytes: 1 << 20, ..Default::default() };
+    let cfg = NexarConfig::builder().max_rpc_bytes(1 << 20).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let member = HostileMember::new(&ranks[1]);
     let link = member.link(0).unwrap();
@@ -442,7 +442,7 @@ async fn the_majority_that_excludes_a_rank_counts_only_its_live_peers() {
 /// Every flooded message arrives intact once asked for, and the cluster carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_unmatched_messages_pauses_only_the_member_that_sent_it() {
-    let cfg = NexarConfig { max_unmatched_bytes: 16 << 20, ..Default::default() };
+    let cfg = NexarConfig::builder().max_unmatched_bytes(16 << 20).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
     let mib = |v: u32| vec![v; 1 << 18];
     let flooding = {

@@ -19,7 +19,8 @@ use hostile_common::{carries_on, coll_frames};
 
 /// Two ranks of one process (one host) linked through shared memory.
 async fn two_ranks_in_shared_memory(cfg: NexarConfig) -> Vec<NexarClient> {
-    let ranks = NexarClient::bootstrap_local_with(2, NexarConfig { shared_memory: true, ..cfg }).await.unwrap();
+    let ranks =
+        NexarClient::bootstrap_local_with(2, cfg.into_builder().shared_memory(true).build().unwrap()).await.unwrap();
     assert_eq!(HostileMember::new(&ranks[1]).bulk_channel(0).map(|l| l.name()), Some("shm"));
     ranks
 }
@@ -54,7 +55,7 @@ async fn a_group_of_junk_is_refused_and_the_link_given_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_over_the_message_limit_is_refused_before_it_is_read() {
     let limit: u64 = 1 << 20;
-    let ranks = two_ranks_in_shared_memory(NexarConfig { max_message_bytes: limit, ..Default::default() }).await;
+    let ranks = two_ranks_in_shared_memory(NexarConfig::builder().max_message_bytes(limit).build().unwrap()).await;
     let comm = ranks[0].comm_id();
     let link = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
     let len = 4 * limit;
@@ -95,7 +96,7 @@ fn shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
 
 async fn shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
     let len: u64 = 32 << 20;
-    let cfg = NexarConfig { max_unmatched_bytes: 16 << 20, max_message_bytes: len, ..Default::default() };
+    let cfg = NexarConfig::builder().max_unmatched_bytes(16 << 20).max_message_bytes(len).build().unwrap();
     let ranks = two_ranks_in_shared_memory(cfg).await;
     let link = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
     let comm = ranks[0].comm_id();

@@ -40,12 +40,12 @@ async fn round(ranks: &[NexarClient], tag: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_cluster_still_works_afterwards() {
     let secs: u64 = std::env::var("NEXAR_IDLE_TEST_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
-    let cfg = NexarConfig {
-        heartbeat_interval: Duration::from_millis(100),
-        heartbeat_timeout: Duration::from_millis(1000),
-        idle_timeout: Duration::from_millis(2000),
-        ..NexarConfig::default()
-    };
+    let cfg = NexarConfig::builder()
+        .heartbeat_interval(Duration::from_millis(100))
+        .heartbeat_timeout(Duration::from_millis(1000))
+        .idle_timeout(Duration::from_millis(2000))
+        .build()
+        .unwrap();
     let limit = common::TEST_LIMIT + Duration::from_secs(secs);
     tokio::time::timeout(limit, async {
         let ranks = NexarClient::bootstrap_local_with(4, cfg).await.unwrap();

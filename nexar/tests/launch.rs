@@ -410,7 +410,7 @@ fn a_duplicate_rank_and_a_disagreeing_world_size_are_refused_by_name() {
 async fn a_fake_seed_is_refused_and_a_token_seed_says_how_to_join() {
     use nexar::cluster::{MismatchSide, SharedSecret};
     use nexar::{ClusterError, NexarClient, NexarConfig, NexarError, SeedNode};
-    let cfg = NexarConfig { world_size: Some(2), ..Default::default() };
+    let cfg = NexarConfig::builder().world_size(2).build().unwrap();
     let real = SharedSecret::new(SECRET).unwrap();
     let other = SharedSecret::new("a different secret of the same length").unwrap();
     let fake = SeedNode::bind_with_secret("127.0.0.1:0".parse().unwrap(), cfg.clone(), other).await.unwrap();

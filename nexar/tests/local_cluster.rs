@@ -282,7 +282,7 @@ async fn mismatches_are_clear_errors_and_keep_the_message() {
     b.recv(&mut right, 0, 5).await.unwrap();
     assert_eq!(right, vec![7; 10]);
 
-    let cfg = NexarConfig { max_message_bytes: 1024, ..Default::default() };
+    let cfg = NexarConfig::builder().max_message_bytes(1024).build().unwrap();
     let small = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let e = small[0].send(&vec![0u64; 129], 1, 0).await.unwrap_err();
     assert!(matches!(e, P2pError::TooLarge { bytes: 1032, limit: 1024, .. }), "{e}");
@@ -292,7 +292,7 @@ async fn mismatches_are_clear_errors_and_keep_the_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmatched_messages_are_bounded_and_none_is_lost() {
-    let cfg = NexarConfig { max_unmatched_messages: 4, ..Default::default() };
+    let cfg = NexarConfig::builder().max_unmatched_messages(4).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let (a, b) = (&ranks[0], &ranks[1]);
     for tag in 0..6u64 {
@@ -317,7 +317,7 @@ async fn unmatched_messages_are_bounded_and_none_is_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_and_cancelled_receives_lose_nothing() {
-    let cfg = NexarConfig { op_timeout: Duration::from_millis(300), ..Default::default() };
+    let cfg = NexarConfig::builder().op_timeout(Duration::from_millis(300)).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let (a, b) = (&ranks[0], &ranks[1]);
     let e = b.recv(&mut [0u8; 4], 0, 1).await.unwrap_err();
@@ -352,7 +352,7 @@ async fn peers_answer_pings_and_config_is_validated() {
             }
         }
     }
-    let cfg = NexarConfig { max_message_bytes: 0, ..Default::default() };
+    let cfg = NexarConfig::builder().max_message_bytes(0).build().unwrap();
     let err = NexarClient::bootstrap_local_with(2, cfg).await.unwrap_err();
     assert!(err.to_string().contains("NEXAR_MAX_MESSAGE_BYTES"), "{err}");
 }

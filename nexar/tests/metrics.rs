@@ -78,7 +78,7 @@ async fn the_metrics_endpoint_serves_bounded_series() {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     // The TCP lane's bytes are counted under its name (shared memory, which would take this
     // same-host link, is off).
-    let cfg = NexarConfig { metrics_addr: Some(addr), shared_memory: false, ..NexarConfig::default() };
+    let cfg = NexarConfig::builder().metrics_addr(addr).shared_memory(false).build().unwrap();
     tokio::time::timeout(common::TEST_LIMIT, async {
         let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
         round(&ranks, 0, true).await;

@@ -127,10 +127,12 @@ async fn device_collectives_run_on_nccl_or_are_staged_with_a_reason() {
         // Two fake hosts of one rank each, the two-level allreduce pinned: an NCCL communicator
         // of one per host (no duplicate GPU within one), nexar between the hosts.
         let configs = ["a", "b"]
-            .map(|h| NexarConfig {
-                host_id: Some(h.into()),
-                allreduce_algorithm: Some(Algorithm::Hierarchical { segment_bytes: 1 << 20 }),
-                ..Default::default()
+            .map(|h| {
+                NexarConfig::builder()
+                    .host_id(h)
+                    .allreduce_algorithm(Algorithm::Hierarchical { segment_bytes: 1 << 20 })
+                    .build()
+                    .unwrap()
             })
             .to_vec();
         let ranks = NexarClient::bootstrap_local_each(configs).await.unwrap();
@@ -140,7 +142,7 @@ async fn device_collectives_run_on_nccl_or_are_staged_with_a_reason() {
             Ok(_) => assert!(states.iter().all(|s| matches!(s, NcclState::Ready { ranks: 1, .. })), "{states:?}"),
             Err(_) => assert!(states.iter().all(|s| matches!(s, NcclState::NotTried)), "{states:?}"),
         }
-        let off = NexarConfig { nccl: false, ..Default::default() };
+        let off = NexarConfig::builder().nccl(false).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(2, off).await.unwrap();
         let states = on_each(&ranks, device_collectives).await;
         assert!(states.iter().all(|s| *s == NcclState::NotTried), "NEXAR_NCCL=off never tries: {states:?}");

@@ -529,7 +529,7 @@ async fn large_buckets_of_odd_buffers_match_unfused_calls_bitwise() {
         // The TCP lane (sealed records opened into each buffer) and QUIC (chunks that straddle
         // buffers), at two world sizes.
         for (world, bulk_transport) in [(2, BulkTransport::Tcp), (3, BulkTransport::Tcp), (2, BulkTransport::Quic)] {
-            let cfg = NexarConfig { bulk_transport, ..NexarConfig::default() };
+            let cfg = NexarConfig::builder().bulk_transport(bulk_transport).build().unwrap();
             on_ranks_with(world, cfg, |comm| async move {
                 let r = comm.rank();
                 let mut bufs: Vec<Buf<f32>> =
@@ -565,7 +565,7 @@ async fn large_buckets_of_odd_buffers_match_unfused_calls_bitwise() {
 /// pins, where `explain` (the defaults) gives the size table's choice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_on_a_communicator_names_the_algorithm_its_configuration_pins() {
-    let cfg = NexarConfig { allreduce_algorithm: Some(nexar::Algorithm::Ring), ..Default::default() };
+    let cfg = NexarConfig::builder().allreduce_algorithm(nexar::Algorithm::Ring).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let w = Buf::<f32>::zeros(16);
     let default = one::explain(&w, 2);

@@ -111,7 +111,7 @@ async fn shrinking_by_choice_excludes_the_named_rank() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_below_the_minimum_world_size_fails() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { min_world_size: 3, ..NexarConfig::default() };
+        let cfg = NexarConfig::builder().min_world_size(3).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
         ranks[1].abort("crash");
         let results = on_each(&[ranks[0].clone(), ranks[2].clone()], |c| async move { c.recover().await }).await;
@@ -128,7 +128,7 @@ async fn a_rebuild_below_the_minimum_world_size_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_automatic_policy_rebuilds_by_itself() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { recovery_policy: RecoveryPolicy::Automatic, ..NexarConfig::default() };
+        let cfg = NexarConfig::builder().recovery_policy(RecoveryPolicy::Automatic).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(4, cfg).await.unwrap();
         let mut watches: Vec<_> = ranks.iter().map(|c| c.failure_watch()).collect();
         ranks[1].abort("crash");
@@ -147,7 +147,7 @@ async fn the_automatic_policy_rebuilds_by_itself() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_abort_policy_stops_every_rank() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { recovery_policy: RecoveryPolicy::Abort, ..NexarConfig::default() };
+        let cfg = NexarConfig::builder().recovery_policy(RecoveryPolicy::Abort).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
         ranks[2].abort("crash");
         let start = Instant::now();
@@ -170,11 +170,11 @@ async fn the_abort_policy_stops_every_rank() {
 async fn a_silent_rank_is_declared_dead_within_the_heartbeat_timeout() {
     tokio::time::timeout(TEST_LIMIT, async {
         let silence = Silence::default();
-        let fast = NexarConfig {
-            heartbeat_interval: Duration::from_millis(100),
-            heartbeat_timeout: Duration::from_millis(1000),
-            ..NexarConfig::default()
-        };
+        let fast = NexarConfig::builder()
+            .heartbeat_interval(Duration::from_millis(100))
+            .heartbeat_timeout(Duration::from_millis(1000))
+            .build()
+            .unwrap();
         // Rank 2's host "loses power": its datagrams stop in both directions, no close frame.
         let mut cfgs = vec![fast; 3];
         cfgs[2].chaos = Some(NetChaos { silence: silence.clone(), ..NetChaos::default() });
@@ -209,8 +209,7 @@ async fn a_silent_rank_is_declared_dead_within_the_heartbeat_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_rank_is_replaced_by_a_new_worker_through_the_seed() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg =
-            NexarConfig { world_size: Some(3), listen_addr: "127.0.0.1:0".parse().unwrap(), ..NexarConfig::default() };
+        let cfg = NexarConfig::builder().world_size(3).listen_addr("127.0.0.1:0".parse().unwrap()).build().unwrap();
         let seed = nexar::SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
         let (addr, token) = (seed.local_addr(), seed.token().to_string());
         let joins: Vec<_> = (0..3)
@@ -248,11 +247,11 @@ async fn a_failed_rank_is_replaced_by_a_new_worker_through_the_seed() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_rank_that_was_itself_stalled_does_not_declare_its_peers_dead() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let fast = NexarConfig {
-            heartbeat_interval: Duration::from_millis(100),
-            heartbeat_timeout: Duration::from_millis(1000),
-            ..NexarConfig::default()
-        };
+        let fast = NexarConfig::builder()
+            .heartbeat_interval(Duration::from_millis(100))
+            .heartbeat_timeout(Duration::from_millis(1000))
+            .build()
+            .unwrap();
         let ranks = NexarClient::bootstrap_local_with(3, fast).await.unwrap();
         // Every rank lives on this one thread: blocking it stalls them all, as a paused VM or
         // a swapped-out process would. Nobody was really silent.

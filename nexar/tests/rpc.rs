@@ -117,7 +117,7 @@ async fn every_failure_is_a_distinct_rpc_error_and_the_server_keeps_serving() {
     tokio::time::timeout(TEST_LIMIT, async {
         // Long enough for a panicking handler's first backtrace on a busy machine, short
         // enough for the sleepy call below to time out quickly.
-        let cfg = NexarConfig { op_timeout: Duration::from_secs(5), ..Default::default() };
+        let cfg = NexarConfig::builder().op_timeout(Duration::from_secs(5)).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
         let c = &ranks[0];
 
@@ -180,7 +180,7 @@ async fn byte_count(data: Vec<u8>) -> u64 {
 async fn calls_are_bounded_by_the_rpc_byte_limit() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { max_rpc_bytes: 1 << 20, ..Default::default() };
+        let cfg = NexarConfig::builder().max_rpc_bytes(1 << 20).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
         let big = vec![1u8; 2 << 20];
         match byte_count::call(&ranks[0], 1, big).await {

@@ -17,7 +17,7 @@ use nexar::{CollectiveError, DeviceError, HostStage, HostView, NexarConfig, Recv
 
 /// A cluster whose collectives split buffers of more than `bytes`.
 async fn cluster(n: usize, bytes: usize) -> Vec<NexarClient> {
-    let config = NexarConfig { segment_bytes: bytes, ..NexarConfig::default() };
+    let config = NexarConfig::builder().segment_bytes(bytes).build().unwrap();
     NexarClient::bootstrap_local_with(n, config).await.unwrap()
 }
 
@@ -118,8 +118,9 @@ async fn ranks_that_split_differently_fail_before_reducing_anything() {
 async fn ranks_configured_to_split_differently_are_told_so() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
-        let configs =
-            [1000, 1000, 0].map(|segment_bytes| NexarConfig { segment_bytes, ..NexarConfig::default() }).to_vec();
+        let configs = [1000, 1000, 0]
+            .map(|segment_bytes| NexarConfig::builder().segment_bytes(segment_bytes).build().unwrap())
+            .to_vec();
         let ranks = NexarClient::bootstrap_local_each(configs).await.unwrap();
         let results = on_each(&ranks, |c| async move {
             let start = Instant::now();

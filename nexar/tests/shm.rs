@@ -54,7 +54,7 @@ async fn same_host_ranks_carry_every_collective_through_shared_memory() {
 async fn off_or_another_host_keeps_the_network() {
     common::logs();
     let run = async {
-        let off = NexarConfig { shared_memory: false, bulk_transport: BulkTransport::Tcp, ..Default::default() };
+        let off = NexarConfig::builder().shared_memory(false).bulk_transport(BulkTransport::Tcp).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(2, off).await.unwrap();
         common::on_each(&ranks, |c| async move {
             assert_eq!(c.bulk_transport(1 - c.rank()), Some("tcp-tls"));
@@ -72,7 +72,7 @@ async fn off_or_another_host_keeps_the_network() {
 async fn a_link_that_breaks_mid_allreduce_fails_what_it_carried_without_wrong_results() {
     common::logs();
     let run = async {
-        let cfg = NexarConfig { op_timeout: Duration::from_secs(20), ..Default::default() };
+        let cfg = NexarConfig::builder().op_timeout(Duration::from_secs(20)).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
         let mut tasks = Vec::new();
         for c in ranks.clone() {

@@ -63,12 +63,12 @@ async fn different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank
     // A ring allreduce takes nothing from rank 2's broadcast parent (rank 0), so the calls do
     // not meet and fail at once with a mismatch, as they do under recursive doubling: they
     // stall, the case the inspector is for.
-    let cfg = NexarConfig {
-        op_timeout: Duration::from_secs(6),
-        allreduce_algorithm: Some(nexar::Algorithm::Ring),
-        trace,
-        ..Default::default()
-    };
+    let cfg = NexarConfig::builder()
+        .op_timeout(Duration::from_secs(6))
+        .allreduce_algorithm(nexar::Algorithm::Ring)
+        .trace(trace)
+        .build()
+        .unwrap();
     tokio::time::timeout(TEST_LIMIT, async {
         let ranks = NexarClient::bootstrap_local_with(4, cfg).await.unwrap();
         // #0 completes everywhere.
@@ -146,7 +146,7 @@ async fn different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank
 async fn dump_trace_writes_the_last_operations_of_every_kind() {
     let dir = trace_dir("manual");
     let trace = TraceConfig { entries: 50, dir: Some(dir.clone()), ..Default::default() };
-    let cfg = NexarConfig { trace, ..Default::default() };
+    let cfg = NexarConfig::builder().trace(trace).build().unwrap();
     tokio::time::timeout(TEST_LIMIT, async {
         let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
         common::on_each(&ranks, |c| async move {

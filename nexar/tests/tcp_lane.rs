@@ -14,12 +14,12 @@ const LIMIT: Duration = Duration::from_secs(180);
 /// The TCP lane between ranks that share this host: shared memory (which would take these
 /// links) is off.
 fn tcp(min_bytes: usize) -> NexarConfig {
-    NexarConfig {
-        bulk_transport: BulkTransport::Tcp,
-        bulk_min_bytes: min_bytes,
-        shared_memory: false,
-        ..Default::default()
-    }
+    NexarConfig::builder()
+        .bulk_transport(BulkTransport::Tcp)
+        .bulk_min_bytes(min_bytes)
+        .shared_memory(false)
+        .build()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,7 +56,7 @@ async fn tcp_lanes_carry_every_collective_large_and_small() {
 async fn a_lane_that_breaks_mid_allreduce_falls_back_to_quic_without_wrong_results() {
     common::logs();
     let run = async {
-        let cfg = NexarConfig { op_timeout: Duration::from_secs(20), ..tcp(64 << 10) };
+        let cfg = tcp(64 << 10).into_builder().op_timeout(Duration::from_secs(20)).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
         let mut tasks = Vec::new();
         for c in ranks.clone() {
@@ -127,7 +127,7 @@ async fn a_rank_without_the_lane_keeps_its_links_on_quic() {
 async fn plaintext_lanes_carry_every_collective() {
     common::logs();
     let run = async {
-        let cfg = NexarConfig { bulk_encryption: false, ..tcp(0) };
+        let cfg = tcp(0).into_builder().bulk_encryption(false).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
         common::on_each(&ranks, move |c| async move {
             for p in (0..3).filter(|p| *p != c.rank()) {
@@ -145,7 +145,7 @@ async fn plaintext_lanes_carry_every_collective() {
 async fn the_seed_refuses_a_worker_whose_bulk_encryption_differs_and_the_cluster_still_forms() {
     common::logs();
     let run = async {
-        let cfg = NexarConfig { world_size: Some(2), listen_addr: "127.0.0.1:0".parse().unwrap(), ..tcp(0) };
+        let cfg = tcp(0).into_builder().world_size(2).listen_addr("127.0.0.1:0".parse().unwrap()).build().unwrap();
         let seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
         let (addr, token) = (seed.local_addr(), seed.token().to_string());
         let first = {
@@ -154,7 +154,7 @@ async fn the_seed_refuses_a_worker_whose_bulk_encryption_differs_and_the_cluster
         };
         // Let the first worker fix the cluster's setting.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let plain = NexarConfig { bulk_encryption: false, ..cfg.clone() };
+        let plain = cfg.clone().into_builder().bulk_encryption(false).build().unwrap();
         match NexarClient::connect(addr, &token, plain).await {
             Err(NexarError::Cluster(nexar::ClusterError::JoinRejected { reason, .. })) => {
                 assert!(reason.contains("NEXAR_BULK_ENCRYPTION=off"), "{reason}");

@@ -86,7 +86,7 @@ async fn the_largest_elements_go_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lengths_ratios_and_limits_that_do_not_fit_are_refused() {
-    let cfg = NexarConfig { max_message_bytes: 64 << 10, ..Default::default() };
+    let cfg = NexarConfig::builder().max_message_bytes(64 << 10).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     // Ratios that differ: every rank says so.
     let outcomes = on_each(&ranks, |c| async move {

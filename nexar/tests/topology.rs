@@ -69,7 +69,7 @@ async fn everything(comm: NexarClient) {
 }
 
 async fn check(topology: Topology, world: usize, degree: usize) {
-    let cfg = NexarConfig { topology, ..NexarConfig::default() };
+    let cfg = NexarConfig::builder().topology(topology).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(world, cfg).await.unwrap();
     for c in &ranks {
         let peers = c.connected_peers();
@@ -98,7 +98,7 @@ async fn every_operation_works_on_a_hypercube_and_a_4_regular_graph() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_is_rerouted_around_a_dead_relay() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { topology: Topology::KRegular(2), ..NexarConfig::default() };
+        let cfg = NexarConfig::builder().topology(Topology::KRegular(2)).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(6, cfg).await.unwrap();
         // On the ring 0-1-2-3-4-5-0, rank 0 reaches rank 2 through rank 1.
         ranks[0].send(&[1u8], 2, 5).await.unwrap();
@@ -125,7 +125,7 @@ async fn traffic_is_rerouted_around_a_dead_relay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_of_the_largest_allowed_size_is_relayed() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { topology: Topology::KRegular(2), max_message_bytes: 1 << 20, ..NexarConfig::default() };
+        let cfg = NexarConfig::builder().topology(Topology::KRegular(2)).max_message_bytes(1 << 20).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(4, cfg).await.unwrap();
         // Rank 2 is not a neighbour of rank 0: the envelope is a little larger than the limit.
         let big = pattern::<u8>(1 << 20, 5);
@@ -145,7 +145,7 @@ async fn a_message_of_the_largest_allowed_size_is_relayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_formed_through_a_seed_seals_what_it_relays() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let cfg = NexarConfig { world_size: Some(5), topology: Topology::KRegular(2), ..NexarConfig::default() };
+        let cfg = NexarConfig::builder().world_size(5).topology(Topology::KRegular(2)).build().unwrap();
         let seed = nexar::SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
         let (addr, token) = (seed.local_addr(), seed.token().to_string());
         let mut workers = tokio::task::JoinSet::new();

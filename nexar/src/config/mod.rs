@@ -11,7 +11,10 @@ use crate::proto::algo::Algorithm;
 use crate::proto::topology::Topology;
 use crate::transport::chaos::NetChaos;
 
+mod builder;
 mod env;
+
+pub use builder::NexarConfigBuilder;
 
 pub(crate) use env::{invalid, parse};
 
@@ -41,16 +44,21 @@ pub enum ConfigError {
 
 /// Configuration of a seed node or a worker.
 ///
-/// Build it with [`NexarConfig::default`] and adjust fields, or read overrides from the
-/// environment with [`NexarConfig::from_env`].
+/// Build it with [`NexarConfig::builder`] (checked when built), read overrides from the
+/// environment with [`NexarConfig::from_env`], or start from [`NexarConfig::default`] and
+/// assign fields. It is `#[non_exhaustive]`: new settings may come in any release, so code
+/// outside nexar cannot write it as a struct literal.
 ///
 /// ```
 /// use std::time::Duration;
+/// let cfg = nexar::NexarConfig::builder().op_timeout(Duration::from_secs(30)).build().unwrap();
+/// assert_eq!(cfg.max_unmatched_messages, 1024);
+///
 /// let mut cfg = nexar::NexarConfig::default();
 /// cfg.op_timeout = Duration::from_secs(30);
-/// assert_eq!(cfg.max_unmatched_messages, 1024);
 /// ```
 #[derive(Clone, PartialEq)]
+#[non_exhaustive]
 pub struct NexarConfig {
     /// Number of workers the seed waits for before it publishes the peer table
     /// (`NEXAR_WORLD_SIZE`). Needed by the seed only.

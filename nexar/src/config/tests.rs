@@ -66,3 +66,32 @@ fn invalid_values_name_their_variable() {
         assert!(err.to_string().contains(var), "{var}={val}: {err}");
     }
 }
+
+#[test]
+fn the_builder_sets_what_it_names_and_checks_like_the_environment() {
+    let built = NexarConfig::builder()
+        .world_size(4)
+        .token("nexar1.t.f")
+        .op_timeout(Duration::from_secs(7))
+        .bulk_encryption(false)
+        .host_id("node-3")
+        .build()
+        .unwrap();
+    let mut assigned = NexarConfig::default();
+    assigned.world_size = Some(4);
+    assigned.token = Some("nexar1.t.f".into());
+    assigned.op_timeout = Duration::from_secs(7);
+    assigned.bulk_encryption = false;
+    assigned.host_id = Some("node-3".into());
+    assert!(built == assigned);
+    // A config in hand keeps what it had.
+    let again = built.clone().into_builder().shared_memory(false).build().unwrap();
+    assert_eq!((again.world_size, again.op_timeout, again.shared_memory), (Some(4), Duration::from_secs(7), false));
+    // The same relations as from_env, named by their variables.
+    let late =
+        NexarConfig::builder().heartbeat_interval(Duration::from_secs(2)).heartbeat_timeout(Duration::from_secs(1));
+    assert!(matches!(late.build(), Err(ConfigError::InvalidVar { var: "NEXAR_HEARTBEAT_TIMEOUT_MS", .. })));
+    let small = NexarConfig::builder().world_size(8).max_world_size(4).build();
+    assert!(matches!(small, Err(ConfigError::InvalidVar { var: "NEXAR_MAX_WORLD_SIZE", .. })));
+    assert!(NexarConfig::builder().max_message_bytes(0).build().is_err());
+}

@@ -171,6 +171,7 @@ impl Status {
 
 /// Why a handler did not produce an answer (besides panicking).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HandlerError {
     /// The arguments or the result could not be decoded or encoded.
     Codec(String),

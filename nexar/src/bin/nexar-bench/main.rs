@@ -417,7 +417,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             Some(_) => env.listen_addr,
             None => "127.0.0.1:0".parse()?,
         };
-        let cfg = NexarConfig { listen_addr, ..env };
+        let cfg = env.into_builder().listen_addr(listen_addr).build()?;
         let comm = NexarClient::connect(seed, &token, cfg).await?;
         // The runtime thread (this one: the runtime has one thread) gets a core of its own;
         // the TCP lanes' threads keep every core.
@@ -484,7 +484,7 @@ async fn inproc(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Starts a seed in this process and `np` worker processes of this binary.
 async fn launch(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let cfg = NexarConfig { world_size: Some(args.np), ..NexarConfig::from_env()? };
+    let cfg = NexarConfig::from_env()?.into_builder().world_size(args.np).build()?;
     let seed = SeedNode::bind("127.0.0.1:0".parse()?, cfg).await?;
     let me = std::env::current_exe()?;
     let mut children = Vec::new();
