@@ -92,6 +92,21 @@ async fn scatters_arrive(ranks: &[NexarClient], len: usize) {
     .await;
 }
 
+/// An all-to-all of `len` integers per block: every rank ends with block `r` of each rank's
+/// send buffer, in rank order, whichever algorithm the block size picks.
+async fn exchanges_arrive(ranks: &[NexarClient], len: usize) {
+    let w = ranks.len();
+    on_each(ranks, move |c| async move {
+        let r = c.rank();
+        let send: Vec<u64> = (0..len * w).map(|i| int(r, i)).collect();
+        let mut recv = vec![0u64; len * w];
+        tokio::time::timeout(TEST_LIMIT, c.all_to_all(&send[..], &mut recv[..])).await.unwrap().unwrap();
+        let want: Vec<u64> = (0..w).flat_map(|q| (r * len..(r + 1) * len).map(move |i| int(q, i))).collect();
+        assert!(recv == want, "rank {r}: the all-to-all of {len} per block differs");
+    })
+    .await;
+}
+
 /// Every rank leaves, all at once (like `MPI_Finalize`, each waits for the others' goodbyes).
 async fn shutdown(ranks: &[NexarClient]) {
     on_each(ranks, |c| async move { c.shutdown().await }).await;
@@ -134,6 +149,13 @@ async fn two_level_matches_flat(hosts: &[&str]) {
     gathers_arrive(&ranks, 5).await;
     scatters_arrive(&ranks, 3 << 17).await;
     scatters_arrive(&ranks, 5).await;
+    for c in &ranks {
+        assert_eq!(c.all_to_all_algorithm(4096), "hierarchical", "rank {}", c.rank());
+        assert_eq!(c.all_to_all_algorithm(1 << 20), "pairwise", "rank {}", c.rank());
+    }
+    exchanges_arrive(&ranks, 3).await;
+    exchanges_arrive(&ranks, 512).await;
+    exchanges_arrive(&ranks, 1 << 17).await;
     shutdown(&ranks).await;
     let flat_ranks = on_hosts(hosts, Some(Algorithm::PipelinedRing { segment_bytes: 1 << 20 })).await;
     assert_eq!(flat_ranks[0].allreduce_algorithm(len * 8), "pipelined_ring");
@@ -166,6 +188,9 @@ async fn hosts_of_different_sizes_stay_flat_and_correct() {
     // Two-level broadcasts and reduces need no equal hosts.
     broadcasts_arrive(&ranks, 3 << 20).await;
     reduces_arrive(&ranks, 100_003).await;
+    // The all-to-all too stays flat where the hosts differ in size.
+    assert_eq!(ranks[0].all_to_all_algorithm(4096), "pairwise");
+    exchanges_arrive(&ranks, 512).await;
     for (r, (ints, _)) in got.iter().enumerate() {
         assert!(
             ints.iter().enumerate().all(|(i, v)| *v == (0..3).fold(0u64, |a, q| a.wrapping_add(int(q, i)))),

@@ -480,3 +480,52 @@ fn the_two_level_reduce_scatter_matches_the_reference_on_every_layout() {
     assert_eq!(table(&[0, 1, 0, 1]), "hierarchical");
     assert_eq!(table(&[0, 0, 1]), "ring");
 }
+
+#[test]
+fn the_two_level_all_to_all_delivers_every_block_to_its_place_on_every_layout() {
+    use super::algo::hierarchical::HostLayout;
+    use super::algo::{generate_on, select_on};
+    for keys in layouts() {
+        let layout = HostLayout::from_keys(&keys);
+        let w = keys.len();
+        if layout.ranks_per_host().is_none() {
+            let pinned = Algorithm::Hierarchical { segment_bytes: 1 << 16 };
+            assert!(generate_on(Collective::AllToAll, pinned, 0, w, 10, 8, Some(&layout)).is_err(), "{keys:?}");
+            continue;
+        }
+        // Whole blocks, and blocks in several segments.
+        for (n, segment_bytes) in [(0, 1 << 20), (1, 1 << 20), (PRIME, 1 << 20), (PRIME, 4096)] {
+            let algo = Algorithm::Hierarchical { segment_bytes };
+            let schedules: Vec<_> =
+                (0..w).map(|r| generate_on(Collective::AllToAll, algo, r, w, n, 8, Some(&layout)).unwrap()).collect();
+            let mut ranks: Vec<SimRank<i64>> = (0..w)
+                .map(|r| SimRank { input: (0..n * w).map(|i| bits(r, i)).collect(), data: vec![0; n * w] })
+                .collect();
+            simulate(&schedules, &mut ranks, ReduceOp::Sum)
+                .unwrap_or_else(|e| panic!("all-to-all {keys:?} n={n}: {e}"));
+            for (r, got) in ranks.iter().enumerate() {
+                // Block q of rank r is block r of rank q's input.
+                let want: Vec<i64> = (0..w).flat_map(|q| (r * n..(r + 1) * n).map(move |i| bits(q, i))).collect();
+                assert!(got.data == want, "all-to-all {keys:?} n={n} segment {segment_bytes}: rank {r} differs");
+            }
+            // Between hosts a rank sends one message per other host (one per segment).
+            let host_of = |q: usize| layout.host_of(q);
+            for (r, schedule) in schedules.iter().enumerate() {
+                let across = schedule
+                    .steps
+                    .iter()
+                    .filter(|s| matches!(s, super::schedule::Step::Send { to, .. } if host_of(*to) != host_of(r)))
+                    .count();
+                let per_message = (n * layout.ranks_per_host().unwrap()).div_ceil((segment_bytes / 8).max(1)).max(1);
+                assert_eq!(across, (layout.hosts() - 1) * per_message, "{keys:?} n={n}: rank {r}");
+            }
+        }
+    }
+    let table = |keys: &[u64], block: usize| {
+        select_on(Collective::AllToAll, block, keys.len(), Some(&HostLayout::from_keys(keys))).name()
+    };
+    assert_eq!(table(&[0, 1, 0, 1], 4096), "hierarchical");
+    assert_eq!(table(&[0, 1, 0, 1], 1 << 20), "pairwise");
+    assert_eq!(table(&[0, 0, 1], 4096), "pairwise");
+    assert_eq!(table(&[0, 1, 2, 3], 4096), "pairwise");
+}

@@ -87,7 +87,7 @@ run_op() {
   fi
 }
 
-for op in ${NETNS_OPS:-allreduce broadcast reduce allgather reduce_scatter}; do
+for op in ${NETNS_OPS:-allreduce broadcast reduce allgather reduce_scatter alltoall}; do
   run_op "$op" hierarchical
 done
 
@@ -95,4 +95,4 @@ if [ $failed -ne 0 ]; then
   echo "netns hosts test: FAILED"
   exit 1
 fi
-echo "netns hosts test: passed (4 ranks on 2 namespace hosts, shared memory within, TLS between; two-level allreduce, broadcast, reduce, all-gather, reduce-scatter checked)"
+echo "netns hosts test: passed (4 ranks on 2 namespace hosts, shared memory within, TLS between; two-level allreduce, broadcast, reduce, all-gather, reduce-scatter, all-to-all checked)"

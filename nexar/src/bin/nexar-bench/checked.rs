@@ -205,6 +205,7 @@ async fn row(
             // `moved` is the gathered (scattered) buffer: world blocks.
             Op::Allgather => comm.all_gather_algorithm(moved / w),
             Op::ReduceScatter => comm.reduce_scatter_algorithm(moved / w),
+            Op::Alltoall => comm.all_to_all_algorithm(moved / w),
             _ => "",
         },
     })

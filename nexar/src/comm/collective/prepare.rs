@@ -26,7 +26,9 @@ impl NexarClient {
         };
         let layout = self.layout();
         let runs_two_level = |l: &HostLayout| match kind {
-            Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter => l.ranks_per_host().is_some(),
+            Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+                l.ranks_per_host().is_some()
+            }
             Collective::Broadcast { .. } | Collective::Reduce { .. } => true,
             _ => false,
         };
@@ -99,6 +101,20 @@ impl NexarClient {
     /// ```
     pub fn reduce_scatter_algorithm(&self, block_bytes: usize) -> &'static str {
         self.algorithm_for(Collective::ReduceScatter, block_bytes).name()
+    }
+
+    /// The algorithm an all-to-all of `block_bytes` bytes per destination runs with on this
+    /// communicator (its `send` buffer's bytes over the world size): `pairwise`,
+    /// `pipelined_pairwise`, or `hierarchical` for small blocks across hosts with several
+    /// ranks each.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) {
+    /// println!("an all-to-all of 4 KiB blocks runs {}", comm.all_to_all_algorithm(4 << 10));
+    /// # }
+    /// ```
+    pub fn all_to_all_algorithm(&self, block_bytes: usize) -> &'static str {
+        self.algorithm_for(Collective::AllToAll, block_bytes).name()
     }
 
     /// Plans and runs one collective with sequence number `seq`.

@@ -7,6 +7,10 @@
 //! local index `j` (one per host), then an all-gather ring within each host. Every host must
 //! hold the same number of ranks ([`HostLayout::ranks_per_host`]).
 //!
+//! The all-to-all: blocks go first to the rank of the host whose local index is their
+//! destination's, then across the hosts among ranks of one local index, in one message per
+//! host.
+//!
 //! The broadcast: from the root to one leader per host (the root on its own host, the lowest
 //! rank on the others), then from each leader to the ranks of its host; each level with the
 //! tree or the chain, as the flat size table would pick for that many ranks.
@@ -184,6 +188,72 @@ pub fn reduce_scatter(rank: usize, layout: &HostLayout, count: usize, segment: u
     let peers = column(j);
     ring_pass(&mut s, &peers, my_host, |i| vec![block(peers[i])], segment, Pass::Reduce);
     s.copy(block(rank), Span::new(Slot::Data, 0, count));
+    Some(s)
+}
+
+/// The two-level all-to-all of blocks of `count` elements, in segments of at most `segment`
+/// elements, for ranks `(h, j)` (local index `j` on host `h`), `L` per host on `H` hosts: each
+/// rank first sends each rank `i` of its host, in one message, its blocks for the ranks of
+/// local index `i` on every host; then, among the ranks of its own local index across the
+/// hosts, sends each host the blocks that every rank of its host has for that host's rank
+/// `j`, again in one message. Between hosts a rank sends `H - 1` messages of `L` blocks
+/// instead of `L(H - 1)` of one block: fewer, larger messages where each costs a network
+/// round trip. Within a host each block crosses once more, and the blocks are rearranged
+/// locally three times, in scratch space of four times the receive buffer; so the table
+/// picks it for small blocks only ([`super::ALL_TO_ALL_TWO_LEVEL_BYTES`]). `None` when the
+/// hosts hold different numbers of ranks.
+pub fn all_to_all(rank: usize, layout: &HostLayout, count: usize, segment: usize) -> Option<Schedule> {
+    let (per_host, hosts) = (layout.ranks_per_host()?, layout.hosts());
+    let my_host = layout.host_of(rank);
+    let j = layout.members(my_host).iter().position(|r| *r == rank)?;
+    let at: Vec<Vec<usize>> = (0..hosts).map(|h| layout.members(h)).collect();
+    let total = layout.world() * count;
+    let mut s = Schedule::new();
+    s.need_scratch(4 * total);
+    // Four regions of scratch, each `L · H` blocks: what goes to each local rank (column by
+    // column, host by host), what came from each, the same rearranged by destination host,
+    // and what came from each host.
+    let region =
+        |r: usize, first: usize, blocks: usize| Span::new(Slot::Scratch, r * total + first * count, blocks * count);
+    let (to_local, from_local, to_host, from_host) = (0, 1, 2, 3);
+    let input = |r: usize| Span::new(Slot::Input, r * count, count);
+    let data = |r: usize| Span::new(Slot::Data, r * count, count);
+    for i in 0..per_host {
+        for (h, members) in at.iter().enumerate() {
+            let place = if i == j { region(from_local, i * hosts + h, 1) } else { region(to_local, i * hosts + h, 1) };
+            s.copy(input(members[i]), place);
+        }
+    }
+    // Within the host, pairwise: H blocks to each local rank.
+    for k in 1..per_host {
+        let (to, from) = ((j + k) % per_host, (j + per_host - k) % per_host);
+        for seg in region(to_local, to * hosts, hosts).segments(segment) {
+            s.send(at[my_host][to], seg);
+        }
+        for seg in region(from_local, from * hosts, hosts).segments(segment) {
+            s.recv(at[my_host][from], seg);
+        }
+    }
+    // From local rank i's column for host h, to host h's message (or, for this host, home).
+    for i in 0..per_host {
+        for h in 0..hosts {
+            let place = if h == my_host { data(at[my_host][i]) } else { region(to_host, h * per_host + i, 1) };
+            s.copy(region(from_local, i * hosts + h, 1), place);
+        }
+    }
+    // Across the hosts, pairwise among local index j: L blocks to each host.
+    for k in 1..hosts {
+        let (to, from) = ((my_host + k) % hosts, (my_host + hosts - k) % hosts);
+        for seg in region(to_host, to * per_host, per_host).segments(segment) {
+            s.send(at[to][j], seg);
+        }
+        for seg in region(from_host, from * per_host, per_host).segments(segment) {
+            s.recv(at[from][j], seg);
+        }
+        for i in 0..per_host {
+            s.copy(region(from_host, from * per_host + i, 1), data(at[from][i]));
+        }
+    }
     Some(s)
 }
 
