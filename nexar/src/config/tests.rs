@@ -77,12 +77,14 @@ fn the_builder_sets_what_it_names_and_checks_like_the_environment() {
         .host_id("node-3")
         .build()
         .unwrap();
-    let mut assigned = NexarConfig::default();
-    assigned.world_size = Some(4);
-    assigned.token = Some("nexar1.t.f".into());
-    assigned.op_timeout = Duration::from_secs(7);
-    assigned.bulk_encryption = false;
-    assigned.host_id = Some("node-3".into());
+    let assigned = NexarConfig {
+        world_size: Some(4),
+        token: Some("nexar1.t.f".into()),
+        op_timeout: Duration::from_secs(7),
+        bulk_encryption: false,
+        host_id: Some("node-3".into()),
+        ..NexarConfig::default()
+    };
     assert!(built == assigned);
     // A config in hand keeps what it had.
     let again = built.clone().into_builder().shared_memory(false).build().unwrap();

@@ -235,9 +235,9 @@ pub fn all_to_all(rank: usize, layout: &HostLayout, count: usize, segment: usize
         }
     }
     // From local rank i's column for host h, to host h's message (or, for this host, home).
-    for i in 0..per_host {
+    for (i, source) in at[my_host].iter().enumerate() {
         for h in 0..hosts {
-            let place = if h == my_host { data(at[my_host][i]) } else { region(to_host, h * per_host + i, 1) };
+            let place = if h == my_host { data(*source) } else { region(to_host, h * per_host + i, 1) };
             s.copy(region(from_local, i * hosts + h, 1), place);
         }
     }
@@ -250,8 +250,8 @@ pub fn all_to_all(rank: usize, layout: &HostLayout, count: usize, segment: usize
         for seg in region(from_host, from * per_host, per_host).segments(segment) {
             s.recv(at[from][j], seg);
         }
-        for i in 0..per_host {
-            s.copy(region(from_host, from * per_host + i, 1), data(at[from][i]));
+        for (i, source) in at[from].iter().enumerate() {
+            s.copy(region(from_host, from * per_host + i, 1), data(*source));
         }
     }
     Some(s)
