@@ -1,14 +1,17 @@
-//! Bringing RDMA up on every link of a communicator: the two rounds of the queue-pair
-//! exchange with each peer, then the engine and nexar's bulk hook for each link that
-//! connected.
+//! Bringing RDMA up on every link of a communicator, through nexar's negotiation driver
+//! ([`nexar::backend::negotiate`]): each rank offers a queue pair per link, connects it to the
+//! peer's and starts the engine, and the link attaches where both sides did.
 
-use std::sync::{Arc, Once};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Once};
+use std::time::Instant;
 
 use nexar::NexarClient;
+use nexar::backend::{Connecting, LinkSetup, negotiate, setup_tags};
 use tokio::sync::mpsc;
 
 use crate::engine::{self, RdmaChannel};
-use crate::setup::{Decision, QpOffer, SetupMsg, both_ready, decide, offer_tag, outcome_tag};
+use crate::setup::{QpOffer, decide};
 use crate::wire::Wire;
 use crate::{Fabric, RdmaConfig, RdmaError, emulated, verbs};
 
@@ -70,28 +73,45 @@ impl Endpoint {
 }
 
 fn open(cfg: &RdmaConfig) -> Result<(Endpoint, QpOffer), RdmaError> {
-    let (endpoint, mut offer) = match cfg.fabric {
+    Ok(match cfg.fabric {
         Fabric::Verbs => verbs::open(cfg.device.as_deref(), cfg.gid_index, cfg.slots, cfg.slot_size)
             .map(|(e, o)| (Endpoint::Verbs(e), o))?,
         Fabric::Emulated => {
             let (e, o) = emulated::open(cfg.slots, cfg.slot_size);
             (Endpoint::Emulated(e), o)
         }
-    };
-    offer.nonce = rand::random();
-    Ok((endpoint, offer))
+    })
 }
 
-/// One peer's state through the exchange.
-struct Peer {
-    rank: usize,
-    ours: SetupMsg,
-    endpoint: Option<Endpoint>,
-    /// Set once something decided this link stays on QUIC.
-    quic: Option<String>,
-    decision: Option<Decision>,
-    channel: Option<RdmaChannel>,
-    outcome: Option<SetupMsg>,
+/// RDMA's part in the negotiation: a queue pair per peer, connected to the peer's offer.
+struct RdmaSetup {
+    comm: NexarClient,
+    /// The queue pair made for each peer, and what it offered.
+    endpoints: Mutex<HashMap<usize, (Endpoint, QpOffer)>>,
+}
+
+impl LinkSetup for RdmaSetup {
+    type Connected = RdmaChannel;
+
+    fn name(&self) -> &'static str {
+        "rdma"
+    }
+
+    fn connect(self: Arc<Self>, peer: usize, _ours: Vec<u8>, theirs: Vec<u8>, _by: Instant) -> Connecting<RdmaChannel> {
+        Box::pin(async move {
+            let remote = QpOffer::decode(&theirs).map_err(|what| RdmaError::Setup { peer, what }.to_string())?;
+            let made = self.endpoints.lock().unwrap_or_else(|p| p.into_inner()).remove(&peer);
+            let (endpoint, mine) = made.ok_or("no queue pair here")?;
+            let remote = decide(&mine, &remote, peer)?;
+            endpoint.connect(&remote).and_then(|wire| start_engine(&self.comm, peer, wire)).map_err(|e| e.to_string())
+        })
+    }
+
+    fn start(&self, peer: usize, channel: RdmaChannel) -> Result<(), String> {
+        // The engine stops with its channel; should the peer have attached, its writes then
+        // fail and it falls back too.
+        self.comm.attach_bulk(peer, Arc::new(channel)).map_err(|e| e.to_string())
+    }
 }
 
 /// Moves the collective payloads of every link of `comm` that can to RDMA; the others stay
@@ -110,63 +130,30 @@ pub async fn attach(comm: &NexarClient, cfg: &RdmaConfig) -> Result<AttachReport
     // Counted before anything can fail, so every rank numbers its calls alike.
     let attempt = comm.next_setup_number();
     cfg.validate()?;
-    let (offer_tag, outcome_tag) = (offer_tag(comm.comm_id(), attempt), outcome_tag(comm.comm_id(), attempt));
-    let mut peers = open_all(comm, cfg);
-
-    // Round one: an offer (or a refusal) to every peer, then theirs.
-    for p in &mut peers {
-        if let Err(e) = comm.send_setup(p.rank, offer_tag, p.ours.encode()).await {
-            p.quic = Some(e.to_string());
-        }
-    }
-    for p in peers.iter_mut().filter(|p| p.quic.is_none()) {
-        p.decision = Some(match comm.recv_setup(p.rank, offer_tag).await {
-            Ok(bytes) => match SetupMsg::decode(&bytes) {
-                Ok(theirs) => decide(&p.ours, &theirs, p.rank),
-                Err(what) => Decision::Fallback(RdmaError::Setup { peer: p.rank, what }.to_string()),
-            },
-            Err(e) => Decision::Fallback(e.to_string()),
-        });
-    }
-
-    // Round two: connect and start the engine where both offered, say how it went.
-    for p in peers.iter_mut().filter(|p| p.quic.is_none()) {
-        let outcome = match (p.decision.take(), p.endpoint.take(), &p.ours) {
-            (Some(Decision::Connect(remote)), Some(endpoint), SetupMsg::Offer(mine)) => {
-                match endpoint.connect(&remote).and_then(|wire| start_engine(comm, p.rank, wire)) {
-                    Ok(channel) => {
-                        p.channel = Some(channel);
-                        SetupMsg::Ready { mine: mine.nonce, seen: remote.nonce }
-                    }
-                    Err(e) => SetupMsg::Failed { reason: e.to_string() },
-                }
-            }
-            (Some(Decision::Fallback(reason)), _, _) => SetupMsg::Failed { reason },
-            _ => SetupMsg::Failed { reason: "no queue pair here".into() },
+    let tags = setup_tags("rdma", comm.comm_id(), attempt);
+    let (offers, endpoints) = open_all(comm, cfg);
+    let setup = RdmaSetup { comm: comm.clone(), endpoints: Mutex::new(endpoints) };
+    let limit = comm.config().connect_timeout;
+    let mut links = Vec::new();
+    for (peer, outcome) in negotiate(comm, Arc::new(setup), tags, offers, limit).await {
+        let transport = match outcome {
+            Ok(()) => LinkTransport::Rdma,
+            Err(reason) => LinkTransport::Quic { reason: reason.to_string() },
         };
-        if let Err(e) = comm.send_setup(p.rank, outcome_tag, outcome.encode()).await {
-            p.quic = Some(e.to_string());
-        }
-        p.outcome = Some(outcome);
-    }
-    let mut links = Vec::with_capacity(peers.len());
-    for mut p in peers {
-        let transport = match (p.quic.take(), p.outcome.take()) {
-            (Some(reason), _) | (None, Some(SetupMsg::Failed { reason })) => LinkTransport::Quic { reason },
-            (None, Some(ours)) => finish(comm, &mut p, &ours, outcome_tag).await,
-            (None, None) => LinkTransport::Quic { reason: "no outcome".into() },
-        };
-        tracing::debug!(rank = me, peer = p.rank, ?transport, "link transport");
-        links.push((p.rank, transport));
+        tracing::debug!(rank = me, peer, ?transport, "link transport");
+        links.push((peer, transport));
     }
     Ok(AttachReport { links })
 }
 
+/// Per peer, this rank's offer (or why there is none), and the queue pairs behind the offers.
+type Opened = (Vec<(usize, Result<Vec<u8>, String>)>, HashMap<usize, (Endpoint, QpOffer)>);
+
 /// A queue pair (or the reason there is none) for every peer.
-fn open_all(comm: &NexarClient, cfg: &RdmaConfig) -> Vec<Peer> {
+fn open_all(comm: &NexarClient, cfg: &RdmaConfig) -> Opened {
     let me = comm.rank();
     let mut no_device: Option<String> = None;
-    let mut peers = Vec::new();
+    let (mut offers, mut endpoints) = (Vec::new(), HashMap::new());
     for rank in (0..comm.world_size()).filter(|p| *p != me) {
         let opened = match (&no_device, comm.bulk_transport(rank), comm.attached_bulk(rank)) {
             (_, None, _) => Err(format!("no direct link to rank {rank} (sparse topology)")),
@@ -181,41 +168,18 @@ fn open_all(comm: &NexarClient, cfg: &RdmaConfig) -> Vec<Peer> {
                 e.to_string()
             }),
         };
-        let (endpoint, ours) = match opened {
-            Ok((endpoint, offer)) => (Some(endpoint), SetupMsg::Offer(offer)),
-            Err(reason) => (None, SetupMsg::Decline { reason }),
-        };
-        peers.push(Peer { rank, ours, endpoint, quic: None, decision: None, channel: None, outcome: None });
+        offers.push((
+            rank,
+            opened.map(|(endpoint, offer)| {
+                endpoints.insert(rank, (endpoint, offer));
+                offer.encode()
+            }),
+        ));
     }
     if let Some(reason) = &no_device {
         NO_DEVICE_LOGGED.call_once(|| tracing::info!(rank = me, %reason, "collective payloads stay on QUIC"));
     }
-    peers
-}
-
-/// Hears the peer's outcome and attaches when both sides are ready for each other.
-async fn finish(comm: &NexarClient, p: &mut Peer, ours: &SetupMsg, outcome_tag: u64) -> LinkTransport {
-    let peer = p.rank;
-    let theirs = match comm.recv_setup(peer, outcome_tag).await {
-        Ok(bytes) => SetupMsg::decode(&bytes),
-        // The engine stops with its channel; should the peer have attached, its writes then
-        // fail and it falls back too.
-        Err(e) => return LinkTransport::Quic { reason: e.to_string() },
-    };
-    match theirs {
-        Ok(theirs) if both_ready(ours, &theirs) => {
-            let Some(channel) = p.channel.take() else {
-                return LinkTransport::Quic { reason: "no engine here".into() };
-            };
-            match comm.attach_bulk(peer, Arc::new(channel)) {
-                Ok(()) => LinkTransport::Rdma,
-                Err(e) => LinkTransport::Quic { reason: e.to_string() },
-            }
-        }
-        Ok(SetupMsg::Failed { reason }) => LinkTransport::Quic { reason: format!("rank {peer}: {reason}") },
-        Ok(other) => LinkTransport::Quic { reason: format!("rank {peer} answered round two with {other:?}") },
-        Err(what) => LinkTransport::Quic { reason: RdmaError::Setup { peer, what }.to_string() },
-    }
+    (offers, endpoints)
 }
 
 /// Starts the engine of a connected link, delivering what arrives to nexar.

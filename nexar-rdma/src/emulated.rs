@@ -74,7 +74,6 @@ pub(crate) fn open(slots: u16, slot_size: u32) -> (Endpoint, QpOffer) {
         rkey,
         slots,
         slot_size,
-        nonce: 0,
     };
     (Endpoint { qpn, port, slot_size: slot_size as usize, connected: false }, offer)
 }

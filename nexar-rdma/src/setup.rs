@@ -1,46 +1,18 @@
-//! The queue-pair exchange, without I/O: the messages two ranks swap over nexar's control lane
-//! before their RDMA link carries anything, their byte encoding (validated on decode: these
-//! bytes come from the network), and the decision each side takes from them.
+//! The queue-pair offer, without I/O: what a rank tells each peer before their RDMA link
+//! carries anything, its byte encoding (validated on decode: these bytes come from the
+//! network), and the decision each side takes from the two offers.
 //!
-//! The exchange has two rounds. First each rank sends an [`SetupMsg::Offer`] (its queue pair
-//! and receive ring) or a [`SetupMsg::Decline`] (no device, wrong fabric). When both offered
-//! and the offers fit ([`decide`]), each side connects its queue pair and sends
-//! [`SetupMsg::Ready`] or [`SetupMsg::Failed`]; only when both are ready does the link switch
-//! to RDMA. Any other outcome keeps the link on QUIC, on both sides.
+//! The exchange itself is nexar's negotiation driver ([`nexar::backend::negotiate`]), which
+//! every back end shares: round one carries an offer (this rank's queue pair and receive
+//! ring) or a refusal (no device, wrong fabric); where both offered and the offers fit
+//! ([`decide`]), each side connects its queue pair and round two says whether it did; only
+//! when both are ready does the link switch to RDMA. Any other outcome keeps the link on
+//! QUIC, on both sides.
 
-/// Version of the setup messages; ranks with different versions fall back to QUIC.
-pub const SETUP_VERSION: u16 = 1;
-/// nexar setup-message tag of round one (offers) of exchange number `attempt` on the
-/// communicator with id `comm`. Every attempt has its own tags, so messages an abandoned
-/// attempt left unread are never taken for a later one's.
-///
-/// ```
-/// use nexar_rdma::setup::{offer_tag, outcome_tag};
-/// assert_ne!(offer_tag(7, 0), offer_tag(8, 0));
-/// assert_ne!(offer_tag(7, 0), offer_tag(7, 1));
-/// assert_ne!(offer_tag(7, 0), outcome_tag(7, 0));
-/// ```
-pub fn offer_tag(comm: u64, attempt: u64) -> u64 {
-    tag(comm, attempt, 1)
-}
-
-/// nexar setup-message tag of round two (outcomes); see [`offer_tag`].
-pub fn outcome_tag(comm: u64, attempt: u64) -> u64 {
-    tag(comm, attempt, 2)
-}
-
-fn tag(comm: u64, attempt: u64, round: u64) -> u64 {
-    let mut h = 0x4e58_5244_4d41_0000u64;
-    for word in [comm, attempt, round] {
-        h = (h ^ word).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
-    }
-    // Never the all-ones tag nexar reserves.
-    h & !(1 << 63)
-}
+/// Version of the offer's encoding; ranks with different versions fall back to QUIC.
+pub const SETUP_VERSION: u16 = 2;
 
 const MAGIC: &[u8; 4] = b"NXRD";
-/// Largest reason text carried in a message.
-const MAX_REASON: usize = 1024;
 /// Largest receive ring a peer may ask this rank to write into.
 const MAX_RING_BYTES: u64 = 1 << 30;
 
@@ -76,115 +48,59 @@ pub struct QpOffer {
     pub slots: u16,
     /// Bytes per slot.
     pub slot_size: u32,
-    /// Random, new for every attempt: round two echoes it, so an offer left over from an
-    /// earlier attempt is never connected to.
-    pub nonce: u64,
 }
 
-/// A message of the exchange.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SetupMsg {
-    /// "Here is my queue pair": round one.
-    Offer(QpOffer),
-    /// "I will not use RDMA with you": round one, when a rank has no device or cannot build
-    /// a queue pair.
-    Decline {
-        /// Why, for the peer's log.
-        reason: String,
-    },
-    /// "My queue pair is connected to yours": round two.
-    Ready {
-        /// The nonce of this rank's offer.
-        mine: u64,
-        /// The nonce of the offer this rank connected to.
-        seen: u64,
-    },
-    /// "Connecting failed": round two; both sides stay on QUIC.
-    Failed {
-        /// Why.
-        reason: String,
-    },
-}
+/// Bytes of an encoded offer after the header.
+const OFFER_LEN: usize = 1 + 2 + 1 + 16 + 4 + 4 + 1 + 8 + 4 + 2 + 4;
 
-const KIND_OFFER: u8 = 1;
-const KIND_DECLINE: u8 = 2;
-const KIND_READY: u8 = 3;
-const KIND_FAILED: u8 = 4;
-/// Bytes of an encoded offer after the common header.
-const OFFER_LEN: usize = 1 + 2 + 1 + 16 + 4 + 4 + 1 + 8 + 4 + 2 + 4 + 8;
-
-impl SetupMsg {
-    /// The message's bytes.
+impl QpOffer {
+    /// The offer's bytes.
     ///
     /// ```
-    /// use nexar_rdma::setup::SetupMsg;
-    /// let ready = SetupMsg::Ready { mine: 1, seen: 2 };
-    /// assert_eq!(SetupMsg::decode(&ready.encode()).unwrap(), ready);
+    /// use nexar_rdma::setup::{FabricKind, QpOffer};
+    /// let offer = QpOffer { fabric: FabricKind::Emulated, lid: 0, gid: None, qpn: 1, psn: 2, mtu: 5,
+    ///                       ring_addr: 4096, rkey: 3, slots: 4, slot_size: 4096 };
+    /// assert_eq!(QpOffer::decode(&offer.encode()).unwrap(), offer);
     /// ```
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(7 + OFFER_LEN);
+        let mut out = Vec::with_capacity(6 + OFFER_LEN);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&SETUP_VERSION.to_le_bytes());
-        match self {
-            SetupMsg::Offer(o) => {
-                out.push(KIND_OFFER);
-                out.push(o.fabric as u8);
-                out.extend_from_slice(&o.lid.to_le_bytes());
-                out.push(u8::from(o.gid.is_some()));
-                out.extend_from_slice(&o.gid.unwrap_or_default());
-                out.extend_from_slice(&o.qpn.to_le_bytes());
-                out.extend_from_slice(&o.psn.to_le_bytes());
-                out.push(o.mtu);
-                out.extend_from_slice(&o.ring_addr.to_le_bytes());
-                out.extend_from_slice(&o.rkey.to_le_bytes());
-                out.extend_from_slice(&o.slots.to_le_bytes());
-                out.extend_from_slice(&o.slot_size.to_le_bytes());
-                out.extend_from_slice(&o.nonce.to_le_bytes());
-            }
-            SetupMsg::Decline { reason } => {
-                out.push(KIND_DECLINE);
-                out.extend_from_slice(&bounded(reason));
-            }
-            SetupMsg::Ready { mine, seen } => {
-                out.push(KIND_READY);
-                out.extend_from_slice(&mine.to_le_bytes());
-                out.extend_from_slice(&seen.to_le_bytes());
-            }
-            SetupMsg::Failed { reason } => {
-                out.push(KIND_FAILED);
-                out.extend_from_slice(&bounded(reason));
-            }
-        }
+        out.push(self.fabric as u8);
+        out.extend_from_slice(&self.lid.to_le_bytes());
+        out.push(u8::from(self.gid.is_some()));
+        out.extend_from_slice(&self.gid.unwrap_or_default());
+        out.extend_from_slice(&self.qpn.to_le_bytes());
+        out.extend_from_slice(&self.psn.to_le_bytes());
+        out.push(self.mtu);
+        out.extend_from_slice(&self.ring_addr.to_le_bytes());
+        out.extend_from_slice(&self.rkey.to_le_bytes());
+        out.extend_from_slice(&self.slots.to_le_bytes());
+        out.extend_from_slice(&self.slot_size.to_le_bytes());
         out
     }
 
-    /// Reads a message from untrusted bytes, checking every field.
+    /// Reads an offer from untrusted bytes, checking every field.
     ///
     /// ```
-    /// use nexar_rdma::setup::SetupMsg;
-    /// let err = SetupMsg::decode(b"NXRD\x09\x00\x03").unwrap_err();
+    /// use nexar_rdma::setup::QpOffer;
+    /// let err = QpOffer::decode(b"NXRD\x09\x00\x03").unwrap_err();
     /// assert!(err.contains("version 9"));
     /// ```
-    pub fn decode(bytes: &[u8]) -> Result<SetupMsg, String> {
+    pub fn decode(bytes: &[u8]) -> Result<QpOffer, String> {
         let mut r = Reader { bytes, at: 0 };
         if r.take(4)? != MAGIC {
-            return Err("not an RDMA setup message (bad magic)".into());
+            return Err("not an RDMA offer (bad magic)".into());
         }
         let version = r.u16()?;
         if version != SETUP_VERSION {
-            return Err(format!("setup version {version}, this rank speaks version {SETUP_VERSION}"));
+            return Err(format!("offer version {version}, this rank speaks version {SETUP_VERSION}"));
         }
-        let msg = match r.u8()? {
-            KIND_OFFER => SetupMsg::Offer(read_offer(&mut r)?),
-            KIND_DECLINE => SetupMsg::Decline { reason: r.text()? },
-            KIND_READY => SetupMsg::Ready { mine: r.u64()?, seen: r.u64()? },
-            KIND_FAILED => SetupMsg::Failed { reason: r.text()? },
-            other => return Err(format!("unknown message kind {other}")),
-        };
+        let offer = read_offer(&mut r)?;
         if r.at != bytes.len() {
-            return Err(format!("{} bytes after the message", bytes.len() - r.at));
+            return Err(format!("{} bytes after the offer", bytes.len() - r.at));
         }
-        Ok(msg)
+        Ok(offer)
     }
 }
 
@@ -212,7 +128,6 @@ fn read_offer(r: &mut Reader<'_>) -> Result<QpOffer, String> {
         rkey: r.u32()?,
         slots: r.u16()?,
         slot_size: r.u32()?,
-        nonce: r.u64()?,
     };
     check_offer(&offer)?;
     Ok(offer)
@@ -237,16 +152,6 @@ fn check_offer(o: &QpOffer) -> Result<(), String> {
         return Err(format!("a {ring}-byte ring at {:#x} is over the 1 GiB limit or wraps", o.ring_addr));
     }
     Ok(())
-}
-
-fn bounded(reason: &str) -> Vec<u8> {
-    let mut end = reason.len().min(MAX_REASON);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    let mut out = (end as u16).to_le_bytes().to_vec();
-    out.extend_from_slice(&reason.as_bytes()[..end]);
-    out
 }
 
 struct Reader<'a> {
@@ -274,67 +179,30 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, String> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().map_err(|_| "u64")?))
     }
-    fn text(&mut self) -> Result<String, String> {
-        let len = usize::from(self.u16()?);
-        if len > MAX_REASON {
-            return Err(format!("a {len}-byte reason (at most {MAX_REASON})"));
-        }
-        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| "a reason that is not UTF-8".to_string())
-    }
 }
 
-/// What round one decided for one link.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
-    /// Connect to this queue pair.
-    Connect(QpOffer),
-    /// Stay on QUIC, for this reason.
-    Fallback(String),
-}
-
-/// Round one's outcome from this rank's message and the peer's (`peer` names it in reasons).
-/// Both sides reach the same verdict: they see the same two messages.
+/// Whether this rank's offer and the peer's fit (`peer` names it in reasons): the peer's
+/// queue pair to connect to, or why the link stays on QUIC. Both sides reach the same verdict:
+/// they see the same two offers.
 ///
 /// ```
-/// use nexar_rdma::setup::{Decision, SetupMsg, decide};
-/// let theirs = SetupMsg::Decline { reason: "no RDMA device".into() };
-/// let ours = SetupMsg::Decline { reason: "no RDMA device".into() };
-/// assert!(matches!(decide(&ours, &theirs, 1), Decision::Fallback(_)));
+/// use nexar_rdma::setup::{FabricKind, QpOffer, decide};
+/// let ours = QpOffer { fabric: FabricKind::Emulated, lid: 0, gid: None, qpn: 1, psn: 2, mtu: 5,
+///                      ring_addr: 4096, rkey: 3, slots: 4, slot_size: 4096 };
+/// let theirs = QpOffer { fabric: FabricKind::Verbs, ..ours };
+/// assert!(decide(&ours, &theirs, 1).unwrap_err().contains("rank 1 is on Verbs"));
 /// ```
-pub fn decide(ours: &SetupMsg, theirs: &SetupMsg, peer: usize) -> Decision {
-    match (ours, theirs) {
-        (SetupMsg::Offer(mine), SetupMsg::Offer(remote)) => {
-            if mine.fabric != remote.fabric {
-                Decision::Fallback(format!("rank {peer} is on {:?}, this rank on {:?}", remote.fabric, mine.fabric))
-            } else if (mine.slots, mine.slot_size) != (remote.slots, remote.slot_size) {
-                Decision::Fallback(format!(
-                    "rank {peer} has a ring of {}×{} bytes, this rank {}×{}",
-                    remote.slots, remote.slot_size, mine.slots, mine.slot_size
-                ))
-            } else {
-                Decision::Connect(*remote)
-            }
-        }
-        (SetupMsg::Decline { reason }, _) => Decision::Fallback(format!("this rank declined: {reason}")),
-        (_, SetupMsg::Decline { reason }) => Decision::Fallback(format!("rank {peer} declined: {reason}")),
-        (_, other) => Decision::Fallback(format!("rank {peer} answered round one with {other:?}")),
+pub fn decide(mine: &QpOffer, remote: &QpOffer, peer: usize) -> Result<QpOffer, String> {
+    if mine.fabric != remote.fabric {
+        Err(format!("rank {peer} is on {:?}, this rank on {:?}", remote.fabric, mine.fabric))
+    } else if (mine.slots, mine.slot_size) != (remote.slots, remote.slot_size) {
+        Err(format!(
+            "rank {peer} has a ring of {}×{} bytes, this rank {}×{}",
+            remote.slots, remote.slot_size, mine.slots, mine.slot_size
+        ))
+    } else {
+        Ok(*remote)
     }
-}
-
-/// Round two's outcome: whether both sides attach, from both outcomes. Both sides compute
-/// the same answer: both must be ready, and each must have connected to the other's offer of
-/// this attempt.
-///
-/// ```
-/// use nexar_rdma::setup::{SetupMsg, both_ready};
-/// let a = SetupMsg::Ready { mine: 1, seen: 2 };
-/// let b = SetupMsg::Ready { mine: 2, seen: 1 };
-/// assert!(both_ready(&a, &b) && both_ready(&b, &a));
-/// assert!(!both_ready(&a, &SetupMsg::Ready { mine: 2, seen: 9 })); // b connected to a stale offer
-/// ```
-pub fn both_ready(ours: &SetupMsg, theirs: &SetupMsg) -> bool {
-    matches!((ours, theirs), (SetupMsg::Ready { mine, seen }, SetupMsg::Ready { mine: their_mine, seen: their_seen })
-        if seen == their_mine && their_seen == mine)
 }
 
 #[cfg(test)]
@@ -354,20 +222,13 @@ mod tests {
             rkey: 99,
             slots: 8,
             slot_size: 1 << 20,
-            nonce: 0x1234_5678_9abc_def0,
         }
     }
 
     #[test]
-    fn every_message_round_trips() {
-        for msg in [
-            SetupMsg::Offer(offer()),
-            SetupMsg::Offer(QpOffer { gid: None, ..offer() }),
-            SetupMsg::Decline { reason: "no RDMA device: ibverbs lists none".into() },
-            SetupMsg::Ready { mine: 5, seen: u64::MAX },
-            SetupMsg::Failed { reason: "ibv_modify_qp(RTR): Invalid argument".into() },
-        ] {
-            assert_eq!(SetupMsg::decode(&msg.encode()), Ok(msg));
+    fn offers_round_trip() {
+        for o in [offer(), QpOffer { gid: None, ..offer() }] {
+            assert_eq!(QpOffer::decode(&o.encode()), Ok(o));
         }
     }
 
@@ -382,59 +243,44 @@ mod tests {
             (QpOffer { ring_addr: u64::MAX - 10, ..offer() }, "wraps"),
         ];
         for (o, want) in cases {
-            let err = SetupMsg::decode(&SetupMsg::Offer(o).encode()).unwrap_err();
+            let err = QpOffer::decode(&o.encode()).unwrap_err();
             assert!(err.to_lowercase().contains(want), "{err:?} should mention {want:?}");
         }
     }
 
     #[test]
     fn truncated_padded_and_foreign_bytes_are_refused() {
-        let good = SetupMsg::Offer(offer()).encode();
+        let good = offer().encode();
         for cut in 0..good.len() {
-            assert!(SetupMsg::decode(&good[..cut]).is_err(), "cut at {cut}");
+            assert!(QpOffer::decode(&good[..cut]).is_err(), "cut at {cut}");
         }
         let mut padded = good.clone();
         padded.push(0);
-        assert!(SetupMsg::decode(&padded).unwrap_err().contains("after the message"));
-        assert!(SetupMsg::decode(b"HTTP/1.1 200").unwrap_err().contains("magic"));
-    }
-
-    #[test]
-    fn long_reasons_are_cut_on_a_character_boundary() {
-        let reason = "é".repeat(MAX_REASON);
-        let SetupMsg::Decline { reason: back } = SetupMsg::decode(&SetupMsg::Decline { reason }.encode()).unwrap()
-        else {
-            panic!("not a decline")
-        };
-        assert!(back.len() <= MAX_REASON && back.chars().all(|c| c == 'é'));
+        assert!(QpOffer::decode(&padded).unwrap_err().contains("after the offer"));
+        assert!(QpOffer::decode(b"HTTP/1.1 200").unwrap_err().contains("magic"));
     }
 
     #[test]
     fn both_sides_decide_alike() {
-        let a = SetupMsg::Offer(offer());
-        let b = SetupMsg::Offer(QpOffer { qpn: 0x34, ..offer() });
-        assert_eq!(decide(&a, &b, 1), Decision::Connect(QpOffer { qpn: 0x34, ..offer() }));
-        assert_eq!(decide(&b, &a, 0), Decision::Connect(offer()));
-        let emulated = SetupMsg::Offer(QpOffer { fabric: FabricKind::Emulated, ..offer() });
-        assert!(matches!(decide(&a, &emulated, 1), Decision::Fallback(r) if r.contains("Emulated")));
-        assert!(matches!(decide(&emulated, &a, 0), Decision::Fallback(_)));
-        let small = SetupMsg::Offer(QpOffer { slots: 4, ..offer() });
-        assert!(matches!(decide(&a, &small, 1), Decision::Fallback(r) if r.contains("4×")));
-        let no = SetupMsg::Decline { reason: "no RDMA device".into() };
-        assert!(matches!(decide(&a, &no, 3), Decision::Fallback(r) if r.contains("rank 3 declined")));
-        assert!(matches!(decide(&no, &a, 0), Decision::Fallback(r) if r.contains("this rank declined")));
-        assert!(matches!(decide(&a, &SetupMsg::Ready { mine: 1, seen: 2 }, 2), Decision::Fallback(_)));
+        let (a, b) = (offer(), QpOffer { qpn: 0x34, ..offer() });
+        assert_eq!(decide(&a, &b, 1), Ok(b));
+        assert_eq!(decide(&b, &a, 0), Ok(a));
+        let emulated = QpOffer { fabric: FabricKind::Emulated, ..offer() };
+        assert!(decide(&a, &emulated, 1).unwrap_err().contains("Emulated"));
+        assert!(decide(&emulated, &a, 0).is_err());
+        let small = QpOffer { slots: 4, ..offer() };
+        assert!(decide(&a, &small, 1).unwrap_err().contains("4×"));
     }
 
     proptest! {
         #[test]
         fn random_and_mutated_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..96),
                                                flip in 0usize..64, xor in 1u8..=255) {
-            let _ = SetupMsg::decode(&bytes);
-            let mut good = SetupMsg::Offer(offer()).encode();
+            let _ = QpOffer::decode(&bytes);
+            let mut good = offer().encode();
             let i = flip % good.len();
             good[i] ^= xor;
-            if let Ok(SetupMsg::Offer(o)) = SetupMsg::decode(&good) {
+            if let Ok(o) = QpOffer::decode(&good) {
                 prop_assert!(check_offer(&o).is_ok());
             }
         }

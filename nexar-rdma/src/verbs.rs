@@ -235,7 +235,6 @@ pub(crate) fn open(
         rkey: unsafe { (*endpoint.res.ring_mr).rkey },
         slots,
         slot_size,
-        nonce: 0,
     };
     endpoint.mtu = mtu;
     Ok((endpoint, offer))

@@ -3,11 +3,14 @@
 //! [`BulkInbound`] takes the groups it receives from the peer, checks them and delivers them
 //! as if they had come over QUIC.
 //!
-//! A back end negotiates with its peers through the communicator's setup messages
-//! ([`NexarClient::send_setup`](crate::NexarClient::send_setup) and
-//! [`recv_setup`](crate::NexarClient::recv_setup)), then attaches one channel per link with
-//! [`NexarClient::attach_bulk`](crate::NexarClient::attach_bulk); the receiving side of each
-//! link is [`NexarClient::bulk_inbound`](crate::NexarClient::bulk_inbound).
+//! A back end negotiates with its peers through [`negotiate`], the driver that shared memory,
+//! the TCP lane and `nexar-rdma` all use: it offers, connects and confirms each link in two
+//! rounds of the communicator's setup messages, and the back end supplies only its offer's
+//! bytes and a [`LinkSetup`] (how to connect a link, how to start it). A started link attaches
+//! one channel with [`NexarClient::attach_bulk`](crate::NexarClient::attach_bulk); the
+//! receiving side of each link is [`NexarClient::bulk_inbound`](crate::NexarClient::bulk_inbound).
+//! The setup messages themselves ([`NexarClient::send_setup`](crate::NexarClient::send_setup)
+//! and [`recv_setup`](crate::NexarClient::recv_setup)) are there for anything else.
 //!
 //! ```no_run
 //! # async fn run(comm: nexar::NexarClient, channel: std::sync::Arc<dyn nexar::backend::BulkChannel>) -> Result<(), nexar::BackendError> {
@@ -21,4 +24,5 @@
 //! # Ok(()) }
 //! ```
 
+pub use crate::comm::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
 pub use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};

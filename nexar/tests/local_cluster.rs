@@ -352,7 +352,11 @@ async fn peers_answer_pings_and_config_is_validated() {
             }
         }
     }
-    let cfg = NexarConfig::builder().max_message_bytes(0).build().unwrap();
+    // The builder refuses it; a config assigned field by field is checked when the cluster forms.
+    let built = NexarConfig::builder().max_message_bytes(0).build().unwrap_err();
+    assert!(built.to_string().contains("NEXAR_MAX_MESSAGE_BYTES"), "{built}");
+    let mut cfg = NexarConfig::default();
+    cfg.max_message_bytes = 0;
     let err = NexarClient::bootstrap_local_with(2, cfg).await.unwrap_err();
     assert!(err.to_string().contains("NEXAR_MAX_MESSAGE_BYTES"), "{err}");
 }

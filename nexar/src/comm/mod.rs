@@ -16,6 +16,7 @@ mod leave;
 mod meter;
 #[cfg(feature = "nccl")]
 mod nccl;
+mod negotiate;
 mod p2p;
 mod pieces;
 mod recovery;
@@ -38,5 +39,6 @@ pub(crate) use health::CLOSE_DECLARED_DEAD;
 pub use health::PeerFailure;
 #[cfg(feature = "nccl")]
 pub use nccl::NcclState;
+pub use negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
 pub use p2p::P2pError;
 pub use recovery::RecoveryError;

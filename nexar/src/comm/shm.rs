@@ -1,9 +1,9 @@
 //! Bringing shared memory up on every direct link between ranks of one host, when the cluster
-//! forms: an offer over QUIC (host identity, process id, an abstract socket and a token), a
-//! connection from the lower world rank of each same-host pair, the two ring segments passed
-//! over it, then both sides say whether theirs came up, and only a link where both did moves
-//! its collective payloads to shared memory. Anything else leaves the link as it was (the TCP
-//! lane is set up after this, for the links that remain).
+//! forms, through the negotiation driver (`negotiate.rs`): an offer (host identity, process id,
+//! an abstract socket and a token), a connection from the lower world rank of each same-host
+//! pair, the two ring segments passed over it, and only a link where both sides mapped both
+//! rings moves its collective payloads to shared memory. Anything else leaves the link as it
+//! was (the TCP lane is set up after this, for the links that remain).
 
 use std::collections::HashMap;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::client::NexarClient;
+use super::negotiate::{Connecting, LinkSetup, negotiate, setup_tags};
 use crate::transport::shm::mapping::SharedMap;
 use crate::transport::shm::ring::segment_len;
 use crate::transport::shm::setup::{
-    ShmMsg, TOKEN_LEN, check_peer, dial, host_identity, listen, read_hello, recv_ring, send_ring, shm_tag,
+    ShmOffer, TOKEN_LEN, check_peer, dial, host_identity, listen, read_hello, recv_ring, send_ring,
 };
 use crate::transport::shm::{ShmChannel, ShmLimits};
 
@@ -31,11 +32,65 @@ const MAX_SPIN: Duration = Duration::from_micros(50);
 /// and where the checked connection goes.
 type Expected = Arc<Mutex<HashMap<[u8; TOKEN_LEN], (u32, oneshot::Sender<UnixStream>)>>>;
 
-/// This side of one link's exchange.
-struct Peer {
-    rank: usize,
-    world: u32,
-    incoming: Option<oneshot::Receiver<UnixStream>>,
+/// A link whose rings are swapped: the socket (the peer's death closes it), this side's ring
+/// and the peer's.
+type Swapped = (UnixStream, SharedMap, SharedMap);
+
+/// Shared memory's part in the negotiation: check the host, connect, swap rings.
+struct ShmSetup {
+    comm: NexarClient,
+    host: String,
+    limit: Duration,
+    /// The connection each higher-ranked peer is to make to this rank, by peer.
+    incoming: Mutex<HashMap<usize, oneshot::Receiver<UnixStream>>>,
+    /// Accepts connections while the negotiation runs.
+    _accepting: Option<AcceptOnDrop>,
+}
+
+impl LinkSetup for ShmSetup {
+    type Connected = Swapped;
+
+    fn name(&self) -> &'static str {
+        "same-host"
+    }
+
+    fn connect(self: Arc<Self>, peer: usize, _ours: Vec<u8>, theirs: Vec<u8>, by: Instant) -> Connecting<Swapped> {
+        Box::pin(async move {
+            let theirs = ShmOffer::decode(&theirs)?;
+            if theirs.host != self.host {
+                return Err(format!("rank {peer} is on another host"));
+            }
+            // The lower world rank dials; both then pass their rings and check the other's.
+            let (me, world, limit) = (self.comm.world_rank() as u32, self.comm.comm.members[peer] as u32, self.limit);
+            let swapped = if me < world {
+                tokio::task::spawn_blocking(move || {
+                    let sock = dial(&theirs.socket, &theirs.token, me, limit).map_err(|e| format!("dialling: {e}"))?;
+                    check_peer(&sock, theirs.pid, peer).map_err(|e| e.to_string())?;
+                    swap_rings(sock, peer)
+                })
+                .await
+            } else {
+                let waiting = crate::sync::lock(&self.incoming).remove(&peer);
+                let late = || format!("rank {peer} did not connect in time");
+                let sock = match waiting {
+                    Some(rx) => {
+                        tokio::time::timeout_at(by.into(), rx).await.map_err(|_| late())?.map_err(|_| late())?
+                    }
+                    None => return Err("not expecting a connection".into()),
+                };
+                tokio::task::spawn_blocking(move || {
+                    check_peer(&sock, theirs.pid, peer).map_err(|e| e.to_string())?;
+                    swap_rings(sock, peer)
+                })
+                .await
+            };
+            swapped.unwrap_or_else(|e| Err(e.to_string()))
+        })
+    }
+
+    fn start(&self, peer: usize, (sock, ours, theirs): Swapped) -> Result<(), String> {
+        self.comm.start_shm(peer, sock, ours, theirs)
+    }
 }
 
 impl NexarClient {
@@ -43,7 +98,7 @@ impl NexarClient {
     /// memory; every rank of the communicator calls it at the same point (like a collective).
     /// Returns the peers whose links moved.
     pub(crate) async fn attach_shared_memory(&self) -> Vec<usize> {
-        let offer_tag = shm_tag(0);
+        let tags = setup_tags("same-host", self.comm_id(), 0);
         let limit = self.config().connect_timeout;
         let peers: Vec<usize> = (0..self.world_size())
             .filter(|r| *r != self.rank() && self.bulk_transport(*r).is_some() && self.attached_bulk(*r).is_none())
@@ -53,123 +108,32 @@ impl NexarClient {
         } else {
             Err("NEXAR_SHM=off".to_string())
         };
-        let (listener, socket) = match listening {
-            Ok((listener, socket)) => (listener, socket),
-            Err(reason) => {
-                for peer in peers {
-                    let _ = self.send_setup(peer, offer_tag, ShmMsg::Decline { reason: reason.clone() }.encode()).await;
-                }
-                return Vec::new();
-            }
-        };
         let (host, pid) = (host_identity(self.config().host_id.as_deref()), std::process::id());
         let expected: Expected = Arc::default();
-        let mut mine = Vec::new();
-        for rank in peers {
-            let token: [u8; TOKEN_LEN] = rand::random();
-            let world = self.comm.members[rank] as u32;
-            let (tx, rx) = oneshot::channel();
-            crate::sync::lock(&expected).insert(token, (world, tx));
-            let offer = ShmMsg::Offer { host: host.clone(), pid, socket: socket.clone(), token };
-            if self.send_setup(rank, offer_tag, offer.encode()).await.is_ok() {
-                mine.push(Peer { rank, world, incoming: Some(rx) });
-            }
-        }
-        let accepting = AcceptOnDrop::start(listener, expected.clone(), limit);
-        let start = Instant::now();
-        let mut exchanges = tokio::task::JoinSet::new();
-        for p in mine {
-            let (me, host) = (self.clone(), host.clone());
-            exchanges.spawn(async move { me.shm_exchange(p, &host, start, limit).await });
-        }
-        let mut up = Vec::new();
-        while let Some(done) = exchanges.join_next().await {
-            match done {
-                Ok((rank, Ok(()))) => up.push(rank),
-                Ok((rank, Err(reason))) => {
-                    tracing::debug!(rank = self.rank(), peer = rank, %reason, "no shared memory on this link")
-                }
-                Err(e) => tracing::warn!(rank = self.rank(), error = %e, "a shared-memory exchange failed"),
-            }
-        }
-        drop(accepting);
-        up.sort_unstable();
-        up
-    }
-
-    /// One peer's side of the exchange after this rank's offer.
-    async fn shm_exchange(
-        &self,
-        mut p: Peer,
-        host: &str,
-        start: Instant,
-        limit: Duration,
-    ) -> (usize, Result<(), String>) {
-        let outcome_tag = shm_tag(1);
-        let theirs = match self.shm_setup(p.rank, shm_tag(0), start + limit).await {
-            Ok(msg) => msg,
-            Err(e) => return (p.rank, Err(e)),
-        };
-        let (their_pid, their_socket, their_token) = match theirs {
-            ShmMsg::Offer { host: their_host, .. } if their_host != host => {
-                return (p.rank, Err(format!("rank {} is on another host", p.rank)));
-            }
-            ShmMsg::Offer { pid, socket, token, .. } => (pid, socket, token),
-            ShmMsg::Decline { reason } => return (p.rank, Err(format!("rank {} declined: {reason}", p.rank))),
-            other => return (p.rank, Err(format!("rank {} answered the offer with {other:?}", p.rank))),
-        };
-        // The lower world rank dials; both then pass their rings and check the other's.
-        let me = self.world_rank() as u32;
-        let connected: Result<(UnixStream, SharedMap, SharedMap), String> = if me < p.world {
-            let rank = p.rank;
-            tokio::task::spawn_blocking(move || {
-                let sock = dial(&their_socket, &their_token, me, limit).map_err(|e| format!("dialling: {e}"))?;
-                check_peer(&sock, their_pid, rank).map_err(|e| e.to_string())?;
-                swap_rings(sock, rank)
+        let mut incoming = HashMap::new();
+        let offers = peers
+            .into_iter()
+            .map(|rank| {
+                let offer = listening.as_ref().map_err(Clone::clone).map(|(_, socket)| {
+                    let token: [u8; TOKEN_LEN] = rand::random();
+                    let (tx, rx) = oneshot::channel();
+                    crate::sync::lock(&expected).insert(token, (self.comm.members[rank] as u32, tx));
+                    incoming.insert(rank, rx);
+                    ShmOffer { host: host.clone(), pid, socket: socket.clone(), token }.encode()
+                });
+                (rank, offer)
             })
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()))
-        } else {
-            let incoming = p.incoming.take();
-            let rank = p.rank;
-            match incoming.map(|rx| tokio::time::timeout_at((start + 2 * limit).into(), rx)) {
-                Some(wait) => match wait.await {
-                    Ok(Ok(sock)) => tokio::task::spawn_blocking(move || {
-                        check_peer(&sock, their_pid, rank).map_err(|e| e.to_string())?;
-                        swap_rings(sock, rank)
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(e.to_string())),
-                    _ => Err(format!("rank {} did not connect in time", p.rank)),
-                },
-                None => Err("not expecting a connection".into()),
+            .collect();
+        let accepting = listening.ok().map(|(listener, _)| AcceptOnDrop::start(listener, expected, limit));
+        let setup = ShmSetup { comm: self.clone(), host, limit, incoming: Mutex::new(incoming), _accepting: accepting };
+        let mut up = Vec::new();
+        for (peer, outcome) in negotiate(self, Arc::new(setup), tags, offers, limit).await {
+            match outcome {
+                Ok(()) => up.push(peer),
+                Err(reason) => tracing::debug!(rank = self.rank(), peer, %reason, "no shared memory on this link"),
             }
-        };
-        let ours = match &connected {
-            Ok(_) => ShmMsg::Ready,
-            Err(reason) => ShmMsg::Failed { reason: reason.clone() },
-        };
-        let _ = self.send_setup(p.rank, outcome_tag, ours.encode()).await;
-        let (sock, mine, theirs) = match connected {
-            Ok(c) => c,
-            Err(e) => return (p.rank, Err(e)),
-        };
-        let outcome = match self.shm_setup(p.rank, outcome_tag, start + 3 * limit).await {
-            Ok(ShmMsg::Ready) => self.start_shm(p.rank, sock, mine, theirs),
-            Ok(ShmMsg::Failed { reason }) => Err(format!("rank {}: {reason}", p.rank)),
-            Ok(other) => Err(format!("rank {} answered round two with {other:?}", p.rank)),
-            Err(e) => Err(e),
-        };
-        (p.rank, outcome)
-    }
-
-    /// The peer's next same-host setup message with `tag`, by `deadline`.
-    async fn shm_setup(&self, peer: usize, tag: u64, deadline: Instant) -> Result<ShmMsg, String> {
-        match tokio::time::timeout_at(deadline.into(), self.recv_setup(peer, tag)).await {
-            Ok(Ok(bytes)) => ShmMsg::decode(&bytes).map_err(|e| format!("rank {peer}: {e}")),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("rank {peer} sent no same-host setup in time")),
         }
+        up
     }
 
     fn start_shm(&self, peer: usize, sock: UnixStream, ours: SharedMap, theirs: SharedMap) -> Result<(), String> {

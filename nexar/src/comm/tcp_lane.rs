@@ -1,6 +1,7 @@
-//! Bringing the TCP lane up on every direct link of a communicator: offers over QUIC, two TLS
-//! connections per link, then both sides say whether theirs came up, and only a link where both
-//! did moves its collective payloads to TCP. Anything else leaves that link on QUIC.
+//! Bringing the TCP lane up on every direct link of a communicator, through the negotiation
+//! driver (`negotiate.rs`): each rank offers a listener port and a token per link, both dial,
+//! and only a link where both connections came up on both sides moves its collective payloads
+//! to TCP. Anything else leaves that link on QUIC.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -11,7 +12,8 @@ use rustls::{ServerConnection, StreamOwned};
 use tokio::sync::oneshot;
 
 use super::client::NexarClient;
-use crate::transport::tcp_lane::{Connected, LaneMsg, LaneTls, ReadLimits, TOKEN_LEN, TcpLane, answer, dial, lane_tag};
+use super::negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
+use crate::transport::tcp_lane::{Connected, LaneOffer, LaneTls, ReadLimits, TOKEN_LEN, TcpLane, answer, dial};
 
 /// Room in a received group for the frames around the largest payload.
 const GROUP_OVERHEAD: u64 = 256 << 10;
@@ -21,175 +23,104 @@ type Incoming = StreamOwned<ServerConnection, TcpStream>;
 /// Connections this rank waits for, by the token it gave their dialler.
 type Expected = Arc<Mutex<HashMap<[u8; TOKEN_LEN], (u32, oneshot::Sender<Incoming>)>>>;
 
-/// One peer through the exchange.
-struct Peer {
-    rank: usize,
-    world: u32,
-    direct: bool,
-    /// The peer keeps QUIC by its own choice (not worth a warning here).
-    declined: bool,
-    /// Why this link stays on QUIC, once something decided so.
-    quic: Option<String>,
-    incoming: Option<oneshot::Receiver<Incoming>>,
+/// The TCP lane's part in the negotiation: dial the peer's listener, wait for its connection.
+struct LaneSetup {
+    comm: NexarClient,
+    /// The lane's TLS, and the listener's task (accepting while the negotiation runs); none
+    /// where this rank offers no lane (it only tells its peers why).
+    tls: Option<(LaneTls, AbortOnDrop)>,
+    limit: Duration,
+    /// The connection each peer is to make to this rank, by peer.
+    incoming: Mutex<HashMap<usize, oneshot::Receiver<Incoming>>>,
+}
+
+impl LinkSetup for LaneSetup {
+    type Connected = Connected;
+
+    fn name(&self) -> &'static str {
+        "tcp lane"
+    }
+
+    fn connect(self: Arc<Self>, peer: usize, _ours: Vec<u8>, theirs: Vec<u8>, by: Instant) -> Connecting<Connected> {
+        Box::pin(async move {
+            let tls = self.tls.as_ref().map(|(tls, _)| tls.clone()).ok_or("this rank offers no tcp lane")?;
+            let offer = LaneOffer::decode(&theirs)?;
+            let addr = self.comm.peer_addr(peer).ok_or("no direct link")?;
+            let world = self.comm.comm.members[peer] as u32;
+            let mut hello = [0u8; TOKEN_LEN + 4];
+            hello[..TOKEN_LEN].copy_from_slice(&offer.token);
+            hello[TOKEN_LEN..].copy_from_slice(&(self.comm.world_rank() as u32).to_le_bytes());
+            let (at, limit) = (SocketAddr::new(addr.ip(), offer.port), self.limit);
+            let outgoing = match tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return Err(format!("cannot dial rank {peer}'s tcp lane: {e}")),
+                Err(e) => return Err(format!("dialling rank {peer}: {e}")),
+            };
+            let waiting = crate::sync::lock(&self.incoming).remove(&peer);
+            let not_connected = || format!("rank {peer} did not connect to this rank's tcp lane");
+            let incoming = match waiting {
+                Some(rx) => tokio::time::timeout_at(by.into(), rx).await.map_err(|_| not_connected())?,
+                None => return Err(not_connected()),
+            };
+            Ok(Connected { outgoing, incoming: incoming.map_err(|_| not_connected())? })
+        })
+    }
+
+    fn start(&self, peer: usize, conns: Connected) -> Result<(), String> {
+        self.comm.start_tcp_lane(peer, conns)
+    }
 }
 
 impl NexarClient {
     /// Moves the collective payloads of every direct link that can to a TCP lane; every rank of
-    /// the communicator calls it at the same point (like a collective). Returns, per peer, the
-    /// lane's outcome: `Ok` or why the link stays on QUIC.
+    /// the communicator calls it at the same point (like a collective). Returns, per direct
+    /// peer, the lane's outcome: `Ok` or why the link stays on QUIC.
     ///
     /// With `tls` an error (this rank keeps QUIC, and why), the rank only tells its peers so,
     /// so that they do not wait for it.
-    pub(crate) async fn attach_tcp_lanes(&self, tls: Result<&LaneTls, String>) -> Vec<(usize, Result<(), String>)> {
-        // Once per cluster, when it forms: fixed tags, and the communicator's setup numbers
-        // stay for the back ends an application attaches later.
-        let offer_tag = lane_tag(0, 0);
-        let limit = self.config().connect_timeout;
-        let tls = match tls {
-            Ok(tls) => tls,
-            Err(reason) => return self.decline_tcp_lanes(offer_tag, reason).await,
-        };
-        let (mut listener, port) = match self.lane_listener() {
-            Ok((listener, port)) => (Some(listener), Ok(port)),
-            Err(reason) => (None, Err(reason)),
-        };
-        let expected: Expected = Arc::default();
-        // Peers without a direct link have none to this rank either: nothing to say to them.
-        let mut peers: Vec<Peer> = self.lane_peers().into_iter().filter(|p| p.direct).collect();
-
-        // Round one: an offer (or why not) to every peer.
-        for p in &mut peers {
-            let ours = match (&port, &p.quic) {
-                (Ok(port), None) => {
-                    let token: [u8; TOKEN_LEN] = rand::random();
-                    let (tx, rx) = oneshot::channel();
-                    crate::sync::lock(&expected).insert(token, (p.world, tx));
-                    p.incoming = Some(rx);
-                    LaneMsg::Offer { port: *port, token }
-                }
-                (Err(reason), None) => LaneMsg::Decline { reason: reason.clone() },
-                (_, Some(reason)) => LaneMsg::Decline { reason: reason.clone() },
-            };
-            if let Err(e) = self.send_setup(p.rank, offer_tag, ours.encode()).await {
-                p.quic.get_or_insert(e.to_string());
-            }
-            if matches!(ours, LaneMsg::Decline { .. }) {
-                p.quic.get_or_insert("declined here".into());
-            }
-        }
-        let accepting =
-            listener.take().map(|l| AbortOnDrop(tokio::spawn(accept_lanes(l, tls.clone(), expected.clone(), limit))));
-
-        // Then every peer on its own (one slow peer delays nobody else): its offer, the two
-        // connections, both outcomes. Each step has a deadline counted from the same start, so
-        // both ends of a link give up at about the same time.
-        let start = Instant::now();
-        let mut exchanges = tokio::task::JoinSet::new();
-        for p in peers {
-            let (me, tls) = (self.clone(), tls.clone());
-            exchanges.spawn(async move { me.lane_exchange(p, &tls, start, limit).await });
-        }
-        let mut outcomes = Vec::new();
-        while let Some(done) = exchanges.join_next().await {
-            match done {
-                Ok(outcome) => outcomes.push(outcome),
-                Err(e) => tracing::warn!(rank = self.rank(), error = %e, "a tcp lane exchange failed"),
-            }
-        }
-        drop(accepting);
-        outcomes.sort_by_key(|(rank, _, _)| *rank);
-        outcomes
-            .into_iter()
-            .map(|(peer, declined, outcome)| {
-                match &outcome {
-                    Err(reason) if !declined => {
-                        tracing::warn!(rank = self.rank(), peer, %reason, "collective payloads to this peer stay on QUIC");
-                    }
-                    Err(reason) => tracing::debug!(rank = self.rank(), peer, %reason, "no tcp lane"),
-                    Ok(()) => {}
-                }
-                (peer, outcome)
-            })
-            .collect()
-    }
-
-    /// One peer's side of the exchange after this rank's offer: `(peer, whether the peer
-    /// declined, outcome)`.
-    async fn lane_exchange(
+    pub(crate) async fn attach_tcp_lanes(
         &self,
-        mut p: Peer,
-        tls: &LaneTls,
-        start: Instant,
-        limit: Duration,
-    ) -> (usize, bool, Result<(), String>) {
-        let (offer_tag, outcome_tag) = (lane_tag(0, 0), lane_tag(0, 1));
-        // Their offer, and a dial where they made one.
-        let mut outgoing = None;
-        let theirs = self.lane_setup(p.rank, offer_tag, start + limit).await;
-        match (theirs, self.peer_addr(p.rank)) {
-            (Ok(LaneMsg::Offer { port, token }), Some(addr)) if p.quic.is_none() => {
-                let mut hello = [0u8; TOKEN_LEN + 4];
-                hello[..TOKEN_LEN].copy_from_slice(&token);
-                hello[TOKEN_LEN..].copy_from_slice(&(self.world_rank() as u32).to_le_bytes());
-                let (tls, world, at) = (tls.clone(), p.world, SocketAddr::new(addr.ip(), port));
-                match tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit)).await {
-                    Ok(Ok(stream)) => outgoing = Some(stream),
-                    Ok(Err(e)) => p.quic = Some(format!("cannot dial rank {}'s tcp lane: {e}", p.rank)),
-                    Err(e) => p.quic = Some(format!("dialling rank {}: {e}", p.rank)),
+        tls: Result<&LaneTls, String>,
+    ) -> Vec<(usize, Result<(), NotAttached>)> {
+        // Once per cluster, when it forms: attempt 0, and the communicator's setup numbers
+        // stay for the back ends an application attaches later.
+        let tags = setup_tags("tcp lane", self.comm_id(), 0);
+        let limit = self.config().connect_timeout;
+        let listening = tls.and_then(|tls| self.lane_listener().map(|(l, port)| (tls.clone(), l, port)));
+        let expected: Expected = Arc::default();
+        let mut incoming = HashMap::new();
+        // Peers without a direct link have none to this rank either: nothing to say to them.
+        let peers = (0..self.world_size()).filter(|r| *r != self.rank() && self.bulk_transport(*r).is_some());
+        let offers: Vec<(usize, Result<Vec<u8>, String>)> = peers
+            .map(|rank| {
+                let offer = match (&listening, self.attached_bulk(rank)) {
+                    (_, Some(other)) => Err(format!("the link to rank {rank} already has a {other} channel")),
+                    (Err(reason), None) => Err(reason.clone()),
+                    (Ok((_, _, port)), None) => {
+                        let token: [u8; TOKEN_LEN] = rand::random();
+                        let (tx, rx) = oneshot::channel();
+                        crate::sync::lock(&expected).insert(token, (self.comm.members[rank] as u32, tx));
+                        incoming.insert(rank, rx);
+                        Ok(LaneOffer { port: *port, token }.encode())
+                    }
+                };
+                (rank, offer)
+            })
+            .collect();
+        let tls = listening.ok().map(|(tls, listener, _)| {
+            let accepting = AbortOnDrop(tokio::spawn(accept_lanes(listener, tls.clone(), expected, limit)));
+            (tls, accepting)
+        });
+        let setup = LaneSetup { comm: self.clone(), tls, limit, incoming: Mutex::new(incoming) };
+        let outcomes = negotiate(self, Arc::new(setup), tags, offers, limit).await;
+        for (peer, outcome) in &outcomes {
+            match outcome {
+                Err(reason @ NotAttached::Failed(_)) => {
+                    tracing::warn!(rank = self.rank(), peer, %reason, "collective payloads to this peer stay on QUIC");
                 }
+                Err(reason) => tracing::debug!(rank = self.rank(), peer, %reason, "no tcp lane"),
+                Ok(()) => {}
             }
-            (Ok(LaneMsg::Decline { reason }), _) => {
-                p.declined = true;
-                p.quic.get_or_insert(format!("rank {} declined: {reason}", p.rank));
-            }
-            (Ok(other @ (LaneMsg::Ready | LaneMsg::Failed { .. })), _) => {
-                p.quic.get_or_insert(format!("rank {} answered round one with {other:?}", p.rank));
-            }
-            (Err(e), _) => {
-                p.quic.get_or_insert(e);
-            }
-            (Ok(LaneMsg::Offer { .. }), None) => {
-                p.quic.get_or_insert("no direct link".into());
-            }
-            (Ok(LaneMsg::Offer { .. }), Some(_)) => {}
-        }
-        // Their connection to this rank.
-        let incoming = match (p.quic.is_none(), p.incoming.take()) {
-            (true, Some(rx)) => match tokio::time::timeout_at((start + 2 * limit).into(), rx).await {
-                Ok(Ok(stream)) => Some(stream),
-                _ => {
-                    p.quic = Some(format!("rank {} did not connect to this rank's tcp lane", p.rank));
-                    None
-                }
-            },
-            _ => None,
-        };
-        let (ours, conns) = match (&p.quic, outgoing, incoming) {
-            (None, Some(outgoing), Some(incoming)) => (LaneMsg::Ready, Some(Connected { outgoing, incoming })),
-            (reason, ..) => {
-                (LaneMsg::Failed { reason: reason.clone().unwrap_or_else(|| "not connected".into()) }, None)
-            }
-        };
-        // A peer that declined expects no outcome, but an extra message is harmless.
-        let _ = self.send_setup(p.rank, outcome_tag, ours.encode()).await;
-        let Some(conns) = conns else {
-            return (p.rank, p.declined, Err(p.quic.unwrap_or_else(|| "not connected".into())));
-        };
-        let outcome = match self.lane_setup(p.rank, outcome_tag, start + 3 * limit).await {
-            Ok(LaneMsg::Ready) => self.start_tcp_lane(p.rank, conns),
-            Ok(LaneMsg::Failed { reason }) => Err(format!("rank {}: {reason}", p.rank)),
-            Ok(other) => Err(format!("rank {} answered round two with {other:?}", p.rank)),
-            Err(e) => Err(e),
-        };
-        (p.rank, false, outcome)
-    }
-
-    /// Tells every direct peer that this rank keeps QUIC.
-    async fn decline_tcp_lanes(&self, offer_tag: u64, reason: String) -> Vec<(usize, Result<(), String>)> {
-        let mut outcomes = Vec::new();
-        for p in self.lane_peers().into_iter().filter(|p| p.direct) {
-            let _ = self.send_setup(p.rank, offer_tag, LaneMsg::Decline { reason: reason.clone() }.encode()).await;
-            outcomes.push((p.rank, Err(reason.clone())));
         }
         outcomes
     }
@@ -202,29 +133,6 @@ impl NexarClient {
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         Ok((listener, port))
-    }
-
-    /// Every other rank; those with a channel already are marked QUIC.
-    fn lane_peers(&self) -> Vec<Peer> {
-        (0..self.world_size())
-            .filter(|r| *r != self.rank())
-            .map(|rank| {
-                let direct = self.bulk_transport(rank).is_some();
-                let quic = self
-                    .attached_bulk(rank)
-                    .map(|other| format!("the link to rank {rank} already has a {other} channel"));
-                Peer { rank, world: self.comm.members[rank] as u32, direct, declined: false, quic, incoming: None }
-            })
-            .collect()
-    }
-
-    /// The peer's next lane setup message with `tag`, by `deadline`.
-    async fn lane_setup(&self, peer: usize, tag: u64, deadline: Instant) -> Result<LaneMsg, String> {
-        match tokio::time::timeout_at(deadline.into(), self.recv_setup(peer, tag)).await {
-            Ok(Ok(bytes)) => LaneMsg::decode(&bytes).map_err(|e| format!("rank {peer}: {e}")),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("rank {peer} sent no tcp lane setup in time")),
-        }
     }
 
     /// The address this rank's QUIC link to `peer` reaches it at.

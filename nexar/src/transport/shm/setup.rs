@@ -46,18 +46,15 @@ pub(crate) fn host_identity(overridden: Option<&str>) -> String {
     format!("machine:{} boot:{} {} uid:{uid}", read("/etc/machine-id"), read("/proc/sys/kernel/random/boot_id"), netns)
 }
 
-/// One setup message of a same-host link.
+/// A same-host offer, sent inside the negotiation driver's round one (`comm/negotiate.rs`):
+/// I am on `host`, process `pid`; dial my abstract socket `socket` with `token` (the lower
+/// world rank of a link dials).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum ShmMsg {
-    /// I am on `host`, process `pid`; dial my abstract socket `socket` with `token` (the lower
-    /// world rank of a link dials).
-    Offer { host: String, pid: u32, socket: String, token: [u8; TOKEN_LEN] },
-    /// No shared memory from my side, and why.
-    Decline { reason: String },
-    /// Both rings of our link are mapped here.
-    Ready,
-    /// They are not, and why.
-    Failed { reason: String },
+pub(crate) struct ShmOffer {
+    pub host: String,
+    pub pid: u32,
+    pub socket: String,
+    pub token: [u8; TOKEN_LEN],
 }
 
 fn push_text(out: &mut Vec<u8>, text: &str) {
@@ -67,78 +64,46 @@ fn push_text(out: &mut Vec<u8>, text: &str) {
 }
 
 fn take_text(rest: &mut &[u8]) -> Result<String, String> {
-    let [a, b, tail @ ..] = *rest else { return Err("a same-host setup message ends inside a length".into()) };
+    let [a, b, tail @ ..] = *rest else { return Err("a same-host offer ends inside a length".into()) };
     let len = u16::from_le_bytes([*a, *b]) as usize;
     if len > MAX_TEXT || len > tail.len() {
-        return Err(format!("a {len}-byte text in a same-host setup message with {} bytes left", tail.len()));
+        return Err(format!("a {len}-byte text in a same-host offer with {} bytes left", tail.len()));
     }
     let text = String::from_utf8_lossy(&tail[..len]).into_owned();
     *rest = &tail[len..];
     Ok(text)
 }
 
-impl ShmMsg {
+impl ShmOffer {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![MAGIC, VERSION];
-        match self {
-            ShmMsg::Offer { host, pid, socket, token } => {
-                out.push(0);
-                push_text(&mut out, host);
-                out.extend_from_slice(&pid.to_le_bytes());
-                push_text(&mut out, socket);
-                out.extend_from_slice(token);
-            }
-            ShmMsg::Decline { reason } => {
-                out.push(1);
-                push_text(&mut out, reason);
-            }
-            ShmMsg::Ready => out.push(2),
-            ShmMsg::Failed { reason } => {
-                out.push(3);
-                push_text(&mut out, reason);
-            }
-        }
+        push_text(&mut out, &self.host);
+        out.extend_from_slice(&self.pid.to_le_bytes());
+        push_text(&mut out, &self.socket);
+        out.extend_from_slice(&self.token);
         out
     }
 
-    /// A message from untrusted bytes, or what is wrong with them.
-    pub fn decode(bytes: &[u8]) -> Result<ShmMsg, String> {
-        let [magic, version, kind, rest @ ..] = bytes else {
-            return Err(format!("a {}-byte same-host setup message is too short", bytes.len()));
+    /// An offer from untrusted bytes, or what is wrong with them.
+    pub fn decode(bytes: &[u8]) -> Result<ShmOffer, String> {
+        let [magic, version, rest @ ..] = bytes else {
+            return Err(format!("a {}-byte same-host offer is too short", bytes.len()));
         };
         if (*magic, *version) != (MAGIC, VERSION) {
             return Err(format!(
-                "same-host setup message with magic {magic:#x} version {version}, expected {MAGIC:#x} {VERSION}"
+                "a same-host offer with magic {magic:#x} version {version}, expected {MAGIC:#x} {VERSION}"
             ));
         }
         let mut rest = rest;
-        let msg = match kind {
-            0 => {
-                let host = take_text(&mut rest)?;
-                let [p0, p1, p2, p3, tail @ ..] = rest else { return Err("a same-host offer without a pid".into()) };
-                let pid = u32::from_le_bytes([*p0, *p1, *p2, *p3]);
-                rest = tail;
-                let socket = take_text(&mut rest)?;
-                let token: [u8; TOKEN_LEN] =
-                    rest.try_into().map_err(|_| format!("a same-host offer's token has {} bytes", rest.len()))?;
-                rest = &[];
-                ShmMsg::Offer { host, pid, socket, token }
-            }
-            1 => ShmMsg::Decline { reason: take_text(&mut rest)? },
-            2 => ShmMsg::Ready,
-            3 => ShmMsg::Failed { reason: take_text(&mut rest)? },
-            other => return Err(format!("unknown same-host setup message kind {other}")),
-        };
-        if !rest.is_empty() {
-            return Err(format!("{} bytes follow a same-host setup message", rest.len()));
-        }
-        Ok(msg)
+        let host = take_text(&mut rest)?;
+        let [p0, p1, p2, p3, tail @ ..] = rest else { return Err("a same-host offer without a pid".into()) };
+        let pid = u32::from_le_bytes([*p0, *p1, *p2, *p3]);
+        rest = tail;
+        let socket = take_text(&mut rest)?;
+        let token: [u8; TOKEN_LEN] =
+            rest.try_into().map_err(|_| format!("a same-host offer's token has {} bytes", rest.len()))?;
+        Ok(ShmOffer { host, pid, socket, token })
     }
-}
-
-/// The setup tag of round `round` (0: offers, 1: outcomes).
-pub(crate) fn shm_tag(round: u64) -> u64 {
-    0x7368_6d6c_0000_0000 | (round & 1)
 }
 
 /// A listener on a fresh abstract socket, and its name.
@@ -246,26 +211,16 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn messages_round_trip_and_bad_ones_say_why() {
-        for msg in [
-            ShmMsg::Offer {
-                host: "machine:a boot:b".into(),
-                pid: 42,
-                socket: "nexar-shm-x".into(),
-                token: [7; TOKEN_LEN],
-            },
-            ShmMsg::Decline { reason: "NEXAR_SHM=off".into() },
-            ShmMsg::Ready,
-            ShmMsg::Failed { reason: "refused".into() },
-        ] {
-            assert_eq!(ShmMsg::decode(&msg.encode()), Ok(msg));
-        }
-        assert!(ShmMsg::decode(&[MAGIC]).unwrap_err().contains("too short"));
-        assert!(ShmMsg::decode(&[MAGIC, 9, 2]).unwrap_err().contains("version 9"));
-        assert!(ShmMsg::decode(&[MAGIC, VERSION, 2, 0]).unwrap_err().contains("follow"));
-        assert!(ShmMsg::decode(&[MAGIC, VERSION, 1, 200, 0, b'x']).unwrap_err().contains("200-byte text"));
-        assert!(ShmMsg::decode(&[MAGIC, VERSION, 8]).unwrap_err().contains("kind 8"));
-        assert_ne!(shm_tag(0), shm_tag(1));
+    fn offers_round_trip_and_bad_ones_say_why() {
+        let offer =
+            ShmOffer { host: "machine:a boot:b".into(), pid: 42, socket: "nexar-shm-x".into(), token: [7; TOKEN_LEN] };
+        assert_eq!(ShmOffer::decode(&offer.encode()), Ok(offer.clone()));
+        assert!(ShmOffer::decode(&[MAGIC]).unwrap_err().contains("too short"));
+        assert!(ShmOffer::decode(&[MAGIC, 9, 2]).unwrap_err().contains("version 9"));
+        assert!(ShmOffer::decode(&[MAGIC, VERSION, 200, 0, b'x']).unwrap_err().contains("200-byte text"));
+        let mut long = offer.encode();
+        long.push(0);
+        assert!(ShmOffer::decode(&long).unwrap_err().contains("token has 17 bytes"));
     }
 
     #[test]
@@ -295,7 +250,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_bytes_decode_or_fail_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..96)) {
-            let _ = ShmMsg::decode(&bytes);
+            let _ = ShmOffer::decode(&bytes);
         }
     }
 }

@@ -26,4 +26,4 @@ pub(crate) use channel::{Connected, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
 pub(crate) use reader::{ReadLimits, RecvPool};
 pub(crate) use records::{Deferred, GroupSink, SealedRecord};
-pub(crate) use setup::{LaneMsg, TOKEN_LEN, lane_tag};
+pub(crate) use setup::{LaneOffer, TOKEN_LEN};
