@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -336,11 +335,7 @@ impl NexarClient {
             goodbyes: Notify::new(),
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,
-            registry: registry.clone(),
-            rpc_state: Default::default(),
-            rpc_pending: Mutex::new(HashMap::new()),
-            next_req: AtomicU64::new(0),
-            peer_registries: Mutex::new(vec![None; capacity]),
+            rpc: crate::rpc::RpcService::new(registry.clone(), capacity),
             health: Health::new(liveness),
             launch: std::sync::OnceLock::new(),
             joined: Notify::new(),

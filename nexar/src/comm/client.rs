@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -15,8 +14,6 @@ use super::health::Health;
 use super::route::{Route, RouteCache};
 use super::state::CommState;
 use crate::config::NexarConfig;
-use crate::rpc::Registry;
-use crate::transport::framed::Payload;
 use crate::transport::link::LaneSenders;
 use crate::transport::links::Links;
 use crate::transport::mailbox::Mailbox;
@@ -90,17 +87,8 @@ pub(crate) struct Inner {
     pub goodbyes: Notify,
     pub tasks: Mutex<Vec<JoinHandle<()>>>,
     pub seed: Option<Connection>,
-    /// The RPC functions linked into this program.
-    pub registry: Arc<Registry>,
-    /// The state this rank provides to its RPC handlers.
-    pub rpc_state: crate::rpc::StateMap,
-    /// Calls waiting for their response, by (the world rank called, request id): only the rank
-    /// a call went to can answer it.
-    pub rpc_pending: Mutex<HashMap<(u32, u64), RpcReply>>,
-    /// The next request id.
-    pub next_req: AtomicU64,
-    /// What each peer said it serves: function id → signature hash.
-    pub peer_registries: Mutex<Vec<Option<HashMap<u64, u64>>>>,
+    /// The RPC service: functions served, handler state, peers' registries, pending calls.
+    pub rpc: crate::rpc::RpcService,
     /// Which peers are alive.
     pub health: Health,
     /// What the launcher said of this rank, and the seed it hosts (set by `init`).
@@ -137,9 +125,6 @@ pub(crate) struct Inner {
     /// where its answer goes.
     pub positions: Mutex<HashMap<u64, (u32, oneshot::Sender<crate::trace::Answer>)>>,
 }
-
-/// Where a pending RPC call's answer goes: (status, payload).
-pub(crate) type RpcReply = oneshot::Sender<(u8, Payload)>;
 
 /// Counters of one peer link, from [`NexarClient::link_stats`].
 ///

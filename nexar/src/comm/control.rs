@@ -23,7 +23,7 @@ impl Inner {
             }
         });
         crate::sync::lock(&self.tasks).push(watcher);
-        let announce = PeerMsg::Registry { entries: self.registry.entries() };
+        let announce = PeerMsg::Registry { entries: self.rpc.registry().entries() };
         if let Err(e) = link.send_queued(&announce, None).await {
             tracing::debug!(peer, error = %e, "could not announce the rpc registry");
         }
@@ -57,9 +57,7 @@ pub(super) async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receive
                 inner.coll.abort(comm, seq, &reason);
             }
             PeerMsg::Registry { entries } => {
-                if let Some(slot) = crate::sync::lock(&inner.peer_registries).get_mut(incoming.from as usize) {
-                    *slot = Some(entries.into_iter().collect());
-                }
+                inner.rpc.learn(incoming.from as usize, entries);
             }
             PeerMsg::Admit { comm, members } => {
                 let members: Vec<usize> = members.into_iter().map(|m| m as usize).collect();

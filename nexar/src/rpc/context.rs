@@ -74,7 +74,7 @@ impl RpcContext {
     /// # }
     /// ```
     pub fn state<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
-        self.client.inner.rpc_state.get::<T>()
+        self.client.inner.rpc.state().get::<T>()
     }
 
     /// [`state`](Self::state) for a handler's [`State`] parameter: its absence is the
@@ -171,6 +171,6 @@ impl NexarClient {
     /// # Ok(()) }
     /// ```
     pub fn provide_state<T: Send + Sync + 'static>(&self, state: T) -> Option<Arc<T>> {
-        self.inner.rpc_state.insert(state)
+        self.inner.rpc.state().insert(state)
     }
 }

@@ -19,6 +19,7 @@
 mod call;
 mod context;
 mod serve;
+mod service;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,6 +29,7 @@ use std::time::Duration;
 pub(crate) use context::StateMap;
 pub use context::{RpcContext, State};
 pub(crate) use serve::{serve_requests, serve_responses};
+pub(crate) use service::{RpcService, Served};
 
 /// Why an RPC failed. Each case is distinct so callers can react to it; a handler's own
 /// error travels inside the `Ok` value, typed.

@@ -59,7 +59,7 @@ pub(crate) async fn serve_requests(
     while let Some(incoming) = lane.recv().await {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
         let PeerMsg::RpcRequest { req, func, sig, .. } = incoming.msg else { continue };
-        let Some(registry) = inner.upgrade().map(|i| i.registry.clone()) else { return };
+        let Some(registry) = inner.upgrade().map(|i| i.rpc.registry().clone()) else { return };
         let body = match incoming.payload.to_vec() {
             Ok(body) => body,
             Err(e) => {
@@ -113,7 +113,7 @@ pub(crate) async fn serve_responses(inner: Weak<Inner>, mut lane: mpsc::Receiver
         let PeerMsg::RpcResponse { req, status, .. } = incoming.msg else { continue };
         let Some(inner) = inner.upgrade() else { return };
         // Keyed by the responder: a rank can answer only the calls made to it.
-        match crate::sync::lock(&inner.rpc_pending).remove(&(incoming.from, req)) {
+        match inner.rpc.answer(incoming.from, req) {
             Some(tx) => {
                 let _ = tx.send((status, incoming.payload));
             }
