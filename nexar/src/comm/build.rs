@@ -338,14 +338,11 @@ impl NexarClient {
             rpc: crate::rpc::RpcService::new(registry.clone(), capacity),
             health: Health::new(liveness),
             launch: std::sync::OnceLock::new(),
-            joined: Notify::new(),
             initial_world: addrs.len(),
             host_keys: std::sync::OnceLock::new(),
             routes: route_cache(),
             relay_seals,
-            late_joiners: Mutex::new(Vec::new()),
-            admitted: Mutex::new(std::collections::BTreeSet::new()),
-            admission: tokio::sync::watch::channel(None).0,
+            growth: Default::default(),
             setup: Default::default(),
             trace: crate::trace::RankTrace::new(&trace_cfg, rank, world, cluster_id(ca)),
             positions: Mutex::new(HashMap::new()),
@@ -394,8 +391,7 @@ impl NexarClient {
                             tracing::info!(peer, "a rank that joined the running cluster connected");
                             inner.health.liveness.heard(peer);
                             inner.welcome_link(link).await;
-                            crate::sync::lock(&inner.late_joiners).push(peer as usize);
-                            inner.joined.notify_waiters();
+                            inner.growth.connected(peer as usize);
                         }
                         Err(link) => link.close(CLOSE_SHUTDOWN, "this rank already has a link to that rank"),
                     }

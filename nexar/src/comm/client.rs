@@ -93,8 +93,6 @@ pub(crate) struct Inner {
     pub health: Health,
     /// What the launcher said of this rank, and the seed it hosts (set by `init`).
     pub launch: std::sync::OnceLock<super::init::Launched>,
-    /// Woken whenever a rank that joined later connects.
-    pub joined: Notify,
     /// The world size the cluster formed with (the topology is laid over it).
     pub initial_world: usize,
     /// A key of the host of each rank of the world the cluster formed with, equal for ranks
@@ -105,13 +103,8 @@ pub(crate) struct Inner {
     /// The keys that seal this rank's relayed messages end to end (none in a cluster started
     /// with `connect_static`).
     pub relay_seals: Option<Arc<RelaySeals>>,
-    /// World ranks that joined the running cluster and connected to this rank, in order.
-    pub late_joiners: Mutex<Vec<usize>>,
-    /// Late joiners that became members of a communicator of this rank.
-    pub admitted: Mutex<std::collections::BTreeSet<usize>>,
-    /// The communicator this rank was admitted to after joining a running cluster, if any:
-    /// `(id, members)`.
-    pub admission: tokio::sync::watch::Sender<Option<(u64, Vec<usize>)>>,
+    /// Ranks that joined the running cluster, and this rank's own admission.
+    pub growth: super::growth::Growth,
     /// Transport back ends' setup messages waiting to be taken.
     pub setup: super::backend::SetupInbox,
     /// The flight recorder (see [`crate::trace`]).

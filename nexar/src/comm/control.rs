@@ -68,7 +68,7 @@ pub(super) async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receive
                         world = members.len(),
                         "admitted to a grown communicator"
                     );
-                    inner.admission.send_replace(Some((comm, members)));
+                    inner.growth.admitted_to(comm, members);
                 } else {
                     tracing::warn!(from = incoming.from, "ignored an admission that does not name this rank");
                 }

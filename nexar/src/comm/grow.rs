@@ -70,7 +70,7 @@ impl NexarClient {
         };
         let (id, members) = self.check_growth(&decision)?;
         self.wait_for_links(&members, "rebuild_adding").await?;
-        crate::sync::lock(&self.inner.admitted).extend(members.iter().copied());
+        self.inner.growth.admit(&members);
         tracing::info!(rank, world = members.len(), "communicator grown");
         Ok(self.with_comm(CommState::new(id, members, me)))
     }
@@ -88,7 +88,7 @@ impl NexarClient {
     /// ```
     pub async fn admitted(&self) -> Result<NexarClient, RecoveryError> {
         let limit = self.config().join_timeout;
-        let mut rx = self.inner.admission.subscribe();
+        let mut rx = self.inner.growth.admission();
         let (id, members) = match tokio::time::timeout(limit, rx.wait_for(Option::is_some)).await {
             Ok(Ok(admission)) => admission.clone().unwrap_or_default(),
             Ok(Err(_)) => return Err(RecoveryError::Closed { rank: self.inner.rank }),
@@ -131,14 +131,15 @@ impl NexarClient {
         let limit = self.config().join_timeout;
         let start = Instant::now();
         loop {
-            let notified = self.inner.joined.notified();
-            let joiners: Vec<usize> = crate::sync::lock(&self.inner.late_joiners)
-                .iter()
-                .copied()
-                .filter(|j| !self.comm.members.contains(j) && !self.inner.health.is_dead(*j))
-                .collect::<BTreeSet<_>>()
+            let notified = self.inner.growth.next_connection();
+            let mut joiners: Vec<usize> = self
+                .inner
+                .growth
+                .joiners()
                 .into_iter()
+                .filter(|j| !self.comm.members.contains(j) && !self.inner.health.is_dead(*j))
                 .collect();
+            joiners.sort_unstable();
             if joiners.len() >= at_least {
                 return Ok(joiners);
             }
@@ -193,7 +194,7 @@ impl NexarClient {
         let limit = self.config().mesh_timeout;
         let start = Instant::now();
         loop {
-            let notified = self.inner.joined.notified();
+            let notified = self.inner.growth.next_connection();
             let missing: Vec<usize> =
                 members.iter().copied().filter(|m| *m != self.inner.rank && self.inner.route(*m).is_none()).collect();
             if missing.is_empty() {

@@ -261,7 +261,7 @@ impl Inner {
         }
         self.health.events.send_modify(|all| all.push(failure.clone()));
         // A worker that joined but was never taken into a communicator is nobody's member.
-        let member = peer < self.initial_world || crate::sync::lock(&self.admitted).contains(&peer);
+        let member = peer < self.initial_world || self.growth.is_admitted(peer);
         if self.cfg.recovery_policy == RecoveryPolicy::Abort && member {
             self.abort_all(&format!("rank {peer} failed ({}); recovery policy is abort", failure.reason));
         }

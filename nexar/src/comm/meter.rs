@@ -5,7 +5,6 @@ use std::sync::Weak;
 use std::time::Duration;
 
 use super::client::Inner;
-use crate::sync::lock;
 use crate::telemetry::{Sample, record_sample};
 
 /// How often a rank samples its links and membership: often enough for a dashboard, rarely
@@ -34,6 +33,6 @@ pub(crate) fn sample(inner: &Inner) -> Sample {
             (link.peer() as usize, conn.rtt(), path.sent_packets, path.lost_packets)
         })
         .collect();
-    let joined = lock(&inner.late_joiners).len();
+    let joined = inner.growth.joined_count();
     Sample { links, world_size: inner.initial_world + joined, dead: inner.health.dead().len(), joined }
 }

@@ -8,6 +8,7 @@ mod control;
 mod exec;
 mod failure_watch;
 mod grow;
+mod growth;
 mod health;
 mod hosts;
 mod init;
