@@ -19,7 +19,11 @@ async fn ranks(n: usize) -> Vec<NexarClient> {
 
 /// Every element of every rank's result is within the bound of the exact (f64) sum.
 async fn sums_within_the_bound(n: usize, len: usize, compression: Compression) {
-    let ranks = ranks(n).await;
+    sums_within_the_bound_on(ranks(n).await, len, compression).await;
+}
+
+async fn sums_within_the_bound_on(ranks: Vec<NexarClient>, len: usize, compression: Compression) {
+    let n = ranks.len();
     let results = on_each(&ranks, move |c| async move {
         let mut v: Vec<f32> = (0..len).map(|i| value(c.rank(), i)).collect();
         tokio::time::timeout(TEST_LIMIT, c.all_reduce_compressed(&mut v, Sum, compression)).await.unwrap().unwrap();
@@ -55,6 +59,35 @@ async fn bf16_and_f16_sums_stay_within_the_documented_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_buffer_on_the_tcp_lane_stays_within_the_bound() {
     sums_within_the_bound(2, 1 << 20, Compression::Bf16).await;
+}
+
+/// In segments (of 100 `f32` here, rounded up to whole blocks) with a shorter last one: the
+/// same bound, the same result on every rank, and an f16 overflow in a late segment still
+/// leaves every buffer as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segmented_sums_stay_within_the_bound_and_a_late_overflow_changes_nothing() {
+    for n in [2, 3] {
+        let cfg = nexar::NexarConfig::builder().segment_bytes(400).build().unwrap();
+        let ranks = NexarClient::bootstrap_local_with(n, cfg).await.unwrap();
+        for compression in [Compression::Bf16, Compression::F16] {
+            sums_within_the_bound_on(ranks.clone(), 1001, compression).await;
+        }
+        let outcomes = on_each(&ranks, |c| async move {
+            let mut v: Vec<f32> = (0..1001).map(|i| value(c.rank(), i)).collect();
+            v[950] = 40_000.0; // beyond f16's range once summed, in the last segment
+            let before = v.clone();
+            let got = c.all_reduce_compressed(&mut v, Sum, Compression::F16).await;
+            (got, v == before)
+        })
+        .await;
+        for (rank, (got, unchanged)) in outcomes.into_iter().enumerate() {
+            assert!(
+                matches!(&got, Err(CollectiveError::Overflow { what, .. }) if what.contains("element 950")),
+                "{got:?}"
+            );
+            assert!(unchanged, "{n} ranks, rank {rank}: a failed call leaves the buffer as it was");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

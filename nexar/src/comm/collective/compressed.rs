@@ -47,6 +47,21 @@ wire16!(bf16, f16);
 
 const OP: &str = "all_reduce_compressed";
 
+/// A buffer from the rank's pool, given back however the call ends.
+struct Pooled<'a>(Vec<u64>, &'a crate::transport::pool::BufferPool);
+
+impl<'a> Pooled<'a> {
+    fn take(pool: &'a crate::transport::pool::BufferPool, bytes: usize) -> Pooled<'a> {
+        Pooled(pool.take(bytes), pool)
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        self.1.give(std::mem::take(&mut self.0));
+    }
+}
+
 impl NexarClient {
     /// Allreduces `f32` elements sent as 16-bit floats: half the bytes of
     /// [`all_reduce`](Self::all_reduce) on the wire, at a documented cost in precision
@@ -110,6 +125,12 @@ impl NexarClient {
         Ok(())
     }
 
+    /// The reduction of `data` as `W` on the wire, in segments of the configured size
+    /// ([`NexarConfig::segment_bytes`](crate::NexarConfig::segment_bytes), counted in `f32`
+    /// bytes): each segment is encoded, reduce-scattered and all-gathered while its 16-bit
+    /// copy is still in cache, in buffers from the rank's pool (no fresh pages per call). The
+    /// reduced 16-bit values are decoded into `data` only once every segment is done, so a
+    /// failure (an f16 overflow included) leaves `data` as it was.
     async fn reduce_as<W: Wire16>(
         &self,
         data: &mut [f32],
@@ -117,14 +138,33 @@ impl NexarClient {
         compression: Compression,
     ) -> Result<(), CollectiveError> {
         let world = self.world_size();
-        let block = data.len().div_ceil(world).max(1);
-        let mut wire: Vec<W> = vec![W::zeroed(); block * world];
-        W::encode(data, &mut wire[..data.len()]);
-        let mut mine = vec![W::zeroed(); block];
-        self.reduce_scatter(&wire[..], &mut mine[..], op).await?;
-        self.all_gather(&mine[..], &mut wire[..]).await?;
+        let n = data.len();
+        let segment = match self.config().segment_bytes / size_of::<f32>() {
+            0 => n,
+            elems => elems.next_multiple_of(world),
+        }
+        .clamp(1, n.max(1));
+        let block_of = |len: usize| len.div_ceil(world).max(1);
+        // Room for every segment, the last one padded to whole blocks.
+        let pool = &self.inner.pool;
+        let wire_len = n + block_of(segment) * world;
+        let mut wire_words = Pooled::take(pool, wire_len * size_of::<W>());
+        let mut mine_words = Pooled::take(pool, block_of(segment) * size_of::<W>());
+        let wire: &mut [W] = &mut bytemuck::cast_slice_mut(&mut wire_words.0)[..wire_len];
+        let mine: &mut [W] = &mut bytemuck::cast_slice_mut(&mut mine_words.0)[..block_of(segment)];
+        let mut at = 0;
+        while at < n || (n == 0 && at == 0) {
+            let len = segment.min(n - at);
+            let (block, part) = (block_of(len), &mut wire[at..]);
+            let padded = &mut part[..block * world];
+            W::encode(&data[at..at + len], &mut padded[..len]);
+            padded[len..].fill(W::zeroed());
+            self.reduce_scatter(&padded[..], &mut mine[..block], op).await?;
+            self.all_gather(&mine[..block], padded).await?;
+            at += len.max(1);
+        }
         if compression == Compression::F16
-            && let Some(i) = wire[..data.len()].iter().position(|w| !w.is_finite())
+            && let Some(i) = wire[..n].iter().position(|w| !w.is_finite())
         {
             return Err(CollectiveError::Overflow {
                 rank: self.rank(),
@@ -136,7 +176,7 @@ impl NexarClient {
                 ),
             });
         }
-        W::decode(&wire[..data.len()], data);
+        W::decode(&wire[..n], data);
         Ok(())
     }
 }
