@@ -225,15 +225,8 @@ pub fn all_to_all(rank: usize, layout: &HostLayout, count: usize, segment: usize
         }
     }
     // Within the host, pairwise: H blocks to each local rank.
-    for k in 1..per_host {
-        let (to, from) = ((j + k) % per_host, (j + per_host - k) % per_host);
-        for seg in region(to_local, to * hosts, hosts).segments(segment) {
-            s.send(at[my_host][to], seg);
-        }
-        for seg in region(from_local, from * hosts, hosts).segments(segment) {
-            s.recv(at[my_host][from], seg);
-        }
-    }
+    let local = |i: usize| (at[my_host][i], region(to_local, i * hosts, hosts), region(from_local, i * hosts, hosts));
+    pairwise(&mut s, per_host, j, segment, local, |_, _| {});
     // From local rank i's column for host h, to host h's message (or, for this host, home).
     for (i, source) in at[my_host].iter().enumerate() {
         for h in 0..hosts {
@@ -241,20 +234,41 @@ pub fn all_to_all(rank: usize, layout: &HostLayout, count: usize, segment: usize
             s.copy(region(from_local, i * hosts + h, 1), place);
         }
     }
-    // Across the hosts, pairwise among local index j: L blocks to each host.
-    for k in 1..hosts {
-        let (to, from) = ((my_host + k) % hosts, (my_host + hosts - k) % hosts);
-        for seg in region(to_host, to * per_host, per_host).segments(segment) {
-            s.send(at[to][j], seg);
-        }
-        for seg in region(from_host, from * per_host, per_host).segments(segment) {
-            s.recv(at[from][j], seg);
-        }
+    // Across the hosts, pairwise among local index j: L blocks to each host, each block
+    // put in place as soon as its host's message is in.
+    let host =
+        |h: usize| (at[h][j], region(to_host, h * per_host, per_host), region(from_host, h * per_host, per_host));
+    pairwise(&mut s, hosts, my_host, segment, host, |s, from| {
         for (i, source) in at[from].iter().enumerate() {
             s.copy(region(from_host, from * per_host + i, 1), data(*source));
         }
-    }
+    });
     Some(s)
+}
+
+/// A pairwise exchange among `n` members (this rank is member `me`): in step `k` it sends
+/// member `me + k` its span and receives member `me - k`'s, in segments of at most `segment`
+/// elements, then calls `received` for that member. `member(i)` is member `i`'s rank, the span
+/// sent to it and the span its message fills.
+fn pairwise(
+    s: &mut Schedule,
+    n: usize,
+    me: usize,
+    segment: usize,
+    member: impl Fn(usize) -> (usize, Span, Span),
+    mut received: impl FnMut(&mut Schedule, usize),
+) {
+    for k in 1..n {
+        let (to, from) = ((me + k) % n, (me + n - k) % n);
+        let ((to_rank, out, _), (from_rank, _, into)) = (member(to), member(from));
+        for seg in out.segments(segment) {
+            s.send(to_rank, seg);
+        }
+        for seg in into.segments(segment) {
+            s.recv(from_rank, seg);
+        }
+        received(s, from);
+    }
 }
 
 /// What a ring pass does with what it receives.
