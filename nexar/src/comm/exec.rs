@@ -306,8 +306,8 @@ impl NexarClient {
         let watch = Watch { trace, comm: self.comm.id, seq, call, dtype: T::DTYPE, deadline };
         let internal = |what: &str| CollectiveError::Internal { rank, op, what: what.to_string() };
         let pool = &self.inner.pool;
-        let mut scratch_words = pool.take(schedule.scratch_len * size_of::<T>());
-        let scratch: &mut [T] = &mut bytemuck::cast_slice_mut(&mut scratch_words)[..schedule.scratch_len];
+        let mut scratch_loan = pool.lend(schedule.scratch_len * size_of::<T>());
+        let scratch: &mut [T] = scratch_loan.slice_mut(schedule.scratch_len);
         let mut sends: Vec<(usize, oneshot::Receiver<Result<(), TransportError>>)> = Vec::new();
         for step in &schedule.steps {
             match *step {
@@ -401,7 +401,7 @@ impl NexarClient {
                 }
             }
         }
-        pool.give(scratch_words);
+        drop(scratch_loan);
         for (peer, done) in sends {
             let world_peer = self.comm.members[peer];
             let sent =

@@ -237,9 +237,9 @@ async fn run_unit<'a>(
             }
             let bytes = elems * dtype.size();
             let pool = comm.inner.pool.clone();
-            let mut staging = pool.take(bytes);
+            let mut staging = pool.lend(bytes);
             {
-                let flat = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut staging)[..bytes];
+                let flat = staging.slice_mut::<u8>(bytes);
                 let mut at = 0;
                 for (_, a) in &args {
                     let b = a.bytes();
@@ -247,12 +247,12 @@ async fn run_unit<'a>(
                     at += b.len();
                 }
             }
-            let flat = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut staging)[..bytes];
+            let flat = staging.slice_mut::<u8>(bytes);
             with_dtype!(dtype, T => {
                 let data = typed_mut::<T>(flat, rank, name)?;
                 comm.run_collective_cached::<T>(seq, call, data, &[], schedules).await?;
             });
-            let flat = &bytemuck::cast_slice::<u64, u8>(&staging)[..bytes];
+            let flat = staging.slice_mut::<u8>(bytes);
             let mut at = 0;
             for (_, a) in args.iter_mut() {
                 if let PlanArg::Write(b) = a {
@@ -262,7 +262,7 @@ async fn run_unit<'a>(
                     at += n;
                 }
             }
-            pool.give(staging);
+            drop(staging);
             Ok(args)
         }
         Unit::Lossy { how, members, elems } => {

@@ -43,6 +43,12 @@ impl BufferPool {
         vec![0u64; if class <= MAX_CLASS { 1 << class } else { words }]
     }
 
+    /// A buffer of at least `bytes` bytes that goes back to the pool when the loan is dropped,
+    /// however its user ends (an early error included). Its contents are unspecified.
+    pub fn lend(&self, bytes: usize) -> Lent<'_> {
+        Lent { buf: self.take(bytes), pool: self }
+    }
+
     /// Returns a buffer for reuse (dropped if its class is full or it is not pooled).
     pub fn give(&self, v: Vec<u64>) {
         let words = v.len();
@@ -52,6 +58,25 @@ impl BufferPool {
                 let _ = q.push(v);
             }
         }
+    }
+}
+
+/// A pooled buffer on loan ([`BufferPool::lend`]), viewed as any plain element type.
+pub struct Lent<'a> {
+    buf: Vec<u64>,
+    pool: &'a BufferPool,
+}
+
+impl Lent<'_> {
+    /// The first `len` elements of the buffer as `T` (`len` within what was asked for).
+    pub fn slice_mut<T: bytemuck::Pod>(&mut self, len: usize) -> &mut [T] {
+        &mut bytemuck::cast_slice_mut(&mut self.buf)[..len]
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
     }
 }
 

@@ -47,21 +47,6 @@ wire16!(bf16, f16);
 
 const OP: &str = "all_reduce_compressed";
 
-/// A buffer from the rank's pool, given back however the call ends.
-struct Pooled<'a>(Vec<u64>, &'a crate::transport::pool::BufferPool);
-
-impl<'a> Pooled<'a> {
-    fn take(pool: &'a crate::transport::pool::BufferPool, bytes: usize) -> Pooled<'a> {
-        Pooled(pool.take(bytes), pool)
-    }
-}
-
-impl Drop for Pooled<'_> {
-    fn drop(&mut self) {
-        self.1.give(std::mem::take(&mut self.0));
-    }
-}
-
 impl NexarClient {
     /// Allreduces `f32` elements sent as 16-bit floats: half the bytes of
     /// [`all_reduce`](Self::all_reduce) on the wire, at a documented cost in precision
@@ -148,10 +133,10 @@ impl NexarClient {
         // Room for every segment, the last one padded to whole blocks.
         let pool = &self.inner.pool;
         let wire_len = n + block_of(segment) * world;
-        let mut wire_words = Pooled::take(pool, wire_len * size_of::<W>());
-        let mut mine_words = Pooled::take(pool, block_of(segment) * size_of::<W>());
-        let wire: &mut [W] = &mut bytemuck::cast_slice_mut(&mut wire_words.0)[..wire_len];
-        let mine: &mut [W] = &mut bytemuck::cast_slice_mut(&mut mine_words.0)[..block_of(segment)];
+        let (mut wire_loan, mut mine_loan) =
+            (pool.lend(wire_len * size_of::<W>()), pool.lend(block_of(segment) * size_of::<W>()));
+        let wire: &mut [W] = wire_loan.slice_mut(wire_len);
+        let mine: &mut [W] = mine_loan.slice_mut(block_of(segment));
         let mut at = 0;
         while at < n || (n == 0 && at == 0) {
             let len = segment.min(n - at);
