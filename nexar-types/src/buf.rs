@@ -305,6 +305,13 @@ pub trait SendBuf {
     fn elems(&self) -> usize;
     /// The elements as host memory (a copy for device buffers).
     fn host_view(&self) -> Result<HostView<'_, Self::Elem>, DeviceError>;
+
+    /// The elements as the read side of an NCCL collective (feature `nccl`): `Some` only for
+    /// a `Buf<T, Cuda>` whose element type NCCL has. Host memory answers `None` and is staged.
+    #[cfg(feature = "nccl")]
+    fn nccl_source(&self) -> Option<crate::nccl::NcclSource<'_, Self::Elem>> {
+        None
+    }
 }
 
 /// A value whose elements an operation can overwrite: `Buf<T>` (host or device), `Vec<T>`,

@@ -211,6 +211,11 @@ impl<T: Element> SendBuf for Buf<T, Cuda> {
     fn host_view(&self) -> Result<HostView<'_, T>, DeviceError> {
         Ok(HostView::Copied(self.to_host()?))
     }
+
+    #[cfg(feature = "nccl")]
+    fn nccl_source(&self) -> Option<crate::nccl::NcclSource<'_, T>> {
+        crate::nccl::NcclSource::of(self)
+    }
 }
 
 impl<T: Element> RecvBuf for Buf<T, Cuda> {

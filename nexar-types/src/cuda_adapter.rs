@@ -7,7 +7,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 
 use crate::adapter::{DeviceAdapter, same_length};
 use crate::buf::{Buf, DeviceError};
@@ -137,14 +137,39 @@ impl DeviceAdapter for CudaAdapter {
     fn download<T: Element>(&self, buf: &Buf<T, Cuda>, out: &mut [T]) -> Result<(), DeviceError> {
         same_length(self.name(), buf.len(), out.len())?;
         let (slice, stream, device) = buf.storage.parts();
+        self.download_at(slice, stream, device, 0, out)
+    }
+
+    fn upload<T: Element>(&self, buf: &mut Buf<T, Cuda>, data: &[T]) -> Result<(), DeviceError> {
+        same_length(self.name(), buf.len(), data.len())?;
+        let device = buf.device();
+        let (slice, stream) = buf.storage.parts_mut();
+        self.upload_at(slice, &stream, device, 0, data)
+    }
+}
+
+impl CudaAdapter {
+    /// Copies `out.len()` elements of `slice` from element `start` on to `out` (through the
+    /// pinned pair from [`PINNED_FROM_BYTES`]) and waits for the copy. The caller checked that
+    /// the range lies within `slice`.
+    pub(crate) fn download_at<T: Element>(
+        &self,
+        slice: &CudaSlice<T>,
+        stream: &Arc<CudaStream>,
+        device: usize,
+        start: usize,
+        out: &mut [T],
+    ) -> Result<(), DeviceError> {
         let fail = driver("copying to the host", device);
-        let chunk = self.chunk_elems::<T>();
+        if out.is_empty() {
+            return Ok(());
+        }
         if size_of_val(out) < PINNED_FROM_BYTES {
-            stream.memcpy_dtoh(slice, out).map_err(&fail)?;
+            stream.memcpy_dtoh(&slice.slice(start..start + out.len()), out).map_err(&fail)?;
             return stream.synchronize().map_err(fail);
         }
         let mut pair = self.take_pair::<T>(device, stream.context())?;
-        let result = download_chunks(stream, slice, out, &mut pair, chunk).map_err(&fail);
+        let result = download_chunks(stream, slice, start, out, &mut pair, self.chunk_elems::<T>()).map_err(&fail);
         // Whatever happened, no copy into the pair may still be running when it is reused.
         let settled = stream.synchronize().map_err(&fail);
         if settled.is_ok() {
@@ -153,18 +178,27 @@ impl DeviceAdapter for CudaAdapter {
         result.and(settled)
     }
 
-    fn upload<T: Element>(&self, buf: &mut Buf<T, Cuda>, data: &[T]) -> Result<(), DeviceError> {
-        same_length(self.name(), buf.len(), data.len())?;
-        let device = buf.device();
+    /// Copies `data` into `slice` from element `start` on (through the pinned pair from
+    /// [`PINNED_FROM_BYTES`]) and waits for the copy. The caller checked that the range lies
+    /// within `slice`.
+    pub(crate) fn upload_at<T: Element>(
+        &self,
+        slice: &mut CudaSlice<T>,
+        stream: &Arc<CudaStream>,
+        device: usize,
+        start: usize,
+        data: &[T],
+    ) -> Result<(), DeviceError> {
         let fail = driver("copying to the device", device);
-        let chunk = self.chunk_elems::<T>();
-        let (slice, stream) = buf.storage.parts_mut();
+        if data.is_empty() {
+            return Ok(());
+        }
         if size_of_val(data) < PINNED_FROM_BYTES {
-            stream.memcpy_htod(data, slice).map_err(&fail)?;
+            stream.memcpy_htod(data, &mut slice.slice_mut(start..start + data.len())).map_err(&fail)?;
             return stream.synchronize().map_err(fail);
         }
         let mut pair = self.take_pair::<T>(device, stream.context())?;
-        let result = upload_chunks(&stream, slice, data, &mut pair, chunk).map_err(&fail);
+        let result = upload_chunks(stream, slice, start, data, &mut pair, self.chunk_elems::<T>()).map_err(&fail);
         let settled = stream.synchronize().map_err(&fail);
         if settled.is_ok() {
             self.give_pair(device, pair);
@@ -183,6 +217,7 @@ const PINNED_FROM_BYTES: usize = 64 << 10;
 fn download_chunks<T: Element>(
     stream: &Arc<CudaStream>,
     slice: &cudarc::driver::CudaSlice<T>,
+    start: usize,
     out: &mut [T],
     pair: &mut PinnedPair<T>,
     chunk: usize,
@@ -192,17 +227,18 @@ fn download_chunks<T: Element>(
     // moves the whole buffer's length; the shorter last chunk is handled after).
     let whole = n / chunk;
     let range = |i: usize| i * chunk..(i + 1) * chunk;
+    let on_device = |r: std::ops::Range<usize>| r.start + start..r.end + start;
     // Each copy into a pinned buffer is followed by an event of our own, waited for before
     // the host reads it: cudarc records the buffer's own event only for contexts with several
     // streams, so `as_slice` alone would read memory the copy has not reached yet.
     let mut copied: [Option<CudaEvent>; 2] = [None, None];
     if whole > 0 {
-        stream.memcpy_dtoh(&slice.slice(range(0)), &mut pair[0])?;
+        stream.memcpy_dtoh(&slice.slice(on_device(range(0))), &mut pair[0])?;
         copied[0] = Some(stream.record_event(None)?);
     }
     for i in 0..whole {
         if i + 1 < whole {
-            stream.memcpy_dtoh(&slice.slice(range(i + 1)), &mut pair[(i + 1) % 2])?;
+            stream.memcpy_dtoh(&slice.slice(on_device(range(i + 1))), &mut pair[(i + 1) % 2])?;
             copied[(i + 1) % 2] = Some(stream.record_event(None)?);
         }
         if let Some(done) = copied[i % 2].take() {
@@ -216,7 +252,7 @@ fn download_chunks<T: Element>(
     let rest = whole * chunk..n;
     if !rest.is_empty() {
         let staged = &mut pair[whole % 2].as_mut_slice()?[..rest.len()];
-        stream.memcpy_dtoh(&slice.slice(rest.clone()), staged)?;
+        stream.memcpy_dtoh(&slice.slice(on_device(rest.clone())), staged)?;
         stream.synchronize()?;
         out[rest].copy_from_slice(staged);
     }
@@ -226,6 +262,7 @@ fn download_chunks<T: Element>(
 fn upload_chunks<T: Element>(
     stream: &Arc<CudaStream>,
     slice: &mut cudarc::driver::CudaSlice<T>,
+    at: usize,
     data: &[T],
     pair: &mut PinnedPair<T>,
     chunk: usize,
@@ -236,7 +273,7 @@ fn upload_chunks<T: Element>(
     let mut sent: [Option<CudaEvent>; 2] = [None, None];
     for (i, start) in (0..n).step_by(chunk).enumerate() {
         let end = (start + chunk).min(n);
-        let mut target = slice.slice_mut(start..end);
+        let mut target = slice.slice_mut(at + start..at + end);
         if let Some(done) = sent[i % 2].take() {
             done.synchronize()?;
         }

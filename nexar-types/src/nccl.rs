@@ -14,11 +14,12 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtrMut};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result, sys};
 
 use crate::buf::{Buf, DeviceError};
 use crate::cuda::{context, driver};
+use crate::cuda_adapter::CudaAdapter;
 use crate::element::{DType, Element};
 use crate::op::ReduceOp;
 use crate::space::Cuda;
@@ -246,13 +247,13 @@ impl NcclComm {
     ) -> Result<NcclInFlight<'a>, DeviceError> {
         let nop = self.reduction(op)?;
         let count = buf.len();
-        self.start(buf, "an NCCL allreduce", |comm, at, stream| {
+        self.start(buf, None, "an NCCL allreduce", |comm, at, stream| {
             // SAFETY: send and receive are the same live allocation of `count` elements of the
             // operand's type on this communicator's device (checked in `start`), ordered on
             // its stream, and kept borrowed until the operation completed or was aborted.
             #[allow(unsafe_code)]
             unsafe {
-                result::all_reduce(at(0), at(0), count, buf_type::<T>(), nop, comm, stream)
+                result::all_reduce(at.recv(0), at.recv(0), count, buf_type::<T>(), nop, comm, stream)
             }
         })
     }
@@ -265,12 +266,12 @@ impl NcclComm {
     ) -> Result<NcclInFlight<'a>, DeviceError> {
         let root = self.member(root)?;
         let count = buf.len();
-        self.start(buf, "an NCCL broadcast", |comm, at, stream| {
+        self.start(buf, None, "an NCCL broadcast", |comm, at, stream| {
             // SAFETY: as for `all_reduce`: one live allocation of `count` elements on this
             // communicator's device, borrowed until the operation is over.
             #[allow(unsafe_code)]
             unsafe {
-                result::broadcast(at(0), at(0), count, buf_type::<T>(), root, comm, stream)
+                result::broadcast(at.recv(0), at.recv(0), count, buf_type::<T>(), root, comm, stream)
             }
         })
     }
@@ -284,11 +285,11 @@ impl NcclComm {
     ) -> Result<NcclInFlight<'a>, DeviceError> {
         let (nop, root) = (self.reduction(op)?, self.member(root)?);
         let count = buf.len();
-        self.start(buf, "an NCCL reduce", |comm, at, stream| {
+        self.start(buf, None, "an NCCL reduce", |comm, at, stream| {
             // SAFETY: as for `all_reduce`.
             #[allow(unsafe_code)]
             unsafe {
-                result::reduce(at(0), at(0), count, buf_type::<T>(), nop, root, comm, stream)
+                result::reduce(at.recv(0), at.recv(0), count, buf_type::<T>(), nop, root, comm, stream)
             }
         })
     }
@@ -304,12 +305,12 @@ impl NcclComm {
         let nop = self.reduction(op)?;
         let block = self.block(buf.len())?;
         let mine = self.rank * block;
-        self.start(buf, "an NCCL reduce-scatter", |comm, at, stream| {
+        self.start(buf, None, "an NCCL reduce-scatter", |comm, at, stream| {
             // SAFETY: as for `all_reduce`; this rank's block lies inside the allocation
             // (`block * size == len`, checked), which is NCCL's in-place form.
             #[allow(unsafe_code)]
             unsafe {
-                result::reduce_scatter(at(0), at(mine), block, buf_type::<T>(), nop, comm, stream)
+                result::reduce_scatter(at.recv(0), at.recv(mine), block, buf_type::<T>(), nop, comm, stream)
             }
         })
     }
@@ -322,11 +323,72 @@ impl NcclComm {
     ) -> Result<NcclInFlight<'a>, DeviceError> {
         let block = self.block(buf.len())?;
         let mine = self.rank * block;
-        self.start(buf, "an NCCL all-gather", |comm, at, stream| {
+        self.start(buf, None, "an NCCL all-gather", |comm, at, stream| {
             // SAFETY: as for `reduce_scatter`: NCCL's in-place form, inside the allocation.
             #[allow(unsafe_code)]
             unsafe {
-                result::all_gather(at(mine), at(0), block, buf_type::<T>(), comm, stream)
+                result::all_gather(at.recv(mine), at.recv(0), block, buf_type::<T>(), comm, stream)
+            }
+        })
+    }
+
+    /// Starts a reduction of every rank's `send` into `root`'s `recv` (as long as `send`;
+    /// other ranks' `recv` is not written). `send` is only read.
+    pub fn reduce_from<'a, T: Element>(
+        &'a self,
+        send: &'a NcclSource<'_, T>,
+        recv: &'a mut NcclOperand<'_, T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        let (nop, root) = (self.reduction(op)?, self.member(root)?);
+        let count = lengths(send.len(), recv.len(), 1)?;
+        self.start(recv, Some(send), "an NCCL reduce", |comm, at, stream| {
+            // SAFETY: `send` and `recv` are live allocations of `count` elements of the
+            // operands' type on this communicator's device (checked in `start` and above),
+            // ordered on the receiving stream and borrowed until the operation is over.
+            #[allow(unsafe_code)]
+            unsafe {
+                result::reduce(at.send(0), at.recv(0), count, buf_type::<T>(), nop, root, comm, stream)
+            }
+        })
+    }
+
+    /// Starts a reduce-scatter from `send` (`size()` blocks as long as `recv`) into `recv`:
+    /// this rank's `recv` ends as the reduction of every rank's block `rank()`. `send` is only
+    /// read.
+    pub fn reduce_scatter_from<'a, T: Element>(
+        &'a self,
+        send: &'a NcclSource<'_, T>,
+        recv: &'a mut NcclOperand<'_, T>,
+        op: ReduceOp,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        let nop = self.reduction(op)?;
+        let block = lengths(recv.len(), send.len(), self.size)?;
+        self.start(recv, Some(send), "an NCCL reduce-scatter", |comm, at, stream| {
+            // SAFETY: as for `reduce_from`; `send` holds `size * block` elements, `recv`
+            // `block` (checked above).
+            #[allow(unsafe_code)]
+            unsafe {
+                result::reduce_scatter(at.send(0), at.recv(0), block, buf_type::<T>(), nop, comm, stream)
+            }
+        })
+    }
+
+    /// Starts an all-gather of every rank's `send` into `recv` (`size()` blocks as long as
+    /// `send`, in rank order). `send` is only read.
+    pub fn all_gather_from<'a, T: Element>(
+        &'a self,
+        send: &'a NcclSource<'_, T>,
+        recv: &'a mut NcclOperand<'_, T>,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
+        let block = lengths(send.len(), recv.len(), self.size)?;
+        self.start(recv, Some(send), "an NCCL all-gather", |comm, at, stream| {
+            // SAFETY: as for `reduce_from`; `send` holds `block` elements, `recv`
+            // `size * block` (checked above).
+            #[allow(unsafe_code)]
+            unsafe {
+                result::all_gather(at.send(0), at.recv(0), block, buf_type::<T>(), comm, stream)
             }
         })
     }
@@ -356,20 +418,20 @@ impl NcclComm {
     fn start<'a, T: Element>(
         &'a self,
         operand: &'a mut NcclOperand<'_, T>,
+        source: Option<&'a NcclSource<'_, T>>,
         what: &'static str,
         enqueue: impl FnOnce(
             sys::ncclComm_t,
-            &dyn Fn(usize) -> *mut ::core::ffi::c_void,
+            &Addresses,
             sys::cudaStream_t,
         ) -> Result<result::NcclStatus, result::NcclError>,
     ) -> Result<NcclInFlight<'a>, DeviceError> {
-        if operand.device != self.device {
-            return Err(DeviceError::Unavailable {
-                reason: format!(
-                    "a buffer on device {} for an NCCL communicator on device {}",
-                    operand.device, self.device
-                ),
-            });
+        for device in std::iter::once(operand.device).chain(source.map(|s| s.device)) {
+            if device != self.device {
+                return Err(DeviceError::Unavailable {
+                    reason: format!("a buffer on device {device} for an NCCL communicator on device {}", self.device),
+                });
+            }
         }
         let stream = operand.stream.clone();
         stream.context().bind_to_thread().map_err(driver(what, self.device))?;
@@ -378,10 +440,17 @@ impl NcclComm {
             if *aborted {
                 return Err(DeviceError::Unavailable { reason: "this NCCL communicator was aborted".into() });
             }
-            // The record orders later work on this buffer after the operation once dropped,
-            // which is after the enqueue.
-            let (base, _record) = operand.slice.device_ptr_mut(&stream);
-            let at = |elems: usize| (base + (elems * size_of::<T>()) as u64) as *mut ::core::ffi::c_void;
+            // The records order later work on these buffers after the operation once dropped,
+            // which is after the enqueue (and the source's earlier writes before it).
+            let (recv, _record) = operand.slice.device_ptr_mut(&stream);
+            let (send, _read) = match source {
+                Some(source) => {
+                    let (send, read) = source.slice.device_ptr(&stream);
+                    (send, Some(read))
+                }
+                None => (recv, None),
+            };
+            let at = Addresses { send, recv, elem: size_of::<T>() };
             enqueue(self.raw, &at, stream.cu_stream() as _).map_err(|e| DeviceError::Driver {
                 op: what,
                 device: self.device,
@@ -445,6 +514,34 @@ impl Drop for NcclComm {
     }
 }
 
+/// The device addresses of an operation's two sides, by element offset (the same allocation
+/// for the in-place forms).
+struct Addresses {
+    send: u64,
+    recv: u64,
+    elem: usize,
+}
+
+impl Addresses {
+    fn send(&self, elems: usize) -> *const ::core::ffi::c_void {
+        (self.send + (elems * self.elem) as u64) as *const ::core::ffi::c_void
+    }
+
+    fn recv(&self, elems: usize) -> *mut ::core::ffi::c_void {
+        (self.recv + (elems * self.elem) as u64) as *mut ::core::ffi::c_void
+    }
+}
+
+/// `block` when `long == block * blocks`, the error naming both lengths otherwise.
+fn lengths(block: usize, long: usize, blocks: usize) -> Result<usize, DeviceError> {
+    if block.checked_mul(blocks) != Some(long) {
+        return Err(DeviceError::Unavailable {
+            reason: format!("NCCL buffers of {block} and {long} elements for {blocks} ranks"),
+        });
+    }
+    Ok(block)
+}
+
 /// NCCL's own words for its last error, after ": ", or nothing.
 fn last_error() -> String {
     // SAFETY: ncclGetLastError(NULL) returns a pointer to a NUL-terminated string owned by the
@@ -494,30 +591,64 @@ impl<'a, T: Element> NcclOperand<'a, T> {
         self.device
     }
 
-    /// Copies elements `range` to `out` (as long as the range) and waits for the copy.
+    /// Copies elements `range` to `out` (as long as the range) and waits for the copy (from
+    /// 64 KiB through pinned buffers, chunk by chunk).
     pub fn copy_out(&self, range: std::ops::Range<usize>, out: &mut [T]) -> Result<(), DeviceError> {
-        self.check(&range, out.len())?;
-        let fail = driver("copying to the host", self.device);
-        if !range.is_empty() {
-            self.stream.memcpy_dtoh(&self.slice.slice(range), out).map_err(&fail)?;
-        }
-        self.stream.synchronize().map_err(fail)
+        copy_out(self.slice, &self.stream, self.device, range, out)
+    }
+
+    /// Waits until the work enqueued on this buffer's stream (copies within the device
+    /// included) is done.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        self.stream.synchronize().map_err(driver("waiting for the device", self.device))
     }
 
     /// Copies `data` (as long as the range) into elements `range` and waits for the copy.
     pub fn copy_in(&mut self, range: std::ops::Range<usize>, data: &[T]) -> Result<(), DeviceError> {
         self.check(&range, data.len())?;
-        let fail = driver("copying to the device", self.device);
-        if !range.is_empty() {
-            let mut target = self.slice.slice_mut(range);
-            self.stream.memcpy_htod(data, &mut target).map_err(&fail)?;
-        }
-        self.stream.synchronize().map_err(fail)
+        CudaAdapter::global().upload_at(self.slice, &self.stream, self.device, range.start, data)
     }
 
     fn check(&self, range: &std::ops::Range<usize>, host: usize) -> Result<(), DeviceError> {
-        if range.start > range.end || range.end > self.len() || range.len() != host {
-            return Err(DeviceError::LengthMismatch { adapter: "nccl", buffer: self.len(), host });
+        check(self.len(), range, host)
+    }
+
+    /// The buffer as the read side of an out-of-place operation.
+    pub fn source(&self) -> NcclSource<'_, T> {
+        NcclSource { slice: self.slice, stream: self.stream.clone(), device: self.device }
+    }
+
+    /// A new device buffer of `len` zeros on this buffer's device and stream, for the steps
+    /// of a collective that need room of their own.
+    pub fn scratch(&self, len: usize) -> Result<NcclScratch<T>, DeviceError> {
+        let slice = self.stream.alloc_zeros::<T>(len).map_err(driver("allocating device memory", self.device))?;
+        Ok(NcclScratch { slice, stream: self.stream.clone(), device: self.device })
+    }
+
+    /// Copies elements `from` of `source` to this buffer from element `at` on, in order on
+    /// this buffer's stream (no wait: later operations on the stream come after it).
+    pub fn copy_within_device(
+        &mut self,
+        at: usize,
+        source: &NcclSource<'_, T>,
+        from: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        if source.device != self.device {
+            return Err(DeviceError::Unavailable {
+                reason: format!("a copy from device {} to device {}", source.device, self.device),
+            });
+        }
+        let fits = from.start <= from.end
+            && from.end <= source.len()
+            && at.checked_add(from.len()).is_some_and(|end| end <= self.len());
+        if !fits {
+            return Err(DeviceError::LengthMismatch { adapter: "nccl", buffer: self.len(), host: from.len() });
+        }
+        if !from.is_empty() {
+            let mut target = self.slice.slice_mut(at..at + from.len());
+            self.stream
+                .memcpy_dtod(&source.slice.slice(from), &mut target)
+                .map_err(driver("copying on the device", self.device))?;
         }
         Ok(())
     }
@@ -527,6 +658,90 @@ impl<'a, T: Element> NcclOperand<'a, T> {
         let (slice, stream, device) = buf.storage.parts_mut_with_device();
         Some(NcclOperand { slice, stream, device })
     }
+}
+
+/// A device buffer read by an NCCL operation: the send side of the out-of-place collectives,
+/// made by [`SendBuf::nccl_source`](crate::SendBuf::nccl_source) for element types NCCL has,
+/// or by [`NcclOperand::source`]. It keeps the buffer borrowed for as long as it lives.
+pub struct NcclSource<'a, T: Element> {
+    slice: &'a CudaSlice<T>,
+    stream: Arc<CudaStream>,
+    device: usize,
+}
+
+impl<T: Element> fmt::Debug for NcclSource<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NcclSource").field("device", &self.device).field("len", &self.slice.len()).finish()
+    }
+}
+
+impl<'a, T: Element> NcclSource<'a, T> {
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    /// `true` when the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+
+    /// The device the buffer lives on.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    pub(crate) fn of(buf: &'a Buf<T, Cuda>) -> Option<Self> {
+        nccl_dtype(T::DTYPE)?;
+        let (slice, stream, device) = buf.storage.parts();
+        Some(NcclSource { slice, stream: stream.clone(), device })
+    }
+
+    /// Copies elements `range` to `out` (as long as the range) and waits for the copy.
+    pub fn copy_out(&self, range: std::ops::Range<usize>, out: &mut [T]) -> Result<(), DeviceError> {
+        copy_out(self.slice, &self.stream, self.device, range, out)
+    }
+}
+
+/// Device memory a collective allocated for its own steps (see [`NcclOperand::scratch`]),
+/// freed when dropped.
+pub struct NcclScratch<T: Element> {
+    slice: CudaSlice<T>,
+    stream: Arc<CudaStream>,
+    device: usize,
+}
+
+impl<T: Element> fmt::Debug for NcclScratch<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NcclScratch").field("device", &self.device).field("len", &self.slice.len()).finish()
+    }
+}
+
+impl<T: Element> NcclScratch<T> {
+    /// The memory as an operand of NCCL operations and copies.
+    pub fn operand(&mut self) -> NcclOperand<'_, T> {
+        NcclOperand { slice: &mut self.slice, stream: self.stream.clone(), device: self.device }
+    }
+}
+
+/// Checks that `range` lies within `len` elements and is as long as a host side of `host`.
+fn check(len: usize, range: &std::ops::Range<usize>, host: usize) -> Result<(), DeviceError> {
+    if range.start > range.end || range.end > len || range.len() != host {
+        return Err(DeviceError::LengthMismatch { adapter: "nccl", buffer: len, host });
+    }
+    Ok(())
+}
+
+/// Copies elements `range` of `slice` to `out` and waits for the copy.
+fn copy_out<T: Element>(
+    slice: &CudaSlice<T>,
+    stream: &Arc<CudaStream>,
+    device: usize,
+    range: std::ops::Range<usize>,
+    out: &mut [T],
+) -> Result<(), DeviceError> {
+    check(slice.len(), &range, out.len())?;
+    CudaAdapter::global().download_at(slice, stream, device, range.start, out)
 }
 
 /// An NCCL operation on its way: [`poll`](Self::poll) it until it says done. It borrows the

@@ -67,7 +67,9 @@ pub use nexar_types::{
 #[cfg(feature = "cuda")]
 pub use nexar_types::{Cuda, CudaAdapter, DeviceSpan, compile_reduce_kernel, cuda_device_count, reduce_kernel_source};
 #[cfg(feature = "nccl")]
-pub use nexar_types::{NcclComm, NcclId, NcclInFlight, NcclOperand, nccl_supports, nccl_version};
+pub use nexar_types::{
+    NcclComm, NcclId, NcclInFlight, NcclOperand, NcclScratch, NcclSource, nccl_supports, nccl_version,
+};
 pub use proto::algo::Algorithm;
 pub use proto::algo::hierarchical::HostLayout;
 pub use proto::topology::Topology;

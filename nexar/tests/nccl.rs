@@ -5,7 +5,8 @@
 //! - a communicator of one runs every NCCL operation on the device through nexar's bindings;
 //! - two ranks on the one GPU (which NCCL refuses: "Duplicate GPU detected") fall back to host
 //!   staging, logged once, with correct results;
-//! - two ranks on two fake hosts with the two-level allreduce pinned run it for real: an NCCL
+//! - two and three ranks on as many fake hosts with the two-level allreduce pinned run the
+//!   two-level allreduce, broadcast, reduce, all-gather and reduce-scatter for real: an NCCL
 //!   communicator of one per host, nexar across the hosts.
 //!
 //! With two GPUs or more, the two ranks of one host run on NCCL.
@@ -15,7 +16,7 @@ mod common;
 
 use common::{TEST_LIMIT, on_each};
 use nexar::prelude::*;
-use nexar::{Algorithm, NcclComm, NcclId, NcclState, RecvBuf, nccl_version};
+use nexar::{Algorithm, NcclComm, NcclId, NcclState, RecvBuf, SendBuf, nccl_version};
 use nexar_types::{Cuda, cuda_device_count};
 
 fn gpus() -> usize {
@@ -70,10 +71,41 @@ fn a_communicator_of_one_runs_on_the_device() {
         assert!(operand.copy_out(10..16, &mut part).is_err(), "a host side of another length");
         assert!(operand.copy_in(1_000_000..1_000_004, &[0.0; 4]).is_err(), "past the end");
         assert!(comm.broadcast(&mut operand, 1).is_err(), "a root outside the communicator");
+        // Ranges past 64 KiB go through pinned buffers in chunks, from any offset.
+        let mut big = vec![0f32; 600_001];
+        operand.copy_out(300_001..900_002, &mut big).unwrap();
+        assert!(big == data[300_001..900_002], "a large range out at an offset");
+        let twice: Vec<f32> = big.iter().map(|x| x * 2.0).collect();
+        operand.copy_in(300_001..900_002, &twice).unwrap();
     }
     let mut expect = data.clone();
+    expect[300_001..900_002].iter_mut().for_each(|x| *x *= 2.0);
     expect[10..15].fill(-1.0);
     assert_eq!(buf.to_host().unwrap(), expect);
+    // The out-of-place forms read one buffer and write another; copies within the device.
+    let send = Buf::<f32, Cuda>::from_host(0, &data[..1000]).unwrap();
+    let mut recv = Buf::<f32, Cuda>::zeros_on(0, 1000).unwrap();
+    {
+        let source = send.nccl_source().unwrap();
+        let mut into = recv.nccl_operand().unwrap();
+        wait(comm.reduce_from(&source, &mut into, nexar::ReduceOp::Sum, 0).unwrap());
+        wait(comm.all_gather_from(&source, &mut into).unwrap());
+        wait(comm.reduce_scatter_from(&source, &mut into, nexar::ReduceOp::Max).unwrap());
+        let mut scratch = into.scratch(10).unwrap();
+        let mut room = scratch.operand();
+        room.copy_within_device(2, &source, 5..10).unwrap();
+        room.synchronize().unwrap();
+        let mut back = vec![0f32; 10];
+        room.copy_out(0..10, &mut back).unwrap();
+        assert_eq!(back, [0.0, 0.0, 5.0, 6.0, 7.0, 8.0, 9.0, 0.0, 0.0, 0.0]);
+        assert!(room.copy_within_device(6, &source, 0..5).is_err(), "past the end of the target");
+        assert!(room.copy_within_device(0, &source, 999..1001).is_err(), "past the end of the source");
+        let mut longer = Buf::<f32, Cuda>::zeros_on(0, 1001).unwrap();
+        let mut longer = longer.nccl_operand().unwrap();
+        assert!(comm.all_gather_from(&source, &mut longer).is_err(), "lengths that do not fit one rank");
+    }
+    assert_eq!(recv.to_host().unwrap(), data[..1000], "each form copies the one rank's data");
+    assert_eq!(send.to_host().unwrap(), data[..1000], "the send side is only read");
     let mut halves = Buf::<u16, Cuda>::zeros_on(0, 4).unwrap();
     assert!(halves.nccl_operand().is_none(), "NCCL has no 16-bit integers");
 }
@@ -88,6 +120,31 @@ async fn device_collectives(comm: NexarClient) -> NcclState {
     let mut weights = Buf::<u32, Cuda>::from_host(dev, &vec![if r == 1 { 7 } else { r as u32 }; 333]).unwrap();
     comm.broadcast(&mut weights, 1).await.unwrap();
     assert_eq!(weights.to_host().unwrap(), vec![7; 333]);
+    // Reduce: the root's buffer ends with the sum, every other rank's is as it was.
+    let mut partial = Buf::<f32, Cuda>::from_host(dev, &vec![r as f32 + 1.0; 1001]).unwrap();
+    comm.reduce(&mut partial, Sum, w - 1).await.unwrap();
+    let expect = if r == w - 1 { (w * (w + 1) / 2) as f32 } else { r as f32 + 1.0 };
+    assert_eq!(partial.to_host().unwrap(), vec![expect; 1001], "reduce on rank {r}");
+    // All-gather: every rank's block in rank order.
+    let block = 257;
+    let mine: Vec<i64> = (0..block).map(|i| (r * 1000 + i) as i64).collect();
+    let send = Buf::<i64, Cuda>::from_host(dev, &mine).unwrap();
+    let mut all = Buf::<i64, Cuda>::zeros_on(dev, block * w).unwrap();
+    comm.all_gather(&send, &mut all).await.unwrap();
+    let expect: Vec<i64> = (0..w).flat_map(|q| (0..block).map(move |i| (q * 1000 + i) as i64)).collect();
+    assert_eq!(all.to_host().unwrap(), expect, "all-gather on rank {r}");
+    assert_eq!(send.to_host().unwrap(), mine, "all-gather leaves send as it was");
+    // Reduce-scatter: block q of rank p holds (p + 1) * (q + 1) * 1000 + i.
+    let full: Vec<f64> = (0..w).flat_map(|q| (0..block).map(move |i| ((r + 1) * (q + 1) * 1000 + i) as f64)).collect();
+    let send = Buf::<f64, Cuda>::from_host(dev, &full).unwrap();
+    let mut part = Buf::<f64, Cuda>::zeros_on(dev, block).unwrap();
+    comm.reduce_scatter(&send, &mut part, Sum).await.unwrap();
+    let expect: Vec<f64> = (0..block).map(|i| ((w * (w + 1) / 2) * (r + 1) * 1000 + w * i) as f64).collect();
+    assert_eq!(part.to_host().unwrap(), expect, "reduce-scatter on rank {r}");
+    // Lengths that do not fit: the staged path's error, on every rank.
+    let mut short = Buf::<f64, Cuda>::zeros_on(dev, block - 1).unwrap();
+    let err = comm.reduce_scatter(&send, &mut short, Sum).await.unwrap_err();
+    assert!(err.to_string().contains("elements"), "{err}");
     // Reductions and types NCCL lacks are staged, on every rank alike.
     let mut bits = Buf::<u32, Cuda>::from_host(dev, &[1 << r; 5]).unwrap();
     comm.all_reduce(&mut bits, BitOr).await.unwrap();
@@ -124,23 +181,27 @@ async fn device_collectives_run_on_nccl_or_are_staged_with_a_reason() {
             // Without libnccl the ranks agree to stage before trying.
             (_, Err(_)) => assert!(states.iter().all(|s| *s == NcclState::NotTried), "{states:?}"),
         }
-        // Two fake hosts of one rank each, the two-level allreduce pinned: an NCCL communicator
-        // of one per host (no duplicate GPU within one), nexar between the hosts.
-        let configs = ["a", "b"]
-            .map(|h| {
-                NexarConfig::builder()
-                    .host_id(h)
-                    .allreduce_algorithm(Algorithm::Hierarchical { segment_bytes: 1 << 20 })
-                    .build()
-                    .unwrap()
-            })
-            .to_vec();
-        let ranks = NexarClient::bootstrap_local_each(configs).await.unwrap();
-        let states = on_each(&ranks, device_collectives).await;
-        println!("two hosts of one rank: {states:?}");
-        match nccl_version() {
-            Ok(_) => assert!(states.iter().all(|s| matches!(s, NcclState::Ready { ranks: 1, .. })), "{states:?}"),
-            Err(_) => assert!(states.iter().all(|s| matches!(s, NcclState::NotTried)), "{states:?}"),
+        // Two and three fake hosts of one rank each, the two-level allreduce pinned: an NCCL
+        // communicator of one per host (no duplicate GPU within one), nexar between the hosts;
+        // three hosts exercise the two-level block orders with more than two.
+        for hosts in [&["a", "b"][..], &["a", "b", "c"]] {
+            let configs = hosts
+                .iter()
+                .map(|h| {
+                    NexarConfig::builder()
+                        .host_id(*h)
+                        .allreduce_algorithm(Algorithm::Hierarchical { segment_bytes: 1 << 20 })
+                        .build()
+                        .unwrap()
+                })
+                .collect();
+            let ranks = NexarClient::bootstrap_local_each(configs).await.unwrap();
+            let states = on_each(&ranks, device_collectives).await;
+            println!("{} hosts of one rank: {states:?}", hosts.len());
+            match nccl_version() {
+                Ok(_) => assert!(states.iter().all(|s| matches!(s, NcclState::Ready { ranks: 1, .. })), "{states:?}"),
+                Err(_) => assert!(states.iter().all(|s| matches!(s, NcclState::NotTried)), "{states:?}"),
+            }
         }
         let off = NexarConfig::builder().nccl(false).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(2, off).await.unwrap();

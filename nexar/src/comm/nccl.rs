@@ -1,15 +1,23 @@
 //! NCCL for `Buf<T, Cuda>` collectives within each host (feature `nccl`).
 //!
-//! A device allreduce or broadcast runs on NCCL among the ranks of each host instead of being
-//! staged through host memory, when the communicator's ranks share one host, or span several
-//! hosts with the same number on each (more than one; `NEXAR_ALLREDUCE_ALGORITHM=hierarchical`
-//! takes one too). Across hosts the data goes over nexar's own links, two-level:
+//! A device allreduce, broadcast, reduce, all-gather or reduce-scatter runs on NCCL among the
+//! ranks of each host instead of being staged through host memory, when the communicator's
+//! ranks share one host, or span several hosts with the same number on each (more than one;
+//! `NEXAR_ALLREDUCE_ALGORITHM=hierarchical` takes one too). Across hosts the data goes over
+//! nexar's own links, two-level:
 //! - allreduce: an NCCL reduce-scatter within the host, an allreduce of this rank's block
 //!   among the ranks of the same local index on every host (nexar, through host memory), an
 //!   NCCL all-gather within the host; a length that does not split into equal blocks goes
 //!   through the local leaders instead (NCCL reduce, nexar allreduce, NCCL broadcast);
 //! - broadcast: the root's local index on every host receives it over nexar, then an NCCL
-//!   broadcast within each host.
+//!   broadcast within each host;
+//! - reduce: an NCCL reduce within each host to the rank of the root's local index (into memory
+//!   of its own where that rank is not the root), then a nexar reduce among those ranks;
+//! - all-gather: this rank's block to the ranks of its local index on every host over nexar,
+//!   an NCCL all-gather within the host of the blocks in local-index order, copied into rank
+//!   order on the device ([`BlockOrder`]);
+//! - reduce-scatter: the blocks into local-index order on the device, an NCCL reduce-scatter
+//!   within the host, a nexar reduce-scatter among the ranks of this local index.
 //!
 //! The steps:
 //! - The ranks first agree, with a small allreduce over nexar's own links, that every one of
@@ -29,11 +37,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nexar_types::{
-    DeviceError, Element, NcclComm, NcclId, NcclInFlight, NcclOperand, RecvBuf, ReduceOp, nccl_supports, nccl_version,
+    DeviceError, Element, NcclComm, NcclId, NcclInFlight, NcclOperand, NcclSource, RecvBuf, ReduceOp, SendBuf,
+    nccl_supports, nccl_version,
 };
 
 use super::client::NexarClient;
-use super::collective::CollectiveError;
+use super::collective::{CollectiveError, Exchange};
 use super::state::CommState;
 use crate::proto::algo::hierarchical::HostLayout;
 use crate::proto::algo::{Algorithm, Collective};
@@ -102,10 +111,11 @@ impl NcclSlot {
     }
 }
 
-/// The agreement vector's words: every rank takes the element-wise minimum, so a word and its
+/// The agreement vector's words (can use NCCL, then each of the two counts and the arguments'
+/// key with its complement): every rank takes the element-wise minimum, so a word and its
 /// complement both survive only where every rank sent the same value.
 const OK: usize = 0;
-const WORDS: usize = 5;
+const WORDS: usize = 7;
 
 impl NexarClient {
     /// What NCCL does for this communicator's `Buf<T, Cuda>` collectives (feature `nccl`):
@@ -130,8 +140,8 @@ impl NexarClient {
         }
     }
 
-    /// Runs `kind` on `buf` through NCCL where every rank can; `None` sends the call down the
-    /// staged path (on every rank alike).
+    /// Runs one-buffer collective `kind` on `buf` through NCCL where every rank can; `None`
+    /// sends the call down the staged path (on every rank alike).
     pub(super) async fn try_nccl<B: RecvBuf + ?Sized>(
         &self,
         kind: Collective,
@@ -140,24 +150,91 @@ impl NexarClient {
     ) -> Option<Result<(), CollectiveError>> {
         let root = match kind {
             Collective::AllReduce => 0,
-            Collective::Broadcast { root } => root,
+            Collective::Broadcast { root } | Collective::Reduce { root } => root,
             _ => return None,
         };
-        // Host buffers leave at once. Then what is the same on every rank: the host table,
-        // the world and the configuration's pin.
+        // Host buffers leave at once.
         let (count, device) = buf.nccl_operand().map(|o| (o.len(), o.device()))?;
+        let _turn = self.comm.nccl.turn.lock().await;
+        let ask = Ask { kind, op, root, counts: [count, count], device, fits: Ok(()) };
+        let (group, layout) = match self.nccl_agree::<B::Elem>(ask).await? {
+            Ok(agreed) => agreed,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut operand = buf.nccl_operand()?;
+        let outcome = match kind {
+            Collective::Broadcast { root } => self.nccl_broadcast(&group, &layout, &mut operand, root).await,
+            Collective::Reduce { root } => {
+                self.nccl_reduce(&group, &layout, &mut operand, op.unwrap_or(ReduceOp::Sum), root).await
+            }
+            _ => self.nccl_all_reduce(&group, &mut operand, op.unwrap_or(ReduceOp::Sum)).await,
+        };
+        Some(self.nccl_outcome(kind, outcome))
+    }
+
+    /// Runs all-gather or reduce-scatter `kind` from `send` into `recv` through NCCL where
+    /// every rank can; `None` sends the call down the staged path (on every rank alike).
+    pub(super) async fn try_nccl_exchange<S, R>(
+        &self,
+        kind: Collective,
+        op: Option<ReduceOp>,
+        send: &S,
+        recv: &mut R,
+    ) -> Option<Result<(), CollectiveError>>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+    {
+        let (sent, device) = send.nccl_source().map(|s| (s.len(), s.device()))?;
+        let (received, recv_device) = recv.nccl_operand().map(|o| (o.len(), o.device()))?;
+        let world = self.world_size();
+        let block = match kind {
+            Collective::AllGather => sent,
+            _ => received,
+        };
+        let fits = if recv_device != device {
+            Err(format!("send on device {device} and recv on device {recv_device}"))
+        } else if block.checked_mul(world) != Some(if kind == Collective::AllGather { received } else { sent }) {
+            // The staged path names the mismatch.
+            Err("the buffers' lengths do not fit the world size".into())
+        } else {
+            Ok(())
+        };
+        let _turn = self.comm.nccl.turn.lock().await;
+        let ask = Ask { kind, op, root: 0, counts: [sent, received], device, fits };
+        let (group, layout) = match self.nccl_agree::<S::Elem>(ask).await? {
+            Ok(agreed) => agreed,
+            Err(e) => return Some(Err(e)),
+        };
+        let source = send.nccl_source()?;
+        let mut operand = recv.nccl_operand()?;
+        let outcome = match kind {
+            Collective::AllGather => self.nccl_all_gather(&group, &layout, &source, &mut operand).await,
+            _ => self.nccl_reduce_scatter(&group, &layout, &source, &mut operand, op.unwrap_or(ReduceOp::Sum)).await,
+        };
+        Some(self.nccl_outcome(kind, outcome))
+    }
+
+    /// Agrees with every rank that all of them can run `ask` on NCCL with the same counts and
+    /// arguments, and makes the NCCL communicators the first time. `None`: the call is staged
+    /// (on every rank alike).
+    async fn nccl_agree<T: Element>(
+        &self,
+        ask: Ask,
+    ) -> Option<Result<(std::sync::Arc<NcclGroup>, std::sync::Arc<HostLayout>), CollectiveError>> {
+        // What is the same on every rank: the host table, the world and the configuration's pin.
         let layout = self.layout()?;
         if !self.nccl_layout(&layout) {
             return None;
         }
-        let _turn = self.comm.nccl.turn.lock().await;
-        let dtype = <B::Elem as Element>::DTYPE;
-        let local = self.nccl_local(dtype, op);
+        let dtype = T::DTYPE;
+        let local = ask.fits.and_then(|()| self.nccl_local(dtype, ask.op));
         let key = u64::from(dtype.to_wire())
-            | (op.map_or(0, |o| o as u64) << 8)
-            | ((root as u64) << 16)
-            | (u64::from(kind.code()) << 48);
-        let mut words = [u64::from(local.is_ok()), count as u64, !(count as u64), key, !key];
+            | (ask.op.map_or(0, |o| o as u64) << 8)
+            | ((ask.root as u64) << 16)
+            | (u64::from(ask.kind.code()) << 48);
+        let [a, b] = ask.counts.map(|c| c as u64);
+        let mut words = [u64::from(local.is_ok()), a, !a, b, !b, key, !key];
         debug_assert_eq!(words.len(), WORDS);
         if let Err(e) = self.staged(Collective::AllReduce, Some(ReduceOp::Min), &mut words[..]).await {
             return Some(Err(e));
@@ -167,31 +244,32 @@ impl NexarClient {
             self.nccl_fallback(&reason);
             return None;
         }
-        if words[1] != !words[2] || words[3] != !words[4] {
+        if words[1] != !words[2] || words[3] != !words[4] || words[5] != !words[6] {
             // Counts or arguments differ: the staged path names the mismatch.
             return None;
         }
         let group = match self.comm.nccl.ready() {
             Some(group) => group,
-            None => match self.nccl_setup(&layout, device).await {
+            None => match self.nccl_setup(&layout, ask.device).await {
                 Ok(Some(group)) => group,
                 Ok(None) => return None,
                 Err(e) => return Some(Err(e)),
             },
         };
-        let mut operand = buf.nccl_operand()?;
-        let outcome = match kind {
-            Collective::Broadcast { root } => self.nccl_broadcast(&group, &layout, &mut operand, root).await,
-            _ => self.nccl_all_reduce(&group, &mut operand, op.unwrap_or(ReduceOp::Sum)).await,
-        };
-        Some(outcome.map_err(|failure| {
+        Some(Ok((group, layout)))
+    }
+
+    /// An NCCL collective's outcome as the caller sees it; a device failure makes the
+    /// communicator's later device collectives staged.
+    fn nccl_outcome(&self, kind: Collective, outcome: Result<(), Step>) -> Result<(), CollectiveError> {
+        outcome.map_err(|failure| {
             let source = match failure {
                 Step::Device(source) => source,
                 Step::Across(e) => return e,
             };
             self.comm.nccl.set(Slot::Unusable(format!("an NCCL operation failed: {source}")));
             CollectiveError::Device { rank: self.rank(), op: kind.name(), source }
-        }))
+        })
     }
 
     /// Whether this communicator's hosts take the NCCL path: one host with several ranks, or
@@ -270,6 +348,108 @@ impl NexarClient {
         self.nccl_wait(local.broadcast(buf, root_index)?).await
     }
 
+    /// The two-level reduce: NCCL within each host to the rank of the root's local index,
+    /// nexar across the hosts among those ranks to the root. A rank that gathers its host's
+    /// partial without being the root does so into memory of its own: other ranks' buffers
+    /// are left as they were.
+    async fn nccl_reduce<T: Element>(
+        &self,
+        group: &NcclGroup,
+        layout: &HostLayout,
+        buf: &mut NcclOperand<'_, T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), Step> {
+        let local = &group.local;
+        let root_host = layout.host_of(root);
+        let root_index = layout.members(root_host).iter().position(|r| *r == root).unwrap_or(0);
+        let across = match group.across.clone() {
+            Some(across) if local.rank() == root_index => self.with_shared_comm(across),
+            // One host, or a rank that only contributes: its buffer is only read.
+            _ => return self.nccl_wait(local.reduce(buf, op, root_index)?).await,
+        };
+        let n = buf.len();
+        let mut partial = vec![T::zeroed(); n];
+        if self.rank() == root {
+            self.nccl_wait(local.reduce(buf, op, root_index)?).await?;
+            buf.copy_out(0..n, &mut partial)?;
+        } else {
+            let mut scratch = buf.scratch(n)?;
+            let mut into = scratch.operand();
+            self.nccl_wait(local.reduce_from(&buf.source(), &mut into, op, root_index)?).await?;
+            into.copy_out(0..n, &mut partial)?;
+        }
+        across
+            .staged(Collective::Reduce { root: root_host }, Some(op), &mut partial[..])
+            .await
+            .map_err(Step::Across)?;
+        if self.rank() == root {
+            buf.copy_in(0..n, &partial)?;
+        }
+        Ok(())
+    }
+
+    /// The two-level all-gather: every rank's block to the ranks of its local index on every
+    /// host over nexar, then NCCL within each host, then into rank order on the device.
+    async fn nccl_all_gather<T: Element>(
+        &self,
+        group: &NcclGroup,
+        layout: &HostLayout,
+        send: &NcclSource<'_, T>,
+        recv: &mut NcclOperand<'_, T>,
+    ) -> Result<(), Step> {
+        let local = &group.local;
+        let Some(across) = group.across.clone().map(|c| self.with_shared_comm(c)) else {
+            // One host: its ranks in rank order are NCCL's.
+            return self.nccl_wait(local.all_gather_from(send, recv)?).await;
+        };
+        let order = BlockOrder::new(layout, local.size());
+        let block = send.len();
+        let mut mine = vec![T::zeroed(); block];
+        send.copy_out(0..block, &mut mine)?;
+        let mut gathered = vec![T::zeroed(); block * order.hosts];
+        across.exchange_host(Exchange::AllGather, &mine[..], &mut gathered[..]).await.map_err(Step::Across)?;
+        let mut scratch = recv.scratch(block * self.world_size())?;
+        let mut by_index = scratch.operand();
+        by_index.copy_in(order.span(local.rank(), block), &gathered)?;
+        self.nccl_wait(local.all_gather(&mut by_index)?).await?;
+        let from = by_index.source();
+        for (at, rank) in order.ranks() {
+            recv.copy_within_device(rank * block, &from, at * block..(at + 1) * block)?;
+        }
+        Ok(recv.synchronize()?)
+    }
+
+    /// The two-level reduce-scatter: the blocks into local-index order on the device, NCCL
+    /// within each host (each rank ends with its host's sum of the blocks of its local index on
+    /// every host), then nexar across the hosts among the ranks of one local index.
+    async fn nccl_reduce_scatter<T: Element>(
+        &self,
+        group: &NcclGroup,
+        layout: &HostLayout,
+        send: &NcclSource<'_, T>,
+        recv: &mut NcclOperand<'_, T>,
+        op: ReduceOp,
+    ) -> Result<(), Step> {
+        let local = &group.local;
+        let Some(across) = group.across.clone().map(|c| self.with_shared_comm(c)) else {
+            return self.nccl_wait(local.reduce_scatter_from(send, recv, op)?).await;
+        };
+        let order = BlockOrder::new(layout, local.size());
+        let block = recv.len();
+        let mut scratch = recv.scratch(send.len())?;
+        let mut by_index = scratch.operand();
+        for (at, rank) in order.ranks() {
+            by_index.copy_within_device(at * block, send, rank * block..(rank + 1) * block)?;
+        }
+        self.nccl_wait(local.reduce_scatter(&mut by_index, op)?).await?;
+        let mut partial = vec![T::zeroed(); block * order.hosts];
+        by_index.copy_out(order.span(local.rank(), block), &mut partial)?;
+        let mut mine = vec![T::zeroed(); block];
+        across.exchange_host(Exchange::ReduceScatter(op), &partial[..], &mut mine[..]).await.map_err(Step::Across)?;
+        Ok(recv.copy_in(0..block, &mine)?)
+    }
+
     /// Why this rank cannot take part in an NCCL call, if it cannot.
     fn nccl_local(&self, dtype: nexar_types::DType, op: Option<ReduceOp>) -> Result<(), String> {
         if !self.config().nccl {
@@ -317,7 +497,7 @@ impl NexarClient {
         }
         let mut ids = vec![0u8; ID_BYTES * self.world_size()];
         let at = |r: usize| r * ID_BYTES..(r + 1) * ID_BYTES;
-        self.all_gather(&mine[..], &mut ids[..]).await?;
+        self.exchange_host(Exchange::AllGather, &mine[..], &mut ids[..]).await?;
         let leaders = &ids[at(neighbours[0])];
         let joined = if leaders[0] == 1 {
             let mut bytes = [0u8; 128];
@@ -395,10 +575,14 @@ impl NexarClient {
                     reason: format!("an NCCL operation was not done after {timeout:?}; its communicator was aborted"),
                 }));
             }
-            if waited < Duration::from_micros(200) {
+            // The runtime's timer counts whole milliseconds, so a sleep costs one even for an
+            // operation a few microseconds from done (measured: a small two-level
+            // reduce-scatter took 1.9 ms with sleeps from 200 µs on); yield through the first
+            // milliseconds, as NCCL's own host threads spin.
+            if waited < POLL_SPIN {
                 tokio::task::yield_now().await;
             } else {
-                tokio::time::sleep(Duration::from_micros(100)).await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
         Ok(())
@@ -418,6 +602,123 @@ impl From<DeviceError> for Step {
     }
 }
 
+/// What a device collective asks of NCCL.
+struct Ask {
+    kind: Collective,
+    op: Option<ReduceOp>,
+    root: usize,
+    /// The send and receive lengths (the same for a one-buffer collective).
+    counts: [usize; 2],
+    device: usize,
+    /// Whether this rank's own buffers fit the call, and why not.
+    fits: Result<(), String>,
+}
+
+/// The order of the blocks of a two-level all-gather or reduce-scatter on the device: by local
+/// index, then by host (`at = index * hosts + host`), so that the blocks of one local index
+/// on every host lie together, as NCCL's per-rank blocks must.
+struct BlockOrder {
+    /// Ranks by host, then by local index.
+    members: Vec<Vec<usize>>,
+    hosts: usize,
+    per_host: usize,
+}
+
+impl BlockOrder {
+    fn new(layout: &HostLayout, per_host: usize) -> BlockOrder {
+        let hosts = layout.hosts();
+        BlockOrder { members: (0..hosts).map(|h| layout.members(h)).collect(), hosts, per_host }
+    }
+
+    /// Each block's place in this order, with the rank it belongs to.
+    fn ranks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.per_host)
+            .flat_map(move |index| (0..self.hosts).map(move |host| (index, host)))
+            .map(|(index, host)| (index * self.hosts + host, self.members[host][index]))
+    }
+
+    /// The elements of local index `index`'s blocks, for blocks of `block` elements.
+    fn span(&self, index: usize, block: usize) -> std::ops::Range<usize> {
+        index * self.hosts * block..(index + 1) * self.hosts * block
+    }
+}
+
+/// How long [`NexarClient::nccl_wait`] polls an operation by yielding before it sleeps
+/// between polls.
+const POLL_SPIN: Duration = Duration::from_millis(3);
+
 /// An NCCL id as sent: a byte that says whether its host's first rank could make one, then
 /// the id.
 const ID_BYTES: usize = 129;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two-level all-gather and reduce-scatter, their data movement run in host memory
+    /// exactly as the device steps run it (NCCL's in-place all-gather and reduce-scatter over
+    /// each host's ranks, nexar's over each local index's), for hosts whose ranks are placed
+    /// in blocks, round-robin and scattered.
+    #[test]
+    fn the_block_order_puts_every_rank_in_place() {
+        let block = 3;
+        for keys in [vec![1, 1, 2, 2, 3, 3], vec![1, 2, 3, 1, 2, 3], vec![5, 9, 9, 7, 5, 7], vec![4, 8]] {
+            let layout = HostLayout::from_keys(&keys);
+            let (world, per_host) = (layout.world(), layout.ranks_per_host().unwrap());
+            let order = BlockOrder::new(&layout, per_host);
+            let places: Vec<usize> = order.ranks().map(|(at, _)| at).collect();
+            assert_eq!(places, (0..world).collect::<Vec<_>>(), "every place once, in order");
+            let mut owners: Vec<usize> = order.ranks().map(|(_, rank)| rank).collect();
+            owners.sort();
+            assert_eq!(owners, (0..world).collect::<Vec<_>>(), "every rank once");
+            let index_of = |r: usize| layout.members(layout.host_of(r)).iter().position(|m| *m == r).unwrap();
+
+            // All-gather: rank r's block holds r * 100 + i.
+            let send = |r: usize| (0..block).map(|i| r * 100 + i).collect::<Vec<_>>();
+            for me in 0..world {
+                // Across the hosts: the blocks of my local index, by host.
+                let gathered: Vec<usize> =
+                    (0..order.hosts).flat_map(|h| send(layout.members(h)[index_of(me)])).collect();
+                // Within the host: every local index's span (what each local rank brought).
+                let mut by_index = vec![0; block * world];
+                for j in 0..per_host {
+                    let theirs: Vec<usize> = (0..order.hosts).flat_map(|h| send(layout.members(h)[j])).collect();
+                    by_index[order.span(j, block)].copy_from_slice(&theirs);
+                }
+                assert_eq!(by_index[order.span(index_of(me), block)], gathered[..]);
+                let mut recv = vec![0; block * world];
+                for (at, rank) in order.ranks() {
+                    recv[rank * block..(rank + 1) * block].copy_from_slice(&by_index[at * block..(at + 1) * block]);
+                }
+                assert_eq!(recv, (0..world).flat_map(send).collect::<Vec<_>>(), "all-gather on rank {me} of {keys:?}");
+            }
+
+            // Reduce-scatter: rank p's block q holds p * 1000 + q * 10 + i.
+            let full =
+                |p: usize| (0..world).flat_map(|q| (0..block).map(move |i| p * 1000 + q * 10 + i)).collect::<Vec<_>>();
+            let arranged = |p: usize| {
+                let mut by_index = vec![0; block * world];
+                for (at, rank) in order.ranks() {
+                    by_index[at * block..(at + 1) * block].copy_from_slice(&full(p)[rank * block..(rank + 1) * block]);
+                }
+                by_index
+            };
+            for me in 0..world {
+                let (host, index) = (layout.host_of(me), index_of(me));
+                // Within the host: my span summed over my host's ranks.
+                let partial = |h: usize| -> Vec<usize> {
+                    let span = order.span(index, block);
+                    layout.members(h).iter().fold(vec![0; span.len()], |mut acc, p| {
+                        acc.iter_mut().zip(&arranged(*p)[span.clone()]).for_each(|(a, v)| *a += v);
+                        acc
+                    })
+                };
+                // Across the hosts: block `host` of every host's partial, summed.
+                let mine: Vec<usize> =
+                    (0..block).map(|i| (0..order.hosts).map(|h| partial(h)[host * block + i]).sum()).collect();
+                let expect: Vec<usize> = (0..block).map(|i| (0..world).map(|p| p * 1000 + me * 10 + i).sum()).collect();
+                assert_eq!(mine, expect, "reduce-scatter on rank {me} of {keys:?}");
+            }
+        }
+    }
+}

@@ -118,7 +118,7 @@ impl NexarConfig {
             (
                 "NEXAR_ALLREDUCE_ALGORITHM",
                 &mut c.allreduce_algorithm,
-                &["ring", "pipelined_ring", "halving_doubling", "recursive_doubling"][..],
+                &["ring", "pipelined_ring", "halving_doubling", "recursive_doubling", "hierarchical"][..],
             ),
             ("NEXAR_BROADCAST_ALGORITHM", &mut c.broadcast_algorithm, &["binomial_tree", "pipelined_chain"][..]),
             ("NEXAR_BARRIER_ALGORITHM", &mut c.barrier_algorithm, &["dissemination", "two_phase"][..]),

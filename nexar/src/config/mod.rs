@@ -121,7 +121,8 @@ pub struct NexarConfig {
     /// takes.
     pub spin: Option<Duration>,
     /// Pins the allreduce algorithm (`NEXAR_ALLREDUCE_ALGORITHM`: `ring`, `pipelined_ring`,
-    /// `halving_doubling`, `recursive_doubling`); `None` lets the size table choose.
+    /// `halving_doubling`, `recursive_doubling`, `hierarchical` — the two-level one, where the
+    /// hosts allow it); `None` lets the size table choose.
     pub allreduce_algorithm: Option<Algorithm>,
     /// Pins the broadcast algorithm (`NEXAR_BROADCAST_ALGORITHM`: `binomial_tree`,
     /// `pipelined_chain`).

@@ -42,6 +42,16 @@ fn every_variable_is_read() {
 }
 
 #[test]
+fn the_two_level_allreduce_can_be_pinned_from_the_environment() {
+    let c = with(&[("NEXAR_ALLREDUCE_ALGORITHM", "hierarchical")]).unwrap();
+    assert!(
+        matches!(c.allreduce_algorithm, Some(crate::Algorithm::Hierarchical { .. })),
+        "{:?}",
+        c.allreduce_algorithm
+    );
+}
+
+#[test]
 fn invalid_values_name_their_variable() {
     for (var, val) in [
         ("NEXAR_WORLD_SIZE", "0"),

@@ -211,9 +211,9 @@ async fn row(
     })
 }
 
-/// One size of an allreduce, broadcast or reduce of f32 `Buf<f32, Cuda>` on GPU
-/// `rank % GPUs`: checked once, then timed (each call returns once the device holds the
-/// result, on NCCL or staged).
+/// One size of an allreduce, broadcast, reduce, all-gather or reduce-scatter of f32
+/// `Buf<f32, Cuda>` on GPU `rank % GPUs`: checked once, then timed (each call returns once the
+/// device holds the result, on NCCL or staged).
 #[cfg(feature = "cuda")]
 pub(super) async fn run_size_on_device(comm: &NexarClient, args: &Args, bytes: usize) -> Result<Row, CollectiveError> {
     use nexar::{Cuda, cuda_device_count};
@@ -221,23 +221,28 @@ pub(super) async fn run_size_on_device(comm: &NexarClient, args: &Args, bytes: u
     let device_error = |source| CollectiveError::Device { rank: r, op: "nexar-bench", source };
     let gpus = cuda_device_count().map_err(device_error)?.max(1);
     let count = bytes / size_of::<f32>();
+    let (send_len, recv_len) = lengths(args.op, count, w);
+    let dev = r % gpus;
+    let send = Buf::<f32, Cuda>::from_host(dev, &(0..send_len).map(|i| val(r, i)).collect::<Vec<f32>>())
+        .map_err(device_error)?;
     let start: Vec<f32> =
-        (0..count).map(|i| if args.op == Op::Broadcast && r != 0 { 0.0 } else { val(r, i) }).collect();
-    let mut buf = Buf::<f32, Cuda>::from_host(r % gpus, &start).map_err(device_error)?;
+        (0..recv_len).map(|i| if args.op == Op::Broadcast && r != 0 { 0.0 } else { val(r, i) }).collect();
+    let mut buf = Buf::<f32, Cuda>::from_host(dev, &start).map_err(device_error)?;
     let call = async |buf: &mut Buf<f32, Cuda>| match args.op {
         Op::Allreduce => comm.all_reduce(buf, Sum).await,
         Op::Broadcast => comm.broadcast(buf, 0).await,
         Op::Reduce => comm.reduce(buf, Sum, 0).await,
+        Op::Allgather => comm.all_gather(&send, buf).await,
+        Op::ReduceScatter => comm.reduce_scatter(&send, buf, Sum).await,
         _ => Err(CollectiveError::InvalidArgument {
             rank: r,
             op: "nexar-bench",
-            reason: "--memory cuda runs allreduce, broadcast and reduce".into(),
+            reason: "--memory cuda runs allreduce, broadcast, reduce, allgather and reduce_scatter".into(),
         }),
     };
     call(&mut buf).await?;
-    let mut wrong_here = [wrong(args.op, r, w, 0, &buf.to_host().map_err(device_error)?)];
+    let mut wrong_here = [wrong(args.op, r, w, send_len, &buf.to_host().map_err(device_error)?)];
     comm.all_reduce(&mut wrong_here, Sum).await?;
-    buf.copy_from_host(&vec![0.0; count]).map_err(device_error)?;
     for _ in 0..args.warmup {
         call(&mut buf).await?;
     }
@@ -248,7 +253,8 @@ pub(super) async fn run_size_on_device(comm: &NexarClient, args: &Args, bytes: u
         call(&mut buf).await?;
         times.push(start.elapsed().as_secs_f64() * 1e6);
     }
-    row(comm, args, times, count * size_of::<f32>(), count, wrong_here[0]).await
+    let longer = recv_len.max(send_len);
+    row(comm, args, times, longer * size_of::<f32>(), longer, wrong_here[0]).await
 }
 
 /// Without the feature `cuda` there is no device memory to measure.

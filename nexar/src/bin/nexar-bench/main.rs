@@ -281,6 +281,10 @@ struct Args {
     /// Run the ranks as tasks in this process instead of separate processes.
     #[arg(long)]
     inproc: bool,
+    /// Place the rank processes on this many pretended hosts (`NEXAR_HOST_ID` per process,
+    /// round-robin), so that the two-level algorithms run on one machine.
+    #[arg(long)]
+    hosts: Option<usize>,
     /// Per-iteration timing: print p50, p99, the largest iteration and the share of
     /// iterations over 10x the median for each size, and write every iteration to the JSON.
     #[arg(short = 'I', long = "per-iteration")]
@@ -444,6 +448,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     if args.inproc {
+        if args.hosts.is_some() {
+            return Err("--hosts places rank processes; it does not apply to --inproc".into());
+        }
         return inproc(args).await;
     }
     launch(args).await
@@ -488,13 +495,16 @@ async fn launch(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let seed = SeedNode::bind("127.0.0.1:0".parse()?, cfg).await?;
     let me = std::env::current_exe()?;
     let mut children = Vec::new();
-    for _ in 0..args.np {
+    for process in 0..args.np {
         let mut cmd = tokio::process::Command::new(&me);
         cmd.args(std::env::args().skip(1))
             .args(["--worker", "--seed", &seed.local_addr().to_string()])
             .env("NEXAR_TOKEN", seed.token().to_string())
             .stdout(Stdio::piped())
             .kill_on_drop(true);
+        if let Some(hosts) = args.hosts {
+            cmd.env("NEXAR_HOST_ID", format!("nexar-bench-host-{}", process % hosts.max(1)));
+        }
         children.push(cmd.spawn()?);
     }
     let mut ok = true;

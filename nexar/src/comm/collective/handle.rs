@@ -40,7 +40,7 @@ pub type ExchangeHandle<T> = CollectiveHandle<T, (Buf<T>, Buf<T>)>;
 
 /// The collectives with a send and a receive buffer.
 #[derive(Clone, Copy)]
-pub(super) enum Exchange {
+pub(in crate::comm) enum Exchange {
     AllGather,
     ReduceScatter(ReduceOp),
     AllToAll,

@@ -24,7 +24,7 @@ mod topk;
 pub(crate) use cache::{ScheduleCache, ScheduleKey};
 pub use compressed::Compression;
 pub use error::CollectiveError;
-use handle::Exchange;
+pub(in crate::comm) use handle::Exchange;
 pub use handle::{CollectiveHandle, ExchangeHandle};
 pub use topk::ErrorFeedback;
 

@@ -264,6 +264,33 @@ impl NexarClient {
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,
     {
+        #[cfg(feature = "nccl")]
+        {
+            let kind = match x {
+                Exchange::AllGather => Some((Collective::AllGather, None)),
+                Exchange::ReduceScatter(op) => Some((Collective::ReduceScatter, Some(op))),
+                _ => None,
+            };
+            if let Some((kind, op)) = kind
+                && let Some(done) = self.try_nccl_exchange(kind, op, send, recv).await
+            {
+                return done;
+            }
+        }
+        self.exchange_host(x, send, recv).await
+    }
+
+    /// [`exchange_staged`](Self::exchange_staged) on nexar's own links, never NCCL.
+    pub(in crate::comm) async fn exchange_host<S, R>(
+        &self,
+        x: Exchange,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<(), CollectiveError>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+    {
         let staged = send.host_view().and_then(|view| recv.host_stage().map(|stage| (view, stage)));
         let (input, mut data) = match staged {
             Ok(both) => both,
