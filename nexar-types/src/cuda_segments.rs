@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 
 use crate::buf::{Buf, DeviceError};
 use crate::cuda::driver;
@@ -21,9 +21,12 @@ use crate::space::Cuda;
 /// Segments prefetched and not yet written back, at most.
 const IN_FLIGHT: usize = 2;
 
-/// A `Buf<T, Cuda>` staged segment by segment through pinned host memory.
+/// A `Buf<T, Cuda>`, or a window of device memory, staged segment by segment through pinned
+/// host memory.
 pub(crate) struct CudaSegments<'a, T: Element> {
-    buf: &'a mut Buf<T, Cuda>,
+    slice: &'a mut CudaSlice<T>,
+    /// The window's elements of `slice`: segment ranges count from its start.
+    window: Range<usize>,
     stream: Arc<CudaStream>,
     device: usize,
     /// Elements of each pinned buffer: the longest segment.
@@ -39,10 +42,27 @@ pub(crate) struct CudaSegments<'a, T: Element> {
 impl<'a, T: Element> CudaSegments<'a, T> {
     /// Segments of at most `segment` elements of `buf`.
     pub(crate) fn new(buf: &'a mut Buf<T, Cuda>, segment: usize) -> Self {
-        let (_, stream, device) = buf.storage.parts();
-        let stream = stream.clone();
-        let slot_len = segment.clamp(1, buf.len().max(1));
-        CudaSegments { buf, stream, device, slot_len, staged: VecDeque::new(), free: Vec::new() }
+        let len = buf.len();
+        let (slice, stream, device) = buf.storage.parts_mut_with_device();
+        Self::window(slice, 0..len, stream, device, segment)
+    }
+
+    /// Segments of at most `segment` elements of elements `window` of `slice` (which the
+    /// caller checked lie within it).
+    pub(crate) fn window(
+        slice: &'a mut CudaSlice<T>,
+        window: Range<usize>,
+        stream: Arc<CudaStream>,
+        device: usize,
+        segment: usize,
+    ) -> Self {
+        let slot_len = segment.clamp(1, window.len().max(1));
+        CudaSegments { slice, window, stream, device, slot_len, staged: VecDeque::new(), free: Vec::new() }
+    }
+
+    /// `range` of the window as elements of the slice.
+    fn on_device(&self, range: &Range<usize>) -> Range<usize> {
+        self.window.start + range.start..self.window.start + range.end
     }
 
     fn slot(&mut self) -> Result<PinnedHostSlice<T>, DeviceError> {
@@ -55,11 +75,11 @@ impl<'a, T: Element> CudaSegments<'a, T> {
 
 impl<T: Element> SegmentStage<T> for CudaSegments<'_, T> {
     fn len(&self) -> usize {
-        self.buf.len()
+        self.window.len()
     }
 
     fn prefetch(&mut self, range: Range<usize>) -> Result<(), DeviceError> {
-        check_range(&range, self.buf.len())?;
+        check_range(&range, self.window.len())?;
         if range.len() > self.slot_len || self.staged.len() >= IN_FLIGHT {
             return Err(out_of_order(&format!(
                 "segment of {} elements with {} in flight (at most {IN_FLIGHT} of {})",
@@ -70,17 +90,17 @@ impl<T: Element> SegmentStage<T> for CudaSegments<'_, T> {
         }
         let mut slot = self.slot()?;
         let fail = driver("copying a segment to the host", self.device);
-        let (slice, _, _) = self.buf.storage.parts();
+        let (slice, on_device) = (&*self.slice, self.on_device(&range));
         let mut copied = None;
         if range.len() == slot.len() {
             // Asynchronous: `host` waits for the event recorded after it.
-            self.stream.memcpy_dtoh(&slice.slice(range.clone()), &mut slot).map_err(&fail)?;
+            self.stream.memcpy_dtoh(&slice.slice(on_device), &mut slot).map_err(&fail)?;
             copied = Some(self.stream.record_event(None).map_err(&fail)?);
         } else if !range.is_empty() {
             // A copy into a pinned buffer moves the whole buffer's length, so a shorter (last)
             // segment goes into part of the slot: wait for it here.
             let host = slot.as_mut_slice().map_err(&fail)?;
-            self.stream.memcpy_dtoh(&slice.slice(range.clone()), &mut host[..range.len()]).map_err(&fail)?;
+            self.stream.memcpy_dtoh(&slice.slice(on_device), &mut host[..range.len()]).map_err(&fail)?;
             self.stream.synchronize().map_err(&fail)?;
         }
         self.staged.push_back((range, slot, copied));
@@ -105,8 +125,8 @@ impl<T: Element> SegmentStage<T> for CudaSegments<'_, T> {
             return Err(out_of_order("a segment written back before `host` was asked for"));
         }
         let fail = driver("copying a segment to the device", self.device);
-        let (slice, _) = self.buf.storage.parts_mut();
-        let mut target = slice.slice_mut(range.clone());
+        let on_device = self.on_device(&range);
+        let mut target = self.slice.slice_mut(on_device);
         if range.len() == slot.len() {
             // Asynchronous: the slot is only refilled by a later `prefetch`, whose copy the
             // stream orders after this one.

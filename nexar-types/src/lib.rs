@@ -57,7 +57,9 @@ pub use cuda_reduce::{compile_reduce_kernel, reduce_kernel_source};
 pub use element::{DType, Element, UnknownDType};
 pub use id::{stable_hash, stable_id};
 #[cfg(feature = "nccl")]
-pub use nccl::{NcclComm, NcclId, NcclInFlight, NcclOperand, NcclScratch, NcclSource, nccl_supports, nccl_version};
+pub use nccl::{
+    DeviceWindow, NcclComm, NcclId, NcclInFlight, NcclOperand, NcclScratch, NcclSource, nccl_supports, nccl_version,
+};
 pub use op::{BitAnd, BitOr, BitXor, Max, Min, Prod, ReduceError, ReduceOp, Reduction, Sum, reduce, reduce_slice};
 pub use segments::{SegmentStage, WholeStage, segment_ranges};
 #[cfg(feature = "cuda")]

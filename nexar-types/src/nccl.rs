@@ -613,6 +613,14 @@ impl<'a, T: Element> NcclOperand<'a, T> {
         check(self.len(), range, host)
     }
 
+    /// Elements `range` of the buffer as a buffer of their own for nexar's collectives (the
+    /// steps of a two-level collective that cross hosts): staged through host memory, large
+    /// ones segment by segment through pinned buffers, so the copies overlap the network.
+    pub fn window(&mut self, range: std::ops::Range<usize>) -> Result<DeviceWindow<'_, T>, DeviceError> {
+        self.check(&range, range.len())?;
+        Ok(DeviceWindow { slice: self.slice, range, stream: self.stream.clone(), device: self.device })
+    }
+
     /// The buffer as the read side of an out-of-place operation.
     pub fn source(&self) -> NcclSource<'_, T> {
         NcclSource { slice: self.slice, stream: self.stream.clone(), device: self.device }
@@ -700,6 +708,62 @@ impl<'a, T: Element> NcclSource<'a, T> {
     /// Copies elements `range` to `out` (as long as the range) and waits for the copy.
     pub fn copy_out(&self, range: std::ops::Range<usize>, out: &mut [T]) -> Result<(), DeviceError> {
         copy_out(self.slice, &self.stream, self.device, range, out)
+    }
+}
+
+/// Elements of a device buffer lent to one of nexar's collectives as a buffer of their own
+/// (see [`NcclOperand::window`]): a [`RecvBuf`](crate::RecvBuf) that is staged through host
+/// memory, never handed to NCCL.
+pub struct DeviceWindow<'a, T: Element> {
+    slice: &'a mut CudaSlice<T>,
+    range: std::ops::Range<usize>,
+    stream: Arc<CudaStream>,
+    device: usize,
+}
+
+impl<T: Element> fmt::Debug for DeviceWindow<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceWindow").field("device", &self.device).field("range", &self.range).finish()
+    }
+}
+
+impl<T: Element> DeviceWindow<'_, T> {
+    fn download(&self) -> Result<Vec<T>, DeviceError> {
+        let mut host = vec![T::zeroed(); self.range.len()];
+        copy_out(self.slice, &self.stream, self.device, self.range.clone(), &mut host)?;
+        Ok(host)
+    }
+}
+
+impl<T: Element> crate::buf::WriteBack<T> for DeviceWindow<'_, T> {
+    fn write_back(&mut self, host: &[T]) -> Result<(), DeviceError> {
+        check(self.range.len(), &(0..host.len()), self.range.len())?;
+        CudaAdapter::global().upload_at(self.slice, &self.stream, self.device, self.range.start, host)
+    }
+}
+
+impl<T: Element> crate::buf::SendBuf for DeviceWindow<'_, T> {
+    type Elem = T;
+    fn elems(&self) -> usize {
+        self.range.len()
+    }
+    fn host_view(&self) -> Result<crate::buf::HostView<'_, T>, DeviceError> {
+        Ok(crate::buf::HostView::Copied(self.download()?))
+    }
+}
+
+impl<T: Element> crate::buf::RecvBuf for DeviceWindow<'_, T> {
+    fn host_stage(&mut self) -> Result<crate::buf::HostStage<'_, T>, DeviceError> {
+        let host = self.download()?;
+        Ok(crate::buf::HostStage::copied(host, self))
+    }
+
+    fn segment_stage(
+        &mut self,
+        segment: usize,
+    ) -> Result<Box<dyn crate::segments::SegmentStage<T> + Send + '_>, DeviceError> {
+        let (range, stream) = (self.range.clone(), self.stream.clone());
+        Ok(Box::new(crate::cuda_segments::CudaSegments::window(self.slice, range, stream, self.device, segment)))
     }
 }
 

@@ -145,6 +145,18 @@ async fn device_collectives(comm: NexarClient) -> NcclState {
     let mut short = Buf::<f64, Cuda>::zeros_on(dev, block - 1).unwrap();
     let err = comm.reduce_scatter(&send, &mut short, Sum).await.unwrap_err();
     assert!(err.to_string().contains("elements"), "{err}");
+    // A window of a device buffer as a buffer of its own (segment by segment where the
+    // configuration's segments are smaller); the elements around it stay as they were.
+    let mut big = Buf::<f32, Cuda>::from_host(dev, &vec![1.0; 400_000]).unwrap();
+    {
+        let mut operand = big.nccl_operand().unwrap();
+        assert!(operand.window(399_999..400_001).is_err(), "a window past the end");
+        let mut window = operand.window(100_001..350_001).unwrap();
+        comm.all_reduce(&mut window, Sum).await.unwrap();
+    }
+    let big = big.to_host().unwrap();
+    assert!(big[100_001..350_001].iter().all(|x| *x == w as f32), "the window reduced on rank {r}");
+    assert!(big[..100_001].iter().chain(&big[350_001..]).all(|x| *x == 1.0), "outside the window on rank {r}");
     // Reductions and types NCCL lacks are staged, on every rank alike.
     let mut bits = Buf::<u32, Cuda>::from_host(dev, &[1 << r; 5]).unwrap();
     comm.all_reduce(&mut bits, BitOr).await.unwrap();
@@ -191,6 +203,8 @@ async fn device_collectives_run_on_nccl_or_are_staged_with_a_reason() {
                     NexarConfig::builder()
                         .host_id(*h)
                         .allreduce_algorithm(Algorithm::Hierarchical { segment_bytes: 1 << 20 })
+                        // Segments of 256 KiB: the large allreduces cross hosts in segments.
+                        .segment_bytes(256 << 10)
                         .build()
                         .unwrap()
                 })

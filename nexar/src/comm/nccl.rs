@@ -296,23 +296,21 @@ impl NexarClient {
             return self.nccl_wait(local.all_reduce(buf, op)?).await;
         };
         let (n, per_host) = (buf.len(), local.size());
+        // Across the hosts through a window of the device buffer: a large block goes in
+        // segments whose copies overlap the network, as a staged allreduce's do.
         if n.is_multiple_of(per_host) {
             let block = n / per_host;
             let mine = local.rank() * block..(local.rank() + 1) * block;
             self.nccl_wait(local.reduce_scatter(buf, op)?).await?;
-            let mut host = vec![T::zeroed(); block];
-            buf.copy_out(mine.clone(), &mut host)?;
-            across.staged(Collective::AllReduce, Some(op), &mut host[..]).await.map_err(Step::Across)?;
-            buf.copy_in(mine, &host)?;
+            let mut window = buf.window(mine)?;
+            across.staged(Collective::AllReduce, Some(op), &mut window).await.map_err(Step::Across)?;
             return self.nccl_wait(local.all_gather(buf)?).await;
         }
         // Blocks of unequal length: through each host's leader.
         self.nccl_wait(local.reduce(buf, op, 0)?).await?;
         if local.rank() == 0 {
-            let mut host = vec![T::zeroed(); n];
-            buf.copy_out(0..n, &mut host)?;
-            across.staged(Collective::AllReduce, Some(op), &mut host[..]).await.map_err(Step::Across)?;
-            buf.copy_in(0..n, &host)?;
+            let mut window = buf.window(0..n)?;
+            across.staged(Collective::AllReduce, Some(op), &mut window).await.map_err(Step::Across)?;
         }
         self.nccl_wait(local.broadcast(buf, 0)?).await
     }
@@ -368,25 +366,15 @@ impl NexarClient {
             // One host, or a rank that only contributes: its buffer is only read.
             _ => return self.nccl_wait(local.reduce(buf, op, root_index)?).await,
         };
-        let n = buf.len();
-        let mut partial = vec![T::zeroed(); n];
+        let (n, up) = (buf.len(), Collective::Reduce { root: root_host });
         if self.rank() == root {
             self.nccl_wait(local.reduce(buf, op, root_index)?).await?;
-            buf.copy_out(0..n, &mut partial)?;
-        } else {
-            let mut scratch = buf.scratch(n)?;
-            let mut into = scratch.operand();
-            self.nccl_wait(local.reduce_from(&buf.source(), &mut into, op, root_index)?).await?;
-            into.copy_out(0..n, &mut partial)?;
+            return across.staged(up, Some(op), &mut buf.window(0..n)?).await.map_err(Step::Across);
         }
-        across
-            .staged(Collective::Reduce { root: root_host }, Some(op), &mut partial[..])
-            .await
-            .map_err(Step::Across)?;
-        if self.rank() == root {
-            buf.copy_in(0..n, &partial)?;
-        }
-        Ok(())
+        let mut scratch = buf.scratch(n)?;
+        let mut partial = scratch.operand();
+        self.nccl_wait(local.reduce_from(&buf.source(), &mut partial, op, root_index)?).await?;
+        across.staged(up, Some(op), &mut partial.window(0..n)?).await.map_err(Step::Across)
     }
 
     /// The two-level all-gather: every rank's block to the ranks of its local index on every
