@@ -171,6 +171,24 @@ async fn device_collectives(comm: NexarClient) -> NcclState {
     comm.nccl_state()
 }
 
+/// Rank 0 passes device memory and the others host memory to one allreduce; then every rank
+/// runs one more. The first call's outcome (its error, in words) and the second's result.
+async fn mixed_memory(comm: NexarClient) -> (Result<(), String>, u32) {
+    let first = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        if comm.rank() == 0 {
+            let mut grads = Buf::<f32, Cuda>::from_host(0, &[1.0; 64]).unwrap();
+            comm.all_reduce(&mut grads, Sum).await
+        } else {
+            comm.all_reduce(&mut [1.0f32; 64][..], Sum).await
+        }
+    })
+    .await
+    .expect("a call of mixed memory hung");
+    let mut next = [1u32];
+    comm.all_reduce(&mut next[..], Sum).await.unwrap();
+    (first.map_err(|e| e.to_string()), next[0])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_collectives_run_on_nccl_or_are_staged_with_a_reason() {
     common::logs();
@@ -184,6 +202,19 @@ async fn device_collectives_run_on_nccl_or_are_staged_with_a_reason() {
         let ranks = NexarClient::bootstrap_local(2).await.unwrap();
         let states = on_each(&ranks, device_collectives).await;
         println!("NCCL with {} GPUs: {states:?}", gpus());
+        // Device memory on one rank and host memory on the other in one call: the device rank
+        // asks the others about NCCL first, so the two calls do not match. Both are refused
+        // with an error naming the mismatch (not a hang), and the next call runs.
+        let mixed = on_each(&ranks, mixed_memory).await;
+        println!("device and host memory in one call: {mixed:?}");
+        for (rank, (outcome, next)) in mixed.iter().enumerate() {
+            let err = outcome.as_ref().expect_err("a mixed call is refused");
+            assert!(
+                err.contains("rank 0 passed device memory") && err.contains("rank 1 passed host memory"),
+                "rank {rank}: {err}"
+            );
+            assert_eq!(*next, 2, "the call after it runs on rank {rank}");
+        }
         match (gpus(), nccl_version()) {
             (2.., Ok(_)) => {
                 assert!(states.iter().all(|s| matches!(s, NcclState::Ready { ranks: 2, .. })), "{states:?}")

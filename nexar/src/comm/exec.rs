@@ -57,11 +57,23 @@ impl CollCall {
     }
 }
 
+/// The fingerprint of the allreduce by which the ranks agree to run a device collective on NCCL
+/// (`comm/nccl.rs`): a rank that passed host memory to the same call meets it instead of its
+/// own collective, and the disagreement says so.
+pub(crate) const AGREEMENT: u64 = 0x6e63_636c_2061_736b;
+
 /// Describes how `theirs` differs from `ours`, field by field, in the words of the user's call.
 fn disagreement(ours: &CollHeader, theirs: &CollHeader, me: usize, peer: usize) -> String {
     let op_name = |c: u8| ReduceOp::from_wire(c).map_or("none", ReduceOp::name);
     let dtype_name = |c: u8| nexar_types::DType::from_wire(c).map_or("unknown", |d| d.name());
-    if ours.kind != theirs.kind {
+    if (ours.fingerprint == AGREEMENT) != (theirs.fingerprint == AGREEMENT) {
+        let (device, host) = if ours.fingerprint == AGREEMENT { (me, peer) } else { (peer, me) };
+        format!(
+            "rank {device} passed device memory (its call first asks every rank whether NCCL can \
+             run it) while rank {host} passed host memory or made another call: with the feature \
+             `nccl`, one collective takes device memory on every rank or on none"
+        )
+    } else if ours.kind != theirs.kind {
         format!("rank {peer} called {} while rank {me} called {}", name_of_code(theirs.kind), name_of_code(ours.kind))
     } else if ours.count != theirs.count {
         format!("rank {peer} passed {} elements, rank {me} passed {}", theirs.count, ours.count)
@@ -463,5 +475,26 @@ impl NexarClient {
                 Err(CollectiveError::Timeout { rank, op, peer: from, after: self.config().op_timeout, report })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(count: u64, fingerprint: u64) -> CollHeader {
+        CollHeader { kind: 1, op: 0, dtype: 0, root: 0, count, fingerprint, segment: 0 }
+    }
+
+    #[test]
+    fn a_host_call_against_the_nccl_agreement_is_named_as_such() {
+        let (agreement, host) = (header(7, AGREEMENT), header(64, 0));
+        for (ours, theirs, me, peer) in [(&agreement, &host, 0, 1), (&host, &agreement, 1, 0)] {
+            let what = disagreement(ours, theirs, me, peer);
+            assert!(what.contains("rank 0 passed device memory"), "{what}");
+            assert!(what.contains("rank 1 passed host memory"), "{what}");
+        }
+        // Otherwise the fields, in the words of the user's call.
+        assert_eq!(disagreement(&header(7, 0), &host, 0, 1), "rank 1 passed 64 elements, rank 0 passed 7");
     }
 }

@@ -43,6 +43,7 @@ use nexar_types::{
 
 use super::client::NexarClient;
 use super::collective::{CollectiveError, Exchange};
+use super::exec::{AGREEMENT, CollCall};
 use super::state::CommState;
 use crate::proto::algo::hierarchical::HostLayout;
 use crate::proto::algo::{Algorithm, Collective};
@@ -236,7 +237,8 @@ impl NexarClient {
         let [a, b] = ask.counts.map(|c| c as u64);
         let mut words = [u64::from(local.is_ok()), a, !a, b, !b, key, !key];
         debug_assert_eq!(words.len(), WORDS);
-        if let Err(e) = self.staged(Collective::AllReduce, Some(ReduceOp::Min), &mut words[..]).await {
+        let ask_all = CollCall::whole(Collective::AllReduce, Some(ReduceOp::Min), WORDS as u64, AGREEMENT);
+        if let Err(e) = self.collective(ask_all, &mut words[..], &[]).await {
             return Some(Err(e));
         }
         if words[OK] == 0 {

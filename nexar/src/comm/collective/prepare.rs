@@ -311,7 +311,7 @@ impl NexarClient {
         self.fail_device_seq(self.comm.next_seq(), call, source).await
     }
 
-    pub(super) async fn collective<T: Element>(
+    pub(in crate::comm) async fn collective<T: Element>(
         &self,
         call: CollCall,
         data: &mut [T],
