@@ -33,7 +33,6 @@ impl<T: Element> CudaStorage<T> {
     }
 
     /// The device memory for writing, its stream and its device index.
-    #[cfg(feature = "nccl")]
     pub(crate) fn parts_mut_with_device(&mut self) -> (&mut CudaSlice<T>, Arc<CudaStream>, usize) {
         (&mut self.slice, self.stream.clone(), self.device)
     }

@@ -254,7 +254,22 @@ pub(super) async fn run_size_on_device(comm: &NexarClient, args: &Args, bytes: u
         times.push(start.elapsed().as_secs_f64() * 1e6);
     }
     let longer = recv_len.max(send_len);
-    row(comm, args, times, longer * size_of::<f32>(), longer, wrong_here[0]).await
+    let measured = row(comm, args, times, longer * size_of::<f32>(), longer, wrong_here[0]).await?;
+    // Where NCCL ran the calls, the host algorithm named by the size table did not.
+    Ok(super::Row { algorithm: ran_on_nccl(comm).unwrap_or(measured.algorithm), ..measured })
+}
+
+/// What ran a device collective where NCCL did.
+#[cfg(feature = "nccl")]
+fn ran_on_nccl(comm: &NexarClient) -> Option<&'static str> {
+    let ready = matches!(comm.nccl_state(), nexar::NcclState::Ready { .. });
+    let hosts = comm.host_layout().map_or(1, |h| h.hosts());
+    ready.then_some(if hosts > 1 { "nccl_within_hosts+nexar_across" } else { "nccl" })
+}
+
+#[cfg(all(feature = "cuda", not(feature = "nccl")))]
+fn ran_on_nccl(_: &NexarClient) -> Option<&'static str> {
+    None
 }
 
 /// Without the feature `cuda` there is no device memory to measure.

@@ -379,7 +379,7 @@ struct Row {
     /// The smallest, average and largest of the ranks' own median times, for `-a` (`None`
     /// where only one rank measures).
     across: Option<[f64; 3]>,
-    /// The algorithm that ran (allreduce), empty where not reported.
+    /// The algorithm that ran, empty where not reported.
     algorithm: &'static str,
 }
 
