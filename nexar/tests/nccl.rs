@@ -145,6 +145,11 @@ async fn device_collectives(comm: NexarClient) -> NcclState {
     let mut short = Buf::<f64, Cuda>::zeros_on(dev, block - 1).unwrap();
     let err = comm.reduce_scatter(&send, &mut short, Sum).await.unwrap_err();
     assert!(err.to_string().contains("elements"), "{err}");
+    // Empty buffers: nothing to move, on every rank alike.
+    let mut none = Buf::<f32, Cuda>::zeros_on(dev, 0).unwrap();
+    comm.all_reduce(&mut none, Sum).await.unwrap();
+    let mut gathered = Buf::<f32, Cuda>::zeros_on(dev, 0).unwrap();
+    comm.all_gather(&none, &mut gathered).await.unwrap();
     // A window of a device buffer as a buffer of its own (segment by segment where the
     // configuration's segments are smaller); the elements around it stay as they were.
     let mut big = Buf::<f32, Cuda>::from_host(dev, &vec![1.0; 400_000]).unwrap();

@@ -250,6 +250,10 @@ impl NexarClient {
             // Counts or arguments differ: the staged path names the mismatch.
             return None;
         }
+        if ask.counts == [0, 0] {
+            // Nothing to move (and no device memory to allocate for it): staged, on every rank.
+            return None;
+        }
         let group = match self.comm.nccl.ready() {
             Some(group) => group,
             None => match self.nccl_setup(&layout, ask.device).await {
