@@ -334,6 +334,17 @@ impl NcclComm {
 
     /// Starts a reduction of every rank's `send` into `root`'s `recv` (as long as `send`;
     /// other ranks' `recv` is not written). `send` is only read.
+    ///
+    /// ```no_run
+    /// use nexar_types::{Buf, Cuda, NcclComm, NcclId, RecvBuf, ReduceOp, SendBuf};
+    /// let comm = NcclComm::join(0, 0, 1, &NcclId::new()?)?;
+    /// let grads = Buf::<f32, Cuda>::from_host(0, &[0.5; 8])?;
+    /// let mut sum = Buf::<f32, Cuda>::zeros_on(0, 8)?;
+    /// let (send, mut recv) = (grads.nccl_source().unwrap(), sum.nccl_operand().unwrap());
+    /// let mut flight = comm.reduce_from(&send, &mut recv, ReduceOp::Sum, 0)?;
+    /// while !flight.poll()? {}
+    /// # Ok::<(), nexar_types::DeviceError>(())
+    /// ```
     pub fn reduce_from<'a, T: Element>(
         &'a self,
         send: &'a NcclSource<'_, T>,
@@ -357,6 +368,17 @@ impl NcclComm {
     /// Starts a reduce-scatter from `send` (`size()` blocks as long as `recv`) into `recv`:
     /// this rank's `recv` ends as the reduction of every rank's block `rank()`. `send` is only
     /// read.
+    ///
+    /// ```no_run
+    /// use nexar_types::{Buf, Cuda, NcclComm, NcclId, RecvBuf, ReduceOp, SendBuf};
+    /// let comm = NcclComm::join(0, 0, 1, &NcclId::new()?)?;
+    /// let full = Buf::<f32, Cuda>::from_host(0, &[1.0; 8])?;
+    /// let mut mine = Buf::<f32, Cuda>::zeros_on(0, 8 / comm.size())?;
+    /// let (send, mut recv) = (full.nccl_source().unwrap(), mine.nccl_operand().unwrap());
+    /// let mut flight = comm.reduce_scatter_from(&send, &mut recv, ReduceOp::Max)?;
+    /// while !flight.poll()? {}
+    /// # Ok::<(), nexar_types::DeviceError>(())
+    /// ```
     pub fn reduce_scatter_from<'a, T: Element>(
         &'a self,
         send: &'a NcclSource<'_, T>,
@@ -377,6 +399,17 @@ impl NcclComm {
 
     /// Starts an all-gather of every rank's `send` into `recv` (`size()` blocks as long as
     /// `send`, in rank order). `send` is only read.
+    ///
+    /// ```no_run
+    /// use nexar_types::{Buf, Cuda, NcclComm, NcclId, RecvBuf, SendBuf};
+    /// let comm = NcclComm::join(0, 0, 1, &NcclId::new()?)?;
+    /// let mine = Buf::<f32, Cuda>::from_host(0, &[1.0; 4])?;
+    /// let mut all = Buf::<f32, Cuda>::zeros_on(0, 4)?;
+    /// let (send, mut recv) = (mine.nccl_source().unwrap(), all.nccl_operand().unwrap());
+    /// let mut flight = comm.all_gather_from(&send, &mut recv)?;
+    /// while !flight.poll()? {}
+    /// # Ok::<(), nexar_types::DeviceError>(())
+    /// ```
     pub fn all_gather_from<'a, T: Element>(
         &'a self,
         send: &'a NcclSource<'_, T>,
@@ -616,6 +649,15 @@ impl<'a, T: Element> NcclOperand<'a, T> {
     /// Elements `range` of the buffer as a buffer of their own for nexar's collectives (the
     /// steps of a two-level collective that cross hosts): staged through host memory, large
     /// ones segment by segment through pinned buffers, so the copies overlap the network.
+    ///
+    /// ```no_run
+    /// use nexar_types::{Buf, Cuda, RecvBuf, SendBuf};
+    /// let mut params = Buf::<f32, Cuda>::zeros_on(0, 1 << 20)?;
+    /// let mut operand = params.nccl_operand().unwrap();
+    /// let head = operand.window(0..1024)?; // what `comm.all_reduce(&mut head, Sum)` would take
+    /// assert_eq!(head.elems(), 1024);
+    /// # Ok::<(), nexar_types::DeviceError>(())
+    /// ```
     pub fn window(&mut self, range: std::ops::Range<usize>) -> Result<DeviceWindow<'_, T>, DeviceError> {
         self.check(&range, range.len())?;
         Ok(DeviceWindow { slice: self.slice, range, stream: self.stream.clone(), device: self.device })
@@ -671,6 +713,15 @@ impl<'a, T: Element> NcclOperand<'a, T> {
 /// A device buffer read by an NCCL operation: the send side of the out-of-place collectives,
 /// made by [`SendBuf::nccl_source`](crate::SendBuf::nccl_source) for element types NCCL has,
 /// or by [`NcclOperand::source`]. It keeps the buffer borrowed for as long as it lives.
+///
+/// ```no_run
+/// use nexar_types::{Buf, Cuda, SendBuf};
+/// let weights = Buf::<f32, Cuda>::from_host(0, &[1.0, 2.0])?;
+/// let source = weights.nccl_source().unwrap();
+/// let mut host = [0.0; 2];
+/// source.copy_out(0..2, &mut host)?;
+/// # Ok::<(), nexar_types::DeviceError>(())
+/// ```
 pub struct NcclSource<'a, T: Element> {
     slice: &'a CudaSlice<T>,
     stream: Arc<CudaStream>,
@@ -714,6 +765,15 @@ impl<'a, T: Element> NcclSource<'a, T> {
 /// Elements of a device buffer lent to one of nexar's collectives as a buffer of their own
 /// (see [`NcclOperand::window`]): a [`RecvBuf`](crate::RecvBuf) that is staged through host
 /// memory, never handed to NCCL.
+///
+/// ```no_run
+/// use nexar_types::{Buf, Cuda, RecvBuf, SendBuf};
+/// let mut buf = Buf::<f32, Cuda>::from_host(0, &[1.0; 10])?;
+/// let mut operand = buf.nccl_operand().unwrap();
+/// let window = operand.window(2..6)?;
+/// assert_eq!(&*window.host_view()?, &[1.0; 4][..]);
+/// # Ok::<(), nexar_types::DeviceError>(())
+/// ```
 pub struct DeviceWindow<'a, T: Element> {
     slice: &'a mut CudaSlice<T>,
     range: std::ops::Range<usize>,
@@ -769,6 +829,15 @@ impl<T: Element> crate::buf::RecvBuf for DeviceWindow<'_, T> {
 
 /// Device memory a collective allocated for its own steps (see [`NcclOperand::scratch`]),
 /// freed when dropped.
+///
+/// ```no_run
+/// use nexar_types::{Buf, Cuda, RecvBuf};
+/// let mut buf = Buf::<f32, Cuda>::from_host(0, &[3.0; 4])?;
+/// let operand = buf.nccl_operand().unwrap();
+/// let mut room = operand.scratch(8)?;
+/// room.operand().copy_within_device(4, &operand.source(), 0..4)?;
+/// # Ok::<(), nexar_types::DeviceError>(())
+/// ```
 pub struct NcclScratch<T: Element> {
     slice: CudaSlice<T>,
     stream: Arc<CudaStream>,

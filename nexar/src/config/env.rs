@@ -120,7 +120,11 @@ impl NexarConfig {
                 &mut c.allreduce_algorithm,
                 &["ring", "pipelined_ring", "halving_doubling", "recursive_doubling", "hierarchical"][..],
             ),
-            ("NEXAR_BROADCAST_ALGORITHM", &mut c.broadcast_algorithm, &["binomial_tree", "pipelined_chain"][..]),
+            (
+                "NEXAR_BROADCAST_ALGORITHM",
+                &mut c.broadcast_algorithm,
+                &["binomial_tree", "pipelined_chain", "hierarchical"][..],
+            ),
             ("NEXAR_BARRIER_ALGORITHM", &mut c.barrier_algorithm, &["dissemination", "two_phase"][..]),
         ] {
             if let Some(v) = lookup(var) {

@@ -125,7 +125,7 @@ pub struct NexarConfig {
     /// hosts allow it); `None` lets the size table choose.
     pub allreduce_algorithm: Option<Algorithm>,
     /// Pins the broadcast algorithm (`NEXAR_BROADCAST_ALGORITHM`: `binomial_tree`,
-    /// `pipelined_chain`).
+    /// `pipelined_chain`, `hierarchical` — through one leader per host, where ranks share hosts).
     pub broadcast_algorithm: Option<Algorithm>,
     /// Pins the barrier algorithm (`NEXAR_BARRIER_ALGORITHM`: `dissemination`, `two_phase`).
     pub barrier_algorithm: Option<Algorithm>,

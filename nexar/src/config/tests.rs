@@ -42,13 +42,12 @@ fn every_variable_is_read() {
 }
 
 #[test]
-fn the_two_level_allreduce_can_be_pinned_from_the_environment() {
-    let c = with(&[("NEXAR_ALLREDUCE_ALGORITHM", "hierarchical")]).unwrap();
-    assert!(
-        matches!(c.allreduce_algorithm, Some(crate::Algorithm::Hierarchical { .. })),
-        "{:?}",
-        c.allreduce_algorithm
-    );
+fn the_two_level_algorithms_can_be_pinned_from_the_environment() {
+    let c =
+        with(&[("NEXAR_ALLREDUCE_ALGORITHM", "hierarchical"), ("NEXAR_BROADCAST_ALGORITHM", "hierarchical")]).unwrap();
+    for pinned in [c.allreduce_algorithm, c.broadcast_algorithm] {
+        assert!(matches!(pinned, Some(crate::Algorithm::Hierarchical { .. })), "{pinned:?}");
+    }
 }
 
 #[test]
