@@ -283,15 +283,7 @@ impl NcclComm {
         op: ReduceOp,
         root: usize,
     ) -> Result<NcclInFlight<'a>, DeviceError> {
-        let (nop, root) = (self.reduction(op)?, self.member(root)?);
-        let count = buf.len();
-        self.start(buf, None, "an NCCL reduce", |comm, at, stream| {
-            // SAFETY: as for `all_reduce`.
-            #[allow(unsafe_code)]
-            unsafe {
-                result::reduce(at.recv(0), at.recv(0), count, buf_type::<T>(), nop, root, comm, stream)
-            }
-        })
+        self.reduce_on(None, buf, op, root)
     }
 
     /// Starts an in-place reduce-scatter: `buf` holds `size()` blocks of `buf.len() / size()`
@@ -352,12 +344,25 @@ impl NcclComm {
         op: ReduceOp,
         root: usize,
     ) -> Result<NcclInFlight<'a>, DeviceError> {
+        lengths(send.len(), recv.len(), 1)?;
+        self.reduce_on(Some(send), recv, op, root)
+    }
+
+    /// A reduce from `send` (or in place, from `recv` itself) into `root`'s `recv`.
+    fn reduce_on<'a, T: Element>(
+        &'a self,
+        send: Option<&'a NcclSource<'_, T>>,
+        recv: &'a mut NcclOperand<'_, T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<NcclInFlight<'a>, DeviceError> {
         let (nop, root) = (self.reduction(op)?, self.member(root)?);
-        let count = lengths(send.len(), recv.len(), 1)?;
-        self.start(recv, Some(send), "an NCCL reduce", |comm, at, stream| {
-            // SAFETY: `send` and `recv` are live allocations of `count` elements of the
-            // operands' type on this communicator's device (checked in `start` and above),
-            // ordered on the receiving stream and borrowed until the operation is over.
+        let count = recv.len();
+        self.start(recv, send, "an NCCL reduce", |comm, at, stream| {
+            // SAFETY: the send side (`recv` itself in place) and `recv` are live allocations
+            // of `count` elements of the operands' type on this communicator's device (checked
+            // in `start` and by the callers), ordered on the receiving stream and borrowed
+            // until the operation is over.
             #[allow(unsafe_code)]
             unsafe {
                 result::reduce(at.send(0), at.recv(0), count, buf_type::<T>(), nop, root, comm, stream)
@@ -602,28 +607,39 @@ pub struct NcclOperand<'a, T: Element> {
     device: usize,
 }
 
-impl<T: Element> fmt::Debug for NcclOperand<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NcclOperand").field("device", &self.device).field("len", &self.slice.len()).finish()
-    }
+/// `Debug`, `len`, `is_empty` and `device` for the views of a device buffer that NCCL
+/// operations take (each has `slice` and `device` fields).
+macro_rules! device_view {
+    ($view:ident) => {
+        impl<T: Element> fmt::Debug for $view<'_, T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($view)).field("device", &self.device).field("len", &self.slice.len()).finish()
+            }
+        }
+
+        impl<T: Element> $view<'_, T> {
+            /// Elements in the buffer.
+            pub fn len(&self) -> usize {
+                self.slice.len()
+            }
+
+            /// `true` when the buffer has no elements.
+            pub fn is_empty(&self) -> bool {
+                self.slice.len() == 0
+            }
+
+            /// The device the buffer lives on.
+            pub fn device(&self) -> usize {
+                self.device
+            }
+        }
+    };
 }
 
+device_view!(NcclOperand);
+device_view!(NcclSource);
+
 impl<'a, T: Element> NcclOperand<'a, T> {
-    /// Elements in the buffer.
-    pub fn len(&self) -> usize {
-        self.slice.len()
-    }
-
-    /// `true` when the buffer has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.slice.len() == 0
-    }
-
-    /// The device the buffer lives on.
-    pub fn device(&self) -> usize {
-        self.device
-    }
-
     /// Copies elements `range` to `out` (as long as the range) and waits for the copy (from
     /// 64 KiB through pinned buffers, chunk by chunk).
     pub fn copy_out(&self, range: std::ops::Range<usize>, out: &mut [T]) -> Result<(), DeviceError> {
@@ -728,28 +744,7 @@ pub struct NcclSource<'a, T: Element> {
     device: usize,
 }
 
-impl<T: Element> fmt::Debug for NcclSource<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NcclSource").field("device", &self.device).field("len", &self.slice.len()).finish()
-    }
-}
-
 impl<'a, T: Element> NcclSource<'a, T> {
-    /// Elements in the buffer.
-    pub fn len(&self) -> usize {
-        self.slice.len()
-    }
-
-    /// `true` when the buffer has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.slice.len() == 0
-    }
-
-    /// The device the buffer lives on.
-    pub fn device(&self) -> usize {
-        self.device
-    }
-
     pub(crate) fn of(buf: &'a Buf<T, Cuda>) -> Option<Self> {
         nccl_dtype(T::DTYPE)?;
         let (slice, stream, device) = buf.storage.parts();

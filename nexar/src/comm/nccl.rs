@@ -331,8 +331,7 @@ impl NexarClient {
         root: usize,
     ) -> Result<(), Step> {
         let local = &group.local;
-        let root_host = layout.host_of(root);
-        let root_index = layout.members(root_host).iter().position(|r| *r == root).unwrap_or(0);
+        let (root_host, root_index) = root_place(layout, root);
         if let Some(across) = group.across.clone().map(|c| self.with_shared_comm(c))
             && local.rank() == root_index
         {
@@ -365,8 +364,7 @@ impl NexarClient {
         root: usize,
     ) -> Result<(), Step> {
         let local = &group.local;
-        let root_host = layout.host_of(root);
-        let root_index = layout.members(root_host).iter().position(|r| *r == root).unwrap_or(0);
+        let (root_host, root_index) = root_place(layout, root);
         let across = match group.across.clone() {
             Some(across) if local.rank() == root_index => self.with_shared_comm(across),
             // One host, or a rank that only contributes: its buffer is only read.
@@ -594,6 +592,12 @@ impl From<DeviceError> for Step {
     fn from(e: DeviceError) -> Self {
         Step::Device(e)
     }
+}
+
+/// The root's host and its index among that host's ranks.
+fn root_place(layout: &HostLayout, root: usize) -> (usize, usize) {
+    let host = layout.host_of(root);
+    (host, layout.members(host).iter().position(|r| *r == root).unwrap_or(0))
 }
 
 /// What a device collective asks of NCCL.
