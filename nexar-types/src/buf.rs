@@ -309,7 +309,7 @@ pub trait SendBuf {
     /// The elements as the read side of an NCCL collective (feature `nccl`): `Some` only for
     /// a `Buf<T, Cuda>` whose element type NCCL has. Host memory answers `None` and is staged.
     #[cfg(feature = "nccl")]
-    fn nccl_source(&self) -> Option<crate::nccl::NcclSource<'_, Self::Elem>> {
+    fn nccl_source(&self) -> Option<crate::nccl_buffers::NcclSource<'_, Self::Elem>> {
         None
     }
 }
@@ -349,7 +349,7 @@ pub trait RecvBuf: SendBuf {
     /// The elements as an operand of an NCCL collective (feature `nccl`): `Some` only for a
     /// `Buf<T, Cuda>` whose element type NCCL has. Host memory answers `None` and is staged.
     #[cfg(feature = "nccl")]
-    fn nccl_operand(&mut self) -> Option<crate::nccl::NcclOperand<'_, Self::Elem>> {
+    fn nccl_operand(&mut self) -> Option<crate::nccl_buffers::NcclOperand<'_, Self::Elem>> {
         None
     }
 }

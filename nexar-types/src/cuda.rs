@@ -212,8 +212,8 @@ impl<T: Element> SendBuf for Buf<T, Cuda> {
     }
 
     #[cfg(feature = "nccl")]
-    fn nccl_source(&self) -> Option<crate::nccl::NcclSource<'_, T>> {
-        crate::nccl::NcclSource::of(self)
+    fn nccl_source(&self) -> Option<crate::nccl_buffers::NcclSource<'_, T>> {
+        crate::nccl_buffers::NcclSource::of(self)
     }
 }
 
@@ -228,8 +228,8 @@ impl<T: Element> RecvBuf for Buf<T, Cuda> {
     }
 
     #[cfg(feature = "nccl")]
-    fn nccl_operand(&mut self) -> Option<crate::nccl::NcclOperand<'_, T>> {
-        crate::nccl::NcclOperand::of(self)
+    fn nccl_operand(&mut self) -> Option<crate::nccl_buffers::NcclOperand<'_, T>> {
+        crate::nccl_buffers::NcclOperand::of(self)
     }
 }
 

@@ -41,6 +41,8 @@ mod id;
 #[cfg(feature = "nccl")]
 mod nccl;
 #[cfg(feature = "nccl")]
+mod nccl_buffers;
+#[cfg(feature = "nccl")]
 mod nccl_missing;
 mod op;
 mod segments;

@@ -17,6 +17,8 @@ mod leave;
 mod meter;
 #[cfg(feature = "nccl")]
 mod nccl;
+#[cfg(feature = "nccl")]
+mod nccl_two_level;
 mod negotiate;
 mod p2p;
 mod pieces;
