@@ -9,7 +9,7 @@
 //! which contains every failure any survivor reported, and builds the same communicator from
 //! it: the remaining members, in their old order, numbered densely from 0.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::task::JoinSet;
@@ -20,6 +20,10 @@ use super::state::CommState;
 
 /// Tag of a survivor's proposal on the agreement communicator.
 const TAG_PROPOSE: u64 = 1;
+/// Failed ranks of the agreement, each with the rank that named it (the first to, at the
+/// coordinator), so that an excluded rank learns who cut it whatever order messages arrive in.
+type FailureSet = BTreeMap<usize, usize>;
+
 /// Tag of the coordinator's decision.
 pub(super) const TAG_DECIDE: u64 = 2;
 
@@ -177,16 +181,16 @@ impl NexarClient {
         let epoch = self.comm.next_recovery();
         let id = nexar_types::stable_id(&["agree", &self.comm.id.to_string(), &epoch.to_string()]).max(1);
         let view = self.with_comm(CommState::new(id, self.comm.members.clone(), me));
-        let mut set: BTreeSet<usize> = also.iter().copied().chain(self.failed_ranks()).collect();
+        let mut set: FailureSet = also.iter().copied().chain(self.failed_ranks()).map(|r| (r, me)).collect();
         let mut decided_by = None;
         let decided = loop {
             self.check_not_excluded()?;
-            let Some(coordinator) = (0..world).find(|r| !set.contains(r)) else { break set };
+            let Some(coordinator) = (0..world).find(|r| !set.contains_key(r)) else { break set };
             if coordinator == me {
                 break self.coordinate(&view, set).await?;
             }
             if view.send(&encode(&set), coordinator, TAG_PROPOSE).await.is_err() {
-                set.insert(coordinator);
+                set.insert(coordinator, me);
                 continue;
             }
             match view.recv_vec::<u32>(coordinator, TAG_DECIDE).await {
@@ -198,13 +202,13 @@ impl NexarClient {
                 Err(e) => {
                     tracing::debug!(rank = me, coordinator, error = %e, "agreement coordinator lost; moving on");
                     self.absent_from_agreement(coordinator, &e);
-                    set.insert(coordinator);
+                    set.insert(coordinator, me);
                 }
             }
         };
         self.check_not_excluded()?;
-        if decided.contains(&me) {
-            let mut reason = "the survivors agreed to leave it out".to_string();
+        if let Some(named_by) = decided.get(&me) {
+            let mut reason = format!("the survivors agreed to leave it out (rank {named_by} named it failed)");
             let cut_by = self.inner.health.declared_me_dead();
             if !cut_by.is_empty() {
                 reason = format!("{reason}; before that, {}", cut_by.join("; "));
@@ -213,9 +217,9 @@ impl NexarClient {
         }
         if let Some(coordinator) = decided_by {
             // A coordinator has told everyone already (`announce`).
-            pass_on(view, decided.clone(), coordinator);
+            pass_on(view, &decided, coordinator);
         }
-        Ok((epoch, decided))
+        Ok((epoch, decided.into_keys().collect()))
     }
 
     /// A rank that did not answer within `op_timeout` is declared dead, so that every survivor
@@ -231,11 +235,11 @@ impl NexarClient {
     /// Collects every other survivor's proposal, then sends everyone the union. A decision
     /// that reaches it meanwhile (from a rank whose coordinator failed after telling it) is
     /// adopted and passed on instead, so that every survivor leaves with the same set.
-    async fn coordinate(&self, view: &NexarClient, mut set: BTreeSet<usize>) -> Result<BTreeSet<usize>, RecoveryError> {
+    async fn coordinate(&self, view: &NexarClient, mut set: FailureSet) -> Result<FailureSet, RecoveryError> {
         let (me, world) = (self.rank(), self.world_size());
         let mut waits = JoinSet::new();
         let mut pending = HashMap::new();
-        for peer in (0..world).filter(|r| *r != me && !set.contains(r)) {
+        for peer in (0..world).filter(|r| *r != me && !set.contains_key(r)) {
             let view = view.clone();
             let handle = waits.spawn(async move { (peer, view.recv_vec::<u32>(peer, TAG_PROPOSE).await) });
             pending.insert(peer, handle);
@@ -254,17 +258,22 @@ impl NexarClient {
                         continue;
                     }
                     match result {
-                        Ok(proposal) => set.extend(decode(&proposal, world, peer, me)?),
+                        Ok(proposal) => {
+                            // The proposer is the one naming these ranks, whatever it wrote.
+                            for failed in decode(&proposal, world, peer, me)?.into_keys() {
+                                set.entry(failed).or_insert(peer);
+                            }
+                        }
                         Err(P2pError::Closed { .. }) => return Err(RecoveryError::Closed { rank: me }),
                         Err(e) => {
                             tracing::debug!(rank = me, peer, error = %e, "no proposal; counting it failed");
                             self.absent_from_agreement(peer, &e);
-                            set.insert(peer);
+                            set.insert(peer, me);
                         }
                     }
                     // Stop waiting for ranks someone else reported failed.
                     pending.retain(|peer, handle| {
-                        let keep = !set.contains(peer);
+                        let keep = !set.contains_key(peer);
                         if !keep {
                             handle.abort();
                         }
@@ -295,7 +304,7 @@ impl NexarClient {
 }
 
 /// Sends the decision to every other member still connected (excluded ones learn from it).
-async fn announce(view: &NexarClient, set: &BTreeSet<usize>) {
+async fn announce(view: &NexarClient, set: &FailureSet) {
     let decision = encode(set);
     let mut sends = JoinSet::new();
     for peer in (0..view.world_size()).filter(|r| *r != view.rank()) {
@@ -314,9 +323,10 @@ async fn announce(view: &NexarClient, set: &BTreeSet<usize>) {
 /// it does not wait for proposals from ranks that have already decided). Every decided rank
 /// holds the one decision, so every survivor leaves with the same set. A copy that nobody
 /// waits for stays in this agreement's private communicator.
-fn pass_on(view: NexarClient, decided: BTreeSet<usize>, decided_by: usize) {
-    let decision = encode(&decided);
-    let undecided = (0..view.world_size()).filter(|r| *r != view.rank() && !decided.contains(r) && *r != decided_by);
+fn pass_on(view: NexarClient, decided: &FailureSet, decided_by: usize) {
+    let decision = encode(decided);
+    let undecided =
+        (0..view.world_size()).filter(|r| *r != view.rank() && !decided.contains_key(r) && *r != decided_by);
     for peer in undecided {
         let (view, decision) = (view.clone(), decision.clone());
         tokio::spawn(async move {
@@ -325,27 +335,25 @@ fn pass_on(view: NexarClient, decided: BTreeSet<usize>, decided_by: usize) {
     }
 }
 
-fn encode(set: &BTreeSet<usize>) -> Vec<u32> {
-    set.iter().map(|r| *r as u32).collect()
+/// A failure set on the wire: pairs of (failed rank, rank that named it).
+fn encode(set: &FailureSet) -> Vec<u32> {
+    set.iter().flat_map(|(failed, by)| [*failed as u32, *by as u32]).collect()
 }
 
 /// Validates a failure set received from `peer`.
-fn decode(ranks: &[u32], world: usize, peer: usize, me: usize) -> Result<BTreeSet<usize>, RecoveryError> {
-    if ranks.len() > world {
-        let what = format!("{} ranks in a {world}-rank communicator", ranks.len());
-        return Err(RecoveryError::Protocol { rank: me, peer, what });
+fn decode(words: &[u32], world: usize, peer: usize, me: usize) -> Result<FailureSet, RecoveryError> {
+    let invalid = |what: String| RecoveryError::Protocol { rank: me, peer, what };
+    if words.len() % 2 != 0 || words.len() / 2 > world {
+        return Err(invalid(format!(
+            "{} words for (rank, named by) pairs in a {world}-rank communicator",
+            words.len()
+        )));
     }
-    ranks
-        .iter()
-        .map(|r| match *r as usize {
-            r if r < world => Ok(r),
-            r => Err(RecoveryError::Protocol {
-                rank: me,
-                peer,
-                what: format!("rank {r} in a {world}-rank communicator"),
-            }),
-        })
-        .collect()
+    let rank = |w: u32| match w as usize {
+        r if r < world => Ok(r),
+        r => Err(invalid(format!("rank {r} in a {world}-rank communicator"))),
+    };
+    words.chunks_exact(2).map(|pair| Ok((rank(pair[0])?, rank(pair[1])?))).collect()
 }
 
 #[cfg(test)]
@@ -354,8 +362,11 @@ mod tests {
 
     #[test]
     fn received_sets_are_validated() {
-        assert_eq!(decode(&[0, 2], 3, 1, 0).unwrap().into_iter().collect::<Vec<_>>(), vec![0, 2]);
-        assert!(decode(&[5], 3, 1, 0).unwrap_err().to_string().contains("rank 5 in a 3-rank"));
-        assert!(decode(&[0, 0, 0, 0], 3, 1, 0).is_err());
+        let set = FailureSet::from([(0, 1), (2, 1)]);
+        assert_eq!(decode(&encode(&set), 3, 1, 0).unwrap(), set);
+        assert!(decode(&[5, 0], 3, 1, 0).unwrap_err().to_string().contains("rank 5 in a 3-rank"));
+        assert!(decode(&[0, 7], 3, 1, 0).unwrap_err().to_string().contains("rank 7 in a 3-rank"));
+        assert!(decode(&[0], 3, 1, 0).is_err(), "an odd number of words");
+        assert!(decode(&[0, 0, 1, 0, 2, 0, 0, 0], 3, 1, 0).is_err(), "more pairs than ranks");
     }
 }
