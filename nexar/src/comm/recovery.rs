@@ -343,7 +343,7 @@ fn encode(set: &FailureSet) -> Vec<u32> {
 /// Validates a failure set received from `peer`.
 fn decode(words: &[u32], world: usize, peer: usize, me: usize) -> Result<FailureSet, RecoveryError> {
     let invalid = |what: String| RecoveryError::Protocol { rank: me, peer, what };
-    if words.len() % 2 != 0 || words.len() / 2 > world {
+    if !words.len().is_multiple_of(2) || words.len() / 2 > world {
         return Err(invalid(format!(
             "{} words for (rank, named by) pairs in a {world}-rank communicator",
             words.len()
