@@ -29,13 +29,13 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::NexarClient;
+use crate::comm::matcher::{Key, Refusal};
 use crate::comm::route::Route;
 use crate::proto::frame::FrameError;
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;
 use crate::transport::bulk::BulkChannel;
 use crate::transport::link::{Lane, PeerLink};
-use crate::transport::mailbox::{Key, Refusal};
 use crate::transport::relay_seal::SealError;
 
 /// Whose relay keys seal an envelope [`HostileMember::relay`] sends.
@@ -178,7 +178,7 @@ impl HostileMember {
     /// # }
     /// ```
     pub fn declare_dead(&self, peer: usize, reason: &str) -> Result<(), HostileError> {
-        self.link_or_err(peer)?.close(crate::comm::CLOSE_DECLARED_DEAD, reason);
+        self.link_or_err(peer)?.close(crate::proto::close::CloseCode::DeclaredDead, reason);
         Ok(())
     }
 

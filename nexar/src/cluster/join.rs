@@ -10,6 +10,7 @@ use rustls::pki_types::CertificateDer;
 use super::secret::{Role, SharedSecret, exported};
 use super::{ClusterError, JoinToken, MismatchSide};
 use crate::config::NexarConfig;
+use crate::proto::close::CloseCode;
 use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
 use crate::transport::TransportError;
 use crate::transport::endpoint::{server_with_transport, with_transport};
@@ -45,10 +46,6 @@ pub(crate) enum Credentials {
     /// The job's shared secret: the seed proves it first, then the worker.
     Secret(SharedSecret),
 }
-
-/// QUIC close code a worker closes its seed connection with when the seed could not prove it
-/// knows the shared secret.
-pub(crate) const CLOSE_SEED_UNPROVEN: u32 = 2;
 
 /// Joins the cluster through the seed at `seed_addr`. `endpoint` is the worker's own endpoint:
 /// once the seed has signed its certificate, the endpoint starts accepting peers.
@@ -252,7 +249,7 @@ async fn exchange_proofs(
     match first {
         SeedResponse::SecretProof { proof } if secret.verify(Role::Seed, &exported, &proof) => {}
         SeedResponse::SecretProof { .. } => {
-            seed.close(CLOSE_SEED_UNPROVEN.into(), b"the seed does not know this job's secret");
+            seed.close(CloseCode::SeedUnproven.value().into(), b"the seed does not know this job's secret");
             // Give the endpoint driver a moment to send the close, so that the seed logs why
             // (this rank is about to fail, and its process may exit at once).
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;

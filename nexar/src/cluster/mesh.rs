@@ -14,13 +14,11 @@ use tracing::Instrument;
 
 use super::ClusterError;
 use crate::config::NexarConfig;
+use crate::proto::close::CloseCode;
 use crate::proto::topology::Topology;
 use crate::transport::endpoint::with_transport;
 use crate::transport::link::{LaneSenders, PeerLink};
 use crate::transport::tls::{Identity, KeyPin, key_pin, mesh_client, rank_from_cert, rank_server_name};
-
-/// QUIC close code for a connection the acceptor refuses.
-const CLOSE_REFUSED: u32 = 3;
 
 /// What a rank needs to join the mesh.
 pub(crate) struct MeshSetup<'a> {
@@ -134,7 +132,7 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
                 let result = result.and_then(|conn| match check_pin(&pins, peer, &conn) {
                     Ok(()) => Ok(conn),
                     Err(why) => {
-                        conn.close(CLOSE_REFUSED.into(), b"not the key the seed certified");
+                        conn.close(CloseCode::Refused.value().into(), b"not the key the seed certified");
                         Err(format!("rank {rank} dialled rank {peer}: {why}"))
                     }
                 });
@@ -209,7 +207,7 @@ async fn dial(
                 return match peer_rank(&conn) {
                     Ok(r) if r as usize == peer => Ok(conn),
                     Ok(r) => {
-                        conn.close(CLOSE_REFUSED.into(), b"certificate names another rank");
+                        conn.close(CloseCode::Refused.value().into(), b"certificate names another rank");
                         Err(format!("rank {rank} dialled rank {peer} at {addr} but its certificate names rank {r}"))
                     }
                     Err(e) => Err(format!("rank {peer} at {addr}: {e}")),
@@ -267,13 +265,13 @@ async fn accept_peers(
                     Ok(p) => p,
                     Err(e) => {
                         tracing::warn!(%remote, error = %e, "refused a peer connection");
-                        conn.close(CLOSE_REFUSED.into(), e.as_bytes());
+                        conn.close(CloseCode::Refused.value().into(), e.as_bytes());
                         return;
                     }
                 };
                 if let Err(why) = check_pin(&pins, peer as usize, &conn) {
                     tracing::warn!(%remote, peer, %why, "refused a peer connection");
-                    conn.close(CLOSE_REFUSED.into(), b"not the key the seed certified");
+                    conn.close(CloseCode::Refused.value().into(), b"not the key the seed certified");
                     return;
                 }
                 let admit = {
@@ -288,7 +286,7 @@ async fn accept_peers(
                 };
                 if !admit || accepted.send((peer, conn.clone())).await.is_err() {
                     tracing::warn!(%remote, peer, "refused a peer connection: rank {peer} is not expected to dial here (duplicate or wrong direction)");
-                    conn.close(CLOSE_REFUSED.into(), b"unexpected rank");
+                    conn.close(CloseCode::Refused.value().into(), b"unexpected rank");
                 }
             }
             .in_current_span(),

@@ -18,16 +18,17 @@ use super::health::{Health, monitor, recover_automatically};
 use super::route::{forward, route_cache};
 use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
+use crate::comm::matcher::Mailbox;
 use crate::config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
 use crate::error::NexarError;
+use crate::proto::close::CloseCode;
 use crate::rpc::{Registry, serve_requests, serve_responses};
 use crate::transport::byte_budget::ByteBudget;
 use crate::transport::endpoint;
 use crate::transport::link::RELAY_BUDGET_BYTES;
-use crate::transport::link::{CLOSE_SHUTDOWN, DirectSink, Lane, LaneReceivers, PeerLink, RelayHook, lanes};
+use crate::transport::link::{Lane, LaneReceivers, PeerLink, RelayHook, lanes};
 use crate::transport::links::Links;
 use crate::transport::liveness::Liveness;
-use crate::transport::mailbox::{Mailbox, coll_entry, p2p_entry};
 use crate::transport::pool::BufferPool;
 use crate::transport::relay_seal::RelaySeals;
 use crate::transport::tls::{Identity, mesh_server, rank_from_cert};
@@ -260,8 +261,11 @@ impl NexarClient {
         let mailbox = Arc::new(Mailbox::with_senders(cfg.max_unmatched_messages, cfg.max_unmatched_bytes, senders));
         // Collective messages are bounded by the schedules that send them; the limit only
         // stops a runaway peer.
-        let coll =
-            Arc::new(Mailbox::with_senders(COLL_MAX_HELD, cfg.max_unmatched_bytes.max(cfg.max_message_bytes), senders));
+        let coll = Arc::new(Mailbox::for_collectives(
+            COLL_MAX_HELD,
+            cfg.max_unmatched_bytes.max(cfg.max_message_bytes),
+            senders,
+        ));
         let (senders, receivers) = lanes(cfg.lane_capacity);
         // Room for ranks that join the running cluster later.
         let capacity = cfg.max_world_size.max(addrs.len());
@@ -291,8 +295,8 @@ impl NexarClient {
             .with_liveness(liveness.clone())
             .with_relay(hook)
             .with_rpc_budget(cfg.max_rpc_bytes.min(cfg.max_message_bytes))
-            .with_direct(Lane::Data, DirectSink { mailbox: mailbox.clone(), entry: p2p_entry })
-            .with_direct(Lane::Raw, DirectSink { mailbox: coll.clone(), entry: coll_entry });
+            .with_direct(Lane::Data, mailbox.clone())
+            .with_direct(Lane::Raw, coll.clone());
         let (elastic, topology) = (seed.is_some(), cfg.topology);
         let setup = MeshSetup {
             rank,
@@ -393,7 +397,7 @@ impl NexarClient {
                             inner.welcome_link(link).await;
                             inner.growth.connected(peer as usize);
                         }
-                        Err(link) => link.close(CLOSE_SHUTDOWN, "this rank already has a link to that rank"),
+                        Err(link) => link.close(CloseCode::Shutdown, "this rank already has a link to that rank"),
                     }
                 }
             }

@@ -13,10 +13,10 @@ use tokio::task::JoinHandle;
 use super::health::Health;
 use super::route::{Route, RouteCache};
 use super::state::CommState;
+use crate::comm::matcher::Mailbox;
 use crate::config::NexarConfig;
 use crate::transport::link::LaneSenders;
 use crate::transport::links::Links;
-use crate::transport::mailbox::Mailbox;
 use crate::transport::pool::BufferPool;
 use crate::transport::relay_seal::RelaySeals;
 

@@ -11,13 +11,13 @@ use tracing::Instrument;
 use super::client::NexarClient;
 use super::collective::CollectiveError;
 use super::pieces::{Data, Parts};
+use crate::comm::matcher::{Key, Refusal};
 use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::{CollHeader, PeerMsg};
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::trace::{OpClass, OpDesc, OpTrace, StalledOp};
 use crate::transport::TransportError;
 use crate::transport::framed::BlockError;
-use crate::transport::mailbox::{Key, Refusal};
 use crate::transport::pool::pooled_gather;
 
 /// One collective call as this rank made it.
@@ -439,7 +439,7 @@ impl NexarClient {
         bytes: usize,
         op: &'static str,
         watch: &Watch<'_, '_>,
-    ) -> Result<crate::transport::mailbox::Held, CollectiveError> {
+    ) -> Result<crate::comm::matcher::Held, CollectiveError> {
         let rank = self.rank();
         let refused = |r: Refusal| match r {
             Refusal::Aborted(reason) => CollectiveError::Aborted { rank, op, reason },

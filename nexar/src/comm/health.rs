@@ -23,13 +23,10 @@ use super::recovery::RecoveryError;
 use super::route::Route;
 use super::state::CommState;
 use crate::config::RecoveryPolicy;
+use crate::proto::close::CloseCode;
 use crate::proto::message::PeerMsg;
 use crate::transport::liveness::Liveness;
 
-/// QUIC close code a rank uses when it cuts a peer it has declared dead.
-pub(crate) const CLOSE_DECLARED_DEAD: u32 = 5;
-/// QUIC close code of a rank that learned it was excluded and leaves everyone.
-pub(crate) const CLOSE_EXCLUDED: u32 = 6;
 /// Longest failure reason kept and passed on (reasons nest as they are gossiped).
 const MAX_REASON: usize = 1024;
 
@@ -249,7 +246,7 @@ impl Inner {
             link.bulk_slot().retire();
         }
         if cut && let Some(link) = self.links.get(peer) {
-            link.close(CLOSE_DECLARED_DEAD, &format!("rank {} declared rank {peer} dead: {reason}", self.rank));
+            link.close(CloseCode::DeclaredDead, &format!("rank {} declared rank {peer} dead: {reason}", self.rank));
         }
         if gossip {
             let msg = PeerMsg::Suspect { rank: peer as u32, reason };
@@ -307,7 +304,7 @@ impl Inner {
         self.coll.source_gone(by as u32, &why);
         if first {
             for link in self.links.iter() {
-                link.close(CLOSE_EXCLUDED, &format!("rank {} was excluded and leaves: {why}", self.rank));
+                link.close(CloseCode::Excluded, &format!("rank {} was excluded and leaves: {why}", self.rank));
             }
         }
         self.health.events.send_modify(|_| {});
@@ -355,10 +352,14 @@ impl Inner {
             return;
         }
         match reason {
-            ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_DECLARED_DEAD.into() => {
+            ConnectionError::ApplicationClosed(close)
+                if CloseCode::of(close.error_code.into_inner()) == Some(CloseCode::DeclaredDead) =>
+            {
                 self.declared_dead_by(peer, &String::from_utf8_lossy(&close.reason));
             }
-            ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_EXCLUDED.into() => {
+            ConnectionError::ApplicationClosed(close)
+                if CloseCode::of(close.error_code.into_inner()) == Some(CloseCode::Excluded) =>
+            {
                 self.peer_failed(peer, String::from_utf8_lossy(&close.reason).into_owned(), false, true);
             }
             // Closed here: after declaring it dead (then this does nothing), or because it broke

@@ -8,12 +8,9 @@ use std::time::Duration;
 use quinn::{Connection, Endpoint};
 
 use super::client::{Inner, NexarClient};
+use crate::proto::close::CloseCode;
 use crate::proto::message::PeerMsg;
-use crate::transport::link::CLOSE_SHUTDOWN;
 use crate::transport::links::Links;
-
-/// QUIC close code of `abort`.
-const CLOSE_ABORT: u32 = 4;
 
 /// How long closing waits for peers to acknowledge what was sent.
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
@@ -119,12 +116,12 @@ async fn close_all(
     let goodbyes: Vec<_> = links.iter().map(|link| link.bulk_slot().goodbye()).collect();
     let _ = tokio::time::timeout(limit, wait_all(goodbyes)).await;
     for link in links.iter() {
-        link.close(CLOSE_SHUTDOWN, reason);
+        link.close(CloseCode::Shutdown, reason);
     }
     if let Some(seed) = seed {
-        seed.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+        seed.close(CloseCode::Shutdown.value().into(), b"shutdown");
     }
-    endpoint.close(CLOSE_SHUTDOWN.into(), reason.as_bytes());
+    endpoint.close(CloseCode::Shutdown.value().into(), reason.as_bytes());
     if send_close {
         let _ = tokio::time::timeout(DROP_SEND_CLOSE, endpoint.wait_idle()).await;
     }
@@ -136,7 +133,7 @@ async fn close_all(
 /// [`DROP_CLOSE_WAIT`] for it to reach the peers.
 fn run_close(close: impl Future<Output = ()> + Send + 'static, endpoint: &Endpoint, unannounced: bool) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        endpoint.close(CLOSE_SHUTDOWN.into(), b"shutdown");
+        endpoint.close(CloseCode::Shutdown.value().into(), b"shutdown");
         return;
     };
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -172,9 +169,9 @@ impl Inner {
     pub(crate) fn abort_all(&self, reason: &str) {
         self.health.begin_shutdown();
         for link in self.links.iter() {
-            link.close(CLOSE_ABORT, reason);
+            link.close(CloseCode::Abort, reason);
         }
-        self.endpoint.close(CLOSE_ABORT.into(), reason.as_bytes());
+        self.endpoint.close(CloseCode::Abort.value().into(), reason.as_bytes());
         self.mailbox.close();
         self.coll.close();
     }

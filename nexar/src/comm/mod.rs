@@ -14,6 +14,7 @@ mod hosts;
 mod init;
 mod inspect;
 mod leave;
+pub(crate) mod matcher;
 mod meter;
 #[cfg(feature = "nccl")]
 mod nccl;
@@ -37,8 +38,6 @@ pub(crate) use collective::ScheduleCache;
 pub use collective::{CollectiveError, CollectiveHandle, Compression, ErrorFeedback, ExchangeHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
 pub use failure_watch::FailureWatch;
-#[cfg(feature = "hostile-member")]
-pub(crate) use health::CLOSE_DECLARED_DEAD;
 pub use health::PeerFailure;
 #[cfg(feature = "nccl")]
 pub use nccl::NcclState;

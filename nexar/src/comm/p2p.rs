@@ -11,12 +11,12 @@ use nexar_types::{DType, Element, RecvBuf, SendBuf};
 use tracing::Instrument;
 
 use super::client::NexarClient;
+use crate::comm::matcher::{Held, Key, Refusal};
 use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::transport::TransportError;
 use crate::transport::framed::{Payload, PayloadError};
 use crate::transport::link::Incoming;
-use crate::transport::mailbox::{Held, Key, Refusal};
 
 /// Failures of `send` and `recv`. Each names the rank that reports it, the operation and what
 /// was expected.

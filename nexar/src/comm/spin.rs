@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use crate::transport::mailbox::{Held, Key, Mailbox, Refusal};
+use crate::comm::matcher::{Held, Key, Mailbox, Refusal};
 
 /// A window this short is not worth a poll: below it the governor stops spinning.
 const MIN_WINDOW_NS: u64 = 4_000;

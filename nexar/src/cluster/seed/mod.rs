@@ -9,10 +9,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::join::CLOSE_SEED_UNPROVEN;
 use super::secret::{Role, SharedSecret, exported};
 use super::{ClusterError, JoinToken};
 use crate::config::NexarConfig;
+use crate::proto::close::CloseCode;
 use crate::proto::frame::MAX_JOIN_FRAME;
 use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
 use crate::transport::framed::{read_message, write_message};
@@ -23,9 +23,6 @@ use crate::transport::{TransportError, endpoint};
 mod slots;
 
 use slots::{MemberKeys, Slots, claim_slot, release_slot};
-
-/// QUIC close code for a refused join.
-const CLOSE_REJECTED: u32 = 1;
 
 /// The reason a seed gives a worker whose proof of the shared secret is wrong.
 pub(crate) const WRONG_SECRET: &str = "the worker's proof of the shared secret is wrong";
@@ -200,7 +197,7 @@ impl SeedNode {
     /// Stops accepting and closes every connection.
     pub fn shutdown(&self) {
         self.accept.abort();
-        self.endpoint.close(0u32.into(), b"seed shutting down");
+        self.endpoint.close(CloseCode::Shutdown.value().into(), b"seed shutting down");
     }
 }
 
@@ -273,7 +270,7 @@ async fn pre_auth(incoming: quinn::Incoming) -> Result<(Connection, SendStream, 
     let req = read_message::<SeedRequest>(&mut recv, MAX_JOIN_FRAME)
         .await
         .map_err(|e| {
-            conn.close(CLOSE_REJECTED.into(), b"invalid join request");
+            conn.close(CloseCode::Rejected.value().into(), b"invalid join request");
             format!("invalid join request: {e}")
         })?
         .ok_or_else(|| "the join stream ended without a request".to_string())?;
@@ -403,7 +400,7 @@ async fn authenticate(
         Ok(_) => Err("expected the worker's proof of the secret".into()),
         Err(_) => match conn.close_reason() {
             Some(quinn::ConnectionError::ApplicationClosed(close))
-                if close.error_code == CLOSE_SEED_UNPROVEN.into() =>
+                if close.error_code == CloseCode::SeedUnproven.value().into() =>
             {
                 Err("the worker holds a different secret (NEXAR_SECRET): it refused this seed's proof".into())
             }
@@ -514,6 +511,6 @@ async fn reject(shared: &Shared, conn: &Connection, send: &mut SendStream, reaso
     let _ = write_message(send, &SeedResponse::Reject { reason: reason.clone() }).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send.stopped()).await;
-    conn.close(CLOSE_REJECTED.into(), reason.as_bytes());
+    conn.close(CloseCode::Rejected.value().into(), reason.as_bytes());
     format!("refused: {reason}")
 }

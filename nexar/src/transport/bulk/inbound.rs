@@ -7,11 +7,11 @@ use bytes::Bytes;
 
 use super::super::framed::Payload;
 use super::super::link::{Incoming, LaneSenders, announced_payload, raw_length_disagrees};
-use super::super::mailbox::Admitted;
 use super::super::tcp_lane::Deferred;
 use super::BulkSlot;
 use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAX_CONTROL_FRAME};
 use crate::proto::message::{self, PeerMsg};
+use crate::transport::inbox::Admitted;
 
 /// Where a bulk transport hands the message groups it received from one peer.
 ///
@@ -99,8 +99,7 @@ impl BulkInbound {
     /// its QUIC messages. Until then the caller reads nothing more, and the transport's flow
     /// control holds the peer. `None` when no mailbox takes `msg`.
     pub(crate) async fn admit(&self, msg: &PeerMsg, len: u64) -> Option<Admitted<'_>> {
-        let (mailbox, key) = self.lanes.admission(msg, self.peer)?;
-        Some(mailbox.admit(key, len).await)
+        Some(self.lanes.admission(msg, self.peer, len)?.ready().await)
     }
 }
 

@@ -20,8 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use bytes::Bytes;
 
 use super::TransportError;
-use super::link::LaneSenders;
-use super::mailbox::Mailbox;
+use super::link::{DirectSink, LaneSenders};
 
 mod inbound;
 
@@ -198,8 +197,8 @@ pub(crate) struct BulkSlot {
     peer: u32,
     channel: OnceLock<Arc<dyn BulkChannel>>,
     carried: Mutex<Carried>,
-    /// The rank's collective mailbox, where failed collectives are failed.
-    coll: Option<Arc<Mailbox>>,
+    /// The rank's store of collective messages, told which collectives a failed channel lost.
+    coll: Option<DirectSink>,
     /// Tells the peer that this side's channel failed, with the collectives it carried (a
     /// setup message on the control lane).
     tell_peer: OnceLock<Box<dyn Fn(Vec<u8>) + Send + Sync>>,
@@ -229,7 +228,7 @@ impl BulkSlot {
             peer,
             channel: OnceLock::new(),
             carried: Mutex::default(),
-            coll: lanes.coll_mailbox(),
+            coll: lanes.coll_inbox(),
             tell_peer: OnceLock::new(),
             settle: Mutex::new(Settling::None),
         }
@@ -379,14 +378,12 @@ impl BulkSlot {
         let Some(ours) = ours else {
             // Failed already: only what the peer says it carried is news.
             if let Some(coll) = &self.coll {
-                for (comm, seq) in theirs {
-                    coll.fail_link(comm, seq, &reason);
-                }
+                coll.lost(theirs, &reason);
             }
             return;
         };
         if let Some(coll) = &self.coll {
-            coll.fail_link_all(ours.iter().copied().chain(theirs).collect(), &reason);
+            coll.link_failed(ours.iter().copied().chain(theirs).collect(), &reason);
         }
         tracing::warn!(
             peer = self.peer,

@@ -6,9 +6,9 @@ use tokio::sync::mpsc;
 use super::super::byte_budget::ByteBudget;
 use super::super::framed::Payload;
 use super::super::liveness::Liveness;
-use super::super::mailbox::{Held, Key, Mailbox};
 use super::RelayHook;
 use crate::proto::message::PeerMsg;
+use crate::transport::inbox::{Admission, Inbox};
 
 /// The independent receive queues of a rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -95,13 +95,9 @@ impl std::fmt::Debug for LaneSenders {
     }
 }
 
-/// A lane whose messages go straight from the router into a matching store, without a queue
-/// and a task hop in between (the latency path of point-to-point and collectives).
-#[derive(Clone)]
-pub(crate) struct DirectSink {
-    pub mailbox: std::sync::Arc<Mailbox>,
-    pub entry: fn(Incoming) -> Option<(Key, Held)>,
-}
+/// The store a lane's messages go straight into from the router, without a queue and a task
+/// hop in between (the latency path of point-to-point and collectives).
+pub(crate) type DirectSink = std::sync::Arc<dyn Inbox>;
 
 /// The receiving halves of a rank's lanes, taken by the layers that consume them.
 #[derive(Debug)]
@@ -136,17 +132,16 @@ pub fn lanes(capacity: usize) -> (LaneSenders, LaneReceivers) {
 }
 
 impl LaneSenders {
-    /// The store a message announced by `from` goes to, and its key there, when its lane
-    /// delivers straight into one (point-to-point and collective messages): its payload is
-    /// read only once that store admits it.
-    pub(crate) fn admission(&self, msg: &PeerMsg, from: u32) -> Option<(&Mailbox, Key)> {
-        let sink = self.direct[Lane::of(msg) as usize].as_ref()?;
-        Some((&sink.mailbox, super::super::mailbox::key_of(msg, from)?))
+    /// When the `len`-byte payload of a message announced by `from` may be read, if its lane
+    /// delivers straight into a store (point-to-point and collective messages): only once
+    /// that store admits it.
+    pub(crate) fn admission(&self, msg: &PeerMsg, from: u32, len: u64) -> Option<Admission<'_>> {
+        self.direct[Lane::of(msg) as usize].as_ref()?.admit(msg, from, len)
     }
 
     /// The store collective messages go to, when they bypass the raw lane's queue.
-    pub(crate) fn coll_mailbox(&self) -> Option<std::sync::Arc<Mailbox>> {
-        self.direct[Lane::Raw as usize].as_ref().map(|sink| sink.mailbox.clone())
+    pub(crate) fn coll_inbox(&self) -> Option<DirectSink> {
+        self.direct[Lane::Raw as usize].clone()
     }
 
     /// Sends `lane`'s messages straight into `sink` instead of its queue.
@@ -212,9 +207,7 @@ impl LaneSenders {
         };
         let lane = Lane::of(&incoming.msg);
         if let Some(sink) = &self.direct[lane as usize] {
-            if let Some((key, held)) = (sink.entry)(incoming) {
-                sink.mailbox.deliver(key, held).await;
-            }
+            sink.deliver(incoming).finish().await;
             return Ok(());
         }
         self.senders[lane as usize].send(incoming).await.map_err(|e| e.0)

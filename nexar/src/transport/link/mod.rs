@@ -19,6 +19,7 @@ use tracing::Instrument;
 use super::TransportError;
 use super::bulk::{BulkChannel, BulkSlot};
 pub(crate) use super::relay_hook::{RELAY_BUDGET_BYTES, RelayHook};
+use crate::proto::close::CloseCode;
 use crate::proto::frame::{message_frame, raw_header};
 use crate::proto::message::{self, PeerMsg};
 use crate::telemetry::SentBytes;
@@ -33,11 +34,6 @@ use writer::write_lane;
 pub(crate) use lanes::DirectSink;
 pub use lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
 pub(crate) use reader::{announced_payload, raw_length_disagrees};
-
-/// QUIC application error code for a peer that broke the wire protocol.
-pub const CLOSE_PROTOCOL_VIOLATION: u32 = 2;
-/// QUIC application error code for an orderly shutdown.
-pub const CLOSE_SHUTDOWN: u32 = 0;
 
 pub(super) enum Outgoing {
     /// Frames to write, in order, as one unit; `coll` names the collective `(comm, seq)` of a
@@ -295,7 +291,7 @@ impl PeerLink {
     }
 
     /// Closes the connection with `code`.
-    pub fn close(&self, code: u32, reason: &str) {
+    pub fn close(&self, code: CloseCode, reason: &str) {
         let stats = self.conn.stats();
         tracing::debug!(
             peer = self.peer,
@@ -307,6 +303,6 @@ impl PeerLink {
             sent_packets = stats.path.sent_packets,
             "closing connection"
         );
-        self.conn.close(code.into(), reason.as_bytes());
+        self.conn.close(code.value().into(), reason.as_bytes());
     }
 }

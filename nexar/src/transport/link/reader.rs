@@ -8,9 +8,11 @@ use tracing::Instrument;
 
 use super::super::byte_budget::ByteBudget;
 use super::super::framed::{Payload, ReadFrameError, read_body, read_header};
-use super::{CLOSE_PROTOCOL_VIOLATION, Incoming, Lane, LaneSenders};
+use super::{Incoming, Lane, LaneSenders};
+use crate::proto::close::CloseCode;
 use crate::proto::frame::{FrameError, FrameKind, MAX_CONTROL_FRAME};
 use crate::proto::message::{self, PeerMsg};
+use crate::transport::inbox::Admission;
 
 /// Payload bytes a peer may have on their way into this rank at once on one lane, over all
 /// its streams: read but not yet handed to a mailbox or a collective. A message larger than
@@ -31,7 +33,7 @@ pub(super) async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_p
                     async move {
                         if let Err(error) = read_stream(recv, &conn, peer, &lanes, max_payload, &budget).await {
                             tracing::error!(peer, %error, "closing the connection: the peer broke the wire protocol");
-                            conn.close(CLOSE_PROTOCOL_VIOLATION.into(), error.to_string().as_bytes());
+                            conn.close(CloseCode::ProtocolViolation.value().into(), error.to_string().as_bytes());
                         }
                     }
                     .in_current_span(),
@@ -93,12 +95,14 @@ async fn read_stream(
                             _ = conn.closed() => return Ok(()),
                         }
                     }
-                    // A message for a mailbox is read only once the mailbox can take it.
-                    if let Some((mailbox, key)) = lanes.admission(&msg, peer) {
-                        tokio::select! {
-                            a = mailbox.admit(key, h.len) => admitted = Some(a),
+                    // A message for a matching store is read only once the store can take it.
+                    match lanes.admission(&msg, peer, h.len) {
+                        Some(Admission::Now(a)) => admitted = Some(a),
+                        Some(Admission::Wait(wait)) => tokio::select! {
+                            a = wait => admitted = Some(a),
                             _ = conn.closed() => return Ok(()),
-                        }
+                        },
+                        None => {}
                     }
                     match Payload::read(&mut recv, h.len).await {
                         Ok(p) => p,

@@ -18,7 +18,7 @@ use tokio::net::UnixStream;
 use super::channel::{GOODBYE, State, Stop};
 use super::ring::{Corrupt, Reader};
 use crate::transport::bulk::BulkInbound;
-use crate::transport::mailbox::Admitted;
+use crate::transport::inbox::Admitted;
 use crate::transport::tcp_lane::{GroupSink, RecvPool};
 
 /// Bytes of a group's first part read before it is admitted: its message frame must lie in

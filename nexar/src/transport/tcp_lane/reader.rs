@@ -18,7 +18,7 @@ use bytes::Bytes;
 use super::channel::{State, Stop, wait_until};
 use super::records::{Deferred, GOODBYE, GroupHead, GroupSink, Opener, TAG};
 use crate::transport::bulk::BulkInbound;
-use crate::transport::mailbox::Admitted;
+use crate::transport::inbox::Admitted;
 
 /// The reader's buffer for record headers (record bodies bypass it).
 const READ_BUFFER: usize = 8 << 10;

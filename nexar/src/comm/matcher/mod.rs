@@ -1,4 +1,5 @@
-//! Tag matching for point-to-point messages.
+//! Tag matching for point-to-point and collective messages: comm's store of unmatched
+//! messages and pending receives, which the lanes deliver into (`transport::inbox::Inbox`).
 //!
 //! Messages arrive on the data lane in per-sender order. A `recv` for `(comm, src, tag)` takes
 //! the oldest held message with that key, or waits for one. Messages nobody has asked for yet
@@ -13,8 +14,9 @@
 //! pauses: every other sender still has its share.
 
 mod admission;
+mod inbox;
 
-pub(crate) use admission::{Admitted, key_of};
+pub(crate) use admission::key_of;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -51,7 +53,7 @@ pub(crate) struct Held {
 const ABORTED_MEMORY: usize = 4096;
 
 /// Turns a lane message into a mailbox entry (`None` for messages this mailbox ignores).
-pub(crate) fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
+fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
     let PeerMsg::P2p { comm, tag, dtype, count } = incoming.msg else {
         return None;
     };
@@ -63,7 +65,7 @@ pub(crate) fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
 }
 
 /// Turns a collective message into a mailbox entry keyed by `(comm, src, seq)`.
-pub(crate) fn coll_entry(incoming: Incoming) -> Option<(Key, Held)> {
+fn coll_entry(incoming: Incoming) -> Option<(Key, Held)> {
     let PeerMsg::Coll { comm, seq, header, part, len } = incoming.msg else {
         return None;
     };
@@ -106,7 +108,7 @@ enum Delivered {
 }
 
 /// A waiting receive: its id, the most payload bytes it takes (a larger message is not read
-/// for it, see [`Mailbox::admit`]), and where its message goes.
+/// for it, see `Inbox::admit`), and where its message goes.
 type Waiter = (u64, u64, oneshot::Sender<Result<Held, Refusal>>);
 
 #[derive(Default)]
@@ -120,7 +122,7 @@ struct State {
     /// receive it was admitted for went away before it arrived.)
     overflow: HashMap<u32, (Key, Held)>,
     /// Per sender: the key of a message announced on its link that waits, unread, for room or
-    /// for a `recv` (see [`Mailbox::admit`]).
+    /// for a `recv` (see `Inbox::admit`).
     paused: HashMap<u32, (Key, u64)>,
     /// Messages and bytes held, per sender.
     per_src: HashMap<u32, (usize, u64)>,
@@ -199,6 +201,8 @@ pub(crate) struct Mailbox {
     /// What each sender may always hold (half the limits, in equal shares).
     share_count: usize,
     share_bytes: u64,
+    /// Which lane messages this store takes, and their keys.
+    entry: fn(Incoming) -> Option<(Key, Held)>,
 }
 
 impl Mailbox {
@@ -208,7 +212,8 @@ impl Mailbox {
         Self::with_senders(max_count, max_bytes, 1)
     }
 
-    /// A store whose limits are shared fairly among `senders` senders (see the module docs).
+    /// A store of point-to-point messages whose limits are shared fairly among `senders`
+    /// senders (see the module docs).
     pub fn with_senders(max_count: usize, max_bytes: u64, senders: usize) -> Self {
         let senders = senders.max(1);
         Mailbox {
@@ -218,7 +223,14 @@ impl Mailbox {
             max_bytes,
             share_count: max_count / 2 / senders,
             share_bytes: max_bytes / 2 / senders as u64,
+            entry: p2p_entry,
         }
+    }
+
+    /// A store of collective messages (keyed by `(comm, src, seq, part)`), its limits shared
+    /// like [`with_senders`](Self::with_senders)'.
+    pub fn for_collectives(max_count: usize, max_bytes: u64, senders: usize) -> Self {
+        Mailbox { entry: coll_entry, ..Self::with_senders(max_count, max_bytes, senders) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -273,7 +285,7 @@ impl Mailbox {
         self.lock().closed
     }
 
-    pub(crate) async fn deliver(&self, key: Key, msg: Held) {
+    pub(crate) async fn deliver_held(&self, key: Key, msg: Held) {
         let mut msg = msg;
         loop {
             // Made before the state is looked at, so a wake-up in between is not missed.
@@ -289,9 +301,14 @@ impl Mailbox {
                 }
             }
         }
+        self.overflow_moved(key.src).await;
+    }
+
+    /// Waits until `src`'s parked message has moved (taken, held, or dropped).
+    async fn overflow_moved(&self, src: u32) {
         loop {
             let notified = self.room.notified();
-            if !self.lock().overflow.contains_key(&key.src) {
+            if !self.lock().overflow.contains_key(&src) {
                 return;
             }
             notified.await;

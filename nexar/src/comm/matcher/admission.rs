@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::{Key, Mailbox, State};
 use crate::proto::message::PeerMsg;
+use crate::transport::inbox::{Admitted, InboxWait};
 
 /// How often a waiting link looks again, whatever it was woken by (a safety net: every change
 /// that can admit a message also wakes the waiting links).
@@ -30,26 +31,6 @@ pub(crate) fn key_of(msg: &PeerMsg, from: u32) -> Option<Key> {
         PeerMsg::P2p { comm, tag, .. } => Some(Key { comm, src: from, tag, part: 0 }),
         PeerMsg::Coll { comm, seq, part, .. } => Some(Key { comm, src: from, tag: seq, part }),
         _ => None,
-    }
-}
-
-/// A message admitted to be read: while it is being read, its bytes count against its sender's
-/// room (when it was admitted for room rather than for a waiting receive). Drop it just before
-/// the message is delivered.
-pub(crate) struct Admitted<'a> {
-    mailbox: &'a Mailbox,
-    src: u32,
-    /// The bytes reserved in the sender's account, if any.
-    reserved: Option<u64>,
-}
-
-impl Drop for Admitted<'_> {
-    fn drop(&mut self) {
-        if let Some(len) = self.reserved.take() {
-            let mut st = self.mailbox.lock();
-            st.count_out(self.src, len);
-            self.mailbox.made_room(&mut st);
-        }
     }
 }
 
@@ -73,8 +54,27 @@ impl Mailbox {
     /// Waits until the `len`-byte payload of a message for `key` may be read (see the module
     /// docs). While it waits, receives from the same sender for other keys fail at once, as
     /// they would for a paused link.
-    pub(crate) async fn admit(&self, key: Key, len: u64) -> Admitted<'_> {
-        let _pause = PauseGuard { mailbox: self, key };
+    /// (Lanes ask through `Inbox::admit`, which answers at once where it can.)
+    #[cfg(test)]
+    pub(crate) async fn admit_key(&self, key: Key, len: u64) -> Admitted<'_> {
+        match self.admit_or_wait(key, len) {
+            Ok(admitted) => admitted,
+            Err(wait) => wait.await,
+        }
+    }
+
+    /// Admits at once when it can; otherwise the sender is paused and this is `Err` with the
+    /// wait, which clears the pause however it ends (even unpolled).
+    pub(super) fn admit_or_wait(&self, key: Key, len: u64) -> Result<Admitted<'_>, InboxWait<'_, Admitted<'_>>> {
+        match self.try_admit(key, len) {
+            Some(admitted) => Ok(admitted),
+            None => Err(Box::pin(self.admit_paused(PauseGuard { mailbox: self, key }, len))),
+        }
+    }
+
+    async fn admit_paused(&self, pause: PauseGuard<'_>, len: u64) -> Admitted<'_> {
+        let key = pause.key;
+        let _pause = pause;
         loop {
             // Made before the state is looked at, so a wake-up in between is not missed.
             let woken = self.room.notified();
@@ -93,11 +93,11 @@ impl Mailbox {
             || st.gone.contains_key(&key.src)
             || st.waiters.get(&key).is_some_and(|queue| queue.iter().any(|(_, max, _)| len <= *max));
         if unreserved {
-            return Some(Admitted { mailbox: self, src: key.src, reserved: None });
+            return Some(Admitted::unreserved());
         }
         if self.has_room(&st, key.src, len) {
             st.count_in(key.src, len);
-            return Some(Admitted { mailbox: self, src: key.src, reserved: Some(len) });
+            return Some(Admitted::reserved(self, key.src, len));
         }
         if !st.paused.contains_key(&key.src) {
             pause(&mut st, key, len);
@@ -150,23 +150,23 @@ mod tests {
     async fn a_message_without_room_waits_unread_until_it_is_asked_for() {
         // 2 senders: each may hold 100 bytes of its own, the pool another 200.
         let mailbox = Mailbox::with_senders(100, 800, 2);
-        let first = mailbox.admit(key(1, 1), 300).await;
+        let first = mailbox.admit_key(key(1, 1), 300).await;
         drop(first);
-        mailbox.deliver(key(1, 1), held(300)).await;
+        mailbox.deliver_held(key(1, 1), held(300)).await;
         assert_eq!(mailbox.held(), (1, 300));
         // 400 more from the same sender does not fit its share and the pool.
-        let mut waiting = Box::pin(mailbox.admit(key(1, 2), 400));
+        let mut waiting = Box::pin(mailbox.admit_key(key(1, 2), 400));
         assert!(futures_poll_once(&mut waiting).await.is_none(), "admitted without room");
         // Another key from the paused sender fails at once, as on a paused link.
         assert!(matches!(mailbox.take_or_wait(key(1, 9)), Err(Refusal::Full { .. })));
         // Another sender still has its share.
-        drop(mailbox.admit(key(2, 1), 100).await);
+        drop(mailbox.admit_key(key(2, 1), 100).await);
         // A receive for the waiting key lets it be read, reserving nothing.
         let pending = mailbox.take_or_wait(key(1, 2)).unwrap().unwrap_err();
         let admitted = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("a receive admits it");
-        assert!(admitted.reserved.is_none());
+        assert_eq!(admitted.reserved_bytes(), None);
         drop(admitted);
-        mailbox.deliver(key(1, 2), held(400)).await;
+        mailbox.deliver_held(key(1, 2), held(400)).await;
         assert_eq!(pending.wait().await.unwrap().payload.len(), 400);
     }
 
@@ -175,14 +175,14 @@ mod tests {
     #[tokio::test]
     async fn messages_being_read_count_against_the_limits() {
         let mailbox = Mailbox::with_senders(100, 1000, 1);
-        let big = mailbox.admit(key(1, 1), 5000).await;
+        let big = mailbox.admit_key(key(1, 1), 5000).await;
         assert_eq!(mailbox.held(), (1, 5000));
-        let mut second = Box::pin(mailbox.admit(key(2, 1), 5000));
+        let mut second = Box::pin(mailbox.admit_key(key(2, 1), 5000));
         assert!(futures_poll_once(&mut second).await.is_none(), "a second oversized message was admitted");
         drop(big);
         assert_eq!(mailbox.held(), (0, 0));
         let second = tokio::time::timeout(Duration::from_secs(5), second).await.expect("room admits it");
-        assert_eq!(second.reserved, Some(5000));
+        assert_eq!(second.reserved_bytes(), Some(5000));
     }
 
     /// Room is made while a sender waits unread on one key, and a receive for another of its
@@ -193,10 +193,10 @@ mod tests {
     async fn a_receive_made_after_room_is_made_waits_for_the_paused_link() {
         let mailbox = Mailbox::new(2, 1 << 20);
         for tag in [1, 2] {
-            drop(mailbox.admit(key(1, tag), 10).await);
-            mailbox.deliver(key(1, tag), held(10)).await;
+            drop(mailbox.admit_key(key(1, tag), 10).await);
+            mailbox.deliver_held(key(1, tag), held(10)).await;
         }
-        let mut waiting = Box::pin(mailbox.admit(key(1, 3), 10));
+        let mut waiting = Box::pin(mailbox.admit_key(key(1, 3), 10));
         assert!(futures_poll_once(&mut waiting).await.is_none(), "admitted without room");
         assert!(matches!(mailbox.take_or_wait(key(1, 9)), Err(Refusal::Full { .. })), "the store is full");
         // Room: message 1 is taken. Before the link runs again, a receive for key 4.
@@ -207,8 +207,8 @@ mod tests {
         };
         // The link reads message 3 (the store is full again), then pauses on message 5.
         drop(tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("room admits it"));
-        mailbox.deliver(key(1, 3), held(10)).await;
-        let mut fifth = Box::pin(mailbox.admit(key(1, 5), 10));
+        mailbox.deliver_held(key(1, 3), held(10)).await;
+        let mut fifth = Box::pin(mailbox.admit_key(key(1, 5), 10));
         assert!(futures_poll_once(&mut fifth).await.is_none());
         assert!(matches!(pending.wait().await, Err(Refusal::Full { .. })), "refused once the link pauses again");
     }

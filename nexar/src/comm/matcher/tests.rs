@@ -20,9 +20,9 @@ fn first_byte(h: &Held) -> u8 {
 #[tokio::test]
 async fn held_messages_are_matched_by_tag_in_order() {
     let mb = Mailbox::new(8, 1 << 20);
-    mb.deliver(key(2), held(20)).await;
-    mb.deliver(key(1), held(10)).await;
-    mb.deliver(key(2), held(21)).await;
+    mb.deliver_held(key(2), held(20)).await;
+    mb.deliver_held(key(1), held(10)).await;
+    mb.deliver_held(key(2), held(21)).await;
     let take = |t| match mb.take_or_wait(key(t)) {
         Ok(Ok(h)) => first_byte(&h),
         _ => panic!("expected a held message"),
@@ -36,10 +36,10 @@ async fn held_messages_are_matched_by_tag_in_order() {
 #[tokio::test]
 async fn a_full_store_refuses_unmatched_receives_and_loses_nothing() {
     let mb = std::sync::Arc::new(Mailbox::new(2, 1 << 20));
-    mb.deliver(key(1), held(1)).await;
-    mb.deliver(key(2), held(2)).await;
+    mb.deliver_held(key(1), held(1)).await;
+    mb.deliver_held(key(2), held(2)).await;
     let mb2 = mb.clone();
-    let blocked = tokio::spawn(async move { mb2.deliver(key(3), held(3)).await });
+    let blocked = tokio::spawn(async move { mb2.deliver_held(key(3), held(3)).await });
     tokio::task::yield_now().await;
     while mb.lock().overflow.is_empty() {
         tokio::task::yield_now().await;
@@ -59,12 +59,12 @@ async fn a_full_store_refuses_unmatched_receives_and_loses_nothing() {
 #[tokio::test]
 async fn two_links_meeting_a_full_store_both_get_their_message_through() {
     let mb = std::sync::Arc::new(Mailbox::new(1, 1 << 20));
-    mb.deliver(key(1), held(1)).await;
+    mb.deliver_held(key(1), held(1)).await;
     let blocked: Vec<_> = [2u8, 3]
         .into_iter()
         .map(|t| {
             let mb = mb.clone();
-            tokio::spawn(async move { mb.deliver(key(u64::from(t)), held(t)).await })
+            tokio::spawn(async move { mb.deliver_held(key(u64::from(t)), held(t)).await })
         })
         .collect();
     while mb.lock().overflow.is_empty() {
@@ -104,19 +104,19 @@ async fn one_flooding_sender_pauses_only_its_own_link() {
     };
     // Share 8/2/2 = 2, pool 4: six messages fit, the seventh parks.
     for t in 0..6 {
-        mb.deliver(from(1, t), held(t as u8)).await;
+        mb.deliver_held(from(1, t), held(t as u8)).await;
     }
     let flood = {
         let mb = mb.clone();
-        tokio::spawn(async move { mb.deliver(from(1, 6), held(6)).await })
+        tokio::spawn(async move { mb.deliver_held(from(1, 6), held(6)).await })
     };
     while mb.lock().overflow.is_empty() {
         tokio::task::yield_now().await;
     }
     assert!(matches!(mb.take_or_wait(from(1, 50)), Err(Refusal::Full { .. })), "rank 1's link is paused");
     // Rank 2 still delivers within its share, without waiting, and its receive is served.
-    mb.deliver(from(2, 1), held(21)).await;
-    mb.deliver(from(2, 99), held(99)).await;
+    mb.deliver_held(from(2, 1), held(21)).await;
+    mb.deliver_held(from(2, 99), held(99)).await;
     assert_eq!(first_byte(&waiting.wait().await.unwrap()), 99);
     match mb.take_or_wait(from(2, 1)) {
         Ok(Ok(h)) => assert_eq!(first_byte(&h), 21),
@@ -136,7 +136,7 @@ async fn one_flooding_sender_pauses_only_its_own_link() {
 #[tokio::test]
 async fn an_abort_fails_waiters_drops_stale_messages_and_late_arrivals() {
     let mb = Mailbox::new(8, 1 << 20);
-    mb.deliver(key(7), held(1)).await;
+    mb.deliver_held(key(7), held(1)).await;
     let other = Key { comm: 0, src: 2, tag: 7, part: 0 };
     let pending = match mb.take_or_wait(other) {
         Ok(Err(p)) => p,
@@ -145,18 +145,18 @@ async fn an_abort_fails_waiters_drops_stale_messages_and_late_arrivals() {
     mb.abort(0, 7, "rank 3 saw a count mismatch");
     assert_eq!(pending.wait().await.unwrap_err(), Refusal::Aborted("rank 3 saw a count mismatch".into()));
     assert_eq!(mb.held(), (0, 0));
-    mb.deliver(key(7), held(2)).await;
+    mb.deliver_held(key(7), held(2)).await;
     assert_eq!(mb.held(), (0, 0));
     assert!(matches!(mb.take_or_wait(key(7)), Err(Refusal::Aborted(_))));
     // Other tags are untouched.
-    mb.deliver(key(8), held(3)).await;
+    mb.deliver_held(key(8), held(3)).await;
     assert!(matches!(mb.take_or_wait(key(8)), Ok(Ok(_))));
 }
 
 #[tokio::test]
 async fn a_gone_source_fails_its_receives_but_keeps_what_it_sent() {
     let mb = Mailbox::new(8, 1 << 20);
-    mb.deliver(key(1), held(11)).await;
+    mb.deliver_held(key(1), held(11)).await;
     let pending = match mb.take_or_wait(key(2)) {
         Ok(Err(p)) => p,
         _ => panic!("nothing held for tag 2"),
@@ -174,7 +174,7 @@ async fn a_cancelled_receive_gives_its_message_back() {
         Ok(Err(p)) => p,
         _ => panic!("nothing held yet"),
     };
-    mb.deliver(key(5), held(55)).await;
+    mb.deliver_held(key(5), held(55)).await;
     drop(pending);
     match mb.take_or_wait(key(5)) {
         Ok(Ok(h)) => assert_eq!(first_byte(&h), 55),
