@@ -1,14 +1,26 @@
 //! The matcher as a lane's store: what transport asks of it (`transport::inbox::Inbox`),
 //! answered at once where it can.
 
-use super::{Delivered, Mailbox, key_of};
+use super::{Delivered, Key, Mailbox, Takes, coll_entry, key_of, p2p_entry};
 use crate::proto::message::PeerMsg;
 use crate::transport::inbox::{Admission, Delivery, Inbox};
 use crate::transport::link::Incoming;
 
+impl Mailbox {
+    /// The key of `msg` from `from` here, if this store takes it.
+    fn key_here(&self, msg: &PeerMsg, from: u32) -> Option<Key> {
+        match (self.takes, msg) {
+            (Takes::PointToPoint, PeerMsg::P2p { .. }) | (Takes::Collectives, PeerMsg::Coll { .. }) => {
+                key_of(msg, from)
+            }
+            _ => None,
+        }
+    }
+}
+
 impl Inbox for Mailbox {
     fn admit(&self, msg: &PeerMsg, from: u32, len: u64) -> Option<Admission<'_>> {
-        let key = key_of(msg, from)?;
+        let key = self.key_here(msg, from)?;
         Some(match self.admit_or_wait(key, len) {
             Ok(admitted) => Admission::Now(admitted),
             Err(wait) => Admission::Wait(wait),
@@ -16,7 +28,11 @@ impl Inbox for Mailbox {
     }
 
     fn deliver(&self, incoming: Incoming) -> Delivery<'_> {
-        let Some((key, held)) = (self.entry)(incoming) else { return Delivery::Done };
+        let entry = match self.takes {
+            Takes::PointToPoint => p2p_entry(incoming),
+            Takes::Collectives => coll_entry(incoming),
+        };
+        let Some((key, held)) = entry else { return Delivery::Done };
         match self.try_deliver(key, held) {
             Delivered::Done => Delivery::Done,
             Delivered::Parked => Delivery::Wait(Box::pin(self.overflow_moved(key.src))),
@@ -38,5 +54,69 @@ impl Inbox for Mailbox {
 
     fn link_failed(&self, carried: Vec<(u64, u64)>, reason: &str) {
         self.fail_link_all(carried, reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use nexar_types::DType;
+
+    use super::super::{Key, Refusal};
+    use super::*;
+    use crate::proto::message::CollHeader;
+    use crate::transport::framed::Payload;
+
+    fn coll(seq: u64) -> PeerMsg {
+        let header =
+            CollHeader { kind: 0, op: 0, dtype: DType::U8.to_wire(), root: 0, count: 4, fingerprint: 0, segment: 0 };
+        PeerMsg::Coll { comm: 9, seq, header, part: 0, len: 4 }
+    }
+
+    fn incoming(msg: PeerMsg) -> Incoming {
+        Incoming::new(1, msg, Payload::from_bytes(Bytes::from_static(&[1, 2, 3, 4])))
+    }
+
+    fn key(seq: u64) -> Key {
+        Key { comm: 9, src: 1, tag: seq, part: 0 }
+    }
+
+    /// What a lane sees: a collective store admits and takes collective messages at once,
+    /// leaves other messages alone, and gives back what an admission reserved.
+    #[tokio::test]
+    async fn a_lane_hands_messages_over_through_the_inbox() {
+        let store = Mailbox::for_collectives(16, 1 << 20, 2);
+        let inbox: &dyn Inbox = &store;
+        let p2p = PeerMsg::P2p { comm: 9, tag: 1, dtype: DType::U8.to_wire(), count: 4 };
+        assert!(inbox.admit(&p2p, 1, 4).is_none(), "a point-to-point message is not the collective store's");
+        let Some(Admission::Now(admitted)) = inbox.admit(&coll(1), 1, 4) else {
+            panic!("an empty store admits at once")
+        };
+        assert_eq!(admitted.reserved_bytes(), Some(4));
+        assert_eq!(store.held(), (1, 4), "what is being read counts as held");
+        drop(admitted);
+        assert_eq!(store.held(), (0, 0));
+        assert!(matches!(inbox.deliver(incoming(coll(1))), Delivery::Done));
+        assert!(matches!(inbox.deliver(incoming(p2p)), Delivery::Done), "ignored, not held");
+        assert_eq!(store.held(), (1, 4));
+        let held = store.try_take(key(1)).unwrap().expect("the collective message is held");
+        assert_eq!(held.payload.len(), 4);
+    }
+
+    /// A peer's late word on what its failed channel carried fails only those collectives;
+    /// this rank's own failed channel also fails every collective running here.
+    #[tokio::test]
+    async fn lost_fails_what_it_names_and_a_failed_link_everything_running() {
+        let store = Mailbox::for_collectives(16, 1 << 20, 2);
+        let inbox: &dyn Inbox = &store;
+        store.begin(9, 2);
+        store.begin(9, 3);
+        inbox.lost(vec![(9, 2)], "peer's channel failed");
+        assert!(matches!(store.try_take(key(2)), Err(Refusal::LinkFailed(_))));
+        assert!(matches!(store.try_take(key(3)), Ok(None)), "a running collective the peer did not name goes on");
+        inbox.link_failed(vec![(9, 4)], "this rank's channel failed");
+        for seq in [3, 4] {
+            assert!(matches!(store.try_take(key(seq)), Err(Refusal::LinkFailed(r)) if r.contains("this rank's")));
+        }
     }
 }

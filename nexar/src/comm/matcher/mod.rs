@@ -201,8 +201,15 @@ pub(crate) struct Mailbox {
     /// What each sender may always hold (half the limits, in equal shares).
     share_count: usize,
     share_bytes: u64,
-    /// Which lane messages this store takes, and their keys.
-    entry: fn(Incoming) -> Option<(Key, Held)>,
+    /// Which messages this store takes.
+    takes: Takes,
+}
+
+/// The messages a store takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Takes {
+    PointToPoint,
+    Collectives,
 }
 
 impl Mailbox {
@@ -223,14 +230,14 @@ impl Mailbox {
             max_bytes,
             share_count: max_count / 2 / senders,
             share_bytes: max_bytes / 2 / senders as u64,
-            entry: p2p_entry,
+            takes: Takes::PointToPoint,
         }
     }
 
     /// A store of collective messages (keyed by `(comm, src, seq, part)`), its limits shared
     /// like [`with_senders`](Self::with_senders)'.
     pub fn for_collectives(max_count: usize, max_bytes: u64, senders: usize) -> Self {
-        Mailbox { entry: coll_entry, ..Self::with_senders(max_count, max_bytes, senders) }
+        Mailbox { takes: Takes::Collectives, ..Self::with_senders(max_count, max_bytes, senders) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
