@@ -43,7 +43,11 @@ mod nccl;
 #[cfg(feature = "nccl")]
 mod nccl_buffers;
 #[cfg(feature = "nccl")]
+mod nccl_in_flight;
+#[cfg(feature = "nccl")]
 mod nccl_missing;
+#[cfg(feature = "nccl")]
+mod nccl_types;
 mod op;
 mod segments;
 mod space;

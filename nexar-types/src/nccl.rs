@@ -12,16 +12,19 @@
 //! and device addresses taken from live `CudaSlice`s; each says why it holds.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 pub use crate::nccl_buffers::{DeviceWindow, NcclOperand, NcclScratch, NcclSource};
+pub use crate::nccl_in_flight::NcclInFlight;
+pub use crate::nccl_types::nccl_supports;
+use crate::nccl_types::{buf_type, nccl_op};
 use cudarc::nccl::{result, sys};
 
 use crate::buf::DeviceError;
 use crate::cuda::{context, driver};
-use crate::element::{DType, Element};
+use crate::element::Element;
 use crate::op::ReduceOp;
 
 /// Whether NCCL can be used on this host: the CUDA driver and libnccl load, and the library
@@ -106,49 +109,6 @@ impl fmt::Debug for NcclId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("NcclId(..)")
     }
-}
-
-/// Whether NCCL can run a collective on elements of `dtype` with reduction `op` (`None` for a
-/// collective that reduces nothing): NCCL has no 16-bit integers and no bitwise reductions.
-///
-/// ```
-/// use nexar_types::{DType, ReduceOp, nccl_supports};
-/// assert!(nccl_supports(DType::BF16, Some(ReduceOp::Sum)));
-/// assert!(!nccl_supports(DType::U16, None));
-/// assert!(!nccl_supports(DType::U32, Some(ReduceOp::BitXor)));
-/// ```
-pub fn nccl_supports(dtype: DType, op: Option<ReduceOp>) -> bool {
-    nccl_dtype(dtype).is_some() && op.is_none_or(|op| nccl_op(op).is_some())
-}
-
-/// The NCCL type of elements of `dtype`, if NCCL has one (it has none for 16-bit integers).
-pub(crate) fn nccl_dtype(dtype: DType) -> Option<sys::ncclDataType_t> {
-    use sys::ncclDataType_t as N;
-    Some(match dtype {
-        DType::F32 => N::ncclFloat32,
-        DType::F64 => N::ncclFloat64,
-        DType::F16 => N::ncclFloat16,
-        DType::BF16 => N::ncclBfloat16,
-        DType::I8 => N::ncclInt8,
-        DType::U8 => N::ncclUint8,
-        DType::I32 => N::ncclInt32,
-        DType::U32 => N::ncclUint32,
-        DType::I64 => N::ncclInt64,
-        DType::U64 => N::ncclUint64,
-        DType::I16 | DType::U16 => return None,
-    })
-}
-
-/// The NCCL reduction for `op`, if NCCL has one (it has no bitwise ones).
-fn nccl_op(op: ReduceOp) -> Option<sys::ncclRedOp_t> {
-    use sys::ncclRedOp_t as N;
-    Some(match op {
-        ReduceOp::Sum => N::ncclSum,
-        ReduceOp::Prod => N::ncclProd,
-        ReduceOp::Min => N::ncclMin,
-        ReduceOp::Max => N::ncclMax,
-        _ => return None,
-    })
 }
 
 /// One rank's member of an NCCL communicator on one device.
@@ -496,7 +456,7 @@ impl NcclComm {
             })?;
         }
         let done = stream.record_event(None).map_err(driver(what, self.device))?;
-        Ok(NcclInFlight { comm: self, stream, pending: true, done, what, _buf: std::marker::PhantomData })
+        Ok(NcclInFlight::new(self, stream, done, what))
     }
 
     /// Stops every operation of this communicator; it takes no more work.
@@ -517,7 +477,7 @@ impl NcclComm {
     }
 
     /// The communicator's asynchronous error, if it has one.
-    fn async_error(&self) -> Result<(), DeviceError> {
+    pub(crate) fn async_error(&self) -> Result<(), DeviceError> {
         let aborted = self.live();
         if *aborted {
             return Err(DeviceError::Unavailable { reason: "this NCCL communicator was aborted".into() });
@@ -590,70 +550,4 @@ fn last_error() -> String {
         if p.is_null() { String::new() } else { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() }
     };
     if text.is_empty() { String::new() } else { format!(": {text}") }
-}
-
-fn buf_type<T: Element>() -> sys::ncclDataType_t {
-    // Operands exist only for element types NCCL has (`NcclOperand::of`).
-    nccl_dtype(T::DTYPE).unwrap_or(sys::ncclDataType_t::ncclUint8)
-}
-
-/// An NCCL operation on its way: [`poll`](Self::poll) it until it says done. It borrows the
-/// operand; dropping it before the operation is done aborts the communicator and waits for
-/// the stream, so nothing writes into the buffer afterwards.
-pub struct NcclInFlight<'a> {
-    comm: &'a NcclComm,
-    stream: Arc<CudaStream>,
-    pending: bool,
-    done: CudaEvent,
-    what: &'static str,
-    _buf: std::marker::PhantomData<&'a mut ()>,
-}
-
-impl fmt::Debug for NcclInFlight<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NcclInFlight").field("what", &self.what).field("comm", self.comm).finish()
-    }
-}
-
-impl NcclInFlight<'_> {
-    /// `Ok(true)` once the operation has completed on the device; an error if the device or
-    /// the communicator failed (the communicator is then aborted).
-    pub fn poll(&mut self) -> Result<bool, DeviceError> {
-        if !self.pending {
-            return Ok(true);
-        }
-        match self.done.try_is_complete() {
-            Ok(true) => {
-                self.pending = false;
-                Ok(true)
-            }
-            Ok(false) => match self.comm.async_error() {
-                Ok(()) => Ok(false),
-                Err(e) => {
-                    self.stop();
-                    Err(e)
-                }
-            },
-            Err(e) => {
-                self.stop();
-                Err(driver(self.what, self.comm.device)(e))
-            }
-        }
-    }
-
-    /// Aborts the communicator and waits until the buffer's stream has stopped.
-    fn stop(&mut self) {
-        if std::mem::take(&mut self.pending) {
-            self.comm.abort();
-            let _ = self.stream.synchronize();
-        }
-    }
-}
-
-impl Drop for NcclInFlight<'_> {
-    fn drop(&mut self) {
-        if self.pending && !matches!(self.done.try_is_complete(), Ok(true)) {
-            self.stop();
-        }
-    }
 }

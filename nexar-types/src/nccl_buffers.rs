@@ -13,7 +13,7 @@ use crate::buf::{Buf, DeviceError};
 use crate::cuda::driver;
 use crate::cuda_adapter::CudaAdapter;
 use crate::element::Element;
-use crate::nccl::nccl_dtype;
+use crate::nccl_types::nccl_dtype;
 use crate::space::Cuda;
 
 /// A device buffer lent to NCCL operations: made by
