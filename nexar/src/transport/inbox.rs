@@ -32,12 +32,10 @@ pub(crate) trait Inbox: Send + Sync {
     fn release(&self, from: u32, len: u64);
 
     /// A bulk channel may have lost the messages of these collectives, `(communicator,
-    /// sequence)` pairs: they fail here with `reason`.
+    /// sequence)` pairs: they fail here with `reason`. Only these: a collective that never
+    /// used the channel on either side goes on over QUIC (each side names what it carried
+    /// when it fails, see [`BulkSlot::fail`](super::bulk::BulkSlot::fail)).
     fn lost(&self, collectives: Vec<(u64, u64)>, reason: &str);
-
-    /// A bulk channel of this rank failed: the collectives it carried and every collective
-    /// running on this rank fail here with `reason`.
-    fn link_failed(&self, carried: Vec<(u64, u64)>, reason: &str);
 }
 
 /// The answer to [`Inbox::admit`].

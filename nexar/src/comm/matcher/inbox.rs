@@ -51,10 +51,6 @@ impl Inbox for Mailbox {
             self.fail_link(comm, seq, reason);
         }
     }
-
-    fn link_failed(&self, carried: Vec<(u64, u64)>, reason: &str) {
-        self.fail_link_all(carried, reason);
-    }
 }
 
 #[cfg(test)]
@@ -103,20 +99,18 @@ mod tests {
         assert_eq!(held.payload.len(), 4);
     }
 
-    /// A peer's late word on what its failed channel carried fails only those collectives;
-    /// this rank's own failed channel also fails every collective running here.
+    /// A failed channel's word on what it carried fails only those collectives: one that
+    /// never used the channel goes on.
     #[tokio::test]
-    async fn lost_fails_what_it_names_and_a_failed_link_everything_running() {
+    async fn lost_fails_only_what_it_names() {
         let store = Mailbox::for_collectives(16, 1 << 20, 2);
         let inbox: &dyn Inbox = &store;
         store.begin(9, 2);
         store.begin(9, 3);
-        inbox.lost(vec![(9, 2)], "peer's channel failed");
-        assert!(matches!(store.try_take(key(2)), Err(Refusal::LinkFailed(_))));
-        assert!(matches!(store.try_take(key(3)), Ok(None)), "a running collective the peer did not name goes on");
-        inbox.link_failed(vec![(9, 4)], "this rank's channel failed");
-        for seq in [3, 4] {
-            assert!(matches!(store.try_take(key(seq)), Err(Refusal::LinkFailed(r)) if r.contains("this rank's")));
+        inbox.lost(vec![(9, 2), (9, 4)], "the channel failed");
+        for seq in [2, 4] {
+            assert!(matches!(store.try_take(key(seq)), Err(Refusal::LinkFailed(r)) if r.contains("channel failed")));
         }
+        assert!(matches!(store.try_take(key(3)), Ok(None)), "a running collective nobody named goes on");
     }
 }

@@ -480,16 +480,6 @@ impl Mailbox {
         }
     }
 
-    /// A link of this rank failed and may have lost messages: `keys` (the collectives it
-    /// carried) and every collective running on this rank fail with `reason`, as by
-    /// [`fail_link`](Self::fail_link).
-    pub fn fail_link_all(&self, keys: Vec<(u64, u64)>, reason: &str) {
-        let running: Vec<(u64, u64)> = self.lock().active.keys().copied().collect();
-        for (comm, tag) in running.into_iter().chain(keys) {
-            self.fail_link(comm, tag, reason);
-        }
-    }
-
     /// Like [`abort`](Self::abort), for a collective whose messages a failed link of this rank
     /// may have lost: receives fail with [`Refusal::LinkFailed`], so the executor tells the
     /// other ranks.

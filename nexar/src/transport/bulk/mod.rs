@@ -359,9 +359,12 @@ impl BulkSlot {
     }
 
     /// The channel stopped (or the peer says its side stopped): it is closed, every
-    /// collective it carried, `theirs` (what the peer says it carried) and every collective
-    /// running on this rank fail here, and the peer hears which collectives this side
-    /// carried. Later channels are refused.
+    /// collective it carried and `theirs` (what the peer says it carried) fail here, and the
+    /// peer hears which collectives this side carried. Later channels are refused.
+    ///
+    /// Each side names what it carried once, when it fails first, so a message lost in the
+    /// channel fails its collective on both sides; a collective that never used the channel
+    /// (one started after it stopped, say) goes on over QUIC.
     pub fn fail(&self, theirs: Vec<(u64, u64)>) {
         let ours: Option<Vec<(u64, u64)>> = {
             let mut carried = crate::sync::lock(&self.carried);
@@ -383,7 +386,7 @@ impl BulkSlot {
             return;
         };
         if let Some(coll) = &self.coll {
-            coll.link_failed(ours.iter().copied().chain(theirs).collect(), &reason);
+            coll.lost(ours.iter().copied().chain(theirs).collect(), &reason);
         }
         tracing::warn!(
             peer = self.peer,
