@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub(crate) use join::{Credentials, Joined, join};
-pub(crate) use local::bootstrap_local;
+pub(crate) use local::{LocalMesh, LocalRank, local_mesh};
 pub(crate) use mesh::{MeshSetup, form_mesh};
 pub use secret::{MIN_SECRET_LEN, SecretError, SharedSecret};
 pub use seed::SeedNode;

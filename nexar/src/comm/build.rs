@@ -17,7 +17,7 @@ use super::control::serve_control;
 use super::health::{Health, monitor, recover_automatically};
 use super::route::{forward, route_cache};
 use super::state::CommState;
-use crate::cluster::{self, ClusterError, JoinToken, MeshSetup};
+use crate::cluster::{self, ClusterError, JoinToken, LocalMesh, LocalRank, MeshSetup};
 use crate::comm::matcher::Mailbox;
 use crate::config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
 use crate::error::NexarError;
@@ -73,7 +73,7 @@ impl NexarClient {
 
     /// [`bootstrap_local`](Self::bootstrap_local) with an explicit configuration.
     pub async fn bootstrap_local_with(n: usize, config: NexarConfig) -> Result<Vec<NexarClient>, NexarError> {
-        Ok(cluster::bootstrap_local(vec![config; n]).await?)
+        Self::bootstrap_local_each(vec![config; n]).await
     }
 
     /// Like [`bootstrap_local_with`](Self::bootstrap_local_with), with a configuration per
@@ -88,7 +88,23 @@ impl NexarClient {
     /// # Ok(()) }
     /// ```
     pub async fn bootstrap_local_each(configs: Vec<NexarConfig>) -> Result<Vec<NexarClient>, NexarError> {
-        Ok(cluster::bootstrap_local(configs).await?)
+        let LocalMesh { ranks, addrs, ca } = cluster::local_mesh(&configs)?;
+        let n = ranks.len();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (rank, (LocalRank { endpoint, identity, relay }, cfg)) in ranks.into_iter().zip(configs).enumerate() {
+            let (addrs, ca) = (addrs.clone(), ca.clone());
+            tasks.spawn(async move {
+                let keys = RankKeys { identity: &identity, ca: &ca, relay: Some(relay) };
+                NexarClient::from_parts(rank, endpoint, &addrs, keys, cfg, None).await.map(|c| (rank, c))
+            });
+        }
+        let mut clients: Vec<Option<NexarClient>> = (0..n).map(|_| None).collect();
+        while let Some(done) = tasks.join_next().await {
+            let (rank, client) =
+                done.map_err(|e| ClusterError::Mesh { rank: 0, reason: format!("a rank's task failed: {e}") })??;
+            clients[rank] = Some(client);
+        }
+        Ok(clients.into_iter().flatten().collect())
     }
 
     /// Joins a cluster through the seed at `seed_addr` with the token the seed printed.

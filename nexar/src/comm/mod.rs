@@ -31,7 +31,6 @@ pub(crate) mod state;
 mod tcp_lane;
 
 pub use backend::{BackendError, MAX_SETUP_BODY};
-pub(crate) use build::RankKeys;
 pub(crate) use client::Inner;
 pub use client::{LinkStats, NexarClient};
 pub(crate) use collective::ScheduleCache;
