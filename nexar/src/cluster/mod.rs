@@ -2,6 +2,7 @@
 //! clusters, and the direct peer mesh; and finding out how the job was launched ([`launcher`],
 //! with SLURM host lists parsed by [`hostlist`]).
 
+pub(crate) mod health;
 pub mod hostlist;
 mod join;
 pub mod launcher;

@@ -357,6 +357,7 @@ impl NexarClient {
             seed,
             rpc: crate::rpc::RpcService::new(registry.clone(), capacity),
             health: Health::new(liveness),
+            rebuilt: tokio::sync::watch::channel((0, None)).0,
             launch: std::sync::OnceLock::new(),
             initial_world: addrs.len(),
             host_keys: std::sync::OnceLock::new(),

@@ -91,6 +91,8 @@ pub(crate) struct Inner {
     pub rpc: crate::rpc::RpcService,
     /// Which peers are alive.
     pub health: Health,
+    /// Automatic rebuilds finished, and the latest one's outcome (for `FailureWatch::rebuilt`).
+    pub rebuilt: tokio::sync::watch::Sender<super::health::Rebuilds>,
     /// What the launcher said of this rank, and the seed it hosts (set by `init`).
     pub launch: std::sync::OnceLock<super::init::Launched>,
     /// The world size the cluster formed with (the topology is laid over it).

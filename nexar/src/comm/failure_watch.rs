@@ -8,8 +8,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::client::{Inner, NexarClient};
-use super::health::{PeerFailure, Rebuilds};
+use super::health::Rebuilds;
 use super::recovery::RecoveryError;
+use crate::cluster::health::PeerFailure;
 
 /// The failures a rank has seen, in the order it saw them, and (under the automatic recovery
 /// policy) the communicators rebuilt after them. Made by
@@ -121,12 +122,12 @@ impl NexarClient {
     /// # }
     /// ```
     pub fn failure_watch(&self) -> FailureWatch {
-        let rebuilt = self.inner.health.rebuilt.subscribe();
+        let rebuilt = self.inner.rebuilt.subscribe();
         let rebuilds_seen = rebuilt.borrow().0;
         FailureWatch {
             inner: Arc::downgrade(&self.inner),
             rank: self.inner.rank,
-            events: self.inner.health.events.subscribe(),
+            events: self.inner.health.subscribe(),
             seen: 0,
             rebuilt,
             rebuilds_seen,

@@ -10,148 +10,26 @@
 //! of the cluster. One peer's word excludes nobody: a rank cut by a minority counts those
 //! peers as gone, and the survivors' agreement settles who stays.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use quinn::ConnectionError;
-use tokio::sync::watch;
 
 use super::client::{Inner, NexarClient};
 use super::recovery::RecoveryError;
 use super::route::Route;
 use super::state::CommState;
+pub(crate) use crate::cluster::health::Health;
+use crate::cluster::health::{PeerFailure, bounded};
 use crate::config::RecoveryPolicy;
 use crate::proto::close::CloseCode;
 use crate::proto::message::PeerMsg;
-use crate::transport::liveness::Liveness;
-
-/// Longest failure reason kept and passed on (reasons nest as they are gossiped).
-const MAX_REASON: usize = 1024;
-
-/// `reason`, cut to at most [`MAX_REASON`] bytes on a character boundary.
-fn bounded(mut reason: String) -> String {
-    if reason.len() > MAX_REASON {
-        let mut cut = MAX_REASON;
-        while !reason.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        reason.truncate(cut);
-        reason.push('…');
-    }
-    reason
-}
 
 /// The longest gap between two liveness checks.
 const MAX_CHECK_PERIOD: Duration = Duration::from_millis(250);
 
-/// A peer this rank considers dead.
-///
-/// ```no_run
-/// # async fn run(comm: nexar::NexarClient) {
-/// let mut failures = comm.failure_watch();
-/// if let Some(f) = failures.next().await {
-///     eprintln!("rank {} failed: {}", f.rank, f.reason);
-/// }
-/// # }
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerFailure {
-    /// The failed rank, numbered in the whole cluster (see
-    /// [`world_rank`](NexarClient::world_rank)).
-    pub rank: usize,
-    /// How this rank learned of it, in words.
-    pub reason: String,
-    /// When this rank declared it dead.
-    pub detected_at: Instant,
-}
-
 /// How many automatic rebuilds have finished, and the latest one's outcome.
 pub(super) type Rebuilds = (u64, Option<Result<Arc<CommState>, RecoveryError>>);
-
-#[derive(Default)]
-struct Verdicts {
-    dead: BTreeMap<usize, PeerFailure>,
-    /// Peers that said goodbye: their silence is not a failure.
-    left: BTreeSet<usize>,
-    /// Peers another rank reported dead that this rank is checking for itself.
-    checking: BTreeSet<usize>,
-    /// Set when the other ranks declared this one dead: the reason.
-    excluded: Option<String>,
-    /// Peers that cut their link to this rank, declaring it dead, and what they said.
-    declared_me_dead: BTreeMap<usize, String>,
-}
-
-/// One rank's view of which peers are alive.
-pub(crate) struct Health {
-    pub liveness: Arc<Liveness>,
-    verdicts: Mutex<Verdicts>,
-    pub(super) events: watch::Sender<Vec<PeerFailure>>,
-    /// Results of automatic rebuilds, numbered.
-    pub(super) rebuilt: watch::Sender<Rebuilds>,
-    shutting_down: AtomicBool,
-}
-
-impl Health {
-    pub fn new(liveness: Arc<Liveness>) -> Self {
-        Health {
-            liveness,
-            verdicts: Mutex::new(Verdicts::default()),
-            events: watch::channel(Vec::new()).0,
-            rebuilt: watch::channel((0, None)).0,
-            shutting_down: AtomicBool::new(false),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Verdicts> {
-        crate::sync::lock(&self.verdicts)
-    }
-
-    /// Whether `peer` (a world rank) has been declared dead.
-    pub fn is_dead(&self, peer: usize) -> bool {
-        self.lock().dead.contains_key(&peer)
-    }
-
-    /// How `peer` (a world rank) was declared dead, if it was.
-    pub fn failure(&self, peer: usize) -> Option<PeerFailure> {
-        self.lock().dead.get(&peer).cloned()
-    }
-
-    /// Every world rank declared dead so far.
-    pub fn dead(&self) -> Vec<usize> {
-        self.lock().dead.keys().copied().collect()
-    }
-
-    /// Why this rank was excluded by the others, if it was.
-    pub fn excluded(&self) -> Option<String> {
-        self.lock().excluded.clone()
-    }
-
-    /// What the peers that cut this rank, declaring it dead, said (each names itself).
-    pub fn declared_me_dead(&self) -> Vec<String> {
-        self.lock().declared_me_dead.values().cloned().collect()
-    }
-
-    /// From now on, silence and closed connections are the orderly end of the cluster.
-    pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether this rank is shutting down (or aborted).
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Relaxed)
-    }
-
-    pub fn said_goodbye(&self, peer: usize) {
-        self.lock().left.insert(peer);
-    }
-
-    /// Whether `peer` said goodbye.
-    pub fn has_left(&self, peer: usize) -> bool {
-        self.lock().left.contains(&peer)
-    }
-}
 
 impl Inner {
     /// Rank `from` reports that world rank `rank` is dead. One report is not enough to evict a
@@ -182,14 +60,14 @@ impl Inner {
             self.peer_failed(rank, why, true, true);
             return;
         }
-        if !self.health.lock().checking.insert(rank) {
+        if !self.health.start_check(rank) {
             return;
         }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(inner) = weak.upgrade() else { return };
             let answers = inner.peer_answers(rank, within).await;
-            inner.health.lock().checking.remove(&rank);
+            inner.health.end_check(rank);
             if answers {
                 tracing::warn!(from, rank, %reason, "rank {from} reported rank {rank} dead, but it answers: ignored");
             } else {
@@ -230,12 +108,8 @@ impl Inner {
             return;
         }
         let failure = PeerFailure { rank: peer, reason: reason.clone(), detected_at: Instant::now() };
-        {
-            let mut v = self.health.lock();
-            if v.dead.contains_key(&peer) {
-                return;
-            }
-            v.dead.insert(peer, failure.clone());
+        if !self.health.declare_dead(failure.clone()) {
+            return;
         }
         tracing::warn!(rank = self.rank, peer, %reason, "peer declared dead");
         self.mailbox.source_gone(peer as u32, &reason);
@@ -256,7 +130,7 @@ impl Inner {
                 }
             }
         }
-        self.health.events.send_modify(|all| all.push(failure.clone()));
+        self.health.publish(failure.clone());
         // A worker that joined but was never taken into a communicator is nobody's member.
         let member = peer < self.initial_world || self.growth.is_admitted(peer);
         if self.cfg.recovery_policy == RecoveryPolicy::Abort && member {
@@ -266,7 +140,7 @@ impl Inner {
 
     /// Resolves, with the reason, once world rank `peer` is declared dead.
     pub(crate) async fn wait_dead(&self, peer: usize) -> String {
-        let mut events = self.health.events.subscribe();
+        let mut events = self.health.subscribe();
         loop {
             let reason = events.borrow_and_update().iter().find(|f| f.rank == peer).map(|f| f.reason.clone());
             if let Some(reason) = reason {
@@ -291,15 +165,10 @@ impl Inner {
     /// this rank leaves everyone, so that no peer keeps it in its view of the cluster.
     pub(crate) fn excluded_by(&self, by: usize, why: &str) {
         let why = bounded(why.to_string());
-        let first = {
-            let mut v = self.health.lock();
-            let first = v.excluded.is_none();
-            if first {
-                tracing::warn!(rank = self.rank, %why, "this rank was excluded from the cluster");
-                v.excluded = Some(why.clone());
-            }
-            first
-        };
+        let first = self.health.exclude(&why);
+        if first {
+            tracing::warn!(rank = self.rank, %why, "this rank was excluded from the cluster");
+        }
         self.mailbox.source_gone(by as u32, &why);
         self.coll.source_gone(by as u32, &why);
         if first {
@@ -307,7 +176,7 @@ impl Inner {
                 link.close(CloseCode::Excluded, &format!("rank {} was excluded and leaves: {why}", self.rank));
             }
         }
-        self.health.events.send_modify(|_| {});
+        self.health.wake();
     }
 
     /// `peer` cut its link to this rank, declaring this rank dead, for `why`. One peer's word
@@ -316,21 +185,9 @@ impl Inner {
     /// rank really was stalled or cut off. Until then it counts `peer` as gone (their link is
     /// gone either way) and tells the others, who check `peer` for themselves.
     fn declared_dead_by(&self, peer: usize, why: &str) {
-        let (votes, peers) = {
-            let mut v = self.health.lock();
-            v.declared_me_dead.insert(peer, why.to_string());
-            // The peers that count: those this rank still holds alive, and those that cut it
-            // (which it may since have counted as gone). Ranks long dead have no say, so a
-            // rank stalled among few survivors still learns that it was left.
-            let peers = self
-                .links
-                .iter()
-                .map(|l| l.peer() as usize)
-                .filter(|p| !v.dead.contains_key(p) || v.declared_me_dead.contains_key(p))
-                .count();
-            (v.declared_me_dead.len(), peers)
-        };
-        if votes * 2 > peers {
+        let cut = self.health.cut_by(peer, why, self.links.iter().map(|l| l.peer() as usize));
+        let (votes, peers) = (cut.votes, cut.peers);
+        if cut.excludes() {
             self.excluded_by(peer, &format!("{why} ({votes} of this rank's {peers} peers cut it)"));
         } else {
             tracing::warn!(rank = self.rank, peer, %why, votes, peers, "a peer cut this rank; not a majority, so this rank stays");
@@ -344,7 +201,7 @@ impl Inner {
 
     /// Judges how a peer's connection ended.
     pub(crate) fn connection_ended(&self, peer: usize, reason: &ConnectionError) {
-        let orderly = self.health.shutting_down.load(Ordering::Relaxed) || self.health.has_left(peer);
+        let orderly = self.health.ends_in_order(peer);
         let why = format!("its connection ended ({reason})");
         if orderly {
             self.mailbox.source_gone(peer as u32, &why);
@@ -388,7 +245,7 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
     loop {
         tick.tick().await;
         let Some(inner) = inner.upgrade() else { return };
-        if inner.health.shutting_down.load(Ordering::Relaxed) {
+        if inner.health.is_shutting_down() {
             return;
         }
         // If this task itself was not scheduled for a long time (the process was paused,
@@ -448,7 +305,7 @@ fn frames_from(conn: &quinn::Connection) -> u64 {
 pub(crate) async fn recover_automatically(inner: Weak<Inner>, mut current: Arc<CommState>) {
     // Subscribed and marked changed before the task first waits: a failure seen before this
     // task ever ran (a busy machine) is still handled.
-    let Some(mut events) = inner.upgrade().map(|i| i.health.events.subscribe()) else { return };
+    let Some(mut events) = inner.upgrade().map(|i| i.health.subscribe()) else { return };
     events.mark_changed();
     loop {
         if events.changed().await.is_err() {
@@ -472,7 +329,7 @@ pub(crate) async fn recover_automatically(inner: Weak<Inner>, mut current: Arc<C
         // Excluded or shut down: nothing more to rebuild. Other errors (a timeout) may pass:
         // try again at the next failure.
         let stop = matches!(result, Err(RecoveryError::Excluded { .. } | RecoveryError::Closed { .. }));
-        strong.health.rebuilt.send_modify(|(n, slot)| {
+        strong.rebuilt.send_modify(|(n, slot)| {
             *n += 1;
             *slot = Some(result);
         });
@@ -481,7 +338,3 @@ pub(crate) async fn recover_automatically(inner: Weak<Inner>, mut current: Arc<C
         }
     }
 }
-
-#[cfg(test)]
-#[path = "health_tests.rs"]
-mod tests;

@@ -30,6 +30,7 @@ pub(crate) mod spin;
 pub(crate) mod state;
 mod tcp_lane;
 
+pub use crate::cluster::health::PeerFailure;
 pub use backend::{BackendError, MAX_SETUP_BODY};
 pub(crate) use client::Inner;
 pub use client::{LinkStats, NexarClient};
@@ -37,7 +38,6 @@ pub(crate) use collective::ScheduleCache;
 pub use collective::{CollectiveError, CollectiveHandle, Compression, ErrorFeedback, ExchangeHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
 pub use failure_watch::FailureWatch;
-pub use health::PeerFailure;
 #[cfg(feature = "nccl")]
 pub use nccl::NcclState;
 pub use negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
