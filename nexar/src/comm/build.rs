@@ -15,7 +15,7 @@ use tracing::Instrument;
 use super::client::{Inner, NexarClient, UserHandles};
 use super::control::serve_control;
 use super::health::{Health, monitor, recover_automatically};
-use super::route::{forward, route_cache};
+use super::route::forward;
 use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, LocalMesh, LocalRank, MeshSetup};
 use crate::comm::matcher::Mailbox;
@@ -341,6 +341,7 @@ impl NexarClient {
             );
         }
         let trace_cfg = cfg.trace.clone();
+        let routes = cluster::Routes::new(rank, addrs.len(), capacity, cfg.topology);
         let inner = Arc::new(Inner {
             rank,
             cfg,
@@ -361,7 +362,7 @@ impl NexarClient {
             launch: std::sync::OnceLock::new(),
             initial_world: addrs.len(),
             host_keys: std::sync::OnceLock::new(),
-            routes: route_cache(),
+            routes,
             relay_seals,
             growth: Default::default(),
             setup: Default::default(),

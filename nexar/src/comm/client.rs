@@ -11,7 +11,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use super::health::Health;
-use super::route::{Route, RouteCache};
+use super::route::Route;
 use super::state::CommState;
 use crate::comm::matcher::Mailbox;
 use crate::config::NexarConfig;
@@ -101,7 +101,7 @@ pub(crate) struct Inner {
     /// of one host (see `comm::hosts`); unset when they were not learnt.
     pub host_keys: std::sync::OnceLock<Vec<u64>>,
     /// Next hops to ranks without a direct link.
-    pub routes: Mutex<RouteCache>,
+    pub routes: crate::cluster::Routes,
     /// The keys that seal this rank's relayed messages end to end (none in a cluster started
     /// with `connect_static`).
     pub relay_seals: Option<Arc<RelaySeals>>,

@@ -1,9 +1,9 @@
 //! How a message reaches a rank: over the direct link when there is one, otherwise in a relay
 //! envelope through the neighbour that starts a shortest path over live ranks (sparse
-//! topologies). Routes are recomputed whenever a rank is declared dead, so traffic flows
-//! around a dead relay.
+//! topologies; the paths are `cluster::Routes`'), sealed end to end; and passing on the
+//! envelopes addressed to other ranks.
 
-use std::sync::{Mutex, Weak};
+use std::sync::Weak;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
@@ -98,13 +98,6 @@ fn seal(seals: &RelaySeals, dst: u32, lane: u8, parts: &[Bytes]) -> Result<(u64,
     Ok((seq, vec![Bytes::from(body)]))
 }
 
-/// Next hops by destination, valid while the number of dead ranks stays the same.
-#[derive(Default)]
-pub(crate) struct RouteCache {
-    dead_seen: Option<usize>,
-    hops: Vec<Option<usize>>,
-}
-
 impl Inner {
     /// The route to world rank `peer`: its direct link, or (on sparse topologies) a relay.
     pub(crate) fn route(&self, peer: usize) -> Option<Route<'_>> {
@@ -121,29 +114,12 @@ impl Inner {
 
     /// The neighbour that starts a shortest path to `peer` over live ranks.
     fn next_hop(&self, peer: usize) -> Option<usize> {
-        let dead = self.health.dead();
-        let mut cache = crate::sync::lock(&self.routes);
-        if cache.dead_seen != Some(dead.len()) {
-            cache.hops = self.first_hops(|x| dead.binary_search(&x).is_ok());
-            cache.dead_seen = Some(dead.len());
-        }
-        cache.hops.get(peer).copied().flatten()
+        self.routes.next_hop(peer, || self.linked_peers(), &self.health.dead())
     }
 
-    /// For every rank, the neighbour that starts a shortest path to it over the ranks for
-    /// which `avoid` is false.
-    fn first_hops(&self, avoid: impl Fn(usize) -> bool) -> Vec<Option<usize>> {
-        let (me, world, topology) = (self.rank, self.initial_world, self.cfg.topology);
-        let adjacent = |x: usize| -> Vec<usize> {
-            if x == me {
-                self.links.iter().map(|l| l.peer() as usize).collect()
-            } else if x < world {
-                topology.neighbors(x, world)
-            } else {
-                Vec::new()
-            }
-        };
-        Topology::next_hops(me, self.links.capacity(), adjacent, avoid)
+    /// The peers this rank has a direct link to.
+    fn linked_peers(&self) -> Vec<usize> {
+        self.links.iter().map(|l| l.peer() as usize).collect()
     }
 
     /// The link that carries an envelope for `dst` that arrived from neighbour `from` one hop
@@ -156,8 +132,7 @@ impl Inner {
         if usual.peer() as usize != from {
             return Some(usual);
         }
-        let dead = self.health.dead();
-        let hop = self.first_hops(|x| x == from || dead.binary_search(&x).is_ok()).get(dst).copied().flatten()?;
+        let hop = self.routes.next_hop_avoiding(dst, from, &self.linked_peers(), &self.health.dead())?;
         self.links.get(hop)
     }
 }
@@ -196,9 +171,4 @@ pub(crate) async fn forward(inner: Weak<Inner>, mut envelopes: mpsc::Receiver<In
             Err(e) => tracing::debug!(src, dst, error = %e, "could not forward a relayed message"),
         }
     }
-}
-
-/// The route cache of a new rank.
-pub(crate) fn route_cache() -> Mutex<RouteCache> {
-    Mutex::new(RouteCache::default())
 }
