@@ -2,6 +2,7 @@
 //! clusters, and the direct peer mesh; and finding out how the job was launched ([`launcher`],
 //! with SLURM host lists parsed by [`hostlist`]).
 
+mod growth;
 pub(crate) mod health;
 pub mod hostlist;
 mod join;
@@ -16,6 +17,7 @@ mod token;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub(crate) use growth::Growth;
 pub(crate) use join::{Credentials, Joined, join};
 pub(crate) use local::{LocalMesh, LocalRank, local_mesh};
 pub(crate) use mesh::{MeshSetup, form_mesh};

@@ -106,7 +106,7 @@ pub(crate) struct Inner {
     /// with `connect_static`).
     pub relay_seals: Option<Arc<RelaySeals>>,
     /// Ranks that joined the running cluster, and this rank's own admission.
-    pub growth: super::growth::Growth,
+    pub growth: crate::cluster::Growth,
     /// Transport back ends' setup messages waiting to be taken.
     pub setup: super::backend::SetupInbox,
     /// The flight recorder (see [`crate::trace`]).

@@ -8,7 +8,6 @@ mod control;
 mod exec;
 mod failure_watch;
 mod grow;
-mod growth;
 mod health;
 mod hosts;
 mod init;

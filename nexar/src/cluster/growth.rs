@@ -1,6 +1,6 @@
 //! One rank's view of elastic growth: which ranks joined the running cluster and connected
 //! to this one, which of them became members of a communicator here, and the communicator
-//! this rank itself was admitted to after joining. The client owns one; [`super::grow`] (the
+//! this rank itself was admitted to after joining. The client owns one; `comm::grow` (the
 //! members' and joiners' protocol), the joiner acceptor, the control lane and health reach it
 //! only through these methods.
 
