@@ -220,9 +220,6 @@ struct AbortOnDrop {
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        if let Some(client) = &self.client {
-            client.inner.coll.end(client.comm.id, self.seq);
-        }
         if let Some(client) = self.client.take()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
@@ -258,8 +255,6 @@ impl NexarClient {
             algorithm: schedule.algorithm,
             bytes: call.count.saturating_mul(size_of::<T>() as u64),
         });
-        let coll = &self.inner.coll;
-        coll.begin(self.comm.id, seq);
         let span = tracing::debug_span!(
             "collective",
             comm = self.comm.id,
@@ -271,7 +266,6 @@ impl NexarClient {
             part = call.part,
         );
         let result = self.run_steps(seq, call, schedule, data, input, &trace).instrument(span).await;
-        coll.end(self.comm.id, seq);
         guard.client = None;
         trace.end(&result);
         if let Err(e) = &result

@@ -132,8 +132,6 @@ struct State {
     /// Why each remembered collective was aborted, and whether this rank's own link failed.
     aborted: HashMap<(u64, u64), (String, bool)>,
     aborted_order: VecDeque<(u64, u64)>,
-    /// Collectives running on this rank, by `(comm, tag)`, with how many run under that key.
-    active: HashMap<(u64, u64), usize>,
     /// Senders whose connection is gone, with the reason.
     gone: HashMap<u32, String>,
 }
@@ -462,22 +460,6 @@ impl Mailbox {
     /// fail with `reason`, its held messages are dropped, and so are its late arrivals.
     pub fn abort(&self, comm: u64, tag: u64, reason: &str) {
         self.abort_as(comm, tag, reason, false);
-    }
-
-    /// Records that collective `(comm, tag)` is running on this rank, until [`end`](Self::end).
-    pub fn begin(&self, comm: u64, tag: u64) {
-        *self.lock().active.entry((comm, tag)).or_default() += 1;
-    }
-
-    /// Records that collective `(comm, tag)` finished on this rank.
-    pub fn end(&self, comm: u64, tag: u64) {
-        let mut st = self.lock();
-        if let Some(n) = st.active.get_mut(&(comm, tag)) {
-            *n -= 1;
-            if *n == 0 {
-                st.active.remove(&(comm, tag));
-            }
-        }
     }
 
     /// Like [`abort`](Self::abort), for a collective whose messages a failed link of this rank
