@@ -6,6 +6,7 @@ pub mod algo;
 pub mod close;
 pub mod compression;
 pub mod frame;
+pub mod lane;
 pub mod message;
 pub mod plan;
 pub mod relay;

@@ -7,55 +7,9 @@ use super::super::byte_budget::ByteBudget;
 use super::super::framed::Payload;
 use super::super::liveness::Liveness;
 use super::RelayHook;
+pub use crate::proto::lane::Lane;
 use crate::proto::message::PeerMsg;
 use crate::transport::inbox::{Admission, Inbox};
-
-/// The independent receive queues of a rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Lane {
-    /// Incoming RPC requests.
-    RpcRequests = 0,
-    /// Responses to our RPC calls.
-    RpcResponses = 1,
-    /// Control traffic: liveness, membership, collective agreement.
-    Control = 2,
-    /// Typed point-to-point messages.
-    Data = 3,
-    /// Bulk payloads of collectives.
-    Raw = 4,
-}
-
-impl Lane {
-    /// How many lanes there are.
-    pub const COUNT: usize = 5;
-
-    /// The lane a message travels on.
-    pub fn of(msg: &PeerMsg) -> Lane {
-        match msg {
-            PeerMsg::P2p { .. } => Lane::Data,
-            PeerMsg::Coll { .. } => Lane::Raw,
-            PeerMsg::RpcRequest { .. } => Lane::RpcRequests,
-            PeerMsg::RpcResponse { .. } => Lane::RpcResponses,
-            PeerMsg::Ping { .. }
-            | PeerMsg::Pong { .. }
-            | PeerMsg::Goodbye
-            | PeerMsg::Abort { .. }
-            | PeerMsg::Registry { .. }
-            | PeerMsg::Heartbeat
-            | PeerMsg::Admit { .. }
-            | PeerMsg::Suspect { .. }
-            | PeerMsg::Setup { .. }
-            | PeerMsg::WhereAreYou { .. }
-            | PeerMsg::Position { .. } => Lane::Control,
-            PeerMsg::Relay { lane, .. } => Lane::from_code(*lane).unwrap_or(Lane::Control),
-        }
-    }
-
-    /// The lane with wire code `code`.
-    pub fn from_code(code: u8) -> Option<Lane> {
-        [Lane::RpcRequests, Lane::RpcResponses, Lane::Control, Lane::Data, Lane::Raw].get(usize::from(code)).copied()
-    }
-}
 
 /// A message received from a peer, with its payload.
 #[derive(Debug)]
