@@ -38,6 +38,8 @@ use crate::transport::bulk::BulkChannel;
 use crate::transport::link::{Lane, PeerLink};
 use crate::transport::relay_seal::SealError;
 
+pub use crate::transport::bulk::LaneTamper;
+
 /// Whose relay keys seal an envelope [`HostileMember::relay`] sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RelaySealing {
@@ -45,27 +47,6 @@ pub enum RelaySealing {
     Unsealed,
     /// Sealed with the member's own keys, as if it were the sender it names.
     OwnKeys,
-}
-
-/// How [`HostileMember::tamper_next_group`] alters the next group the member's TCP lane sends,
-/// after sealing it honestly with the lane's keys (which the member holds for its own
-/// direction).
-///
-/// ```
-/// use nexar::hostile::LaneTamper;
-/// // The payload's first byte altered on the wire: its record no longer authenticates.
-/// let flip = LaneTamper { flip_lead_byte: Some(0), ..Default::default() };
-/// // A placement hint that says the group's frames are its payload.
-/// let hint = LaneTamper { lead: Some(0), ..Default::default() };
-/// # let _ = (flip, hint);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LaneTamper {
-    /// The placement hint the group's header record gives, instead of where its largest part
-    /// (its payload) starts.
-    pub lead: Option<u64>,
-    /// Flips the lowest bit of the ciphertext of this byte of the group's largest part.
-    pub flip_lead_byte: Option<usize>,
 }
 
 /// Why a hostile member could not craft what it was asked to.

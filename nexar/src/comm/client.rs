@@ -10,15 +10,16 @@ use quinn::{Connection, Endpoint};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
-use super::health::Health;
-use super::route::Route;
+use super::recovery_error::RecoveryError;
 use super::state::CommState;
+use crate::cluster::health::Health;
 use crate::comm::matcher::Mailbox;
 use crate::config::NexarConfig;
 use crate::transport::link::LaneSenders;
 use crate::transport::links::Links;
 use crate::transport::pool::BufferPool;
 use crate::transport::relay_seal::RelaySeals;
+use crate::transport::route::Route;
 
 /// One rank's handle on a nexar cluster: its rank, the world size, and every operation.
 ///
@@ -67,6 +68,9 @@ impl Drop for UserHandles {
     }
 }
 
+/// How many automatic rebuilds have finished, and the latest one's outcome.
+pub(crate) type Rebuilds = (u64, Option<Result<Arc<CommState>, RecoveryError>>);
+
 pub(crate) struct Inner {
     pub rank: usize,
     pub cfg: NexarConfig,
@@ -92,9 +96,9 @@ pub(crate) struct Inner {
     /// Which peers are alive.
     pub health: Health,
     /// Automatic rebuilds finished, and the latest one's outcome (for `FailureWatch::rebuilt`).
-    pub rebuilt: tokio::sync::watch::Sender<super::health::Rebuilds>,
+    pub rebuilt: tokio::sync::watch::Sender<Rebuilds>,
     /// What the launcher said of this rank, and the seed it hosts (set by `init`).
-    pub launch: std::sync::OnceLock<super::init::Launched>,
+    pub launch: std::sync::OnceLock<crate::cluster::launcher::Launched>,
     /// The world size the cluster formed with (the topology is laid over it).
     pub initial_world: usize,
     /// A key of the host of each rank of the world the cluster formed with, equal for ranks
@@ -108,7 +112,7 @@ pub(crate) struct Inner {
     /// Ranks that joined the running cluster, and this rank's own admission.
     pub growth: crate::cluster::Growth,
     /// Transport back ends' setup messages waiting to be taken.
-    pub setup: super::backend::SetupInbox,
+    pub setup: super::setup_inbox::SetupInbox,
     /// The flight recorder (see [`crate::trace`]).
     pub trace: Arc<crate::trace::RankTrace>,
     /// The program's handles ([`UserHandles`]), while it holds any.

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::client::Rebuilds;
 use super::client::{Inner, NexarClient};
-use super::health::Rebuilds;
 use super::recovery::RecoveryError;
 use crate::cluster::health::PeerFailure;
 

@@ -28,9 +28,6 @@ use crate::proto::message::PeerMsg;
 /// The longest gap between two liveness checks.
 const MAX_CHECK_PERIOD: Duration = Duration::from_millis(250);
 
-/// How many automatic rebuilds have finished, and the latest one's outcome.
-pub(super) type Rebuilds = (u64, Option<Result<Arc<CommState>, RecoveryError>>);
-
 impl Inner {
     /// Rank `from` reports that world rank `rank` is dead. One report is not enough to evict a
     /// rank that this rank hears from, or a single faulty or hostile member could evict anyone:

@@ -12,7 +12,7 @@ use std::time::Duration;
 use quinn::Endpoint;
 
 use super::client::NexarClient;
-use crate::cluster::launcher::{self, Field, LaunchEnv, Launcher};
+use crate::cluster::launcher::{self, Field, LaunchEnv, Launched, Launcher};
 use crate::cluster::{self, ClusterError, Credentials, Joined, SeedNode, SharedSecret};
 use crate::config::{ConfigError, NexarConfig};
 use crate::error::NexarError;
@@ -30,17 +30,6 @@ const FIRST_ATTEMPT: Duration = Duration::from_secs(1);
 /// first, at its own join timeout, and every other rank then hears the same verdict from the
 /// seed (who joined, who was refused) instead of racing it with a deadline of its own.
 const SEED_VERDICT_GRACE: Duration = Duration::from_secs(3);
-
-/// What the launcher said of this rank, kept for the rank's lifetime.
-pub(crate) struct Launched {
-    /// The launcher recognised (`None`: none, a single rank).
-    pub launcher: Option<Launcher>,
-    pub local_rank: Option<usize>,
-    pub local_world_size: Option<usize>,
-    /// The seed this rank hosts (the launcher's rank 0): it lives as long as the rank, so that
-    /// the others stay connected to it.
-    pub _seed: Option<SeedNode>,
-}
 
 impl NexarClient {
     /// Joins the cluster under whatever launched this process, configured from the `NEXAR_*`

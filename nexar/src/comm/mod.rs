@@ -18,12 +18,16 @@ mod meter;
 #[cfg(feature = "nccl")]
 mod nccl;
 #[cfg(feature = "nccl")]
+mod nccl_slot;
+#[cfg(feature = "nccl")]
 mod nccl_two_level;
 mod negotiate;
 mod p2p;
 mod pieces;
 mod recovery;
+mod recovery_error;
 pub(crate) mod route;
+mod setup_inbox;
 mod shm;
 pub(crate) mod spin;
 pub(crate) mod state;

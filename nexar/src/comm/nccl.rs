@@ -36,8 +36,7 @@
 //! - The operation is polled without blocking the rank's tasks, within `op_timeout`; a
 //!   deadline or a dropped future aborts the NCCL communicator and waits for the stream.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use nexar_types::{
@@ -47,73 +46,11 @@ use nexar_types::{
 use super::client::NexarClient;
 use super::collective::{CollectiveError, Exchange};
 use super::exec::{AGREEMENT, CollCall};
+pub use super::nccl_slot::NcclState;
+use super::nccl_slot::{NcclGroup, Slot};
 use super::state::CommState;
 use crate::proto::algo::hierarchical::HostLayout;
 use crate::proto::algo::{Algorithm, Collective};
-
-/// What NCCL does for a communicator's device buffers (see [`NexarClient::nccl_state`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum NcclState {
-    /// No device collective has asked for it yet.
-    NotTried,
-    /// Device allreduces and broadcasts run on NCCL within the host.
-    Ready {
-        /// Ranks in this host's NCCL communicator.
-        ranks: usize,
-        /// This rank's device.
-        device: usize,
-    },
-    /// Device collectives are staged through host memory; why, in words.
-    Unusable {
-        /// Why.
-        reason: String,
-    },
-}
-
-/// A communicator's NCCL member, made by its first device collective.
-#[derive(Default)]
-pub(crate) struct NcclSlot {
-    /// Held for the whole of each NCCL call: this rank issues them one at a time, in call order.
-    turn: tokio::sync::Mutex<()>,
-    state: Mutex<Slot>,
-    logged: AtomicBool,
-}
-
-#[derive(Default)]
-enum Slot {
-    #[default]
-    NotTried,
-    Ready(std::sync::Arc<NcclGroup>),
-    Unusable(String),
-}
-
-/// This rank's NCCL communicator within its host, and, where the communicator spans several
-/// hosts, the nexar communicator of the ranks with its local index on every host (its state
-/// only: a client holds the runtime, which must not be kept alive from a communicator's state).
-pub(crate) struct NcclGroup {
-    pub(super) local: NcclComm,
-    pub(super) across: Option<std::sync::Arc<CommState>>,
-}
-
-impl std::fmt::Debug for NcclSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("NcclSlot")
-    }
-}
-
-impl NcclSlot {
-    fn set(&self, slot: Slot) {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = slot;
-    }
-
-    fn ready(&self) -> Option<std::sync::Arc<NcclGroup>> {
-        match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
-            Slot::Ready(comm) => Some(comm.clone()),
-            _ => None,
-        }
-    }
-}
 
 /// The agreement vector's words (can use NCCL, then each of the two counts and the arguments'
 /// key with its complement): every rank takes the element-wise minimum, so a word and its

@@ -7,7 +7,8 @@ use nexar_types::{Element, NcclOperand, NcclSource, ReduceOp};
 
 use super::client::NexarClient;
 use super::collective::Exchange;
-use super::nccl::{NcclGroup, Step};
+use super::nccl::Step;
+use super::nccl_slot::NcclGroup;
 use crate::proto::algo::Collective;
 use crate::proto::algo::hierarchical::HostLayout;
 

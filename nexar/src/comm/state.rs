@@ -24,7 +24,7 @@ pub(crate) struct CommState {
     pub layout: std::sync::OnceLock<Option<std::sync::Arc<crate::proto::algo::hierarchical::HostLayout>>>,
     /// This communicator's NCCL member for device collectives, once made.
     #[cfg(feature = "nccl")]
-    pub nccl: super::nccl::NcclSlot,
+    pub nccl: super::nccl_slot::NcclSlot,
 }
 
 impl CommState {

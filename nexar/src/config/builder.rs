@@ -133,7 +133,7 @@ setters! {
     plain bind_core: bool;
     plain nccl: bool;
     plain segment_bytes: usize;
-    plain trace: crate::trace::TraceConfig;
+    plain trace: super::TraceConfig;
     some world_size: usize;
     some seed_addr: SocketAddr;
     some spin: Duration;

@@ -194,7 +194,7 @@ impl NexarConfig {
         if chaos.loss > 0.0 || chaos.reorder > 0.0 || !chaos.delay.is_zero() {
             c.chaos = Some(chaos);
         }
-        c.trace = crate::trace::TraceConfig::from_lookup(&lookup)?;
+        c.trace = super::TraceConfig::from_lookup(&lookup)?;
         if let Some((var, v)) = get("NEXAR_METRICS_ADDR") {
             let addr: SocketAddr = parse(var, &v)?;
             if addr.port() == 0 {

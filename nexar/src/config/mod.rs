@@ -13,8 +13,10 @@ use crate::transport::chaos::NetChaos;
 
 mod builder;
 mod env;
+mod trace_config;
 
 pub use builder::NexarConfigBuilder;
+pub use trace_config::TraceConfig;
 
 pub(crate) use env::{invalid, parse};
 
@@ -243,7 +245,7 @@ pub struct NexarConfig {
     pub chaos: Option<NetChaos>,
     /// The flight recorder and the stall inspector (`NEXAR_TRACE_ENTRIES`, `NEXAR_TRACE_DIR`,
     /// `NEXAR_STALL_WARN_MS`, `NEXAR_TRACE_SIGNAL`; see [`crate::trace`]).
-    pub trace: crate::trace::TraceConfig,
+    pub trace: TraceConfig,
     /// Where this process serves its metrics in Prometheus text format (`NEXAR_METRICS_ADDR`,
     /// for example `0.0.0.0:9400`; default none). Needs the crate feature `prometheus`. Under a
     /// launcher that numbers the ranks of a host, [`NexarClient::init`](crate::NexarClient::init)
@@ -409,7 +411,7 @@ impl Default for NexarConfig {
             nccl: true,
             host_id: None,
             segment_bytes: 8 << 20,
-            trace: crate::trace::TraceConfig::default(),
+            trace: TraceConfig::default(),
             metrics_addr: None,
         }
     }

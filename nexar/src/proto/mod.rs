@@ -3,6 +3,7 @@
 //! hands bytes, values or schedules out, so it is deterministic and fuzzable.
 
 pub mod algo;
+pub mod announce;
 pub mod close;
 pub mod compression;
 pub mod frame;

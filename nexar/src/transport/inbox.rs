@@ -12,8 +12,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use super::incoming::Incoming;
 use crate::proto::message::PeerMsg;
-use crate::transport::link::Incoming;
 
 /// A wait on a store.
 pub(crate) type InboxWait<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -7,8 +7,9 @@ use tokio::sync::mpsc;
 
 use super::byte_budget::ByteBudget;
 use super::framed::Payload;
-use super::link::{Incoming, Lane};
+use super::incoming::Incoming;
 use crate::proto::frame::FrameError;
+use crate::proto::lane::Lane;
 use crate::proto::message::PeerMsg;
 
 /// Where relayed messages go: those for this rank are unpacked and delivered, the others are

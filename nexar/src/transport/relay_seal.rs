@@ -24,7 +24,7 @@ use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use aws_lc_rs::agreement::{self, PrivateKey, UnparsedPublicKey, X25519};
 use aws_lc_rs::hkdf::{HKDF_SHA256, Salt};
 
-use super::link::Lane;
+use crate::proto::lane::Lane;
 
 /// The length of a relay public key (X25519).
 pub const RELAY_KEY_LEN: usize = 32;

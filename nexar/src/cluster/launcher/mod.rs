@@ -352,5 +352,18 @@ pub fn detect_env() -> Result<Option<LaunchEnv>, LauncherError> {
 /// whose parent it is can end when it does.
 pub const LAUNCH_PID_VAR: &str = "NEXAR_LAUNCH_PID";
 
+/// What the launcher said of this rank, kept for the rank's lifetime.
+pub(crate) struct Launched {
+    /// The launcher recognised (`None`: none, a single rank).
+    pub launcher: Option<Launcher>,
+    /// This rank's place among the ranks of its host, as the launcher said.
+    pub local_rank: Option<usize>,
+    /// How many ranks the launcher started on this host.
+    pub local_world_size: Option<usize>,
+    /// The seed this rank hosts (the launcher's rank 0): it lives as long as the rank, so that
+    /// the others stay connected to it.
+    pub _seed: Option<crate::cluster::SeedNode>,
+}
+
 #[cfg(test)]
 mod tests;

@@ -6,9 +6,11 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 
 use super::super::framed::Payload;
-use super::super::link::{Incoming, LaneSenders, announced_payload, raw_length_disagrees};
+use super::super::incoming::Incoming;
+use super::super::lanes::LaneSenders;
 use super::super::tcp_lane::Deferred;
 use super::BulkSlot;
+use crate::proto::announce::{announced_payload, raw_length_disagrees};
 use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAX_CONTROL_FRAME};
 use crate::proto::message::{self, PeerMsg};
 use crate::transport::inbox::Admitted;
@@ -113,7 +115,7 @@ fn coll_message(opened: &[u8], max_payload: u64) -> Result<(PeerMsg, usize, u64,
     if !matches!(msg, PeerMsg::Coll { .. }) {
         return Err(FrameError::InvalidMessage(format!(
             "a bulk transport carries collective payloads only, not {:?} messages",
-            super::super::link::Lane::of(&msg)
+            crate::proto::lane::Lane::of(&msg)
         )));
     }
     let Some((expected, limit)) = announced_payload(&msg, max_payload)? else {

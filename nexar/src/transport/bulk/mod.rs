@@ -20,15 +20,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 use bytes::Bytes;
 
 use super::TransportError;
-use super::link::{DirectSink, LaneSenders};
+use super::lanes::{DirectSink, LaneSenders};
 
 mod inbound;
+#[cfg(feature = "hostile-member")]
+mod tamper;
 
 pub use inbound::BulkInbound;
 #[cfg(any(test, feature = "unstable-internals"))]
 pub use inbound::decode_group;
 #[cfg(test)]
 pub(crate) use inbound::decode_sealed_group;
+#[cfg(feature = "hostile-member")]
+pub use tamper::LaneTamper;
 
 /// The future of one [`BulkChannel::send`].
 pub type BulkSend = Pin<Box<dyn Future<Output = Result<(), TransportError>> + Send + 'static>>;
@@ -134,7 +138,7 @@ pub trait BulkChannel: Send + Sync + 'static {
     /// Alters the next group this channel sends as `tamper` says (a hostile member's lane, for
     /// the tests of what its peers refuse); `false` where the channel cannot.
     #[cfg(feature = "hostile-member")]
-    fn tamper_next(&self, tamper: crate::hostile::LaneTamper) -> bool {
+    fn tamper_next(&self, tamper: LaneTamper) -> bool {
         let _ = tamper;
         false
     }

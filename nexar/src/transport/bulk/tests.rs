@@ -71,7 +71,7 @@ impl BulkChannel for Nowhere {
 
 #[tokio::test]
 async fn a_collective_never_spans_two_transports() {
-    let slot = Arc::new(BulkSlot::new(1, &super::super::link::lanes(4).0));
+    let slot = Arc::new(BulkSlot::new(1, &super::super::lanes::lanes(4).0));
     let (before, after, received, later) = ((0, 1), (0, 2), (0, 3), (0, 4));
     assert_eq!(slot.route(before, 0).err(), Some(false), "no channel yet: QUIC");
     let channel = Arc::new(Nowhere(Default::default()));

@@ -24,16 +24,13 @@ use crate::proto::frame::{message_frame, raw_header};
 use crate::proto::message::{self, PeerMsg};
 use crate::telemetry::SentBytes;
 
-mod lanes;
 mod reader;
 mod writer;
 
 use reader::route;
 use writer::write_lane;
 
-pub(crate) use lanes::DirectSink;
-pub use lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
-pub(crate) use reader::{announced_payload, raw_length_disagrees};
+pub use super::lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
 
 pub(super) enum Outgoing {
     /// Frames to write, in order, as one unit; `coll` names the collective `(comm, seq)` of a

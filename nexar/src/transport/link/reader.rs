@@ -9,6 +9,7 @@ use tracing::Instrument;
 use super::super::byte_budget::ByteBudget;
 use super::super::framed::{Payload, ReadFrameError, read_body, read_header};
 use super::{Incoming, Lane, LaneSenders};
+use crate::proto::announce::{announced_payload, raw_length_disagrees};
 use crate::proto::close::CloseCode;
 use crate::proto::frame::{FrameError, FrameKind, MAX_CONTROL_FRAME};
 use crate::proto::message::{self, PeerMsg};
@@ -122,35 +123,6 @@ async fn read_stream(
             return Ok(());
         }
     }
-}
-
-/// The error for a raw frame whose length is not the one its message announced.
-pub(crate) fn raw_length_disagrees(announced: u64, found: u64) -> FrameError {
-    FrameError::InvalidMessage(format!("message announces {announced} payload bytes but its raw frame has {found}"))
-}
-
-/// Checks what a message announces before anything else is read: relay envelopes name a real
-/// lane and a bounded hop count, and a payload has a known dtype and fits the limit. Returns
-/// `(payload bytes, limit)` for messages followed by a raw frame.
-pub(crate) fn announced_payload(msg: &PeerMsg, max_payload: u64) -> Result<Option<(u64, u64)>, FrameError> {
-    if let PeerMsg::Relay { lane, hops, .. } = *msg
-        && (Lane::from_code(lane).is_none() || hops > crate::proto::relay::MAX_HOPS)
-    {
-        return Err(FrameError::InvalidMessage(format!("relay envelope with lane {lane} after {hops} hops")));
-    }
-    let Some((dtype, _)) = msg.payload_elements() else { return Ok(None) };
-    nexar_types::DType::from_wire(dtype).map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
-    let expected =
-        msg.payload_len().ok_or_else(|| FrameError::InvalidMessage("payload length overflows 64 bits".into()))?;
-    // A relay envelope carries a whole message: its payload plus the carried frames.
-    let limit = match msg {
-        PeerMsg::Relay { .. } => max_payload.saturating_add(crate::proto::relay::ENVELOPE_OVERHEAD),
-        _ => max_payload,
-    };
-    if expected > limit {
-        return Err(FrameError::TooLong { len: expected, limit });
-    }
-    Ok(Some((expected, limit)))
 }
 
 async fn next_message(recv: &mut RecvStream) -> Result<Option<PeerMsg>, ReadFrameError> {

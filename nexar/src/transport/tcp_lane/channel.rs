@@ -138,7 +138,7 @@ pub(crate) struct TcpLane {
     min_bytes: usize,
     /// How the next group is to be altered (a hostile member's lane).
     #[cfg(feature = "hostile-member")]
-    tamper: Mutex<Option<crate::hostile::LaneTamper>>,
+    tamper: Mutex<Option<crate::transport::bulk::LaneTamper>>,
 }
 
 impl TcpLane {
@@ -285,7 +285,7 @@ impl BulkChannel for TcpLane {
     }
 
     #[cfg(feature = "hostile-member")]
-    fn tamper_next(&self, tamper: crate::hostile::LaneTamper) -> bool {
+    fn tamper_next(&self, tamper: crate::transport::bulk::LaneTamper) -> bool {
         *crate::sync::lock(&self.tamper) = Some(tamper);
         true
     }

@@ -5,7 +5,7 @@
 use std::io;
 
 use super::records::{HEADER, Sealed, Sealer, TAG, lead_of};
-use crate::hostile::LaneTamper;
+use crate::transport::bulk::LaneTamper;
 
 /// Seals one group as [`Sealer::seal_group`] does, then alters it as `tamper` says.
 pub(super) fn seal_tampered(

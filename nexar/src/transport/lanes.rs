@@ -3,34 +3,13 @@
 
 use tokio::sync::mpsc;
 
-use super::super::byte_budget::ByteBudget;
-use super::super::framed::Payload;
-use super::super::liveness::Liveness;
-use super::RelayHook;
+use super::byte_budget::ByteBudget;
+pub use super::incoming::Incoming;
+use super::liveness::Liveness;
+use super::relay_hook::RelayHook;
 pub use crate::proto::lane::Lane;
 use crate::proto::message::PeerMsg;
 use crate::transport::inbox::{Admission, Inbox};
-
-/// A message received from a peer, with its payload.
-#[derive(Debug)]
-pub struct Incoming {
-    /// The sender's rank.
-    pub from: u32,
-    /// The message.
-    pub msg: PeerMsg,
-    /// Raw bytes that followed it (empty for messages without payload).
-    pub payload: Payload,
-    /// The share of the rank's RPC byte budget this message holds until it is dropped (RPC
-    /// requests and answers read off a link).
-    pub(crate) budget: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl Incoming {
-    /// A message from `from`, holding no budget.
-    pub fn new(from: u32, msg: PeerMsg, payload: Payload) -> Incoming {
-        Incoming { from, msg, payload, budget: None }
-    }
-}
 
 /// The sending halves of a rank's lanes, shared by the routers of all its links.
 #[derive(Clone)]
