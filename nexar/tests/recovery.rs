@@ -62,6 +62,41 @@ async fn survivors_that_disagree_about_a_failure_converge_and_rebuild() {
     .expect("test timed out");
 }
 
+/// Whoever coordinates the agreement, the rank one survivor cut is the one left out, and it
+/// learns so without waiting out an operation timeout (set to an hour here, past the test's
+/// limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rank_cut_is_left_out_when_it_or_its_accuser_coordinates() {
+    common::logs();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let cfg = NexarConfig::builder().op_timeout(Duration::from_secs(3600)).build().unwrap();
+        // (accuser, accused): rank 0, the coordinator, accused; rank 0 the accuser.
+        for (accuser, accused) in [(2usize, 0usize), (0, 1)] {
+            let ranks = NexarClient::bootstrap_local_with(4, cfg.clone()).await.unwrap();
+            ranks[accuser].report_failure(accused, "stuck, says the application").unwrap();
+            let results = on_each(&ranks, |c| async move {
+                let out = c.recover().await;
+                if let Ok(new) = &out {
+                    exercise(new.clone()).await;
+                }
+                out.map(|n| n.world_rank())
+            })
+            .await;
+            for (rank, result) in results.iter().enumerate() {
+                if rank == accused {
+                    let err = result.as_ref().unwrap_err();
+                    assert!(matches!(err, RecoveryError::Excluded { .. }), "rank {rank}: {err}");
+                    assert!(err.to_string().contains(&format!("rank {accuser}")), "names its accuser: {err}");
+                } else {
+                    assert_eq!(result.as_ref().unwrap(), &rank, "rank {rank} is in the rebuilt communicator");
+                }
+            }
+        }
+    })
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aborted_rank_is_reported_and_the_rest_rebuild_with_dense_ranks() {
     tokio::time::timeout(TEST_LIMIT, async {

@@ -62,6 +62,9 @@ struct Verdicts {
     excluded: Option<String>,
     /// Peers that cut their link to this rank, declaring it dead, and what they said.
     declared_me_dead: BTreeMap<usize, String>,
+    /// Dead peers this rank counts as gone only because they cut it first: their death is the
+    /// other side of their verdict on this rank, not something this rank saw.
+    gone_for_cutting: BTreeSet<usize>,
 }
 
 /// How many of this rank's peers have cut it, of how many that count (see [`Health::cut_by`]).
@@ -128,8 +131,19 @@ impl Health {
         if v.dead.contains_key(&failure.rank) {
             return false;
         }
+        if v.declared_me_dead.contains_key(&failure.rank) {
+            v.gone_for_cutting.insert(failure.rank);
+        }
         v.dead.insert(failure.rank, failure);
         true
+    }
+
+    /// Whether this rank counts `peer` (a world rank) as dead only because `peer` cut it,
+    /// declaring this rank dead first ([`cut_by`](Self::cut_by) before
+    /// [`declare_dead`](Self::declare_dead)). The failure agreement weighs such a death as the
+    /// peer's word against this rank, not as this rank's own sight of a failure.
+    pub fn gone_for_cutting(&self, peer: usize) -> bool {
+        self.lock().gone_for_cutting.contains(&peer)
     }
 
     /// Tells the watchers of `failure` (recorded by [`declare_dead`](Self::declare_dead)).

@@ -98,3 +98,17 @@ fn one_check_per_reported_peer_at_a_time() {
     h.end_check(2);
     assert!(h.start_check(2));
 }
+
+#[test]
+fn a_peer_counted_gone_for_cutting_this_rank_is_told_apart_from_one_seen_dead() {
+    let h = health();
+    // Rank 1 cut this rank first; this rank then counts it as gone.
+    h.cut_by(1, "rank 1 cut it", [1, 2, 3, 4]);
+    h.declare_dead(failure(1));
+    // Rank 2 went quiet here first, and cut this rank later.
+    h.declare_dead(failure(2));
+    h.cut_by(2, "rank 2 cut it", [1, 2, 3, 4]);
+    assert!(h.gone_for_cutting(1));
+    assert!(!h.gone_for_cutting(2), "this rank saw it die before it was cut");
+    assert!(!h.gone_for_cutting(3), "not dead at all");
+}

@@ -5,9 +5,16 @@
 //! ranks it believes failed, the coordinator takes the union (adding any rank that fails while
 //! it waits), and sends the decision to everyone. A survivor whose coordinator fails moves on
 //! to the next lowest rank with the coordinator added to its set; a rank that has decided
-//! sends its decision on to every survivor still deciding, which adopts it. Every survivor therefore leaves with the same set,
-//! which contains every failure any survivor reported, and builds the same communicator from
-//! it: the remaining members, in their old order, numbered densely from 0.
+//! sends its decision on to every other rank still reachable, which adopts it if it is still
+//! deciding. Every survivor therefore leaves with the same set, which contains every failure
+//! any survivor reported, and builds the same communicator from it: the remaining members, in
+//! their old order, numbered densely from 0.
+//!
+//! A rank that one peer cut (declaring it dead) while the others still hold it alive counts
+//! that peer as gone, but says so as a *cut*, not as a failure it saw: the decision leaves out
+//! the rank that was cut, unless some survivor saw the cutter itself fail. So whichever
+//! proposal reaches the coordinator first, the accuser's word wins, as it does when the
+//! accused rank coordinates.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -23,6 +30,46 @@ const TAG_PROPOSE: u64 = 1;
 /// Failed ranks of the agreement, each with the rank that named it (the first to, at the
 /// coordinator), so that an excluded rank learns who cut it whatever order messages arrive in.
 type FailureSet = BTreeMap<usize, usize>;
+
+/// What a rank brings to the agreement, or what a coordinator has gathered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Namings {
+    /// Ranks seen failed (or named by the application), each with who named it.
+    failed: FailureSet,
+    /// `(cutter, victim)`: `cutter` cut its link to `victim`, declaring it dead, and `victim`
+    /// counts `cutter` as gone only for that.
+    cuts: BTreeSet<(usize, usize)>,
+}
+
+impl Namings {
+    /// Whether rank `me` expects nothing from `peer` in the agreement: it names `peer` failed,
+    /// or `peer` cut it.
+    fn out_of_reach(&self, peer: usize, me: usize) -> bool {
+        self.failed.contains_key(&peer) || self.cuts.contains(&(peer, me))
+    }
+
+    /// Takes in `peer`'s proposal. The proposer is the one naming these ranks, and the one
+    /// cut, whatever it wrote.
+    fn take_proposal(&mut self, proposal: Namings, peer: usize) {
+        for failed in proposal.failed.into_keys() {
+            self.failed.entry(failed).or_insert(peer);
+        }
+        self.cuts.extend(proposal.cuts.into_iter().map(|(cutter, _)| (cutter, peer)));
+    }
+
+    /// The decision: every rank named failed, and the rank cut in every cut whose cutter
+    /// nobody names failed (its word against the rank it cut stands; the cut rank counting it
+    /// gone is no evidence).
+    fn decide(self) -> FailureSet {
+        let mut decided = self.failed.clone();
+        for (cutter, victim) in self.cuts {
+            if !self.failed.contains_key(&cutter) {
+                decided.entry(victim).or_insert(cutter);
+            }
+        }
+        decided
+    }
+}
 
 /// Tag of the coordinator's decision.
 pub(super) const TAG_DECIDE: u64 = 2;
@@ -108,28 +155,28 @@ impl NexarClient {
         let epoch = self.comm.next_recovery();
         let id = nexar_types::stable_id(&["agree", &self.comm.id.to_string(), &epoch.to_string()]).max(1);
         let view = self.with_comm(CommState::new(id, self.comm.members.clone(), me));
-        let mut set: FailureSet = also.iter().copied().chain(self.failed_ranks()).map(|r| (r, me)).collect();
+        let mut set = self.own_namings(also);
         let mut decided_by = None;
         let decided = loop {
             self.check_not_excluded()?;
-            let Some(coordinator) = (0..world).find(|r| !set.contains_key(r)) else { break set };
+            let Some(coordinator) = (0..world).find(|r| !set.out_of_reach(*r, me)) else { break set.decide() };
             if coordinator == me {
                 break self.coordinate(&view, set).await?;
             }
             if view.send(&encode(&set), coordinator, TAG_PROPOSE).await.is_err() {
-                set.insert(coordinator, me);
+                self.count_lost(&mut set, coordinator).await;
                 continue;
             }
             match view.recv_vec::<u32>(coordinator, TAG_DECIDE).await {
                 Ok(decision) => {
                     decided_by = Some(coordinator);
-                    break decode(&decision, world, coordinator, me)?;
+                    break decode(&decision, world, coordinator, me)?.decide();
                 }
                 Err(P2pError::Closed { .. }) => return Err(RecoveryError::Closed { rank: me }),
                 Err(e) => {
                     tracing::debug!(rank = me, coordinator, error = %e, "agreement coordinator lost; moving on");
                     self.absent_from_agreement(coordinator, &e);
-                    set.insert(coordinator, me);
+                    self.count_lost(&mut set, coordinator).await;
                 }
             }
         };
@@ -149,6 +196,39 @@ impl NexarClient {
         Ok((epoch, decided.into_keys().collect()))
     }
 
+    /// What this rank brings to the agreement: `also` and every peer it counts as dead,
+    /// named failed, except the peers it counts as gone only because they cut it, which it
+    /// brings as cuts.
+    fn own_namings(&self, also: &[usize]) -> Namings {
+        let me = self.rank();
+        let mut namings = Namings::default();
+        for rank in self.failed_ranks() {
+            if self.inner.health.gone_for_cutting(self.comm.members[rank]) {
+                namings.cuts.insert((rank, me));
+            } else {
+                namings.failed.insert(rank, me);
+            }
+        }
+        namings.failed.extend(also.iter().map(|r| (*r, me)));
+        namings
+    }
+
+    /// Counts `peer`, lost to this rank during the agreement, in `set`: as a cut when it cut
+    /// this rank (declaring it dead), as failed otherwise. A lost link is followed by this
+    /// rank's verdict on the peer, which tells the two apart; it waits for that verdict, at most
+    /// a heartbeat timeout.
+    async fn count_lost(&self, set: &mut Namings, peer: usize) {
+        let world_peer = self.comm.members[peer];
+        let verdict = self.inner.wait_dead(world_peer);
+        if tokio::time::timeout(self.config().heartbeat_timeout, verdict).await.is_ok()
+            && self.inner.health.gone_for_cutting(world_peer)
+        {
+            set.cuts.insert((peer, self.rank()));
+        } else {
+            set.failed.insert(peer, self.rank());
+        }
+    }
+
     /// A rank that did not answer within `op_timeout` is declared dead, so that every survivor
     /// counts it out, not only this one.
     fn absent_from_agreement(&self, peer: usize, error: &P2pError) {
@@ -162,11 +242,11 @@ impl NexarClient {
     /// Collects every other survivor's proposal, then sends everyone the union. A decision
     /// that reaches it meanwhile (from a rank whose coordinator failed after telling it) is
     /// adopted and passed on instead, so that every survivor leaves with the same set.
-    async fn coordinate(&self, view: &NexarClient, mut set: FailureSet) -> Result<FailureSet, RecoveryError> {
+    async fn coordinate(&self, view: &NexarClient, mut set: Namings) -> Result<FailureSet, RecoveryError> {
         let (me, world) = (self.rank(), self.world_size());
         let mut waits = JoinSet::new();
         let mut pending = HashMap::new();
-        for peer in (0..world).filter(|r| *r != me && !set.contains_key(r)) {
+        for peer in (0..world).filter(|r| *r != me && !set.out_of_reach(*r, me)) {
             let view = view.clone();
             let handle = waits.spawn(async move { (peer, view.recv_vec::<u32>(peer, TAG_PROPOSE).await) });
             pending.insert(peer, handle);
@@ -185,31 +265,32 @@ impl NexarClient {
                         continue;
                     }
                     match result {
-                        Ok(proposal) => {
-                            // The proposer is the one naming these ranks, whatever it wrote.
-                            for failed in decode(&proposal, world, peer, me)?.into_keys() {
-                                set.entry(failed).or_insert(peer);
-                            }
-                        }
+                        Ok(proposal) => set.take_proposal(decode(&proposal, world, peer, me)?, peer),
                         Err(P2pError::Closed { .. }) => return Err(RecoveryError::Closed { rank: me }),
                         Err(e) => {
                             tracing::debug!(rank = me, peer, error = %e, "no proposal; counting it failed");
                             self.absent_from_agreement(peer, &e);
-                            set.insert(peer, me);
+                            self.count_lost(&mut set, peer).await;
                         }
                     }
-                    // Stop waiting for ranks someone else reported failed.
+                    // Stop waiting for ranks someone else reported failed (not for a rank
+                    // only said to have cut another: it is alive, and its word counts).
                     pending.retain(|peer, handle| {
-                        let keep = !set.contains_key(peer);
+                        let keep = !set.failed.contains_key(peer);
                         if !keep {
                             handle.abort();
                         }
                         keep
                     });
                 }
-                Some(Ok((peer, Ok(decision)))) = decisions.join_next() => {
-                    tracing::debug!(rank = me, peer, "adopting a decision made before this rank coordinated");
-                    adopted = Some(decode(&decision, world, peer, me)?);
+                // Matched inside, not in the pattern: a pattern that fails to match (a failed
+                // rank's receive ends at once) would disable this branch until the select ends,
+                // and the select may wait on ranks that will never propose to this one.
+                Some(joined) = decisions.join_next() => {
+                    if let Ok((peer, Ok(decision))) = joined {
+                        tracing::debug!(rank = me, peer, "adopting a decision made before this rank coordinated");
+                        adopted = Some(decode(&decision, world, peer, me)?.decide());
+                    }
                 }
             }
         }
@@ -217,9 +298,9 @@ impl NexarClient {
         decisions.abort_all();
         // A coordinator the others have cut off must not speak for them.
         self.check_not_excluded()?;
-        let set = adopted.unwrap_or(set);
-        announce(view, &set).await;
-        Ok(set)
+        let decided = adopted.unwrap_or_else(|| set.decide());
+        announce(view, &decided).await;
+        Ok(decided)
     }
 
     pub(super) fn check_not_excluded(&self) -> Result<(), RecoveryError> {
@@ -230,31 +311,38 @@ impl NexarClient {
     }
 }
 
-/// Sends the decision to every other member still connected (excluded ones learn from it).
-async fn announce(view: &NexarClient, set: &FailureSet) {
-    let decision = encode(set);
+/// The other members of `view` this rank is still connected to (some may be in the failure
+/// set: excluded ranks learn of it from the decision).
+fn reachable(view: &NexarClient) -> impl Iterator<Item = usize> + '_ {
+    (0..view.world_size()).filter(|peer| {
+        *peer != view.rank() && view.link(*peer).is_some_and(|r| r.first_hop().connection().close_reason().is_none())
+    })
+}
+
+/// Sends the decision to every other member still connected.
+async fn announce(view: &NexarClient, decided: &FailureSet) {
+    let decision = encode(&Namings { failed: decided.clone(), cuts: BTreeSet::new() });
     let mut sends = JoinSet::new();
-    for peer in (0..view.world_size()).filter(|r| *r != view.rank()) {
-        if view.link(peer).is_some_and(|r| r.first_hop().connection().close_reason().is_none()) {
-            let (view, decision) = (view.clone(), decision.clone());
-            sends.spawn(async move { view.send(&decision, peer, TAG_DECIDE).await });
-        }
+    for peer in reachable(view) {
+        let (view, decision) = (view.clone(), decision.clone());
+        sends.spawn(async move { view.send(&decision, peer, TAG_DECIDE).await });
     }
     while sends.join_next().await.is_some() {}
 }
 
-/// After deciding: sends the decision to every other survivor but the coordinator it came
-/// from, at once. A survivor still deciding then finds it whichever way its agreement went on:
+/// After deciding: sends the decision to every other rank still connected but the coordinator
+/// it came from, at once. A survivor still deciding then finds it whichever way its agreement went on:
 /// as the answer of a coordinator it turned to after its own failed (or that it wrongly took
 /// for failed, on a loaded machine), or, if it coordinates itself, as a decision to adopt (so
 /// it does not wait for proposals from ranks that have already decided). Every decided rank
-/// holds the one decision, so every survivor leaves with the same set. A copy that nobody
-/// waits for stays in this agreement's private communicator.
+/// holds the one decision, so every survivor leaves with the same set. A rank the decision
+/// leaves out learns it the same way, even one that coordinates in vain because the
+/// coordinator cut it. A copy that nobody waits for stays in this agreement's private
+/// communicator.
 fn pass_on(view: NexarClient, decided: &FailureSet, decided_by: usize) {
-    let decision = encode(decided);
-    let undecided =
-        (0..view.world_size()).filter(|r| *r != view.rank() && !decided.contains_key(r) && *r != decided_by);
-    for peer in undecided {
+    let decision = encode(&Namings { failed: decided.clone(), cuts: BTreeSet::new() });
+    let others: Vec<usize> = reachable(&view).filter(|peer| *peer != decided_by).collect();
+    for peer in others {
         let (view, decision) = (view.clone(), decision.clone());
         tokio::spawn(async move {
             let _ = view.send(&decision, peer, TAG_DECIDE).await;
@@ -262,17 +350,26 @@ fn pass_on(view: NexarClient, decided: &FailureSet, decided_by: usize) {
     }
 }
 
-/// A failure set on the wire: pairs of (failed rank, rank that named it).
-fn encode(set: &FailureSet) -> Vec<u32> {
-    set.iter().flat_map(|(failed, by)| [*failed as u32, *by as u32]).collect()
+/// Wire code of a [`Namings::failed`] entry: (failed rank, rank that named it).
+const FAILED: u32 = 0;
+/// Wire code of a [`Namings::cuts`] entry: (cutter, rank it cut).
+const CUT: u32 = 1;
+
+/// Namings on the wire: triples of (rank, rank, kind).
+fn encode(namings: &Namings) -> Vec<u32> {
+    let failed = namings.failed.iter().map(|(failed, by)| [*failed as u32, *by as u32, FAILED]);
+    let cuts = namings.cuts.iter().map(|(cutter, victim)| [*cutter as u32, *victim as u32, CUT]);
+    failed.chain(cuts).flatten().collect()
 }
 
-/// Validates a failure set received from `peer`.
-fn decode(words: &[u32], world: usize, peer: usize, me: usize) -> Result<FailureSet, RecoveryError> {
+/// Validates namings received from `peer`: whole triples, ranks inside the communicator,
+/// known kinds, and no more entries than a rank can name (each rank failed once, and each
+/// rank cutting at most once, in a `world`-rank communicator).
+fn decode(words: &[u32], world: usize, peer: usize, me: usize) -> Result<Namings, RecoveryError> {
     let invalid = |what: String| RecoveryError::Protocol { rank: me, peer, what };
-    if !words.len().is_multiple_of(2) || words.len() / 2 > world {
+    if !words.len().is_multiple_of(3) || words.len() / 3 > 2 * world {
         return Err(invalid(format!(
-            "{} words for (rank, named by) pairs in a {world}-rank communicator",
+            "{} words for (rank, rank, kind) triples in a {world}-rank communicator",
             words.len()
         )));
     }
@@ -280,20 +377,65 @@ fn decode(words: &[u32], world: usize, peer: usize, me: usize) -> Result<Failure
         r if r < world => Ok(r),
         r => Err(invalid(format!("rank {r} in a {world}-rank communicator"))),
     };
-    words.chunks_exact(2).map(|pair| Ok((rank(pair[0])?, rank(pair[1])?))).collect()
+    let mut namings = Namings::default();
+    for triple in words.chunks_exact(3) {
+        let (a, b) = (rank(triple[0])?, rank(triple[1])?);
+        match triple[2] {
+            FAILED => {
+                namings.failed.insert(a, b);
+            }
+            CUT => {
+                namings.cuts.insert((a, b));
+            }
+            kind => return Err(invalid(format!("naming kind {kind} (known: {FAILED} failed, {CUT} cut)"))),
+        }
+    }
+    Ok(namings)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn namings(failed: &[(usize, usize)], cuts: &[(usize, usize)]) -> Namings {
+        Namings { failed: failed.iter().copied().collect(), cuts: cuts.iter().copied().collect() }
+    }
+
     #[test]
-    fn received_sets_are_validated() {
-        let set = FailureSet::from([(0, 1), (2, 1)]);
+    fn received_namings_are_validated() {
+        let set = namings(&[(0, 1), (2, 1)], &[(2, 0)]);
         assert_eq!(decode(&encode(&set), 3, 1, 0).unwrap(), set);
-        assert!(decode(&[5, 0], 3, 1, 0).unwrap_err().to_string().contains("rank 5 in a 3-rank"));
-        assert!(decode(&[0, 7], 3, 1, 0).unwrap_err().to_string().contains("rank 7 in a 3-rank"));
-        assert!(decode(&[0], 3, 1, 0).is_err(), "an odd number of words");
-        assert!(decode(&[0, 0, 1, 0, 2, 0, 0, 0], 3, 1, 0).is_err(), "more pairs than ranks");
+        assert!(decode(&[5, 0, FAILED], 3, 1, 0).unwrap_err().to_string().contains("rank 5 in a 3-rank"));
+        assert!(decode(&[0, 7, CUT], 3, 1, 0).unwrap_err().to_string().contains("rank 7 in a 3-rank"));
+        assert!(decode(&[0, 1, 9], 3, 1, 0).unwrap_err().to_string().contains("naming kind 9"));
+        assert!(decode(&[0, 1], 3, 1, 0).is_err(), "not whole triples");
+        assert!(decode(&[0, 0, 0].repeat(7), 3, 1, 0).is_err(), "more entries than a rank can name");
+    }
+
+    #[test]
+    fn the_rank_cut_is_left_out_whichever_proposal_comes_first() {
+        // Rank 3 cut rank 1; rank 1 counts 3 as gone only for that. Coordinator 0 saw nothing.
+        let (accuser, accused) = (namings(&[(1, 3)], &[]), namings(&[], &[(3, 1)]));
+        for order in [[(accuser.clone(), 3), (accused.clone(), 1)], [(accused.clone(), 1), (accuser.clone(), 3)]] {
+            let mut at_coordinator = Namings::default();
+            for (proposal, peer) in order {
+                at_coordinator.take_proposal(proposal, peer);
+            }
+            assert_eq!(at_coordinator.decide(), FailureSet::from([(1, 3)]), "rank 1 out, named by rank 3");
+        }
+        // Rank 3 cut rank 1 and then died, as rank 2 saw: rank 1 stays.
+        let mut gathered = namings(&[], &[(3, 1)]);
+        gathered.take_proposal(namings(&[(3, 2)], &[]), 2);
+        assert_eq!(gathered.decide(), FailureSet::from([(3, 2)]));
+        // The coordinator itself was cut (by rank 2): it decides its own exclusion.
+        assert_eq!(namings(&[], &[(2, 0)]).decide(), FailureSet::from([(0, 2)]));
+        assert!(namings(&[], &[(2, 0)]).out_of_reach(2, 0), "the coordinator waits for no proposal from its cutter");
+    }
+
+    #[test]
+    fn a_proposal_names_its_proposer_whatever_it_wrote() {
+        let mut gathered = Namings::default();
+        gathered.take_proposal(namings(&[(3, 0)], &[(2, 0)]), 1);
+        assert_eq!(gathered, namings(&[(3, 1)], &[(2, 1)]));
     }
 }
