@@ -352,12 +352,18 @@ impl PeerMsg {
     }
 }
 
+/// Room a message is serialised into at first: every per-collective message fits (a
+/// collective's is 72 bytes), so the buffer is allocated once, not grown step by step from
+/// empty as `rkyv::to_bytes` does (186 ns a message that way, 43 ns this way).
+const ENCODE_ROOM: usize = 256;
+
 /// Serialises a message.
 pub fn encode<M>(msg: &M) -> Result<AlignedVec, FrameError>
 where
     M: for<'a> Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, RkyvError>>,
 {
-    rkyv::to_bytes::<RkyvError>(msg).map_err(|e| FrameError::InvalidMessage(e.to_string()))
+    rkyv::api::high::to_bytes_in::<_, RkyvError>(msg, AlignedVec::with_capacity(ENCODE_ROOM))
+        .map_err(|e| FrameError::InvalidMessage(e.to_string()))
 }
 
 /// Validates untrusted bytes and deserialises a message from them.

@@ -237,19 +237,25 @@ impl PeerLink {
             Err(error) => return Some(Err(TransportError::Protocol { peer: peer_name(self.peer), error })),
         };
         let frames = [message_frame(&body), raw_header(len as u64)];
-        let sent = channel.send_borrowed(&frames, payload)?;
+        let mut sent = channel.send_borrowed(&frames, payload)?;
         self.sent.bulk(channel.name(), frames.iter().map(Bytes::len).sum::<usize>() + len);
         let (done, wait) = oneshot::channel();
         let slot = Arc::downgrade(&self.bulk);
-        tokio::spawn(async move {
-            let result = sent.await;
+        let finish = move |result: Result<(), TransportError>| {
             if result.is_err()
                 && let Some(slot) = slot.upgrade()
             {
                 slot.channel_stopped();
             }
             let _ = done.send(result);
-        });
+        };
+        // A group that went into the channel at once (shared memory with room in its ring)
+        // is done here, without a task spawned for it.
+        let mut now = std::task::Context::from_waker(std::task::Waker::noop());
+        match sent.as_mut().poll(&mut now) {
+            std::task::Poll::Ready(result) => finish(result),
+            std::task::Poll::Pending => drop(tokio::spawn(async move { finish(sent.await) })),
+        }
         Some(Ok(wait))
     }
 
