@@ -321,7 +321,7 @@ fn reachable(view: &NexarClient) -> impl Iterator<Item = usize> + '_ {
 
 /// Sends the decision to every other member still connected.
 async fn announce(view: &NexarClient, decided: &FailureSet) {
-    let decision = encode(&Namings { failed: decided.clone(), cuts: BTreeSet::new() });
+    let decision = encode_decision(decided);
     let mut sends = JoinSet::new();
     for peer in reachable(view) {
         let (view, decision) = (view.clone(), decision.clone());
@@ -340,7 +340,7 @@ async fn announce(view: &NexarClient, decided: &FailureSet) {
 /// coordinator cut it. A copy that nobody waits for stays in this agreement's private
 /// communicator.
 fn pass_on(view: NexarClient, decided: &FailureSet, decided_by: usize) {
-    let decision = encode(&Namings { failed: decided.clone(), cuts: BTreeSet::new() });
+    let decision = encode_decision(decided);
     let others: Vec<usize> = reachable(&view).filter(|peer| *peer != decided_by).collect();
     for peer in others {
         let (view, decision) = (view.clone(), decision.clone());
@@ -357,9 +357,14 @@ const CUT: u32 = 1;
 
 /// Namings on the wire: triples of (rank, rank, kind).
 fn encode(namings: &Namings) -> Vec<u32> {
-    let failed = namings.failed.iter().map(|(failed, by)| [*failed as u32, *by as u32, FAILED]);
-    let cuts = namings.cuts.iter().map(|(cutter, victim)| [*cutter as u32, *victim as u32, CUT]);
-    failed.chain(cuts).flatten().collect()
+    let mut words = encode_decision(&namings.failed);
+    words.extend(namings.cuts.iter().flat_map(|(cutter, victim)| [*cutter as u32, *victim as u32, CUT]));
+    words
+}
+
+/// A decision on the wire: namings with only failed entries.
+fn encode_decision(decided: &FailureSet) -> Vec<u32> {
+    decided.iter().flat_map(|(failed, by)| [*failed as u32, *by as u32, FAILED]).collect()
 }
 
 /// Validates namings received from `peer`: whole triples, ranks inside the communicator,
