@@ -116,6 +116,16 @@ pub(crate) fn free_helper_thread() {
     }
 }
 
+/// How many CPUs nexar's helper threads may run on ([`free_helper_thread`]'s set, else this
+/// thread's); at least 1.
+pub(crate) fn helper_cpus() -> usize {
+    let count = match HELPER_SET.get() {
+        Some(set) => set.count() as usize,
+        None => allowed_cpus().map(|c| c.len()).unwrap_or(1),
+    };
+    count.max(1)
+}
+
 /// Binds every thread of this process, and the threads it starts later, to `cpus`.
 ///
 /// ```no_run

@@ -142,6 +142,27 @@ async fn plaintext_lanes_carry_every_collective() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_written_by_the_sender_or_by_the_writer_thread_carry_every_collective() {
+    common::logs();
+    let run = async {
+        // Inline writes only while the writer is idle, so large groups mix both writers.
+        for inline in [true, false] {
+            let cfg = tcp(0).into_builder().lane_write_inline(inline).build().unwrap();
+            let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
+            common::on_each(&ranks, move |c| async move {
+                for p in (0..3).filter(|p| *p != c.rank()) {
+                    assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
+                }
+                common::check_every_collective(&c, &[1000, 300_007, 1 << 20]).await;
+                c.shutdown().await;
+            })
+            .await;
+        }
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_refuses_a_worker_whose_bulk_encryption_differs_and_the_cluster_still_forms() {
     common::logs();
     let run = async {

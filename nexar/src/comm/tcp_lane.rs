@@ -13,7 +13,9 @@ use tokio::sync::oneshot;
 
 use super::client::NexarClient;
 use super::negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
-use crate::transport::tcp_lane::{Connected, LaneOffer, LaneTls, ReadLimits, TOKEN_LEN, TcpLane, answer, dial};
+use crate::transport::tcp_lane::{
+    Connected, LaneOffer, LaneTls, ReadLimits, SendPolicy, TOKEN_LEN, TcpLane, answer, dial,
+};
 
 /// Room in a received group for the frames around the largest payload.
 const GROUP_OVERHEAD: u64 = 256 << 10;
@@ -149,7 +151,13 @@ impl NexarClient {
             // An operation waiting for the group fails at its own timeout anyway.
             group_deadline: cfg.op_timeout,
         };
-        let lane = TcpLane::start(peer, conns, inbound, limits, cfg.bulk_min_bytes, cfg.bulk_encryption)
+        // Where every core of the host runs a rank, the lane's writer thread would wait for a
+        // core a rank spins on; senders then write to the socket themselves while it is idle.
+        let ranks_here = self.layout().map_or(1, |l| l.members(l.host_of(self.rank())).len());
+        let write_inline = cfg.lane_write_inline.unwrap_or_else(|| crate::affinity::helper_cpus() <= ranks_here);
+        tracing::debug!(rank = self.rank(), peer, write_inline, ranks_here, "tcp lane writes");
+        let send = SendPolicy { encrypt: cfg.bulk_encryption, write_inline };
+        let lane = TcpLane::start(peer, conns, inbound, limits, cfg.bulk_min_bytes, send)
             .map_err(|e| format!("cannot start the lane's threads: {e}"))?;
         self.attach_bulk(peer, Arc::new(lane)).map_err(|e| e.to_string())
     }

@@ -142,6 +142,7 @@ setters! {
     some barrier_algorithm: Algorithm;
     some chaos: NetChaos;
     some metrics_addr: SocketAddr;
+    some lane_write_inline: bool;
     text token;
     text host_id;
 }

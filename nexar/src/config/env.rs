@@ -150,6 +150,9 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_BULK_ENCRYPTION") {
             c.bulk_encryption = on_off(var, &v)?;
         }
+        if let Some((var, v)) = get("NEXAR_LANE_WRITE_INLINE") {
+            c.lane_write_inline = Some(on_off(var, &v)?);
+        }
         if let Some((var, v)) = get("NEXAR_SHM") {
             c.shared_memory = on_off(var, &v)?;
         }

@@ -181,6 +181,19 @@ pub struct NexarConfig {
     /// assert!(nexar::NexarConfig::default().bulk_encryption);
     /// ```
     pub bulk_encryption: bool,
+    /// Who puts the TCP lane's sealed records on the socket (`NEXAR_LANE_WRITE_INLINE`: `on`,
+    /// `off`, or unset for `None`, the default). `Some(true)`: the sender itself, while the
+    /// lane's writer thread has nothing queued, so no thread is woken per message;
+    /// `Some(false)`: always the writer thread, which writes one buffer while the sender seals
+    /// the next. `None` writes inline where the host has no more cores than ranks (each core
+    /// runs a rank, and a woken writer would wait for one), and uses the thread elsewhere.
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_LANE_WRITE_INLINE").then(|| "off".into())).unwrap();
+    /// assert_eq!(cfg.lane_write_inline, Some(false));
+    /// assert_eq!(nexar::NexarConfig::default().lane_write_inline, None);
+    /// ```
+    pub lane_write_inline: Option<bool>,
     /// Whether ranks on the same host carry collective payloads through shared memory
     /// (`NEXAR_SHM`: `on`, the default, or `off`). Two ranks that find they share a host (the
     /// same machine, boot, network namespace and user; `NEXAR_HOST_ID` overrides the host's
@@ -295,6 +308,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_transport", &self.bulk_transport)
             .field("bulk_min_bytes", &self.bulk_min_bytes)
             .field("bulk_encryption", &self.bulk_encryption)
+            .field("lane_write_inline", &self.lane_write_inline)
             .field("shared_memory", &self.shared_memory)
             .field("bind_core", &self.bind_core)
             .field("nccl", &self.nccl)
@@ -406,6 +420,7 @@ impl Default for NexarConfig {
             bulk_transport: BulkTransport::Tcp,
             bulk_min_bytes: 256 << 10,
             bulk_encryption: true,
+            lane_write_inline: None,
             shared_memory: true,
             bind_core: false,
             nccl: true,

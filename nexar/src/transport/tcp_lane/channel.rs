@@ -130,12 +130,24 @@ fn give_back(spare: &Spare, sealed: Sealed) {
     }
 }
 
+/// How a lane sends.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendPolicy {
+    /// Records are encrypted (unless `NEXAR_BULK_ENCRYPTION=off`).
+    pub encrypt: bool,
+    /// A sender writes its records to the socket itself while the writer thread is idle, instead
+    /// of waking it: for hosts whose every core runs a rank, where the thread would wait for
+    /// a core. Elsewhere the thread writes one buffer while the sender seals the next.
+    pub write_inline: bool,
+}
+
 /// The [`BulkChannel`] of one link's TCP lane.
 pub(crate) struct TcpLane {
     state: Arc<State>,
     sending: Mutex<Option<Sending>>,
     spare: Spare,
     min_bytes: usize,
+    write_inline: bool,
     /// How the next group is to be altered (a hostile member's lane).
     #[cfg(feature = "hostile-member")]
     tamper: Mutex<Option<crate::transport::bulk::LaneTamper>>,
@@ -143,16 +155,16 @@ pub(crate) struct TcpLane {
 
 impl TcpLane {
     /// Starts the threads of a connected link. Groups from the peer (within `limits`) go to
-    /// `inbound`; groups under `min_bytes` stay on QUIC. Records are encrypted unless
-    /// `encrypt` is false (`NEXAR_BULK_ENCRYPTION=off`).
+    /// `inbound`; groups under `min_bytes` stay on QUIC; `send` says how records go out.
     pub fn start(
         peer: usize,
         conns: Connected,
         inbound: BulkInbound,
         limits: ReadLimits,
         min_bytes: usize,
-        encrypt: bool,
+        send: SendPolicy,
     ) -> io::Result<TcpLane> {
+        let SendPolicy { encrypt, write_inline } = send;
         let (out_session, out_sock) = conns.outgoing.into_parts();
         let (in_session, in_sock) = conns.incoming.into_parts();
         let sealer = Sealer::new(out_session, encrypt)?;
@@ -183,6 +195,7 @@ impl TcpLane {
             sending: Mutex::new(Some(Sending { sealer, jobs })),
             spare,
             min_bytes,
+            write_inline,
             #[cfg(feature = "hostile-member")]
             tamper: Mutex::default(),
         })
@@ -213,9 +226,29 @@ impl TcpLane {
                     let spare = || crate::sync::lock(&self.spare).pop().unwrap_or_default();
                     let mut done = Some(done);
                     // The group is written when its last buffer is.
-                    let emit = |chunk: Sealed, last: bool| {
-                        self.state.queued.fetch_add(chunk.len(), Ordering::SeqCst);
+                    let emit = |mut chunk: Sealed, last: bool| {
                         let tell = if last { done.take() } else { None };
+                        // With nothing queued the writer thread is idle (it counts a buffer
+                        // off only once it is written), so the buffer may go to the socket
+                        // from here, in order, without waking the thread (see
+                        // `SendPolicy::write_inline`); it takes what the socket does not.
+                        if self.write_inline && self.state.queued.load(Ordering::SeqCst) == 0 {
+                            match write_ready(&self.state.sockets[0], &chunk) {
+                                Ok(n) if n == chunk.len() => {
+                                    if let Some(tell) = tell {
+                                        let _ = tell.send(Ok(()));
+                                    }
+                                    give_back(&self.spare, chunk);
+                                    return true;
+                                }
+                                Ok(n) => chunk.advance(n),
+                                Err(e) => {
+                                    self.state.stop(&format!("writing: {e}"), Stop::Failed);
+                                    return false;
+                                }
+                            }
+                        }
+                        self.state.queued.fetch_add(chunk.len(), Ordering::SeqCst);
                         s.jobs.send((chunk, tell.unwrap_or_else(|| oneshot::channel().0))).is_ok()
                     };
                     match self.seal_group(&mut s.sealer, parts, spare, emit) {
@@ -322,6 +355,22 @@ impl Drop for TcpLane {
     fn drop(&mut self) {
         drop(self.say_goodbye());
     }
+}
+
+/// Writes what the socket takes of `bytes` now, without blocking; returns how much that was.
+fn write_ready(socket: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
+    use rustix::net::SendFlags;
+    let mut at = 0;
+    while at < bytes.len() {
+        match rustix::net::send(socket, &bytes[at..], SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+            Ok(0) => break,
+            Ok(n) => at += n,
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(at)
 }
 
 /// The writer thread: sealed records, in the order they were queued.

@@ -305,18 +305,25 @@ impl Chunk {
     }
 
     fn finish(self) -> Sealed {
-        Sealed { buf: self.buf, len: self.used }
+        Sealed { buf: self.buf, start: 0, len: self.used }
     }
 }
 
-/// Sealed records ready for the wire: the first `len` bytes of a buffer. The buffer keeps its
-/// full length, so when it is reused no part of it is zeroed again.
+/// Sealed records ready for the wire: bytes `start..len` of a buffer (`start` moves on as a
+/// first part is written). The buffer keeps its full length, so when it is reused no part of
+/// it is zeroed again.
 pub(crate) struct Sealed {
     buf: Vec<u8>,
+    start: usize,
     len: usize,
 }
 
 impl Sealed {
+    /// Drops the first `n` bytes (written already).
+    pub fn advance(&mut self, n: usize) {
+        self.start = (self.start + n).min(self.len);
+    }
+
     /// The buffer, for sealing into again.
     pub fn into_buffer(self) -> Vec<u8> {
         self.buf
@@ -325,13 +332,13 @@ impl Sealed {
     /// The sealed bytes, to alter (a hostile member's lane).
     #[cfg(feature = "hostile-member")]
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[..self.len]
+        &mut self.buf[self.start..self.len]
     }
 }
 
 impl From<Vec<u8>> for Sealed {
     fn from(buf: Vec<u8>) -> Sealed {
-        Sealed { len: buf.len(), buf }
+        Sealed { start: 0, len: buf.len(), buf }
     }
 }
 
@@ -339,7 +346,7 @@ impl std::ops::Deref for Sealed {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.buf[..self.len]
+        &self.buf[self.start..self.len]
     }
 }
 
