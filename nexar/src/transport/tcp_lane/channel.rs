@@ -148,6 +148,9 @@ pub(crate) struct TcpLane {
     spare: Spare,
     min_bytes: usize,
     write_inline: bool,
+    /// Groups are read by a task on the rank's runtime ([`super::runtime_reader`]), not a
+    /// thread (where writes are inline and a runtime was there to start it on).
+    on_runtime: bool,
     /// How the next group is to be altered (a hostile member's lane).
     #[cfg(feature = "hostile-member")]
     tamper: Mutex<Option<crate::transport::bulk::LaneTamper>>,
@@ -186,16 +189,22 @@ impl TcpLane {
             write_records(&writer, out_sock, queue, &written)
         })?;
         let reader = state.clone();
-        std::thread::Builder::new().name(format!("nexar-tcp-rx-{peer}")).spawn(move || {
-            crate::affinity::free_helper_thread();
-            read_groups(&reader, in_sock, opener, limits, &inbound)
-        })?;
+        let on_runtime = write_inline && tokio::runtime::Handle::try_current().is_ok();
+        if on_runtime {
+            super::runtime_reader::spawn(reader, in_sock, opener, limits, inbound)?;
+        } else {
+            std::thread::Builder::new().name(format!("nexar-tcp-rx-{peer}")).spawn(move || {
+                crate::affinity::free_helper_thread();
+                read_groups(&reader, in_sock, opener, limits, &inbound)
+            })?;
+        }
         Ok(TcpLane {
             state,
             sending: Mutex::new(Some(Sending { sealer, jobs })),
             spare,
             min_bytes,
             write_inline,
+            on_runtime,
             #[cfg(feature = "hostile-member")]
             tamper: Mutex::default(),
         })
@@ -315,6 +324,10 @@ impl BulkChannel for TcpLane {
 
     fn min_bytes(&self) -> usize {
         self.min_bytes
+    }
+
+    fn delivers_on_runtime(&self) -> bool {
+        self.on_runtime
     }
 
     #[cfg(feature = "hostile-member")]

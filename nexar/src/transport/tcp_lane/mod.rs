@@ -18,6 +18,7 @@ mod channel;
 mod handshake;
 mod reader;
 mod records;
+mod runtime_reader;
 mod setup;
 #[cfg(feature = "hostile-member")]
 mod tamper;

@@ -185,36 +185,61 @@ fn read_group<'a>(
     pool: &Arc<RecvPool>,
     gate: &Gate<'a>,
 ) -> io::Result<Option<Received<'a>>> {
-    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-    let (len, lead) = match opener.read_group_head(input)? {
-        None => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended without a goodbye")),
-        Some(GroupHead { len: GOODBYE, .. }) => return Ok(None),
-        Some(GroupHead { len, .. }) if len > max_group => {
-            return Err(invalid(format!("a {len}-byte group is over the {max_group}-byte limit")));
-        }
-        Some(GroupHead { len, lead }) => (len as usize, lead),
-    };
+    let Some((len, lead)) = checked_head(opener.read_group_head(input)?, max_group)? else { return Ok(None) };
     let mut group = RecvPool::take(pool, len, lead);
     let mut deferred = Vec::new();
     let defer_from = usize::try_from(lead).unwrap_or(usize::MAX);
     let mut at = 0;
     let (msg, payload_len) = loop {
         at = opener.read_records(input, &mut group, at, at + 1, defer_from, &mut deferred)?;
-        let opened = deferred.first().map_or(at, |d| d.at);
-        if let Some(found) = gate.inbound.peek(group.first(opened)).map_err(|e| invalid(format!("protocol: {e}")))? {
+        if let Some(found) = frames_found(gate.inbound, &group, at, &deferred)? {
             break found;
         }
-        if at >= len || !deferred.is_empty() {
-            return Err(invalid("protocol: the group's message frame is not in its opened first records".into()));
-        }
     };
-    if payload_len > len as u64 {
-        return Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")));
-    }
     let admitted = gate.admit(&msg, payload_len)?;
     input.get_mut().arm()?;
     opener.read_records(input, &mut group, at, len, defer_from, &mut deferred)?;
     Ok(Some(Received { group: Bytes::from_owner(group), deferred, admitted }))
+}
+
+fn invalid(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+/// A group's length and lead from its header record, checked against `max_group`; `None`
+/// for the peer's goodbye.
+pub(super) fn checked_head(head: Option<GroupHead>, max_group: u64) -> io::Result<Option<(usize, u64)>> {
+    match head {
+        None => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended without a goodbye")),
+        Some(GroupHead { len: GOODBYE, .. }) => Ok(None),
+        Some(GroupHead { len, .. }) if len > max_group => {
+            Err(invalid(format!("a {len}-byte group is over the {max_group}-byte limit")))
+        }
+        Some(GroupHead { len, lead }) => Ok(Some((len as usize, lead))),
+    }
+}
+
+/// The group's message and payload length once its first `at` bytes are read (`deferred`
+/// holding the records left sealed), checked: `None` while the message frame has not all
+/// come, an error once it cannot come from opened records or announces more than the group.
+pub(super) fn frames_found(
+    inbound: &BulkInbound,
+    group: &PooledGroup,
+    at: usize,
+    deferred: &[Deferred],
+) -> io::Result<Option<(crate::proto::message::PeerMsg, u64)>> {
+    let opened = deferred.first().map_or(at, |d| d.at);
+    let len = group.group_len();
+    match inbound.peek(group.first(opened)).map_err(|e| invalid(format!("protocol: {e}")))? {
+        Some((_, payload_len)) if payload_len > len as u64 => {
+            Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")))
+        }
+        Some(found) => Ok(Some(found)),
+        None if at >= len || !deferred.is_empty() => {
+            Err(invalid("protocol: the group's message frame is not in its opened first records".into()))
+        }
+        None => Ok(None),
+    }
 }
 
 /// Receive buffers the reader reuses once nexar is done with the groups in them, so a busy

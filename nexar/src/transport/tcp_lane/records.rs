@@ -39,7 +39,7 @@ const LABEL: &[u8] = b"EXPORTER-nexar-lane-records-v1";
 /// The group length that says goodbye.
 pub(crate) const GOODBYE: u64 = u64::MAX;
 /// Plaintext bytes of a group's header record.
-const HEAD: usize = 16;
+pub(crate) const HEAD: usize = 16;
 
 /// What a group's header record says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -469,27 +469,41 @@ impl Opener {
         while at < until {
             let mut header = [0u8; HEADER];
             input.read_exact(&mut header)?;
-            let n = u32::from_le_bytes(header) as usize;
-            if n == 0 || n > RECORD || n > len - at {
-                return Err(crypto_err(format!("a {n}-byte record with {} bytes of its group left", len - at)));
-            }
+            let n = record_len(header, len, at)?;
             let record = &mut buf.room(at + n + TAG)[at..];
             input.read_exact(record)?;
-            match &mut self.keys {
-                Protection::Aead(keys) if at >= defer_from && n >= DEFER_MIN => {
-                    let nonce = keys.next(n)?;
-                    let mut tag = [0u8; TAG];
-                    tag.copy_from_slice(&record[n..]);
-                    let sealed = SealedRecord { header, nonce, tag, key: keys.key.clone() };
-                    deferred.push(Deferred { at, len: n, sealed });
-                }
-                _ => {
-                    self.open(header, record)?;
-                }
-            }
+            self.take_record(header, record, at, defer_from, deferred)?;
             at += n;
         }
         Ok(at)
+    }
+
+    /// Takes the record whose header is `header` and whose ciphertext and tag are `record`
+    /// (read where its plaintext belongs, at byte `at` of its group): it is decrypted in
+    /// place, or, when it starts at `defer_from` or later and holds at least [`DEFER_MIN`]
+    /// bytes, left sealed and listed in `deferred`.
+    pub fn take_record(
+        &mut self,
+        header: [u8; HEADER],
+        record: &mut [u8],
+        at: usize,
+        defer_from: usize,
+        deferred: &mut Vec<Deferred>,
+    ) -> io::Result<()> {
+        let n = record.len().saturating_sub(TAG);
+        match &mut self.keys {
+            Protection::Aead(keys) if at >= defer_from && n >= DEFER_MIN => {
+                let nonce = keys.next(n)?;
+                let mut tag = [0u8; TAG];
+                tag.copy_from_slice(&record[n..]);
+                let sealed = SealedRecord { header, nonce, tag, key: keys.key.clone() };
+                deferred.push(Deferred { at, len: n, sealed });
+            }
+            _ => {
+                self.open(header, record)?;
+            }
+        }
+        Ok(())
     }
 
     fn open<'b>(&mut self, header: [u8; HEADER], record: &'b mut [u8]) -> io::Result<&'b [u8]> {
@@ -506,6 +520,16 @@ impl Opener {
             Protection::Plain => Ok(&record[..len]),
         }
     }
+}
+
+/// The plaintext length of the record whose header is `header`, at byte `at` of a `len`-byte
+/// group: refused when it is empty, over [`RECORD`], or runs past the group.
+pub(crate) fn record_len(header: [u8; HEADER], len: usize, at: usize) -> io::Result<usize> {
+    let n = u32::from_le_bytes(header) as usize;
+    if n == 0 || n > RECORD || n > len.saturating_sub(at) {
+        return Err(crypto_err(format!("a {n}-byte record with {} bytes of its group left", len.saturating_sub(at))));
+    }
+    Ok(n)
 }
 
 /// Where [`Opener::read_group`] puts a group: room that may grow as records arrive, so that

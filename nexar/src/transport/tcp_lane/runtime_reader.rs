@@ -1,0 +1,160 @@
+//! The reading side of a TCP lane as a task on the rank's runtime, for hosts whose every core
+//! runs a rank: there a reader thread woken per group waits for a core that a rank spins on
+//! (tens of microseconds a wake-up on a virtual machine), while the rank's own thread is
+//! already awake to take the group.
+//!
+//! It reads what the thread reader reads, in the same order and with the same checks (the
+//! same record code, [`Opener::take_record`]), with the runtime's non-blocking reads. A
+//! group's bytes must keep coming until its deadline, and nothing is read past a group's
+//! message frame until the mailbox admits it, so the peer is held by TCP's flow control as
+//! before.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use super::channel::{State, Stop};
+use super::reader::{PooledGroup, ReadLimits, RecvPool, checked_head, frames_found};
+use super::records::{Deferred, GroupSink, HEAD, HEADER, Opener, TAG, record_len};
+use crate::transport::bulk::BulkInbound;
+
+/// Bytes of a group's header record.
+const HEAD_RECORD: usize = HEADER + HEAD + TAG;
+
+/// Starts the reading task of a lane on the current runtime.
+pub(super) fn spawn(
+    state: Arc<State>,
+    sock: std::net::TcpStream,
+    opener: Opener,
+    limits: ReadLimits,
+    inbound: BulkInbound,
+) -> io::Result<()> {
+    sock.set_nonblocking(true)?;
+    let sock = TcpStream::from_std(sock)?;
+    tokio::spawn(async move {
+        // Whatever ends the task (the runtime shutting down included) stops the lane, so
+        // that nexar hears of it.
+        let stop = StopOnDrop(state.clone());
+        let mut input = Input { sock, opener, pool: Arc::new(RecvPool::default()) };
+        let stopped = super::channel::wait_until(state.clone(), |s| &s.stopped, |s| s.failed.load(Ordering::SeqCst));
+        let why = tokio::select! {
+            biased;
+            () = stopped => Some(io::Error::other("the lane stopped")),
+            why = read_groups(&mut input, limits, &inbound, &state) => why,
+        };
+        match why {
+            None => state.stop("the peer said goodbye", Stop::Goodbye),
+            Some(e) if !state.failed.load(Ordering::SeqCst) => state.stop(&format!("reading: {e}"), Stop::Failed),
+            Some(_) => {}
+        }
+        drop(stop);
+    });
+    Ok(())
+}
+
+/// Stops the lane when the reading task ends, however it ends.
+struct StopOnDrop(Arc<State>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if !self.0.failed.load(Ordering::SeqCst) {
+            self.0.stop("the reading task ended", Stop::GivenUp);
+        }
+    }
+}
+
+/// The incoming connection and what reading it needs.
+struct Input {
+    sock: TcpStream,
+    opener: Opener,
+    pool: Arc<RecvPool>,
+}
+
+/// Groups until the peer says goodbye (`None`) or something fails.
+async fn read_groups(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound, state: &State) -> Option<io::Error> {
+    loop {
+        match read_group(input, limits, inbound, state).await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => return Some(e),
+        }
+    }
+}
+
+/// One group, delivered: `Ok(false)` when the peer said goodbye.
+async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound, state: &State) -> io::Result<bool> {
+    // Between groups the lane waits as long as it lives; a group's bytes must all come
+    // within the group deadline of its first.
+    let mut head = [0u8; HEAD_RECORD];
+    input.sock.read_exact(&mut head[..1]).await.map_err(ended)?;
+    let deadline = Instant::now() + limits.group_deadline;
+    within(deadline, input.sock.read_exact(&mut head[1..])).await?;
+    let head = input.opener.read_group_head(&mut &head[..])?;
+    let Some((len, lead)) = checked_head(head, limits.max_group)? else { return Ok(false) };
+    let mut group = RecvPool::take(&input.pool, len, lead);
+    let mut deferred = Vec::new();
+    let defer_from = usize::try_from(lead).unwrap_or(usize::MAX);
+    let mut at = 0;
+    let (msg, payload_len) = loop {
+        at = within(deadline, input.record(&mut group, at, defer_from, &mut deferred)).await?;
+        if let Some(found) = frames_found(inbound, &group, at, &deferred)? {
+            break found;
+        }
+    };
+    let admitted = inbound.admit(&msg, payload_len).await;
+    let deadline = Instant::now() + limits.group_deadline;
+    while at < len {
+        at = within(deadline, input.record(&mut group, at, defer_from, &mut deferred)).await?;
+    }
+    inbound.deliver_admitted(Bytes::from_owner(group), &deferred, admitted).await.map_err(|e| {
+        tracing::error!(peer = state.peer, error = %e, "rank broke the protocol on its tcp lane; the lane stops");
+        io::Error::new(io::ErrorKind::InvalidData, format!("protocol: {e}"))
+    })?;
+    Ok(true)
+}
+
+impl Input {
+    /// Reads the record at byte `at` of `group` where its plaintext belongs and takes it as
+    /// the thread reader does ([`Opener::take_record`]); returns where the next one starts.
+    async fn record(
+        &mut self,
+        group: &mut PooledGroup,
+        at: usize,
+        defer_from: usize,
+        deferred: &mut Vec<Deferred>,
+    ) -> io::Result<usize> {
+        let mut header = [0u8; HEADER];
+        self.sock.read_exact(&mut header).await?;
+        let n = record_len(header, group.group_len(), at)?;
+        let record = &mut group.room(at + n + TAG)[at..];
+        self.sock.read_exact(record).await?;
+        self.opener.take_record(header, record, at, defer_from, deferred)?;
+        Ok(at + n)
+    }
+}
+
+/// The end of the connection between groups, without a goodbye.
+fn ended(e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended without a goodbye")
+        }
+        _ => e,
+    }
+}
+
+/// `read` unless `deadline` passes first.
+async fn within<T>(deadline: Instant, read: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+    tokio::time::timeout_at(deadline.into(), read).await.unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "a group's bytes did not all arrive within the operation timeout of its first",
+        ))
+    })
+}
