@@ -142,12 +142,13 @@ async fn plaintext_lanes_carry_every_collective() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_written_by_the_sender_or_by_the_writer_thread_carry_every_collective() {
+async fn lanes_with_io_on_the_runtime_or_on_threads_carry_every_collective() {
     common::logs();
     let run = async {
-        // Inline writes only while the writer is idle, so large groups mix both writers.
+        // The runtime's I/O writes inline only while the writer thread is idle, so large
+        // groups mix both writers; with threads, the writer and the reader are threads.
         for inline in [true, false] {
-            let cfg = tcp(0).into_builder().lane_write_inline(inline).build().unwrap();
+            let cfg = tcp(0).into_builder().lane_threads(!inline).build().unwrap();
             let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
             common::on_each(&ranks, move |c| async move {
                 for p in (0..3).filter(|p| *p != c.rank()) {

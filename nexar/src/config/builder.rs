@@ -127,7 +127,6 @@ setters! {
     plain max_world_size: usize;
     plain topology: Topology;
     plain bulk_transport: BulkTransport;
-    plain bulk_min_bytes: usize;
     plain bulk_encryption: bool;
     plain shared_memory: bool;
     plain bind_core: bool;
@@ -142,7 +141,8 @@ setters! {
     some barrier_algorithm: Algorithm;
     some chaos: NetChaos;
     some metrics_addr: SocketAddr;
-    some lane_write_inline: bool;
+    some lane_threads: bool;
+    some bulk_min_bytes: usize;
     text token;
     text host_id;
 }

@@ -144,14 +144,15 @@ impl NexarConfig {
             c.bulk_transport = parse(var, &v)?;
         }
         if let Some((var, v)) = get("NEXAR_BULK_MIN_BYTES") {
-            c.bulk_min_bytes =
-                usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?;
+            c.bulk_min_bytes = Some(
+                usize::try_from(parse_size(var, &v)?).map_err(|_| invalid(var, &v, "too large for this platform"))?,
+            );
         }
         if let Some((var, v)) = get("NEXAR_BULK_ENCRYPTION") {
             c.bulk_encryption = on_off(var, &v)?;
         }
-        if let Some((var, v)) = get("NEXAR_LANE_WRITE_INLINE") {
-            c.lane_write_inline = Some(on_off(var, &v)?);
+        if let Some((var, v)) = get("NEXAR_LANE_THREADS") {
+            c.lane_threads = Some(on_off(var, &v)?);
         }
         if let Some((var, v)) = get("NEXAR_SHM") {
             c.shared_memory = on_off(var, &v)?;

@@ -162,10 +162,18 @@ pub struct NexarConfig {
     /// [`connect_timeout`](Self::connect_timeout) at start, then those links use QUIC); a
     /// rank with [`chaos`](Self::chaos) faults, or joining a running cluster, keeps QUIC.
     pub bulk_transport: BulkTransport,
-    /// Smallest collective message that takes the TCP lane (`NEXAR_BULK_MIN_BYTES`, default
-    /// 256 KiB): smaller ones stay on QUIC, whose latency path spins. Shared memory between
-    /// ranks of one host ([`shared_memory`](Self::shared_memory)) takes every size.
-    pub bulk_min_bytes: usize,
+    /// Smallest collective message that takes the TCP lane (`NEXAR_BULK_MIN_BYTES`): smaller
+    /// ones stay on QUIC, whose latency path spins. `None` (the default) is 16 KiB on a lane
+    /// whose I/O runs on the rank's runtime and 256 KiB on one with threads of its own
+    /// (see [`lane_threads`](Self::lane_threads)), where each message costs a thread wake-up.
+    /// Shared memory between ranks of one host ([`shared_memory`](Self::shared_memory)) takes
+    /// every size.
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_BULK_MIN_BYTES").then(|| "64K".into())).unwrap();
+    /// assert_eq!(cfg.bulk_min_bytes, Some(64 << 10));
+    /// ```
+    pub bulk_min_bytes: Option<usize>,
     /// Whether the TCP lane encrypts collective payloads (`NEXAR_BULK_ENCRYPTION`: `on`, the
     /// default, or `off`). **Off is insecure**: for an isolated, trusted fabric only, where
     /// nexar is compared with MPI, which encrypts nothing. Collective payloads on the TCP lane
@@ -181,19 +189,21 @@ pub struct NexarConfig {
     /// assert!(nexar::NexarConfig::default().bulk_encryption);
     /// ```
     pub bulk_encryption: bool,
-    /// Who puts the TCP lane's sealed records on the socket (`NEXAR_LANE_WRITE_INLINE`: `on`,
-    /// `off`, or unset for `None`, the default). `Some(true)`: the sender itself, while the
-    /// lane's writer thread has nothing queued, so no thread is woken per message;
-    /// `Some(false)`: always the writer thread, which writes one buffer while the sender seals
-    /// the next. `None` writes inline where the host has no more cores than ranks (each core
-    /// runs a rank, and a woken writer would wait for one), and uses the thread elsewhere.
+    /// Whether each TCP lane has threads of its own for its I/O (`NEXAR_LANE_THREADS`: `on`,
+    /// `off`, or unset for `None`, the default). `Some(true)`: a writer thread writes one
+    /// buffer while the sender seals the next, and a reader thread reads the peer's groups.
+    /// `Some(false)`: the rank's runtime does both: a sender writes its records to the socket
+    /// itself while nothing is queued (the writer thread takes only what the socket does not),
+    /// and a task reads the groups, so no thread is woken per message and a waiting receive
+    /// spins. `None` picks the runtime where the host has no more cores than ranks (each core
+    /// runs a rank, and a woken thread would wait for one), threads elsewhere.
     ///
     /// ```
-    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_LANE_WRITE_INLINE").then(|| "off".into())).unwrap();
-    /// assert_eq!(cfg.lane_write_inline, Some(false));
-    /// assert_eq!(nexar::NexarConfig::default().lane_write_inline, None);
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_LANE_THREADS").then(|| "off".into())).unwrap();
+    /// assert_eq!(cfg.lane_threads, Some(false));
+    /// assert_eq!(nexar::NexarConfig::default().lane_threads, None);
     /// ```
-    pub lane_write_inline: Option<bool>,
+    pub lane_threads: Option<bool>,
     /// Whether ranks on the same host carry collective payloads through shared memory
     /// (`NEXAR_SHM`: `on`, the default, or `off`). Two ranks that find they share a host (the
     /// same machine, boot, network namespace and user; `NEXAR_HOST_ID` overrides the host's
@@ -308,7 +318,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_transport", &self.bulk_transport)
             .field("bulk_min_bytes", &self.bulk_min_bytes)
             .field("bulk_encryption", &self.bulk_encryption)
-            .field("lane_write_inline", &self.lane_write_inline)
+            .field("lane_threads", &self.lane_threads)
             .field("shared_memory", &self.shared_memory)
             .field("bind_core", &self.bind_core)
             .field("nccl", &self.nccl)
@@ -418,9 +428,9 @@ impl Default for NexarConfig {
             chaos: None,
             topology: Topology::FullMesh,
             bulk_transport: BulkTransport::Tcp,
-            bulk_min_bytes: 256 << 10,
+            bulk_min_bytes: None,
             bulk_encryption: true,
-            lane_write_inline: None,
+            lane_threads: None,
             shared_memory: true,
             bind_core: false,
             nccl: true,

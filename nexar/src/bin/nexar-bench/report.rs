@@ -17,11 +17,11 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
         (false, BindTo::None) => "separate processes, unbound",
     };
     let transport = match NexarConfig::from_env()? {
-        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption: true, .. } => {
-            format!("QUIC + TLS, collective messages from {bulk_min_bytes} B on TLS/TCP lanes")
-        }
-        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption: false, .. } => {
-            format!("QUIC + TLS, collective messages from {bulk_min_bytes} B on TCP lanes UNENCRYPTED")
+        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption, .. } => {
+            let from = bulk_min_bytes
+                .map_or("16 or 256 KiB (lane I/O on the runtime or on threads)".into(), |b| format!("{b} B"));
+            let lanes = if bulk_encryption { "TLS/TCP lanes" } else { "TCP lanes UNENCRYPTED" };
+            format!("QUIC + TLS, collective messages from {from} on {lanes}")
         }
         _ => "QUIC + TLS".to_string(),
     };

@@ -130,15 +130,17 @@ fn give_back(spare: &Spare, sealed: Sealed) {
     }
 }
 
-/// How a lane sends.
+/// How a lane protects its records and who does its I/O.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct SendPolicy {
+pub(crate) struct LaneIo {
     /// Records are encrypted (unless `NEXAR_BULK_ENCRYPTION=off`).
     pub encrypt: bool,
-    /// A sender writes its records to the socket itself while the writer thread is idle, instead
-    /// of waking it: for hosts whose every core runs a rank, where the thread would wait for
-    /// a core. Elsewhere the thread writes one buffer while the sender seals the next.
-    pub write_inline: bool,
+    /// The rank's runtime does the I/O: a sender writes its records to the socket itself
+    /// while the writer thread is idle, instead of waking it, and a task reads the peer's
+    /// groups ([`super::runtime_reader`]). For hosts whose every core runs a rank, where a
+    /// thread would wait for a core. Otherwise a writer thread writes one buffer while the
+    /// sender seals the next, and a reader thread reads.
+    pub on_runtime: bool,
 }
 
 /// The [`BulkChannel`] of one link's TCP lane.
@@ -158,16 +160,17 @@ pub(crate) struct TcpLane {
 
 impl TcpLane {
     /// Starts the threads of a connected link. Groups from the peer (within `limits`) go to
-    /// `inbound`; groups under `min_bytes` stay on QUIC; `send` says how records go out.
+    /// `inbound`; groups under `min_bytes` stay on QUIC; `io` says how records are protected
+    /// and who reads and writes them.
     pub fn start(
         peer: usize,
         conns: Connected,
         inbound: BulkInbound,
         limits: ReadLimits,
         min_bytes: usize,
-        send: SendPolicy,
+        io: LaneIo,
     ) -> io::Result<TcpLane> {
-        let SendPolicy { encrypt, write_inline } = send;
+        let LaneIo { encrypt, on_runtime: write_inline } = io;
         let (out_session, out_sock) = conns.outgoing.into_parts();
         let (in_session, in_sock) = conns.incoming.into_parts();
         let sealer = Sealer::new(out_session, encrypt)?;
@@ -240,7 +243,7 @@ impl TcpLane {
                         // With nothing queued the writer thread is idle (it counts a buffer
                         // off only once it is written), so the buffer may go to the socket
                         // from here, in order, without waking the thread (see
-                        // `SendPolicy::write_inline`); it takes what the socket does not.
+                        // `LaneIo::on_runtime`); it takes what the socket does not.
                         if self.write_inline && self.state.queued.load(Ordering::SeqCst) == 0 {
                             match write_ready(&self.state.sockets[0], &chunk) {
                                 Ok(n) if n == chunk.len() => {

@@ -23,7 +23,7 @@ mod setup;
 #[cfg(feature = "hostile-member")]
 mod tamper;
 
-pub(crate) use channel::{Connected, SendPolicy, TcpLane};
+pub(crate) use channel::{Connected, LaneIo, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
 pub(crate) use reader::{ReadLimits, RecvPool};
 pub(crate) use records::{Deferred, GroupSink, SealedRecord};
