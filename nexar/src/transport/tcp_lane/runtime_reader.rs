@@ -13,7 +13,7 @@ use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::AsyncReadExt;
@@ -91,10 +91,7 @@ async fn read_groups(input: &mut Input, limits: ReadLimits, inbound: &BulkInboun
 async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound, state: &State) -> io::Result<bool> {
     // Between groups the lane waits as long as it lives; a group's bytes must all come
     // within the group deadline of its first.
-    let mut head = [0u8; HEAD_RECORD];
-    input.sock.read_exact(&mut head[..1]).await.map_err(ended)?;
-    let deadline = Instant::now() + limits.group_deadline;
-    within(deadline, input.sock.read_exact(&mut head[1..])).await?;
+    let (head, deadline) = read_head(&mut input.sock, limits.group_deadline).await?;
     let head = input.opener.read_group_head(&mut &head[..])?;
     let Some((len, lead)) = checked_head(head, limits.max_group)? else { return Ok(false) };
     let mut group = RecvPool::take(&input.pool, len, lead);
@@ -139,6 +136,16 @@ impl Input {
     }
 }
 
+/// A group's header record: its first byte whenever it comes, the rest within `limit` of it.
+/// Returns the record and the group's deadline.
+async fn read_head(sock: &mut TcpStream, limit: Duration) -> io::Result<([u8; HEAD_RECORD], Instant)> {
+    let mut head = [0u8; HEAD_RECORD];
+    sock.read_exact(&mut head[..1]).await.map_err(ended)?;
+    let deadline = Instant::now() + limit;
+    within(deadline, sock.read_exact(&mut head[1..])).await?;
+    Ok((head, deadline))
+}
+
 /// The end of the connection between groups, without a goodbye.
 fn ended(e: io::Error) -> io::Error {
     match e.kind() {
@@ -157,4 +164,44 @@ async fn within<T>(deadline: Instant, read: impl Future<Output = io::Result<T>>)
             "a group's bytes did not all arrive within the operation timeout of its first",
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_group_that_stalls_after_its_first_bytes_fails_while_an_idle_lane_waits() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let limit = Duration::from_millis(300);
+        // Idle between groups for longer than the limit: nothing fails; a whole header
+        // record that then comes is read.
+        let whole = async {
+            tokio::time::sleep(3 * limit).await;
+            peer.write_all(&[7u8; HEAD_RECORD]).await.unwrap();
+        };
+        let (read, ()) = tokio::join!(read_head(&mut sock, limit), whole);
+        assert_eq!(read.unwrap().0, [7u8; HEAD_RECORD]);
+        // The next group begun, its bytes stop: the read fails, naming the deadline.
+        peer.write_all(b"abc").await.unwrap();
+        let started = Instant::now();
+        let err = read_head(&mut sock, limit).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(err.to_string().contains("did not all arrive"), "{err}");
+        assert!(started.elapsed() >= limit);
+        // A connection that ends between groups ends without a goodbye.
+        drop(peer);
+        let (mut sock, _) = {
+            let peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let accepted = listener.accept().await.unwrap();
+            drop(peer);
+            accepted
+        };
+        let err = read_head(&mut sock, limit).await.unwrap_err();
+        assert!(err.to_string().contains("without a goodbye"), "{err}");
+    }
 }
