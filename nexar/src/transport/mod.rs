@@ -13,6 +13,7 @@ pub mod link;
 pub(crate) mod links;
 pub(crate) mod liveness;
 pub mod pool;
+pub(crate) mod reading;
 pub(crate) mod relay_hook;
 pub mod relay_seal;
 pub(crate) mod route;

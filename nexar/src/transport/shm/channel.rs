@@ -51,12 +51,22 @@ pub(crate) struct ShmLimits {
     pub spin: Duration,
 }
 
-/// How a channel stopped.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Stop {
-    Goodbye,
-    GivenUp,
-    Failed,
+pub(super) use crate::transport::reading::Stop;
+use crate::transport::reading::Stoppable;
+
+impl Stoppable for State {
+    fn has_stopped(&self) -> bool {
+        self.stopped()
+    }
+
+    fn stop_as(&self, why: &str, how: Stop) {
+        self.stop(why, how);
+    }
+
+    /// Resolves once the link stops (for a reason other than the peer's goodbye).
+    fn wait_stopped(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        crate::transport::reading::wait_notified(&self.stopped, || self.stopped())
+    }
 }
 
 /// What the writer thread, the reading task and the channel share.
@@ -87,19 +97,6 @@ impl State {
 
     pub fn stopped(&self) -> bool {
         self.failed.load(Ordering::SeqCst)
-    }
-
-    /// Resolves once the link stops (for a reason other than the peer's goodbye).
-    pub async fn wait_stopped(&self) {
-        loop {
-            let notified = self.stopped.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.stopped() {
-                return;
-            }
-            notified.await;
-        }
     }
 
     fn lost(&self, why: impl std::fmt::Display) -> TransportError {

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::net::UnixStream;
 
-use super::channel::{GOODBYE, State, Stop};
+use super::channel::{GOODBYE, State};
 use super::ring::{Corrupt, Reader};
 use crate::transport::bulk::BulkInbound;
 use crate::transport::inbox::Admitted;
+use crate::transport::reading::{StopOnDrop, read_until_stopped};
 use crate::transport::tcp_lane::{GroupSink, RecvPool};
 
 /// Bytes of a group's first part read before it is admitted: its message frame must lie in
@@ -51,35 +52,12 @@ pub(super) fn spawn_reader(
     doorbell.set_nonblocking(true)?;
     let doorbell = UnixStream::from_std(doorbell)?;
     tokio::spawn(async move {
-        // Whatever ends the task (the runtime shutting down included) stops the link, so
-        // that the peer and nexar hear of it.
         let stop = StopOnDrop(state.clone());
         let mut input = RingInput { state: &state, reader, doorbell, pool: Arc::new(RecvPool::default()) };
-        let why = tokio::select! {
-            biased;
-            () = state.wait_stopped() => Some(io::Error::other("the link stopped")),
-            why = read_groups(&mut input, limits, &inbound) => why,
-        };
-        match why {
-            None => state.stop("the peer said goodbye", Stop::Goodbye),
-            Some(e) if !state.stopped() => state.stop(&format!("reading: {e}"), Stop::Failed),
-            Some(_) => {}
-        }
+        read_until_stopped(&*state, read_groups(&mut input, limits, &inbound)).await;
         drop(stop);
     });
     Ok(())
-}
-
-/// Stops the link when the reading task ends, however it ends.
-struct StopOnDrop(Arc<State>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        // Not after the peer's goodbye: that stop is final and fails nothing.
-        if !self.0.stopped() {
-            self.0.stop("the reading task ended", Stop::GivenUp);
-        }
-    }
 }
 
 /// Groups until the peer says goodbye (`None`) or something fails.

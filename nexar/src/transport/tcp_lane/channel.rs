@@ -50,15 +50,20 @@ pub(super) struct State {
     sockets: [TcpStream; 2],
 }
 
-/// How a lane stopped.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Stop {
-    /// The peer said goodbye between groups: nothing was lost, nobody needs waking.
-    Goodbye,
-    /// nexar gave the lane up.
-    GivenUp,
-    /// It broke.
-    Failed,
+pub(super) use crate::transport::reading::Stop;
+
+impl crate::transport::reading::Stoppable for State {
+    fn has_stopped(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    fn stop_as(&self, why: &str, how: Stop) {
+        self.stop(why, how);
+    }
+
+    fn wait_stopped(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        crate::transport::reading::wait_notified(&self.stopped, || self.failed.load(Ordering::SeqCst))
+    }
 }
 
 impl State {

@@ -12,17 +12,17 @@
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use super::channel::{State, Stop};
+use super::channel::State;
 use super::reader::{PooledGroup, ReadLimits, RecvPool, checked_head, frames_found};
 use super::records::{Deferred, GroupSink, HEAD, HEADER, Opener, TAG, record_len};
 use crate::transport::bulk::BulkInbound;
+use crate::transport::reading::{StopOnDrop, read_until_stopped};
 
 /// Bytes of a group's header record.
 const HEAD_RECORD: usize = HEADER + HEAD + TAG;
@@ -38,35 +38,12 @@ pub(super) fn spawn(
     sock.set_nonblocking(true)?;
     let sock = TcpStream::from_std(sock)?;
     tokio::spawn(async move {
-        // Whatever ends the task (the runtime shutting down included) stops the lane, so
-        // that nexar hears of it.
         let stop = StopOnDrop(state.clone());
         let mut input = Input { sock, opener, pool: Arc::new(RecvPool::default()) };
-        let stopped = super::channel::wait_until(state.clone(), |s| &s.stopped, |s| s.failed.load(Ordering::SeqCst));
-        let why = tokio::select! {
-            biased;
-            () = stopped => Some(io::Error::other("the lane stopped")),
-            why = read_groups(&mut input, limits, &inbound, &state) => why,
-        };
-        match why {
-            None => state.stop("the peer said goodbye", Stop::Goodbye),
-            Some(e) if !state.failed.load(Ordering::SeqCst) => state.stop(&format!("reading: {e}"), Stop::Failed),
-            Some(_) => {}
-        }
+        read_until_stopped(&*state, read_groups(&mut input, limits, &inbound, &state)).await;
         drop(stop);
     });
     Ok(())
-}
-
-/// Stops the lane when the reading task ends, however it ends.
-struct StopOnDrop(Arc<State>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        if !self.0.failed.load(Ordering::SeqCst) {
-            self.0.stop("the reading task ended", Stop::GivenUp);
-        }
-    }
 }
 
 /// The incoming connection and what reading it needs.
