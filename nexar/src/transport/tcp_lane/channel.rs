@@ -97,17 +97,7 @@ impl State {
 /// Resolves once `done(state)` holds, checked whenever `notify(state)` is notified (armed
 /// before each check, so no notification is missed).
 pub(super) fn wait_until(state: Arc<State>, notify: fn(&State) -> &Notify, done: fn(&State) -> bool) -> BulkClosed {
-    Box::pin(async move {
-        loop {
-            let notified = notify(&state).notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if done(&state) {
-                return;
-            }
-            notified.await;
-        }
-    })
+    Box::pin(async move { crate::transport::reading::wait_notified(notify(&state), || done(&state)).await })
 }
 
 /// Sealed records waiting for the writer thread, and who hears when they are written.

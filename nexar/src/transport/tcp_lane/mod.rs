@@ -6,7 +6,7 @@
 //! the lane seals 256 KiB AES-GCM records with keys exported from the TLS session, encrypting
 //! from the sender's buffer and decrypting into the receiver's, so a pair of ranks moves about
 //! twice the encrypted bytes per second both ways on the same cores. Small messages stay on
-//! QUIC, whose latency path spins.
+//! QUIC, whose latency path spins, unless the lane's I/O runs on the rank's runtime.
 //!
 //! Each link gets two connections, one per direction: this rank dials the peer's listener to
 //! send (TLS client) and accepts the peer's connection to receive (TLS server). Both sides
@@ -19,6 +19,7 @@ mod handshake;
 mod reader;
 mod records;
 mod runtime_reader;
+mod sealed;
 mod setup;
 #[cfg(feature = "hostile-member")]
 mod tamper;

@@ -23,6 +23,9 @@ use std::sync::Arc;
 use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use rustls::{ClientConnection, ServerConnection};
 
+pub(crate) use super::sealed::Sealed;
+use super::sealed::{Chunk, Parts};
+
 /// Largest plaintext of one record.
 pub(crate) const RECORD: usize = 256 << 10;
 /// Sealed bytes per buffer a group is sealed into: a large group takes several, so buffers stay
@@ -272,125 +275,7 @@ pub(crate) fn lead_of(parts: &[&[u8]]) -> usize {
 /// sharing a gathered record with the next part. At [`DEFER_MIN`], so that a payload made of
 /// several buffers (a plan's bucket) is sealed straight from each, and its receiver, whose
 /// buffers end at the same places, decrypts each record straight into its own buffer.
-const DIRECT_MIN: usize = DEFER_MIN;
-
-/// The most bytes one buffer holds: it is handed on once it reaches [`CHUNK`], so it takes at
-/// most one more record, besides the group's header record.
-const CHUNK_CAPACITY: usize = CHUNK + 2 * (HEADER + TAG) + RECORD + 8;
-
-/// A buffer being filled with records. `buf[..used]` is sealed output; bytes past `used` are
-/// left from the buffer's last use and are overwritten before they are sent, so a reused
-/// buffer is not zeroed again.
-struct Chunk {
-    buf: Vec<u8>,
-    used: usize,
-}
-
-impl Chunk {
-    fn new(mut buf: Vec<u8>) -> Chunk {
-        buf.reserve(CHUNK_CAPACITY.saturating_sub(buf.len()));
-        Chunk { buf, used: 0 }
-    }
-
-    /// The next record's header, body and tag, `len` bytes of body, for the caller to fill.
-    fn record(&mut self, len: usize) -> (&mut [u8], &mut [u8], &mut [u8]) {
-        let (start, end) = (self.used, self.used + HEADER + len + TAG);
-        if self.buf.len() < end {
-            self.buf.resize(end, 0);
-        }
-        self.used = end;
-        let (head, rest) = self.buf[start..end].split_at_mut(HEADER);
-        let (body, tag) = rest.split_at_mut(len);
-        (head, body, tag)
-    }
-
-    fn finish(self) -> Sealed {
-        Sealed { buf: self.buf, start: 0, len: self.used }
-    }
-}
-
-/// Sealed records ready for the wire: bytes `start..len` of a buffer (`start` moves on as a
-/// first part is written). The buffer keeps its full length, so when it is reused no part of
-/// it is zeroed again.
-pub(crate) struct Sealed {
-    buf: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl Sealed {
-    /// Drops the first `n` bytes (written already).
-    pub fn advance(&mut self, n: usize) {
-        self.start = (self.start + n).min(self.len);
-    }
-
-    /// The buffer, for sealing into again.
-    pub fn into_buffer(self) -> Vec<u8> {
-        self.buf
-    }
-
-    /// The sealed bytes, to alter (a hostile member's lane).
-    #[cfg(feature = "hostile-member")]
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[self.start..self.len]
-    }
-}
-
-impl From<Vec<u8>> for Sealed {
-    fn from(buf: Vec<u8>) -> Sealed {
-        Sealed { start: 0, len: buf.len(), buf }
-    }
-}
-
-impl std::ops::Deref for Sealed {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.buf[self.start..self.len]
-    }
-}
-
-/// A read position in a group's parts.
-struct Parts<'p, 'b> {
-    parts: &'p [&'b [u8]],
-    part: usize,
-    offset: usize,
-}
-
-impl<'b> Parts<'_, 'b> {
-    /// What is left of the current part (empty at the end).
-    fn current(&mut self) -> &'b [u8] {
-        while self.part < self.parts.len() && self.offset == self.parts[self.part].len() {
-            (self.part, self.offset) = (self.part + 1, 0);
-        }
-        self.parts.get(self.part).map_or(&[], |p| &p[self.offset..])
-    }
-
-    /// How many of the next bytes (at most `max`) lie in small parts: a gathered record stops
-    /// where a part of [`DIRECT_MIN`] bytes or more starts, so that part's bytes are sealed
-    /// where they lie.
-    fn small_run(&mut self, max: usize) -> usize {
-        let mut run = self.current().len().min(max);
-        for part in &self.parts[self.part + 1..] {
-            if run == max || part.len() >= DIRECT_MIN {
-                break;
-            }
-            run += part.len().min(max - run);
-        }
-        run
-    }
-
-    /// Copies the next `dst.len()` bytes into `dst`.
-    fn copy_into(&mut self, dst: &mut [u8]) {
-        let mut at = 0;
-        while at < dst.len() {
-            let here = self.current();
-            let take = here.len().min(dst.len() - at);
-            dst[at..at + take].copy_from_slice(&here[..take]);
-            (self.offset, at) = (self.offset + take, at + take);
-        }
-    }
-}
+pub(super) const DIRECT_MIN: usize = DEFER_MIN;
 
 /// Bytes on the wire for a group of `len` bytes in one part.
 #[cfg(test)]
