@@ -19,9 +19,11 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
     let transport = match NexarConfig::from_env()? {
         NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption, .. } => {
             let from = bulk_min_bytes
-                .map_or("16 or 256 KiB (lane I/O on the runtime or on threads)".into(), |b| format!("{b} B"));
+                .map_or("all with lane I/O on the runtime, from 256 KiB with threads".into(), |b| {
+                    format!("from {b} B")
+                });
             let lanes = if bulk_encryption { "TLS/TCP lanes" } else { "TCP lanes UNENCRYPTED" };
-            format!("QUIC + TLS, collective messages from {from} on {lanes}")
+            format!("QUIC + TLS, collective messages ({from}) on {lanes}")
         }
         _ => "QUIC + TLS".to_string(),
     };

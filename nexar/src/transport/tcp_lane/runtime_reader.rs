@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::channel::State;
@@ -26,6 +26,10 @@ use crate::transport::reading::{StopOnDrop, read_until_stopped};
 
 /// Bytes of a group's header record.
 const HEAD_RECORD: usize = HEADER + HEAD + TAG;
+/// Bytes read from the socket at once when they are there: a small group, or a large one's
+/// header record and first record header, comes in one read instead of one per field; a
+/// record longer than this is read straight into its group.
+const READ_AHEAD: usize = 16 << 10;
 
 /// Starts the reading task of a lane on the current runtime.
 pub(super) fn spawn(
@@ -39,6 +43,7 @@ pub(super) fn spawn(
     let sock = TcpStream::from_std(sock)?;
     tokio::spawn(async move {
         let stop = StopOnDrop(state.clone());
+        let sock = BufReader::with_capacity(READ_AHEAD, sock);
         let mut input = Input { sock, opener, pool: Arc::new(RecvPool::default()) };
         read_until_stopped(&*state, read_groups(&mut input, limits, &inbound, &state)).await;
         drop(stop);
@@ -48,7 +53,7 @@ pub(super) fn spawn(
 
 /// The incoming connection and what reading it needs.
 struct Input {
-    sock: TcpStream,
+    sock: BufReader<TcpStream>,
     opener: Opener,
     pool: Arc<RecvPool>,
 }
@@ -115,7 +120,7 @@ impl Input {
 
 /// A group's header record: its first byte whenever it comes, the rest within `limit` of it.
 /// Returns the record and the group's deadline.
-async fn read_head(sock: &mut TcpStream, limit: Duration) -> io::Result<([u8; HEAD_RECORD], Instant)> {
+async fn read_head(sock: &mut (impl AsyncRead + Unpin), limit: Duration) -> io::Result<([u8; HEAD_RECORD], Instant)> {
     let mut head = [0u8; HEAD_RECORD];
     sock.read_exact(&mut head[..1]).await.map_err(ended)?;
     let deadline = Instant::now() + limit;
