@@ -3,8 +3,11 @@
 //! travels on, so the result's error has a bound a program can check against
 //! ([`Compression::sum_error_bound`]).
 //!
-//! It runs as a reduce-scatter of the 16-bit elements (each rank ends with the reduction of
-//! one block), then an all-gather of the reduced blocks, which copies them exactly.
+//! It runs as an allreduce of the 16-bit elements, whose reduction kernels widen to `f32`, add
+//! and round once; every algorithm the size table picks reduces each element with `ranks - 1`
+//! such additions and gives every rank the same bits. (A reduce-scatter and an all-gather of
+//! their own, as before, cost 63 against 58 ms for 64 MiB at np 2: the allreduce pipelines the
+//! two phases.)
 
 use nexar_types::{Element, RecvBuf, ReduceOp, Reduction, bf16, f16};
 
@@ -112,41 +115,27 @@ impl NexarClient {
 
     /// The reduction of `data` as `W` on the wire, in segments of the configured size
     /// ([`NexarConfig::segment_bytes`](crate::NexarConfig::segment_bytes), counted in `f32`
-    /// bytes): each segment is encoded, reduce-scattered and all-gathered while its 16-bit
-    /// copy is still in cache, in buffers from the rank's pool (no fresh pages per call). The
-    /// reduced 16-bit values are decoded into `data` only once every segment is done, so a
-    /// failure (an f16 overflow included) leaves `data` as it was.
+    /// bytes): each segment is encoded and allreduced as `W` (the size table picks the
+    /// algorithm, as for any allreduce), in a buffer from the rank's pool (no fresh pages per
+    /// call). The reduced 16-bit values are decoded into `data` only once every segment is
+    /// done, so a failure (an f16 overflow included) leaves `data` as it was.
     async fn reduce_as<W: Wire16>(
         &self,
         data: &mut [f32],
         op: ReduceOp,
         compression: Compression,
     ) -> Result<(), CollectiveError> {
-        let world = self.world_size();
         let n = data.len();
         let segment = match self.config().segment_bytes / size_of::<f32>() {
             0 => n,
-            elems => elems.next_multiple_of(world),
+            elems => elems,
         }
-        .clamp(1, n.max(1));
-        let block_of = |len: usize| len.div_ceil(world).max(1);
-        // Room for every segment, the last one padded to whole blocks.
-        let pool = &self.inner.pool;
-        let wire_len = n + block_of(segment) * world;
-        let (mut wire_loan, mut mine_loan) =
-            (pool.lend(wire_len * size_of::<W>()), pool.lend(block_of(segment) * size_of::<W>()));
-        let wire: &mut [W] = wire_loan.slice_mut(wire_len);
-        let mine: &mut [W] = mine_loan.slice_mut(block_of(segment));
-        let mut at = 0;
-        while at < n || (n == 0 && at == 0) {
-            let len = segment.min(n - at);
-            let (block, part) = (block_of(len), &mut wire[at..]);
-            let padded = &mut part[..block * world];
-            W::encode(&data[at..at + len], &mut padded[..len]);
-            padded[len..].fill(W::zeroed());
-            self.reduce_scatter(&padded[..], &mut mine[..block], op).await?;
-            self.all_gather(&mine[..block], padded).await?;
-            at += len.max(1);
+        .max(1);
+        let mut wire_loan = self.inner.pool.lend(n * size_of::<W>());
+        let wire: &mut [W] = wire_loan.slice_mut(n);
+        for (from, to) in data.chunks(segment).zip(wire.chunks_mut(segment)) {
+            W::encode(from, to);
+            self.all_reduce(&mut *to, op).await?;
         }
         if compression == Compression::F16
             && let Some(i) = wire[..n].iter().position(|w| !w.is_finite())
