@@ -223,6 +223,36 @@ fn schedules_are_deterministic_and_move_the_expected_volume() {
     assert_eq!(DType::F32.size(), 4);
 }
 
+/// In a ring of two and in the all-to-all, a rank's own segments go out two ahead of its
+/// receives, never all at once (a whole block posted at once waited in the peer's mailbox).
+#[test]
+fn block_collectives_send_their_own_segments_only_a_little_ahead_of_their_receives() {
+    use super::schedule::Step;
+    let segment_bytes = 1 << 10;
+    let algo = Algorithm::PipelinedRing { segment_bytes };
+    let pairwise = Algorithm::PipelinedPairwise { segment_bytes };
+    // 8 segments of 256 f32 per block.
+    for (op, algo, w) in [
+        (Collective::ReduceScatter, algo, 2),
+        (Collective::AllGather, algo, 2),
+        (Collective::AllToAll, pairwise, 2),
+        (Collective::AllToAll, pairwise, 4),
+    ] {
+        let s = generate(op, algo, 1, w, 8 * 256, 4).unwrap();
+        let mut ahead = 0i64;
+        let mut most = 0;
+        for step in &s.steps {
+            match step {
+                Step::Send { .. } => ahead += 1,
+                Step::Recv { .. } => ahead -= 1,
+                _ => {}
+            }
+            most = most.max(ahead);
+        }
+        assert_eq!(most, 2, "{op:?} {algo} w={w}: {} sends ahead of receives at most", most);
+    }
+}
+
 #[test]
 fn the_size_table_picks_the_tree_for_small_broadcasts_and_the_chain_for_large_ones() {
     use super::algo::{BROADCAST_PAIR_TREE_BYTES, BROADCAST_TREE_BYTES, select};
