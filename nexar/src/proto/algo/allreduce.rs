@@ -20,6 +20,13 @@ pub fn ring(rank: usize, world: usize, count: usize, segment: usize) -> Schedule
     }
     let all = data(count);
     let chunk = |i: usize| all.part(world, i % world);
+    if world == 2
+        && let (own, theirs) = (chunk(rank).segments(segment), chunk(rank + 1).segments(segment))
+        && own.len() == theirs.len()
+        && own.len() > AHEAD
+    {
+        return ring_of_two(own, theirs, 1 - rank);
+    }
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     for seg in chunk(rank).segments(segment) {
         s.send(next, seg);
@@ -40,6 +47,39 @@ pub fn ring(rank: usize, world: usize, count: usize, segment: usize) -> Schedule
                 s.send(next, seg);
             }
         }
+    }
+    s
+}
+
+/// Segments of its own chunk a rank of a ring of two sends before its first receive.
+const AHEAD: usize = 2;
+
+/// The ring of two with its messages interleaved: a rank sends its own chunk's raw segments
+/// ([`AHEAD`] at the start, then one after each reduction) between the reduced segments of the
+/// peer's chunk, and receives in the same pattern, so neither rank posts its whole chunk
+/// before it takes anything in (the peer would hold it, out of cache, until its receives
+/// caught up). Both ranks run this same pattern, so each receives the other's messages in
+/// the order they were sent: `own 0, own 1, reduced 0, own 2, reduced 1, ...`.
+fn ring_of_two(own: Vec<Span>, theirs: Vec<Span>, peer: usize) -> Schedule {
+    let mut s = Schedule::new();
+    let n = own.len();
+    for seg in &own[..AHEAD] {
+        s.send(peer, *seg);
+    }
+    for j in 0..n {
+        s.recv_reduce(peer, theirs[j]);
+        s.send(peer, theirs[j]);
+        if let Some(seg) = own.get(j + AHEAD) {
+            s.send(peer, *seg);
+        }
+        // The peer's reduced segment j-1 comes after its own segment j+1 (its raw segments
+        // run AHEAD - 1 ahead of its reduced ones once both flow).
+        if j + 1 >= AHEAD {
+            s.recv(peer, own[j + 1 - AHEAD]);
+        }
+    }
+    for seg in &own[n + 1 - AHEAD..] {
+        s.recv(peer, *seg);
     }
     s
 }
