@@ -1,6 +1,7 @@
 //! Allreduce generators: (pipelined) ring, recursive halving-doubling and recursive doubling,
 //! the last two with non-power-of-two ranks folded in.
 
+use super::blocks::AHEAD;
 use crate::proto::schedule::{Schedule, Slot, Span};
 
 fn data(count: usize) -> Span {
@@ -50,9 +51,6 @@ pub fn ring(rank: usize, world: usize, count: usize, segment: usize) -> Schedule
     }
     s
 }
-
-/// Segments of its own chunk a rank of a ring of two sends before its first receive.
-const AHEAD: usize = 2;
 
 /// The ring of two with its messages interleaved: a rank sends its own chunk's raw segments
 /// ([`AHEAD`] at the start, then one after each reduction) between the reduced segments of the

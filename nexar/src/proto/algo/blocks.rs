@@ -77,8 +77,9 @@ struct Ahead {
     rest: std::vec::IntoIter<Span>,
 }
 
-/// Segments of a rank's own block in flight before its first receive.
-const AHEAD: usize = 2;
+/// Segments of a rank's own block (or chunk, in the allreduce of two) in flight before its
+/// first receive.
+pub(super) const AHEAD: usize = 2;
 
 impl Ahead {
     fn start(s: &mut Schedule, to: usize, segments: Vec<Span>) -> Ahead {
