@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use nexar_types::{Element, ReduceOp, reduce_slice};
-use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::client::NexarClient;
@@ -18,6 +17,7 @@ use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::trace::{OpClass, OpDesc, OpTrace, StalledOp};
 use crate::transport::TransportError;
 use crate::transport::framed::BlockError;
+use crate::transport::link::SendDone;
 use crate::transport::pool::pooled_gather;
 
 /// One collective call as this rank made it.
@@ -314,7 +314,8 @@ impl NexarClient {
         let pool = &self.inner.pool;
         let mut scratch_loan = pool.lend(schedule.scratch_len * size_of::<T>());
         let scratch: &mut [T] = scratch_loan.slice_mut(schedule.scratch_len);
-        let mut sends: Vec<(usize, oneshot::Receiver<Result<(), TransportError>>)> = Vec::new();
+        // Sends still under way (or failed), checked once the steps are done.
+        let mut sends: Vec<(usize, SendDone)> = Vec::new();
         for step in &schedule.steps {
             match *step {
                 Step::Send { to, src } => {
@@ -335,10 +336,12 @@ impl NexarClient {
                         Some(done) => done.map_err(transport)?,
                         None => {
                             let payload = pooled_gather(pool, parts.as_slice());
-                            link.send_queued(&msg, Some(payload)).await.map_err(transport)?
+                            SendDone::Later(link.send_queued(&msg, Some(payload)).await.map_err(transport)?)
                         }
                     };
-                    sends.push((to, done));
+                    if !matches!(done, SendDone::Now(Ok(()))) {
+                        sends.push((to, done));
+                    }
                 }
                 Step::Recv { from, dst, reduce } => {
                     let key =
@@ -410,8 +413,13 @@ impl NexarClient {
         drop(scratch_loan);
         for (peer, done) in sends {
             let world_peer = self.comm.members[peer];
-            let sent =
-                self.wait_on_peer(done, world_peer, trace, deadline, |waited| watch.stalled(world_peer, waited)).await;
+            let sent = match done {
+                SendDone::Now(result) => Ok(Ok(result)),
+                SendDone::Later(done) => {
+                    self.wait_on_peer(done, world_peer, trace, deadline, |waited| watch.stalled(world_peer, waited))
+                        .await
+                }
+            };
             match sent {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(source))) => {

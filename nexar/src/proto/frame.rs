@@ -102,14 +102,24 @@ impl FrameHeader {
 /// A message frame (header and body) in one buffer.
 pub fn message_frame(body: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(HEADER_LEN + body.len());
-    out.put_slice(&FrameHeader { kind: FrameKind::Message, len: body.len() as u64 }.encode());
+    out.put_slice(&message_head(body.len()));
     out.put_slice(body);
     out.freeze()
 }
 
+/// The header of a message frame whose body is `len` bytes.
+pub fn message_head(len: usize) -> [u8; HEADER_LEN] {
+    FrameHeader { kind: FrameKind::Message, len: len as u64 }.encode()
+}
+
 /// The header of a raw frame of `len` bytes.
 pub fn raw_header(len: u64) -> Bytes {
-    Bytes::copy_from_slice(&FrameHeader { kind: FrameKind::Raw, len }.encode())
+    Bytes::copy_from_slice(&raw_head(len))
+}
+
+/// [`raw_header`] as an array.
+pub fn raw_head(len: u64) -> [u8; HEADER_LEN] {
+    FrameHeader { kind: FrameKind::Raw, len }.encode()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::TransportError;
-use super::link::{Lane, PeerLink};
+use super::link::{Lane, PeerLink, SendDone};
 use super::relay_seal::RelaySeals;
 use crate::proto::message::PeerMsg;
 use crate::proto::relay;
@@ -53,11 +53,7 @@ impl Route<'_> {
     /// Hands a collective message with a lent payload to the direct link's bulk channel when
     /// it takes it and can read the payload now; `None` when the caller must copy the payload
     /// and queue it (relayed routes, QUIC, channels that cannot).
-    pub async fn send_borrowed(
-        &self,
-        msg: &PeerMsg,
-        payload: &[&[u8]],
-    ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
+    pub async fn send_borrowed(&self, msg: &PeerMsg, payload: &[&[u8]]) -> Option<Result<SendDone, TransportError>> {
         match *self {
             Route::Direct(link) => link.send_borrowed(msg, payload).await,
             Route::Relay { .. } => None,

@@ -18,7 +18,9 @@ mod inbox;
 
 pub(crate) use admission::key_of;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 use std::sync::Mutex;
 
 use nexar_types::DType;

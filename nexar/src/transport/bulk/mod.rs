@@ -12,7 +12,9 @@
 //! crossed the channel (on either side): those fail on this rank at once (and this rank tells
 //! the others, as for any local failure), later ones go over QUIC.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -36,6 +38,22 @@ pub use tamper::LaneTamper;
 
 /// The future of one [`BulkChannel::send`].
 pub type BulkSend = Pin<Box<dyn Future<Output = Result<(), TransportError>> + Send + 'static>>;
+
+/// How a [`BulkChannel::send_borrowed`] finishes: at once (the group went into the ring or
+/// onto the socket within the call, the common case for small groups, which then cost no
+/// task, channel or allocation), or when a future resolves (the group was queued).
+///
+/// ```
+/// use nexar::backend::Sent;
+/// let sent = Sent::Done(Ok(()));
+/// assert!(matches!(sent, Sent::Done(Ok(()))));
+/// ```
+pub enum Sent {
+    /// The group is sent, or failed to be.
+    Done(Result<(), TransportError>),
+    /// The group is queued; the future resolves once it is sent.
+    Later(BulkSend),
+}
 
 /// The future of [`BulkChannel::closed`].
 pub type BulkClosed = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -79,20 +97,26 @@ pub trait BulkChannel: Send + Sync + 'static {
     /// then, so a dropped caller never leaves a transfer reading freed memory.
     fn send(&self, frames: Vec<Bytes>) -> BulkSend;
 
-    /// Resolves when the channel has room for another group (at once, by default). nexar waits
-    /// on it before [`send_borrowed`](Self::send_borrowed), so a fast sender does not queue
-    /// unbounded copies ahead of the wire.
+    /// Whether the channel has room for another group now (always, by default). Where it
+    /// has not, nexar waits on [`room`](Self::room) before
+    /// [`send_borrowed`](Self::send_borrowed), so a fast sender does not queue unbounded
+    /// copies ahead of the wire.
+    fn has_room(&self) -> bool {
+        true
+    }
+
+    /// Resolves when the channel has room for another group (at once, by default).
     fn room(&self) -> BulkClosed {
         Box::pin(std::future::ready(()))
     }
 
-    /// Carries a group whose payload, the concatenation of `payload`'s parts, is lent for the
-    /// duration of this call: a channel that can must be done reading it when it returns (it
-    /// copies or encrypts it now), so that nothing reads the caller's memory later; the future
-    /// resolves when the group is sent. `None` (the default) makes nexar copy the payload and
-    /// call [`send`](Self::send).
-    fn send_borrowed(&self, frames: &[Bytes], payload: &[&[u8]]) -> Option<BulkSend> {
-        let _ = (frames, payload);
+    /// Carries a group, the concatenation of `parts` (its frames, then its payload), whose
+    /// bytes are lent for the duration of this call: a channel that can must be done reading
+    /// them when it returns (it copies or encrypts them now), so that nothing reads the
+    /// caller's memory later. `None` (the default) makes nexar copy the payload and call
+    /// [`send`](Self::send).
+    fn send_borrowed(&self, parts: &[&[u8]]) -> Option<Sent> {
+        let _ = parts;
         None
     }
 

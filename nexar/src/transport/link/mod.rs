@@ -17,10 +17,10 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::TransportError;
-use super::bulk::{BulkChannel, BulkSlot};
+use super::bulk::{BulkChannel, BulkSlot, Sent};
 pub(crate) use super::relay_hook::{RELAY_BUDGET_BYTES, RelayHook};
 use crate::proto::close::CloseCode;
-use crate::proto::frame::{message_frame, raw_header};
+use crate::proto::frame::{message_frame, message_head, raw_head, raw_header};
 use crate::proto::message::{self, PeerMsg};
 use crate::telemetry::SentBytes;
 
@@ -31,6 +31,28 @@ use reader::route;
 use writer::write_lane;
 
 pub use super::lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
+
+/// How a collective message handed to [`PeerLink::send_borrowed`] finishes.
+#[derive(Debug)]
+pub enum SendDone {
+    /// Sent, or failed, within the call.
+    Now(Result<(), TransportError>),
+    /// Queued: the receiver is told once it is sent.
+    Later(oneshot::Receiver<Result<(), TransportError>>),
+}
+
+/// Calls `f` with `head` followed by `tail`, gathered on the stack when there are few.
+fn with_parts<'a, R>(head: &[&'a [u8]; 3], tail: &[&'a [u8]], f: impl FnOnce(&[&'a [u8]]) -> R) -> R {
+    const ON_STACK: usize = 8;
+    if tail.len() <= ON_STACK - head.len() {
+        let mut parts: [&[u8]; ON_STACK] = [&[]; ON_STACK];
+        parts[..head.len()].copy_from_slice(head);
+        parts[head.len()..head.len() + tail.len()].copy_from_slice(tail);
+        f(&parts[..head.len() + tail.len()])
+    } else {
+        f(&head.iter().chain(tail).copied().collect::<Vec<_>>())
+    }
+}
 
 pub(super) enum Outgoing {
     /// Frames to write, in order, as one unit; `coll` names the collective `(comm, seq)` of a
@@ -222,41 +244,47 @@ impl PeerLink {
     /// at once ([`BulkChannel::send_borrowed`]); `None` otherwise, for the caller to copy the
     /// payload and queue it (which then takes the same transport). The payload is the
     /// concatenation of `payload`'s parts.
-    pub async fn send_borrowed(
-        &self,
-        msg: &PeerMsg,
-        payload: &[&[u8]],
-    ) -> Option<Result<oneshot::Receiver<Result<(), TransportError>>, TransportError>> {
+    pub async fn send_borrowed(&self, msg: &PeerMsg, payload: &[&[u8]]) -> Option<Result<SendDone, TransportError>> {
         let PeerMsg::Coll { comm, seq, .. } = *msg else { return None };
         let len: usize = payload.iter().map(|p| p.len()).sum();
         let channel = self.bulk.route((comm, seq), len).ok()?;
-        // Dropped while waiting, nothing was read from `payload`.
-        channel.room().await;
+        if !channel.has_room() {
+            // Dropped while waiting, nothing was read from `payload`.
+            channel.room().await;
+        }
         let body = match message::encode(msg) {
             Ok(body) => body,
             Err(error) => return Some(Err(TransportError::Protocol { peer: peer_name(self.peer), error })),
         };
-        let frames = [message_frame(&body), raw_header(len as u64)];
-        let mut sent = channel.send_borrowed(&frames, payload)?;
-        self.sent.bulk(channel.name(), frames.iter().map(Bytes::len).sum::<usize>() + len);
-        let (done, wait) = oneshot::channel();
+        let (message_head, raw_head) = (message_head(body.len()), raw_head(len as u64));
+        let frames: [&[u8]; 3] = [&message_head, &body, &raw_head];
+        let sent = with_parts(&frames, payload, |parts| channel.send_borrowed(parts))?;
+        self.sent.bulk(channel.name(), frames.iter().map(|f| f.len()).sum::<usize>() + len);
         let slot = Arc::downgrade(&self.bulk);
-        let finish = move |result: Result<(), TransportError>| {
+        let finish = move |result: &Result<(), TransportError>| {
             if result.is_err()
                 && let Some(slot) = slot.upgrade()
             {
                 slot.channel_stopped();
             }
-            let _ = done.send(result);
         };
-        // A group that went into the channel at once (shared memory with room in its ring)
-        // is done here, without a task spawned for it.
-        let mut now = std::task::Context::from_waker(std::task::Waker::noop());
-        match sent.as_mut().poll(&mut now) {
-            std::task::Poll::Ready(result) => finish(result),
-            std::task::Poll::Pending => drop(tokio::spawn(async move { finish(sent.await) })),
+        match sent {
+            // A group that went into the channel at once (shared memory with room in its ring,
+            // a socket that took it) is done here, without a task or a channel.
+            Sent::Done(result) => {
+                finish(&result);
+                Some(Ok(SendDone::Now(result)))
+            }
+            Sent::Later(sent) => {
+                let (done, wait) = oneshot::channel();
+                drop(tokio::spawn(async move {
+                    let result = sent.await;
+                    finish(&result);
+                    let _ = done.send(result);
+                }));
+                Some(Ok(SendDone::Later(wait)))
+            }
         }
-        Some(Ok(wait))
     }
 
     /// Queues `msg` on its lane only if there is room right now; never waits. For messages

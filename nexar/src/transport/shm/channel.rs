@@ -25,7 +25,7 @@ use super::mapping::SharedMap;
 use super::receive::{ReadLimits, spawn_reader};
 use super::ring::{Reader, Writer};
 use crate::transport::TransportError;
-use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
+use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
 
 /// The name links report for this transport.
 pub const SHM_NAME: &str = "shm";
@@ -196,27 +196,24 @@ impl BulkChannel for ShmChannel {
         })
     }
 
-    fn send_borrowed(&self, frames: &[Bytes], payload: &[&[u8]]) -> Option<BulkSend> {
-        let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).chain(payload.iter().copied()).collect();
+    fn send_borrowed(&self, parts: &[&[u8]]) -> Option<Sent> {
         let len = parts.iter().map(|p| p.len()).sum::<usize>() + 8;
         {
             let mut sending = crate::sync::lock(&self.sending);
             if !self.state.stopped() && sending.queued == 0 && sending.writer.room() >= len {
-                let word = length_word(&parts);
-                for part in std::iter::once(&word[..]).chain(parts) {
+                let word = length_word(parts);
+                for part in std::iter::once(&word[..]).chain(parts.iter().copied()) {
                     sending.writer.write(part);
                 }
                 if sending.writer.publish() {
                     self.state.ring(DATA);
                 }
-                return Some(Box::pin(std::future::ready(Ok(()))));
+                return Some(Sent::Done(Ok(())));
             }
         }
         // No room now: a copy goes behind what is queued (never back to the caller, whose
         // copy would go through the link's writer and could be overtaken by a later group).
-        let mut owned = frames.to_vec();
-        owned.push(Bytes::from(payload.concat()));
-        Some(self.send(owned))
+        Some(Sent::Later(self.send(vec![Bytes::from(parts.concat())])))
     }
 
     fn delivers_on_runtime(&self) -> bool {

@@ -18,7 +18,7 @@ use tokio::sync::{Notify, oneshot};
 use super::reader::{POOLED, ReadLimits, read_groups};
 use super::records::{CHUNK, Opener, Sealed, Sealer};
 use crate::transport::TransportError;
-use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend};
+use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
 
 /// The name links report for this transport.
 pub const TCP_LANE_NAME: &str = "tcp-tls";
@@ -224,27 +224,23 @@ impl TcpLane {
     }
 
     /// Seals one group (the concatenation of `parts`) on the calling thread and queues it.
-    fn seal_and_queue(&self, parts: &[&[u8]]) -> BulkSend {
-        let (done, written) = oneshot::channel();
+    fn seal_and_queue(&self, parts: &[&[u8]]) -> Sent {
+        // Told once the group's last buffer is written, where that is left to the writer.
+        let mut written = None;
         let queued = {
             let mut sending = crate::sync::lock(&self.sending);
             match sending.as_mut() {
                 Some(s) if !self.state.failed.load(Ordering::SeqCst) => {
                     let spare = || crate::sync::lock(&self.spare).pop().unwrap_or_default();
-                    let mut done = Some(done);
-                    // The group is written when its last buffer is.
                     let emit = |mut chunk: Sealed, last: bool| {
-                        let tell = if last { done.take() } else { None };
                         // With nothing queued the writer thread is idle (it counts a buffer
                         // off only once it is written), so the buffer may go to the socket
                         // from here, in order, without waking the thread (see
-                        // `LaneIo::on_runtime`); it takes what the socket does not.
+                        // `LaneIo::on_runtime`); it takes what the socket does not. (A buffer
+                        // written here was preceded only by buffers written here.)
                         if self.write_inline && self.state.queued.load(Ordering::SeqCst) == 0 {
                             match write_ready(&self.state.sockets[0], &chunk) {
                                 Ok(n) if n == chunk.len() => {
-                                    if let Some(tell) = tell {
-                                        let _ = tell.send(Ok(()));
-                                    }
                                     give_back(&self.spare, chunk);
                                     return true;
                                 }
@@ -255,8 +251,12 @@ impl TcpLane {
                                 }
                             }
                         }
+                        let (tell, told) = oneshot::channel();
+                        if last {
+                            written = Some(told);
+                        }
                         self.state.queued.fetch_add(chunk.len(), Ordering::SeqCst);
-                        s.jobs.send((chunk, tell.unwrap_or_else(|| oneshot::channel().0))).is_ok()
+                        s.jobs.send((chunk, tell)).is_ok()
                     };
                     match self.seal_group(&mut s.sealer, parts, spare, emit) {
                         Ok(queued) => queued,
@@ -269,13 +269,12 @@ impl TcpLane {
                 _ => false,
             }
         };
+        if !queued {
+            return Sent::Done(Err(self.state.lost("the lane stopped")));
+        }
+        let Some(written) = written else { return Sent::Done(Ok(())) };
         let state = self.state.clone();
-        Box::pin(async move {
-            if !queued {
-                return Err(state.lost("the lane stopped"));
-            }
-            written.await.unwrap_or_else(|_| Err(state.lost("the writer stopped")))
-        })
+        Sent::Later(Box::pin(async move { written.await.unwrap_or_else(|_| Err(state.lost("the writer stopped"))) }))
     }
 }
 
@@ -286,12 +285,18 @@ impl BulkChannel for TcpLane {
 
     fn send(&self, frames: Vec<Bytes>) -> BulkSend {
         let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
-        self.seal_and_queue(&parts)
+        match self.seal_and_queue(&parts) {
+            Sent::Done(result) => Box::pin(std::future::ready(result)),
+            Sent::Later(sent) => sent,
+        }
     }
 
-    fn send_borrowed(&self, frames: &[Bytes], payload: &[&[u8]]) -> Option<BulkSend> {
-        let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).chain(payload.iter().copied()).collect();
-        Some(self.seal_and_queue(&parts))
+    fn send_borrowed(&self, parts: &[&[u8]]) -> Option<Sent> {
+        Some(self.seal_and_queue(parts))
+    }
+
+    fn has_room(&self) -> bool {
+        self.state.queued.load(Ordering::SeqCst) < QUEUED_LIMIT || self.state.failed.load(Ordering::SeqCst)
     }
 
     fn room(&self) -> BulkClosed {
