@@ -143,8 +143,9 @@ pub(crate) async fn spin_poll<T, E>(
     if window.is_zero() {
         return Ok(None);
     }
-    let start = Instant::now();
-    let (until, mut last, mut preempted, mut polls) = (start + window, start, false, 0u64);
+    // The clock is read only after a poll that found nothing (one read per poll).
+    let mut clock: Option<(Instant, Instant)> = None;
+    let (mut preempted, mut polls) = (false, 0u64);
     loop {
         if let Some(value) = poll()? {
             // Found at once, the spin says nothing about whether spinning pays.
@@ -154,9 +155,10 @@ pub(crate) async fn spin_poll<T, E>(
             return Ok(Some(value));
         }
         let now = Instant::now();
-        preempted |= now.duration_since(last) > PREEMPTED;
-        last = now;
-        if now >= until {
+        let (until, last) = clock.get_or_insert((now + window, now));
+        preempted |= now.duration_since(*last) > PREEMPTED;
+        *last = now;
+        if now >= *until {
             governor.record(window, Spun::Expired);
             return Ok(None);
         }

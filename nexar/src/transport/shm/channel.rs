@@ -200,7 +200,7 @@ impl BulkChannel for ShmChannel {
         let len = parts.iter().map(|p| p.len()).sum::<usize>() + 8;
         {
             let mut sending = crate::sync::lock(&self.sending);
-            if !self.state.stopped() && sending.queued == 0 && sending.writer.room() >= len {
+            if !self.state.stopped() && sending.queued == 0 && sending.writer.fits(len) {
                 let word = length_word(parts);
                 for part in std::iter::once(&word[..]).chain(parts.iter().copied()) {
                     sending.writer.write(part);

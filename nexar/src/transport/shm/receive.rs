@@ -53,7 +53,8 @@ pub(super) fn spawn_reader(
     let doorbell = UnixStream::from_std(doorbell)?;
     tokio::spawn(async move {
         let stop = StopOnDrop(state.clone());
-        let mut input = RingInput { state: &state, reader, doorbell, pool: Arc::new(RecvPool::default()) };
+        let mut input =
+            RingInput { state: &state, reader, doorbell, pool: Arc::new(RecvPool::default()), peeked: Vec::new() };
         read_until_stopped(&*state, read_groups(&mut input, limits, &inbound)).await;
         drop(stop);
     });
@@ -83,11 +84,26 @@ async fn read_group(input: &mut RingInput<'_>, limits: ReadLimits, inbound: &Bul
     if len > limits.max_group {
         return Err(invalid(format!("a {len}-byte group is over the {}-byte limit", limits.max_group)));
     }
-    let deadline = Some(Instant::now() + limits.group_deadline);
+    let mut deadline = GroupDeadline { limit: limits.group_deadline, start: None };
     let len = len as usize;
-    let mut first = [0u8; PEEK];
-    let first = &mut first[..len.min(PEEK)];
-    input.read_exact(first, deadline).await?;
+    let mut peeked = std::mem::take(&mut input.peeked);
+    peeked.resize(len.min(PEEK), 0);
+    let read = read_group_body(input, &mut peeked, len, &mut deadline, inbound).await;
+    input.peeked = peeked;
+    read
+}
+
+/// The rest of a `len`-byte group, whose first bytes are read into `first` (as many as it
+/// holds) to find its message before anything is allocated for it.
+async fn read_group_body(
+    input: &mut RingInput<'_>,
+    first: &mut [u8],
+    len: usize,
+    deadline: &mut GroupDeadline,
+    inbound: &BulkInbound,
+) -> io::Result<bool> {
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    input.read_exact(first, Some(&mut *deadline)).await?;
     let (msg, payload_len) = inbound
         .peek(first)
         .map_err(|e| invalid(format!("protocol: {e}")))?
@@ -99,12 +115,26 @@ async fn read_group(input: &mut RingInput<'_>, limits: ReadLimits, inbound: &Bul
     let mut group = RecvPool::take(&input.pool, len, len as u64 - payload_len);
     let bytes = group.room(len);
     bytes[..first.len()].copy_from_slice(first);
-    input.read_exact(&mut bytes[first.len()..], Some(Instant::now() + limits.group_deadline)).await?;
+    input.read_exact(&mut bytes[first.len()..], Some(deadline)).await?;
     inbound.deliver_admitted(Bytes::from_owner(group), &[], admitted).await.map_err(|e| {
         tracing::error!(peer = input.state.peer, error = %e, "rank broke the protocol on its shared-memory link; the link stops");
         invalid(format!("protocol: {e}"))
     })?;
     Ok(true)
+}
+
+/// How long a group may take from its first byte to its last. The clock is read only once
+/// the group has to wait for bytes (a small group is usually in the ring whole).
+struct GroupDeadline {
+    limit: Duration,
+    start: Option<Instant>,
+}
+
+impl GroupDeadline {
+    /// The deadline, counted from `now` if the group has not waited before.
+    fn at(&mut self, now: Instant) -> Instant {
+        *self.start.get_or_insert(now) + self.limit
+    }
 }
 
 /// The peer's ring as a byte stream that waits: polling, then asleep on the socket until a
@@ -115,6 +145,8 @@ struct RingInput<'a> {
     doorbell: UnixStream,
     /// Receive buffers come back as nexar is done with them (no fresh pages per group).
     pool: Arc<RecvPool>,
+    /// Where a group's first bytes are read to find its message (kept: not zeroed per group).
+    peeked: Vec<u8>,
 }
 
 impl RingInput<'_> {
@@ -123,7 +155,7 @@ impl RingInput<'_> {
     }
 
     /// Fills `dst` from the ring; bytes must keep coming until `deadline`, if any.
-    async fn read_exact(&mut self, dst: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
+    async fn read_exact(&mut self, dst: &mut [u8], mut deadline: Option<&mut GroupDeadline>) -> io::Result<()> {
         let mut at = 0;
         let mut idle_since: Option<Instant> = None;
         while at < dst.len() {
@@ -138,13 +170,14 @@ impl RingInput<'_> {
                 }
                 continue;
             }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < self.state.spin {
+            let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if now.duration_since(since) < self.state.spin {
                 tokio::task::yield_now().await;
                 continue;
             }
             if self.reader.sleep().map_err(Self::corrupt)? {
-                self.wait_doorbell(deadline).await?;
+                self.wait_doorbell(deadline.as_deref_mut().map(|d| d.at(since))).await?;
             }
         }
         Ok(())

@@ -68,28 +68,47 @@ impl Side {
 pub(crate) struct Writer {
     side: Side,
     head: u64,
+    /// The reader's `tail` as last loaded (and found sound): the room it leaves is there for
+    /// sure, so the segment's `tail`, a cache line the reader writes with every read, is loaded
+    /// again only when that room is too small.
+    seen_tail: u64,
 }
 
 impl Writer {
     /// The writer of the ring in `map` (which it created: the ring starts empty).
     pub fn new(map: Arc<SharedMap>) -> Writer {
         let capacity = map.len() - HEADER;
-        Writer { side: Side { map, capacity }, head: 0 }
+        Writer { side: Side { map, capacity }, head: 0, seen_tail: 0 }
     }
 
-    /// Bytes that fit now. A tail the reader claims past the head, or too far behind it, reads
-    /// as a full ring (the peer's scribbles stall only its own stream).
-    pub fn room(&self) -> usize {
+    /// Bytes that fit now, by the reader's current `tail`. A tail the reader claims past the
+    /// head, or too far behind it, reads as a full ring (the peer's scribbles stall only its
+    /// own stream).
+    pub fn room(&mut self) -> usize {
         let tail = self.side.load(TAIL);
         match self.head.checked_sub(tail) {
-            Some(used) if used <= self.side.capacity as u64 => self.side.capacity - used as usize,
+            Some(used) if used <= self.side.capacity as u64 => {
+                self.seen_tail = tail;
+                self.side.capacity - used as usize
+            }
             _ => 0,
         }
     }
 
+    /// The room the last sound `tail` left (never more than there is).
+    fn room_seen(&self) -> usize {
+        self.side.capacity.saturating_sub(self.head.saturating_sub(self.seen_tail) as usize)
+    }
+
+    /// Whether `len` bytes fit, loading the reader's `tail` only if the room seen is short.
+    pub fn fits(&mut self, len: usize) -> bool {
+        self.room_seen() >= len || self.room() >= len
+    }
+
     /// Copies as much of `src` as fits; returns how much. Unpublished until [`publish`](Self::publish).
     pub fn write(&mut self, src: &[u8]) -> usize {
-        let n = src.len().min(self.room());
+        let room = if self.room_seen() >= src.len() { self.room_seen() } else { self.room() };
+        let n = src.len().min(room);
         if n > 0 && self.side.copy(self.head, |at, r| self.side.map.copy_in(at, &src[r]), n) {
             self.head += n as u64;
             n
@@ -103,7 +122,12 @@ impl Writer {
     pub fn publish(&self) -> bool {
         self.side.store(HEAD, self.head);
         fence(Ordering::SeqCst);
-        self.side.map.word(READER_SLEEPS).is_some_and(|w| w.swap(0, Ordering::AcqRel) != 0)
+        // Loaded first: a swap of a lowered flag changes nothing, and skipping it keeps the
+        // flag's cache line shared instead of taking it over on every publish.
+        self.side
+            .map
+            .word(READER_SLEEPS)
+            .is_some_and(|w| w.load(Ordering::SeqCst) != 0 && w.swap(0, Ordering::AcqRel) != 0)
     }
 
     /// What [`RoomWait::wait`] needs, taken so that the wait holds no lock on the writer.
@@ -186,6 +210,7 @@ impl Reader {
         self.side.store(TAIL, self.tail);
         fence(Ordering::SeqCst);
         if let Some(flag) = self.side.map.word32(WRITER_SLEEPS)
+            && flag.load(Ordering::SeqCst) != 0
             && flag.swap(0, Ordering::AcqRel) != 0
         {
             let _ = rustix::thread::futex::wake(flag, rustix::thread::futex::Flags::empty(), 1);
@@ -270,7 +295,9 @@ mod tests {
         // A tail past the head makes the writer see a full ring, not a huge one.
         map.word(TAIL).unwrap().store(u64::MAX, Ordering::SeqCst);
         assert_eq!(w.room(), 0);
-        assert_eq!(w.write(b"x"), 0);
+        // The writer never goes past the room the last sound tail left.
+        assert_eq!(w.write(&[0u8; 4096]), 0);
+        assert!(w.write(b"x") <= 4096 - 3);
     }
 
     #[test]

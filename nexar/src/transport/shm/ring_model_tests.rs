@@ -3,10 +3,12 @@
 //!
 //! The model transcribes the four functions of [`super::ring`] that coordinate the two sides,
 //! one shared-memory access per step:
-//! - `Writer::publish`: store `head`; swap the reader's flag to 0; ring the doorbell if it was up;
+//! - `Writer::publish`: store `head`; swap the reader's flag to 0; ring the doorbell if it was up
+//!   (the code loads the flag first and swaps only a raised one: swapping a lowered flag
+//!   changes nothing, so the load stands for the swap);
 //! - `Reader::sleep` (and the wait after it): raise the reader's flag; load `head`; lower the
 //!   flag and go on if bytes came, else wait for a doorbell;
-//! - `Reader::release`: store `tail`; swap the writer's flag to 0; futex-wake if it was up;
+//! - `Reader::release`: store `tail`; swap the writer's flag to 0 (loaded first, likewise); futex-wake if it was up;
 //! - `RoomWait::wait`: raise the writer's flag; load `tail`; lower it and go on if room came,
 //!   else futex-wait on the flag (which returns at once unless the flag is still 1); lower it.
 //!
@@ -36,7 +38,9 @@ enum Variant {
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum W {
-    /// Load `tail`, write what fits (or go to wait for room), or finish.
+    /// Load `tail`, write what fits (or go to wait for room), or finish. (The code writes by
+    /// a `tail` loaded earlier when that leaves room enough: an older tail only shows less
+    /// room, and it loads anew before it would wait.)
     Write,
     PublishHead,
     PublishSwap,
