@@ -50,6 +50,34 @@ async fn same_host_ranks_carry_every_collective_through_shared_memory() {
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
 
+/// A root far ahead fills its peer's store: the peer's reading task waits for room while its
+/// receives read the ring themselves whenever the task is not in the middle of a group, and
+/// every message still arrives once, in order, small and large alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_far_ahead_is_read_in_order_by_task_and_receives_alike() {
+    common::logs();
+    let run = async {
+        let cfg = NexarConfig::builder().max_unmatched_bytes(64 << 10).build().unwrap();
+        let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+        common::on_each(&ranks, |c| async move {
+            assert_eq!(c.bulk_transport(1 - c.rank()), Some("shm"));
+            if c.rank() == 1 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            for i in 0..300u32 {
+                let len = if i % 3 == 0 { 12 << 10 } else { 3 };
+                let mut x = if c.rank() == 0 { vec![i; len] } else { vec![u32::MAX; len] };
+                c.broadcast(&mut x[..], 0).await.unwrap();
+                assert!(x.iter().all(|v| *v == i), "rank {} broadcast {i}", c.rank());
+            }
+            c.barrier().await.unwrap();
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn off_or_another_host_keeps_the_network() {
     common::logs();

@@ -455,9 +455,11 @@ impl NexarClient {
             },
         };
         // A message that comes through another transport's threads is not worth a core.
-        let other_transport = self.inner.links.get(key.src as usize).is_some_and(|l| l.bulk_takes_on_thread(bytes));
+        let link = self.inner.links.get(key.src as usize);
+        let other_transport = link.is_some_and(|l| l.bulk_takes_on_thread(bytes));
         let spin = if other_transport { None } else { Some(&self.inner.spin) };
-        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin).await.map_err(refused)? {
+        let read_link = || link.is_some_and(|l| l.bulk_deliver_ready());
+        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin, read_link).await.map_err(refused)? {
             return Ok(held);
         }
         let pending = match self.inner.coll.take_or_wait_for(key, bytes as u64).map_err(refused)? {

@@ -118,15 +118,25 @@ impl SpinGovernor {
 const PREEMPTED: Duration = Duration::from_micros(100);
 
 /// Polls `mailbox` for `key` for up to the governor's window, yielding between polls so this
-/// runtime keeps driving its I/O (the message we wait for arrives through it). `Ok(None)` when
-/// nothing came. `spin` is `None` where spinning is not worth a core at all.
+/// runtime keeps driving its I/O (the message we wait for arrives through it). Between polls
+/// that find nothing, `read_link` may deliver what the sender's link holds ready (a channel
+/// read on this task; `true` if it delivered anything). `Ok(None)` when nothing came. `spin`
+/// is `None` where spinning is not worth a core at all.
 pub(super) async fn spin_take(
     mailbox: &Mailbox,
     key: Key,
     spin: Option<&SpinGovernor>,
+    read_link: impl Fn() -> bool,
 ) -> Result<Option<Held>, Refusal> {
     match spin {
-        Some(governor) => spin_poll(governor, || mailbox.try_take(key)).await,
+        Some(governor) => {
+            spin_poll(governor, || match mailbox.try_take(key)? {
+                Some(held) => Ok(Some(held)),
+                None if read_link() => mailbox.try_take(key),
+                None => Ok(None),
+            })
+            .await
+        }
         None => Ok(None),
     }
 }

@@ -112,6 +112,23 @@ impl LaneSenders {
         self
     }
 
+    /// Delivers a collective or point-to-point message straight into its lane's store if the
+    /// store takes it at once ([`Inbox::deliver_now`](super::inbox::Inbox::deliver_now));
+    /// otherwise gives it back for [`deliver`](Self::deliver).
+    pub(crate) fn deliver_now(&self, incoming: Incoming) -> Result<(), Incoming> {
+        let lane = Lane::of(&incoming.msg);
+        let Some(sink) = &self.direct[lane as usize] else { return Err(incoming) };
+        if !matches!(incoming.msg, PeerMsg::Coll { .. } | PeerMsg::P2p { .. }) {
+            return Err(incoming);
+        }
+        let from = incoming.from;
+        sink.deliver_now(incoming)?;
+        if let Some(liveness) = &self.liveness {
+            liveness.heard(from);
+        }
+        Ok(())
+    }
+
     /// Queues a message on its lane, waiting while the lane is full. Fails only when the
     /// lane's consumer is gone (the rank is shutting down). Heartbeats are consumed here: they
     /// only say the sender is alive. Relay envelopes are opened (when addressed here) or

@@ -40,6 +40,23 @@ impl Inbox for Mailbox {
         }
     }
 
+    fn deliver_now(&self, incoming: Incoming) -> Result<(), Incoming> {
+        let Some(key) = self.key_here(&incoming.msg, incoming.from) else { return Ok(()) };
+        let mut st = self.lock();
+        if !self.takes_now(&st, &key, incoming.payload.len() as u64) {
+            return Err(incoming);
+        }
+        let entry = match self.takes {
+            Takes::PointToPoint => p2p_entry(incoming),
+            Takes::Collectives => coll_entry(incoming),
+        };
+        if let Some((key, held)) = entry {
+            // Taken at once: `takes_now` said so under this same lock.
+            let _ = self.deliver_locked(&mut st, key, held);
+        }
+        Ok(())
+    }
+
     fn release(&self, from: u32, len: u64) {
         let mut st = self.lock();
         st.count_out(from, len);
@@ -97,6 +114,32 @@ mod tests {
         assert_eq!(store.held(), (1, 4));
         let held = store.try_take(key(1)).unwrap().expect("the collective message is held");
         assert_eq!(held.payload.len(), 4);
+    }
+
+    /// `deliver_now` takes a message only when it is sure to be taken at once, and otherwise
+    /// gives it back whole, parking nothing: a full store refuses it until a receive takes
+    /// what it holds; a late message (its collective aborted) is dropped at once.
+    #[tokio::test]
+    async fn deliver_now_takes_only_what_it_can_take_at_once() {
+        // Room for four 4-byte messages in all (two in the sender's share, two in the pool).
+        let store = Mailbox::for_collectives(4, 16, 1);
+        let inbox: &dyn Inbox = &store;
+        for seq in 1..=4 {
+            assert!(inbox.deliver_now(incoming(coll(seq))).is_ok(), "message {seq}");
+        }
+        let back = inbox.deliver_now(incoming(coll(5))).expect_err("the store is full");
+        assert!(matches!(back.msg, PeerMsg::Coll { seq: 5, .. }), "given back whole");
+        assert_eq!(back.payload.len(), 4);
+        assert_eq!(store.held(), (4, 16), "nothing parked");
+        assert_eq!(store.try_take(key(1)).unwrap().map(|h| h.payload.len()), Some(4));
+        assert!(inbox.deliver_now(back).is_ok(), "taken once there is room");
+        store.abort(9, 7, "gone");
+        assert!(inbox.deliver_now(incoming(coll(7))).is_ok(), "a late message is dropped");
+        assert_eq!(store.held(), (4, 16));
+        assert!(
+            inbox.deliver_now(incoming(PeerMsg::P2p { comm: 9, tag: 1, dtype: 0, count: 4 })).is_ok(),
+            "not this store's: ignored"
+        );
     }
 
     /// A failed channel's word on what it carried fails only those collectives: one that

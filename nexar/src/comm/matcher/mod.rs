@@ -323,8 +323,20 @@ impl Mailbox {
     }
 
     /// Hands `msg` to a waiting receive, holds it, or parks it as its sender's overflow message.
-    fn try_deliver(&self, key: Key, mut msg: Held) -> Delivered {
+    fn try_deliver(&self, key: Key, msg: Held) -> Delivered {
         let mut st = self.lock();
+        self.deliver_locked(&mut st, key, msg)
+    }
+
+    /// Whether a message of `len` payload bytes for `key` is sure to be taken at once: dropped
+    /// as late, or handed to a receive or held because its sender has room (a receive that
+    /// waits for it may have been cancelled, so a waiter alone does not make sure).
+    fn takes_now(&self, st: &State, key: &Key, len: u64) -> bool {
+        st.closed || st.aborted.contains_key(&(key.comm, key.tag)) || self.has_room(st, key.src, len)
+    }
+
+    /// [`try_deliver`](Self::try_deliver) under the lock.
+    fn deliver_locked(&self, st: &mut State, key: Key, mut msg: Held) -> Delivered {
         if st.closed || st.aborted.contains_key(&(key.comm, key.tag)) {
             return Delivered::Done;
         }

@@ -13,7 +13,7 @@ use super::BulkSlot;
 use crate::proto::announce::{announced_payload, raw_length_disagrees};
 use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAX_CONTROL_FRAME};
 use crate::proto::message::{self, PeerMsg};
-use crate::transport::inbox::Admitted;
+use crate::transport::inbox::{Admission, Admitted};
 
 /// Where a bulk transport hands the message groups it received from one peer.
 ///
@@ -78,6 +78,37 @@ impl BulkInbound {
         drop(admitted);
         let _ = self.lanes.deliver(Incoming::new(self.peer, msg, payload)).await;
         Ok(())
+    }
+
+    /// The admission of `msg`'s `len`-byte payload if the mailbox gives it at once (as
+    /// [`admit`](Self::admit) would without waiting); `None` when it would have to wait.
+    pub(crate) fn admit_now(&self, msg: &PeerMsg, len: u64) -> Option<Admitted<'_>> {
+        match self.lanes.admission(msg, self.peer, len) {
+            None => Some(Admitted::unreserved()),
+            Some(Admission::Now(admitted)) => Some(admitted),
+            Some(Admission::Wait(_)) => None,
+        }
+    }
+
+    /// Checks a whole group as [`deliver`](Self::deliver) does and turns it into the message
+    /// it carries, without delivering it (see [`deliver_now`](Self::deliver_now)).
+    pub(crate) fn open(&self, group: Bytes) -> Result<Incoming, FrameError> {
+        let (msg, payload) = decode_sealed_group(&group, &[], self.max_payload)?;
+        if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
+            slot.received((*comm, *seq));
+        }
+        Ok(Incoming::new(self.peer, msg, payload))
+    }
+
+    /// Delivers an [`open`](Self::open)ed message if nexar takes it at once; otherwise gives
+    /// it back, for [`deliver_opened`](Self::deliver_opened).
+    pub(crate) fn deliver_now(&self, incoming: Incoming) -> Result<(), Incoming> {
+        self.lanes.deliver_now(incoming)
+    }
+
+    /// Delivers an [`open`](Self::open)ed message, waiting as long as delivery takes.
+    pub(crate) async fn deliver_opened(&self, incoming: Incoming) {
+        let _ = self.lanes.deliver(incoming).await;
     }
 
     /// The collective message a group announces, and its payload's length, from the group's

@@ -152,6 +152,14 @@ pub trait BulkChannel: Send + Sync + 'static {
         false
     }
 
+    /// Delivers, on the calling task, what the channel has received whole and nexar takes at
+    /// once, instead of leaving it to the channel's own reader; `true` if it delivered
+    /// anything. A receive spinning on its mailbox calls this between its polls (nothing, by
+    /// default). It must never wait.
+    fn deliver_ready(&self) -> bool {
+        false
+    }
+
     /// The smallest message group worth this channel: a collective whose first message to
     /// the peer is smaller stays on QUIC (whose latency path spins), 0 (the default) sends
     /// every collective here.
@@ -341,6 +349,12 @@ impl BulkSlot {
     /// Whether a new collective's `len`-byte message would take the channel.
     pub fn takes(&self, len: usize) -> bool {
         self.working() && self.channel.get().is_some_and(|c| c.usable() && len >= c.min_bytes())
+    }
+
+    /// Delivers on the calling task what the attached channel received whole
+    /// ([`BulkChannel::deliver_ready`]); `true` if anything was.
+    pub fn deliver_ready(&self) -> bool {
+        self.channel.get().is_some_and(|c| c.deliver_ready())
     }
 
     /// Whether a new collective's `len`-byte message would arrive through a thread of the

@@ -169,6 +169,12 @@ impl PeerLink {
         self.bulk.takes_on_thread(len)
     }
 
+    /// Delivers on the calling task what the link's bulk channel received whole (see
+    /// [`BulkChannel::deliver_ready`]); `true` if anything was.
+    pub(crate) fn bulk_deliver_ready(&self) -> bool {
+        self.bulk.deliver_ready()
+    }
+
     /// Where the peer's QUIC endpoint is, as this link reaches it.
     pub(crate) fn remote_addr(&self) -> std::net::SocketAddr {
         self.conn.remote_address()

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use tokio::sync::{Notify, oneshot};
 
 use super::mapping::SharedMap;
-use super::receive::{ReadLimits, spawn_reader};
+use super::receive::{ReadLimits, RingReading, spawn_reader};
 use super::ring::{Reader, Writer};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
@@ -129,6 +129,8 @@ pub(crate) struct ShmChannel {
     state: Arc<State>,
     sending: Arc<Mutex<Sending>>,
     jobs: Mutex<Option<std_mpsc::Sender<Job>>>,
+    /// The peer's ring, which a spinning receive may read itself.
+    reading: Arc<RingReading>,
 }
 
 impl ShmChannel {
@@ -154,11 +156,14 @@ impl ShmChannel {
         })?;
         let read_limits = ReadLimits { max_group: limits.max_group, group_deadline: limits.group_deadline };
         let reader = Reader::new(Arc::new(theirs));
-        if let Err(e) = spawn_reader(state.clone(), reader, doorbell, read_limits, inbound) {
-            state.stop(&format!("starting the reader: {e}"), Stop::Failed);
-            return Err(e);
-        }
-        Ok(ShmChannel { state, sending, jobs: Mutex::new(Some(jobs)) })
+        let reading = match spawn_reader(state.clone(), reader, doorbell, read_limits, inbound) {
+            Ok(reading) => reading,
+            Err(e) => {
+                state.stop(&format!("starting the reader: {e}"), Stop::Failed);
+                return Err(e);
+            }
+        };
+        Ok(ShmChannel { state, sending, jobs: Mutex::new(Some(jobs)), reading })
     }
 
     fn queue(&self, job: Job) -> bool {
@@ -218,6 +223,10 @@ impl BulkChannel for ShmChannel {
 
     fn delivers_on_runtime(&self) -> bool {
         true
+    }
+
+    fn deliver_ready(&self) -> bool {
+        self.reading.deliver_ready()
     }
 
     fn usable(&self) -> bool {

@@ -2,10 +2,13 @@
 //! out of the peer's ring, checks it as any transport's groups are checked, and delivers it.
 //!
 //! It runs where nexar's receives run, like QUIC's endpoint driver, not on a thread of its
-//! own: a receive that spins on its mailbox yields to this task between polls, so a small
-//! message goes from the peer's store into the ring to the waiting receive without a thread
-//! being woken. While the ring is empty the task keeps polling (yielding) for the link's spin
-//! window, then raises the ring's sleep flag and waits for the peer's doorbell on the socket.
+//! own. While the ring is empty the task keeps polling (yielding) for the link's spin window,
+//! then raises the ring's sleep flag and waits for the peer's doorbell on the socket.
+//!
+//! A receive that spins on its mailbox does not wait for the task's turn: between its polls it
+//! reads the groups that lie whole in the ring itself ([`RingReading::deliver_ready`]), with
+//! the same checks, when the task is not in the middle of a group. One reader at a time holds
+//! the ring ([`ReadCore`]); the task never holds it while it waits for bytes to arrive.
 
 use std::io;
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -14,11 +17,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::net::UnixStream;
+use tokio::sync::Mutex;
 
 use super::channel::{GOODBYE, State};
 use super::ring::{Corrupt, Reader};
 use crate::transport::bulk::BulkInbound;
 use crate::transport::inbox::Admitted;
+use crate::transport::incoming::Incoming;
 use crate::transport::reading::{StopOnDrop, read_until_stopped};
 use crate::transport::tcp_lane::{GroupSink, RecvPool};
 
@@ -40,6 +45,31 @@ pub(super) struct ReadLimits {
     pub group_deadline: Duration,
 }
 
+/// The reading side of one link, shared by its task and by the receives that read the ring
+/// themselves.
+pub(super) struct RingReading {
+    state: Arc<State>,
+    inbound: BulkInbound,
+    limits: ReadLimits,
+    core: Mutex<ReadCore>,
+}
+
+/// What reading the ring takes, held by one reader at a time.
+struct ReadCore {
+    reader: Reader,
+    /// Receive buffers come back as nexar is done with them (no fresh pages per group).
+    pool: Arc<RecvPool>,
+    /// Where a group's first bytes are read to find its message (kept: not zeroed per group).
+    peeked: Vec<u8>,
+    /// A message a receive read off the ring but could not hand over at once: the task
+    /// delivers it (waiting, as a delivery may) before anything else is read.
+    undelivered: Option<Incoming>,
+}
+
+fn corrupt(e: Corrupt) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
 /// Starts the reading task of a link on the current runtime; `doorbell` is the link's socket
 /// (a duplicate of the state's), on which the peer's doorbells and its end arrive.
 pub(super) fn spawn_reader(
@@ -48,27 +78,123 @@ pub(super) fn spawn_reader(
     doorbell: StdUnixStream,
     limits: ReadLimits,
     inbound: BulkInbound,
-) -> io::Result<()> {
+) -> io::Result<Arc<RingReading>> {
     doorbell.set_nonblocking(true)?;
     let doorbell = UnixStream::from_std(doorbell)?;
+    let core = ReadCore { reader, pool: Arc::new(RecvPool::default()), peeked: Vec::new(), undelivered: None };
+    let reading = Arc::new(RingReading { state, inbound, limits, core: Mutex::new(core) });
+    let task = reading.clone();
     tokio::spawn(async move {
-        let stop = StopOnDrop(state.clone());
-        let mut input =
-            RingInput { state: &state, reader, doorbell, pool: Arc::new(RecvPool::default()), peeked: Vec::new() };
-        read_until_stopped(&*state, read_groups(&mut input, limits, &inbound)).await;
+        let stop = StopOnDrop(task.state.clone());
+        read_until_stopped(&*task.state, task.read_groups(&doorbell)).await;
         drop(stop);
     });
-    Ok(())
+    Ok(reading)
 }
 
-/// Groups until the peer says goodbye (`None`) or something fails.
-async fn read_groups(input: &mut RingInput<'_>, limits: ReadLimits, inbound: &BulkInbound) -> Option<io::Error> {
-    loop {
-        match read_group(input, limits, inbound).await {
-            Ok(true) => {}
-            Ok(false) => return None,
-            Err(e) => return Some(e),
+impl RingReading {
+    /// Groups until the peer says goodbye (`None`) or something fails.
+    async fn read_groups(&self, doorbell: &UnixStream) -> Option<io::Error> {
+        loop {
+            let mut core = self.core.lock().await;
+            if let Some(incoming) = core.undelivered.take() {
+                self.inbound.deliver_opened(incoming).await;
+            }
+            match core.reader.ready() {
+                Err(e) => return Some(corrupt(e)),
+                Ok(0) => {
+                    drop(core);
+                    if let Err(e) = self.wait_ready(doorbell).await {
+                        return Some(e);
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+            }
+            let mut input = RingInput { state: &self.state, core: &mut core, doorbell };
+            match read_group(&mut input, self.limits, &self.inbound).await {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => return Some(e),
+            }
         }
+    }
+
+    /// Waits, without holding the ring, until bytes are ready (or a message waits to be
+    /// delivered): polling for the spin window, then asleep until a doorbell.
+    async fn wait_ready(&self, doorbell: &UnixStream) -> io::Result<()> {
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            tokio::task::yield_now().await;
+            let core = self.core.lock().await;
+            if core.undelivered.is_some() || core.reader.ready().map_err(corrupt)? > 0 {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if now.duration_since(since) >= self.state.spin {
+                if core.reader.sleep().map_err(corrupt)? {
+                    drop(core);
+                    wait_doorbell(doorbell, None).await?;
+                }
+                idle_since = None;
+            }
+        }
+    }
+
+    /// Delivers, on the calling task, the groups that lie whole in the ring and that nexar
+    /// takes at once: a receive spinning on its mailbox calls this between its polls, so a
+    /// message need not wait for the task's turn. Does nothing while the task reads a group;
+    /// anything unusual (a group not yet whole, a wait for admission, a broken group, the
+    /// goodbye) is left in the ring for the task. `true` if something was delivered.
+    pub(super) fn deliver_ready(&self) -> bool {
+        let Ok(mut core) = self.core.try_lock() else { return false };
+        let mut delivered = false;
+        while core.undelivered.is_none() && self.take_whole_group(&mut core) {
+            delivered = true;
+        }
+        delivered
+    }
+
+    /// Reads, checks and delivers (or keeps as undelivered) the next group if it lies whole in
+    /// the ring and its payload is admitted at once; `false` leaves the ring as it was. The
+    /// checks are those of [`read_group`], made on copies before anything is read.
+    fn take_whole_group(&self, core: &mut ReadCore) -> bool {
+        let mut word = [0u8; 8];
+        if !core.reader.peek(0, &mut word).unwrap_or(false) {
+            return false;
+        }
+        let len = u64::from_le_bytes(word);
+        if len == GOODBYE || len > self.limits.max_group {
+            return false;
+        }
+        let len = len as usize;
+        let ReadCore { reader, pool, peeked, undelivered } = core;
+        peeked.resize(len.min(PEEK), 0);
+        if !reader.peek(8, peeked).unwrap_or(false) || reader.ready().map_or(true, |ready| ready - 8 < len) {
+            return false;
+        }
+        let Ok(Some((msg, payload_len))) = self.inbound.peek(peeked) else { return false };
+        if payload_len > len as u64 || len as u64 - payload_len > FRAMES_MAX {
+            return false;
+        }
+        let Some(admitted) = self.inbound.admit_now(&msg, payload_len) else { return false };
+        let mut group = RecvPool::take(pool, len, len as u64 - payload_len);
+        let bytes = group.room(len);
+        bytes[..peeked.len()].copy_from_slice(peeked);
+        if !reader.peek(8 + peeked.len(), &mut bytes[peeked.len()..]).unwrap_or(false) {
+            return false;
+        }
+        let Ok(incoming) = self.inbound.open(Bytes::from_owner(group)) else { return false };
+        if !reader.skip(8 + len).unwrap_or(false) {
+            return false;
+        }
+        reader.release();
+        drop(admitted);
+        if let Err(back) = self.inbound.deliver_now(incoming) {
+            *undelivered = Some(back);
+        }
+        true
     }
 }
 
@@ -86,10 +212,10 @@ async fn read_group(input: &mut RingInput<'_>, limits: ReadLimits, inbound: &Bul
     }
     let mut deadline = GroupDeadline { limit: limits.group_deadline, start: None };
     let len = len as usize;
-    let mut peeked = std::mem::take(&mut input.peeked);
+    let mut peeked = std::mem::take(&mut input.core.peeked);
     peeked.resize(len.min(PEEK), 0);
     let read = read_group_body(input, &mut peeked, len, &mut deadline, inbound).await;
-    input.peeked = peeked;
+    input.core.peeked = peeked;
     read
 }
 
@@ -112,7 +238,7 @@ async fn read_group_body(
         return Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")));
     }
     let admitted: Option<Admitted<'_>> = inbound.admit(&msg, payload_len).await;
-    let mut group = RecvPool::take(&input.pool, len, len as u64 - payload_len);
+    let mut group = RecvPool::take(&input.core.pool, len, len as u64 - payload_len);
     let bytes = group.room(len);
     bytes[..first.len()].copy_from_slice(first);
     input.read_exact(&mut bytes[first.len()..], Some(deadline)).await?;
@@ -137,34 +263,27 @@ impl GroupDeadline {
     }
 }
 
-/// The peer's ring as a byte stream that waits: polling, then asleep on the socket until a
-/// doorbell, the link's end, or a deadline.
+/// The peer's ring as a byte stream that waits (holding the ring): polling, then asleep on the
+/// socket until a doorbell, the link's end, or a deadline.
 struct RingInput<'a> {
     state: &'a Arc<State>,
-    reader: Reader,
-    doorbell: UnixStream,
-    /// Receive buffers come back as nexar is done with them (no fresh pages per group).
-    pool: Arc<RecvPool>,
-    /// Where a group's first bytes are read to find its message (kept: not zeroed per group).
-    peeked: Vec<u8>,
+    core: &'a mut ReadCore,
+    doorbell: &'a UnixStream,
 }
 
 impl RingInput<'_> {
-    fn corrupt(e: Corrupt) -> io::Error {
-        io::Error::new(io::ErrorKind::InvalidData, e.to_string())
-    }
-
     /// Fills `dst` from the ring; bytes must keep coming until `deadline`, if any.
     async fn read_exact(&mut self, dst: &mut [u8], mut deadline: Option<&mut GroupDeadline>) -> io::Result<()> {
         let mut at = 0;
         let mut idle_since: Option<Instant> = None;
+        let reader = &mut self.core.reader;
         while at < dst.len() {
             let end = dst.len().min(at + CHUNK);
-            let n = self.reader.read(&mut dst[at..end]).map_err(Self::corrupt)?;
+            let n = reader.read(&mut dst[at..end]).map_err(corrupt)?;
             if n > 0 {
                 at += n;
                 idle_since = None;
-                self.reader.release();
+                reader.release();
                 if at < dst.len() {
                     tokio::task::yield_now().await;
                 }
@@ -176,33 +295,33 @@ impl RingInput<'_> {
                 tokio::task::yield_now().await;
                 continue;
             }
-            if self.reader.sleep().map_err(Self::corrupt)? {
-                self.wait_doorbell(deadline.as_deref_mut().map(|d| d.at(since))).await?;
+            if reader.sleep().map_err(corrupt)? {
+                wait_doorbell(self.doorbell, deadline.as_deref_mut().map(|d| d.at(since))).await?;
             }
         }
         Ok(())
     }
+}
 
-    /// Waits on the socket until a doorbell arrives, the socket ends (the peer is gone), or
-    /// `deadline` passes.
-    async fn wait_doorbell(&self, deadline: Option<Instant>) -> io::Result<()> {
-        let wait = async {
-            loop {
-                self.doorbell.readable().await?;
-                let mut bells = [0u8; 64];
-                match self.doorbell.try_read(&mut bells) {
-                    Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the link")),
-                    Ok(_) => return Ok(()),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
-                    Err(e) => return Err(e),
-                }
+/// Waits on the link's socket until a doorbell arrives, the socket ends (the peer is gone), or
+/// `deadline` passes.
+async fn wait_doorbell(doorbell: &UnixStream, deadline: Option<Instant>) -> io::Result<()> {
+    let wait = async {
+        loop {
+            doorbell.readable().await?;
+            let mut bells = [0u8; 64];
+            match doorbell.try_read(&mut bells) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the link")),
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+                Err(e) => return Err(e),
             }
-        };
-        match deadline {
-            None => wait.await,
-            Some(d) => tokio::time::timeout_at(d.into(), wait).await.unwrap_or_else(|_| Err(late())),
         }
+    };
+    match deadline {
+        None => wait.await,
+        Some(d) => tokio::time::timeout_at(d.into(), wait).await.unwrap_or_else(|_| Err(late())),
     }
 }
 

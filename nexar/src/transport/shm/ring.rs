@@ -205,6 +205,27 @@ impl Reader {
         }
     }
 
+    /// Copies the `dst.len()` ready bytes that follow the first `offset` ready bytes into
+    /// `dst` without reading them; `false` (and `dst` as it was) when they are not all ready.
+    pub fn peek(&self, offset: usize, dst: &mut [u8]) -> Result<bool, Corrupt> {
+        let ready = self.ready()?;
+        if offset.checked_add(dst.len()).is_none_or(|end| end > ready) {
+            return Ok(false);
+        }
+        let (pos, len) = (self.tail + offset as u64, dst.len());
+        Ok(len == 0 || self.side.copy(pos, |at, r| self.side.map.copy_out(at, &mut dst[r]), len))
+    }
+
+    /// Reads `n` ready bytes without copying them (after a [`peek`](Self::peek)); `false`
+    /// when fewer are ready. Handed back to the writer only by [`release`](Self::release).
+    pub fn skip(&mut self, n: usize) -> Result<bool, Corrupt> {
+        if n > self.ready()? {
+            return Ok(false);
+        }
+        self.tail += n as u64;
+        Ok(true)
+    }
+
     /// Hands the bytes read so far back to the writer, waking it if it sleeps.
     pub fn release(&self) {
         self.side.store(TAIL, self.tail);
@@ -298,6 +319,25 @@ mod tests {
         // The writer never goes past the room the last sound tail left.
         assert_eq!(w.write(&[0u8; 4096]), 0);
         assert!(w.write(b"x") <= 4096 - 3);
+    }
+
+    #[test]
+    fn peeking_reads_nothing_until_skipped() {
+        let map = ring(4096);
+        let (mut w, mut r) = (Writer::new(map.clone()), Reader::new(map.clone()));
+        w.write(b"hello world");
+        w.publish();
+        let mut five = [0u8; 5];
+        assert!(r.peek(6, &mut five).unwrap());
+        assert_eq!(&five, b"world");
+        assert!(!r.peek(7, &mut five).unwrap(), "past what is ready");
+        assert!(!r.peek(usize::MAX, &mut five).unwrap(), "no overflow");
+        assert_eq!(r.ready().unwrap(), 11, "a peek reads nothing");
+        assert!(!r.skip(12).unwrap());
+        assert!(r.skip(6).unwrap());
+        let mut rest = [0u8; 5];
+        assert_eq!(r.read(&mut rest).unwrap(), 5);
+        assert_eq!(&rest, b"world");
     }
 
     #[test]
