@@ -8,16 +8,16 @@
 //! A receive that spins on its mailbox does not wait for the task's turn: between its polls it
 //! reads the groups that lie whole in the ring itself ([`RingReading::deliver_ready`]), with
 //! the same checks, when the task is not in the middle of a group. One reader at a time holds
-//! the ring ([`ReadCore`]); the task never holds it while it waits for bytes to arrive.
+//! the ring ([`ReadCore`]): a receive under a short lock, the task by taking it out of its slot
+//! for a group's reading (it never holds it while it waits for a group to begin).
 
 use std::io;
 use std::os::unix::net::UnixStream as StdUnixStream;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::net::UnixStream;
-use tokio::sync::Mutex;
 
 use super::channel::{GOODBYE, State};
 use super::ring::{Corrupt, Reader};
@@ -51,7 +51,23 @@ pub(super) struct RingReading {
     state: Arc<State>,
     inbound: BulkInbound,
     limits: ReadLimits,
-    core: Mutex<ReadCore>,
+    /// Empty while the task reads a group (or after its task ended mid-group).
+    core: Mutex<Option<ReadCore>>,
+}
+
+/// The ring taken out of its slot by the task, put back when dropped (the task's future may be
+/// dropped mid-group).
+struct Taken<'a> {
+    slot: &'a Mutex<Option<ReadCore>>,
+    core: Option<ReadCore>,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(core) = self.core.take() {
+            *crate::sync::lock(self.slot) = Some(core);
+        }
+    }
 }
 
 /// What reading the ring takes, held by one reader at a time.
@@ -82,7 +98,7 @@ pub(super) fn spawn_reader(
     doorbell.set_nonblocking(true)?;
     let doorbell = UnixStream::from_std(doorbell)?;
     let core = ReadCore { reader, pool: Arc::new(RecvPool::default()), peeked: Vec::new(), undelivered: None };
-    let reading = Arc::new(RingReading { state, inbound, limits, core: Mutex::new(core) });
+    let reading = Arc::new(RingReading { state, inbound, limits, core: Mutex::new(Some(core)) });
     let task = reading.clone();
     tokio::spawn(async move {
         let stop = StopOnDrop(task.state.clone());
@@ -96,22 +112,29 @@ impl RingReading {
     /// Groups until the peer says goodbye (`None`) or something fails.
     async fn read_groups(&self, doorbell: &UnixStream) -> Option<io::Error> {
         loop {
-            let mut core = self.core.lock().await;
+            let ready = match crate::sync::lock(&self.core).as_mut() {
+                Some(core) => core.undelivered.is_some() || core.reader.ready().is_ok_and(|n| n > 0),
+                None => return Some(io::Error::other("the ring was lost")),
+            };
+            if !ready {
+                if let Err(e) = self.wait_ready(doorbell).await {
+                    return Some(e);
+                }
+                continue;
+            }
+            let mut taken = Taken { slot: &self.core, core: crate::sync::lock(&self.core).take() };
+            let Some(core) = taken.core.as_mut() else { return Some(io::Error::other("the ring was lost")) };
             if let Some(incoming) = core.undelivered.take() {
                 self.inbound.deliver_opened(incoming).await;
             }
             match core.reader.ready() {
                 Err(e) => return Some(corrupt(e)),
-                Ok(0) => {
-                    drop(core);
-                    if let Err(e) = self.wait_ready(doorbell).await {
-                        return Some(e);
-                    }
-                    continue;
-                }
+                // A receive read what there was meanwhile: wait for the next group without
+                // holding the ring.
+                Ok(0) => continue,
                 Ok(_) => {}
             }
-            let mut input = RingInput { state: &self.state, core: &mut core, doorbell };
+            let mut input = RingInput { state: &self.state, core, doorbell };
             match read_group(&mut input, self.limits, &self.inbound).await {
                 Ok(true) => {}
                 Ok(false) => return None,
@@ -126,17 +149,18 @@ impl RingReading {
         let mut idle_since: Option<Instant> = None;
         loop {
             tokio::task::yield_now().await;
-            let core = self.core.lock().await;
-            if core.undelivered.is_some() || core.reader.ready().map_err(corrupt)? > 0 {
-                return Ok(());
-            }
-            let now = Instant::now();
-            let since = *idle_since.get_or_insert(now);
-            if now.duration_since(since) >= self.state.spin {
-                if core.reader.sleep().map_err(corrupt)? {
-                    drop(core);
-                    wait_doorbell(doorbell, None).await?;
+            let sleep = {
+                let guard = crate::sync::lock(&self.core);
+                let Some(core) = guard.as_ref() else { return Err(io::Error::other("the ring was lost")) };
+                if core.undelivered.is_some() || core.reader.ready().map_err(corrupt)? > 0 {
+                    return Ok(());
                 }
+                let now = Instant::now();
+                let since = *idle_since.get_or_insert(now);
+                now.duration_since(since) >= self.state.spin && core.reader.sleep().map_err(corrupt)?
+            };
+            if sleep {
+                wait_doorbell(doorbell, None).await?;
                 idle_since = None;
             }
         }
@@ -148,9 +172,10 @@ impl RingReading {
     /// anything unusual (a group not yet whole, a wait for admission, a broken group, the
     /// goodbye) is left in the ring for the task. `true` if something was delivered.
     pub(super) fn deliver_ready(&self) -> bool {
-        let Ok(mut core) = self.core.try_lock() else { return false };
+        let Ok(mut guard) = self.core.try_lock() else { return false };
+        let Some(core) = guard.as_mut() else { return false };
         let mut delivered = false;
-        while core.undelivered.is_none() && self.take_whole_group(&mut core) {
+        while core.undelivered.is_none() && self.take_whole_group(core) {
             delivered = true;
         }
         delivered
