@@ -30,6 +30,8 @@ use crate::transport::tcp_lane::{GroupSink, RecvPool};
 /// Bytes of a group's first part read before it is admitted: its message frame must lie in
 /// them.
 const PEEK: usize = 4096;
+/// The prefix of a group a receive reading the ring first looks for the message frame in.
+const SHORT_PEEK: usize = 256;
 /// How much longer than its payload a group may be (its frames).
 const FRAMES_MAX: u64 = 64 << 10;
 /// Bytes copied out of the ring between two yields to the runtime, so that a large group
@@ -195,19 +197,35 @@ impl RingReading {
         }
         let len = len as usize;
         let ReadCore { reader, pool, peeked, undelivered } = core;
-        peeked.resize(len.min(PEEK), 0);
-        if !reader.peek(8, peeked).unwrap_or(false) || reader.ready().map_or(true, |ready| ready - 8 < len) {
+        if reader.ready().map_or(true, |ready| ready - 8 < len) {
             return false;
         }
-        let Ok(Some((msg, payload_len))) = self.inbound.peek(peeked) else { return false };
+        // The message frame, from a short prefix where it fits (it does, but for a peer's
+        // odd encoding): the group's bytes are then copied once, straight into its buffer.
+        let mut found = None;
+        for prefix in [SHORT_PEEK, PEEK] {
+            peeked.resize(len.min(prefix), 0);
+            if !reader.peek(8, peeked).unwrap_or(false) {
+                return false;
+            }
+            match self.inbound.peek(peeked) {
+                Ok(Some(frame)) => {
+                    found = Some(frame);
+                    break;
+                }
+                Ok(None) if peeked.len() < len => {}
+                _ => return false,
+            }
+        }
+        let Some((msg, payload_len)) = found else { return false };
         if payload_len > len as u64 || len as u64 - payload_len > FRAMES_MAX {
             return false;
         }
         let Some(admitted) = self.inbound.admit_now(&msg, payload_len) else { return false };
+        // Checked again, whole, by `open` (the peer may have changed its bytes meanwhile;
+        // whatever it delivers counts against its room in the mailbox at delivery).
         let mut group = RecvPool::take(pool, len, len as u64 - payload_len);
-        let bytes = group.room(len);
-        bytes[..peeked.len()].copy_from_slice(peeked);
-        if !reader.peek(8 + peeked.len(), &mut bytes[peeked.len()..]).unwrap_or(false) {
+        if !reader.peek(8, group.room(len)).unwrap_or(false) {
             return false;
         }
         let Ok(incoming) = self.inbound.open(Bytes::from_owner(group)) else { return false };
