@@ -242,19 +242,23 @@ impl NexarClient {
         input: &[T],
     ) -> Result<(), CollectiveError> {
         let mut guard = AbortOnDrop { client: Some(self.clone()), seq, op: call.kind.name() };
-        let trace = self.inner.trace.recorder.start(OpDesc {
-            class: OpClass::Collective,
-            comm: self.comm.id,
-            seq,
-            op: call.kind.name(),
-            kind: call.kind.code(),
-            dtype: Some(T::DTYPE),
-            count: call.total,
-            root: call.kind.root().map(|r| r as u32),
-            peer: None,
-            algorithm: schedule.algorithm,
-            bytes: call.count.saturating_mul(size_of::<T>() as u64),
-        });
+        let began = Instant::now();
+        let trace = self.inner.trace.recorder.start_at(
+            OpDesc {
+                class: OpClass::Collective,
+                comm: self.comm.id,
+                seq,
+                op: call.kind.name(),
+                kind: call.kind.code(),
+                dtype: Some(T::DTYPE),
+                count: call.total,
+                root: call.kind.root().map(|r| r as u32),
+                peer: None,
+                algorithm: schedule.algorithm,
+                bytes: call.count.saturating_mul(size_of::<T>() as u64),
+            },
+            began,
+        );
         let span = tracing::debug_span!(
             "collective",
             comm = self.comm.id,
@@ -265,7 +269,15 @@ impl NexarClient {
             algorithm = schedule.algorithm,
             part = call.part,
         );
-        let result = self.run_steps(seq, call, schedule, data, input, &trace).instrument(span).await;
+        let watch = Watch {
+            trace: &trace,
+            comm: self.comm.id,
+            seq,
+            call,
+            dtype: T::DTYPE,
+            deadline: began + self.config().op_timeout,
+        };
+        let result = self.run_steps(&watch, schedule, data, input).instrument(span).await;
         guard.client = None;
         trace.end(&result);
         if let Err(e) = &result
@@ -297,19 +309,16 @@ impl NexarClient {
 
     async fn run_steps<T: Element>(
         &self,
-        seq: u64,
-        call: CollCall,
+        watch: &Watch<'_, '_>,
         schedule: &Schedule,
         data: &mut Data<'_, T>,
         input: &[T],
-        trace: &OpTrace<'_>,
     ) -> Result<(), CollectiveError> {
+        let (seq, call, trace, deadline) = (watch.seq, watch.call, watch.trace, watch.deadline);
         let (rank, op) = (self.rank(), call.kind.name());
         let header = call.header::<T>();
         let reduction = call.op.unwrap_or(ReduceOp::Sum);
         let limit = self.config().op_timeout;
-        let deadline = Instant::now() + limit;
-        let watch = Watch { trace, comm: self.comm.id, seq, call, dtype: T::DTYPE, deadline };
         let internal = |what: &str| CollectiveError::Internal { rank, op, what: what.to_string() };
         let pool = &self.inner.pool;
         let mut scratch_loan = pool.lend(schedule.scratch_len * size_of::<T>());
@@ -346,7 +355,7 @@ impl NexarClient {
                 Step::Recv { from, dst, reduce } => {
                     let key =
                         Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq, part: call.part };
-                    let held = self.take_coll(key, from, dst.len * size_of::<T>(), op, &watch).await?;
+                    let held = self.take_coll(key, from, dst.len * size_of::<T>(), op, watch).await?;
                     let theirs = held.check.ok_or_else(|| internal("collective message without a header"))?;
                     if theirs != header {
                         return Err(CollectiveError::Mismatch {

@@ -162,8 +162,14 @@ impl FlightRecorder {
     /// Records the start of `desc`; the returned guard records how it ends (a guard dropped
     /// unfinished records a cancellation).
     pub fn start(&self, desc: OpDesc) -> OpTrace<'_> {
+        self.start_at(desc, Instant::now())
+    }
+
+    /// [`start`](Self::start) for an operation that began at `began` (a clock read the caller
+    /// has already made).
+    pub fn start_at(&self, desc: OpDesc, began: Instant) -> OpTrace<'_> {
         self.meters.started();
-        let now = self.now_us();
+        let now = began.saturating_duration_since(self.origin).as_micros() as u64;
         let mut ring = lock(&self.ring);
         let id = ring.next_id;
         ring.next_id += 1;

@@ -28,10 +28,10 @@ pub(crate) trait Inbox: Send + Sync {
     /// wait; the lane reads nothing more from that sender until it ends.
     fn deliver(&self, incoming: Incoming) -> Delivery<'_>;
 
-    /// Takes a message whose payload was read if it can at once (a receive waits for it, its
-    /// sender has room, or it is dropped as late); otherwise gives it back untouched, for
+    /// Takes a message whose payload was read if it can at once (its sender has room, or it
+    /// is dropped as late); otherwise gives it back untouched (`Some`), for
     /// [`deliver`](Self::deliver) to take with a wait.
-    fn deliver_now(&self, incoming: Incoming) -> Result<(), Incoming>;
+    fn deliver_now(&self, incoming: Incoming) -> Option<Incoming>;
 
     /// Returns what an admission reserved for `from`'s `len` bytes (see [`Admitted`]).
     fn release(&self, from: u32, len: u64);

@@ -114,19 +114,21 @@ impl LaneSenders {
 
     /// Delivers a collective or point-to-point message straight into its lane's store if the
     /// store takes it at once ([`Inbox::deliver_now`](super::inbox::Inbox::deliver_now));
-    /// otherwise gives it back for [`deliver`](Self::deliver).
-    pub(crate) fn deliver_now(&self, incoming: Incoming) -> Result<(), Incoming> {
+    /// otherwise gives it back (`Some`) for [`deliver`](Self::deliver).
+    pub(crate) fn deliver_now(&self, incoming: Incoming) -> Option<Incoming> {
         let lane = Lane::of(&incoming.msg);
-        let Some(sink) = &self.direct[lane as usize] else { return Err(incoming) };
+        let Some(sink) = &self.direct[lane as usize] else { return Some(incoming) };
         if !matches!(incoming.msg, PeerMsg::Coll { .. } | PeerMsg::P2p { .. }) {
-            return Err(incoming);
+            return Some(incoming);
         }
         let from = incoming.from;
-        sink.deliver_now(incoming)?;
+        if let Some(back) = sink.deliver_now(incoming) {
+            return Some(back);
+        }
         if let Some(liveness) = &self.liveness {
             liveness.heard(from);
         }
-        Ok(())
+        None
     }
 
     /// Queues a message on its lane, waiting while the lane is full. Fails only when the

@@ -40,11 +40,12 @@ impl Inbox for Mailbox {
         }
     }
 
-    fn deliver_now(&self, incoming: Incoming) -> Result<(), Incoming> {
-        let Some(key) = self.key_here(&incoming.msg, incoming.from) else { return Ok(()) };
+    fn deliver_now(&self, incoming: Incoming) -> Option<Incoming> {
+        // Not this store's: ignored (taken), as `deliver` ignores it.
+        let key = self.key_here(&incoming.msg, incoming.from)?;
         let mut st = self.lock();
         if !self.takes_now(&st, &key, incoming.payload.len() as u64) {
-            return Err(incoming);
+            return Some(incoming);
         }
         let entry = match self.takes {
             Takes::PointToPoint => p2p_entry(incoming),
@@ -54,7 +55,7 @@ impl Inbox for Mailbox {
             // Taken at once: `takes_now` said so under this same lock.
             let _ = self.deliver_locked(&mut st, key, held);
         }
-        Ok(())
+        None
     }
 
     fn release(&self, from: u32, len: u64) {
@@ -125,19 +126,19 @@ mod tests {
         let store = Mailbox::for_collectives(4, 16, 1);
         let inbox: &dyn Inbox = &store;
         for seq in 1..=4 {
-            assert!(inbox.deliver_now(incoming(coll(seq))).is_ok(), "message {seq}");
+            assert!(inbox.deliver_now(incoming(coll(seq))).is_none(), "message {seq}");
         }
-        let back = inbox.deliver_now(incoming(coll(5))).expect_err("the store is full");
+        let back = inbox.deliver_now(incoming(coll(5))).expect("the store is full");
         assert!(matches!(back.msg, PeerMsg::Coll { seq: 5, .. }), "given back whole");
         assert_eq!(back.payload.len(), 4);
         assert_eq!(store.held(), (4, 16), "nothing parked");
         assert_eq!(store.try_take(key(1)).unwrap().map(|h| h.payload.len()), Some(4));
-        assert!(inbox.deliver_now(back).is_ok(), "taken once there is room");
+        assert!(inbox.deliver_now(back).is_none(), "taken once there is room");
         store.abort(9, 7, "gone");
-        assert!(inbox.deliver_now(incoming(coll(7))).is_ok(), "a late message is dropped");
+        assert!(inbox.deliver_now(incoming(coll(7))).is_none(), "a late message is dropped");
         assert_eq!(store.held(), (4, 16));
         assert!(
-            inbox.deliver_now(incoming(PeerMsg::P2p { comm: 9, tag: 1, dtype: 0, count: 4 })).is_ok(),
+            inbox.deliver_now(incoming(PeerMsg::P2p { comm: 9, tag: 1, dtype: 0, count: 4 })).is_none(),
             "not this store's: ignored"
         );
     }

@@ -356,7 +356,7 @@ impl Mailbox {
             }
             st.waiters.remove(&key);
         }
-        if self.has_room(&st, key.src, msg.payload.len() as u64) {
+        if self.has_room(st, key.src, msg.payload.len() as u64) {
             st.push_back(key, msg);
             return Delivered::Done;
         }

@@ -101,8 +101,8 @@ impl BulkInbound {
     }
 
     /// Delivers an [`open`](Self::open)ed message if nexar takes it at once; otherwise gives
-    /// it back, for [`deliver_opened`](Self::deliver_opened).
-    pub(crate) fn deliver_now(&self, incoming: Incoming) -> Result<(), Incoming> {
+    /// it back (`Some`), for [`deliver_opened`](Self::deliver_opened).
+    pub(crate) fn deliver_now(&self, incoming: Incoming) -> Option<Incoming> {
         self.lanes.deliver_now(incoming)
     }
 

@@ -360,7 +360,7 @@ impl BulkSlot {
     /// Whether a new collective's `len`-byte message would arrive through a thread of the
     /// channel's own (so that a receive polling for it holds a core the thread may need).
     pub fn takes_on_thread(&self, len: usize) -> bool {
-        self.takes(len) && self.channel.get().is_some_and(|c| !c.delivers_on_runtime())
+        self.channel.get().is_some_and(|c| !c.delivers_on_runtime()) && self.takes(len)
     }
 
     /// How to send a `len`-byte message of collective `key`: `Ok` the channel (the collective

@@ -234,7 +234,7 @@ impl RingReading {
         }
         reader.release();
         drop(admitted);
-        if let Err(back) = self.inbound.deliver_now(incoming) {
+        if let Some(back) = self.inbound.deliver_now(incoming) {
             *undelivered = Some(back);
         }
         true
