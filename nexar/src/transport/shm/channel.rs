@@ -73,6 +73,9 @@ impl Stoppable for State {
 pub(super) struct State {
     pub peer: usize,
     failed: AtomicBool,
+    /// The peer said goodbye: nothing more comes, but this side still says its own (the peer
+    /// reads this side's ring until it does).
+    peer_said_goodbye: AtomicBool,
     stopped: Notify,
     /// The link's socket: doorbells both ways, and its end means the peer is gone.
     sock: UnixStream,
@@ -82,17 +85,30 @@ pub(super) struct State {
 
 impl State {
     pub fn stop(&self, why: &str, how: Stop) {
+        if how == Stop::Goodbye {
+            self.peer_said_goodbye.store(true, Ordering::SeqCst);
+        }
         if !self.failed.swap(true, Ordering::SeqCst) {
             if how == Stop::Failed {
                 tracing::warn!(peer = self.peer, why, "shared-memory link failed");
             } else {
                 tracing::debug!(peer = self.peer, why, "shared-memory link closed");
             }
-            let _ = self.sock.shutdown(std::net::Shutdown::Both);
         }
+        // After the peer's goodbye the socket stays open: this side's goodbye still goes into
+        // its ring, and the peer may sleep on the socket for its doorbell. (Shut down at once,
+        // the peer's reader met the socket's end before the goodbye and took the link for
+        // failed.)
         if how != Stop::Goodbye {
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
             self.stopped.notify_waiters();
         }
+    }
+
+    /// Whether this side may still write its goodbye: the link has not stopped, or only the
+    /// peer's goodbye stopped it.
+    fn may_say_goodbye(&self) -> bool {
+        !self.stopped() || self.peer_said_goodbye.load(Ordering::SeqCst)
     }
 
     pub fn stopped(&self) -> bool {
@@ -145,8 +161,14 @@ impl ShmChannel {
         limits: ShmLimits,
     ) -> io::Result<ShmChannel> {
         let doorbell = sock.try_clone()?;
-        let state =
-            Arc::new(State { peer, failed: AtomicBool::new(false), stopped: Notify::new(), sock, spin: limits.spin });
+        let state = Arc::new(State {
+            peer,
+            failed: AtomicBool::new(false),
+            peer_said_goodbye: AtomicBool::new(false),
+            stopped: Notify::new(),
+            sock,
+            spin: limits.spin,
+        });
         let sending = Arc::new(Mutex::new(Sending { writer: Writer::new(Arc::new(ours)), queued: 0 }));
         let (jobs, queue) = std_mpsc::channel::<Job>();
         let (writer_state, writer_sending) = (state.clone(), sending.clone());
@@ -253,7 +275,7 @@ impl ShmChannel {
     /// resolves once it is in the ring or [`GOODBYE_TIMEOUT`] passed.
     fn say_goodbye(&self) -> BulkClosed {
         let (done, told) = oneshot::channel();
-        let queued = !self.state.stopped() && self.queue(Job::Goodbye(done));
+        let queued = self.state.may_say_goodbye() && self.queue(Job::Goodbye(done));
         drop(crate::sync::lock(&self.jobs).take());
         Box::pin(async move {
             if queued {
@@ -276,7 +298,8 @@ fn write_jobs(state: &State, sending: &Mutex<Sending>, queue: std_mpsc::Receiver
             Job::Group(frames, done) => {
                 let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
                 let word = length_word(&parts);
-                let written = write_all(state, sending, std::iter::once(&word[..]).chain(parts));
+                let parts = std::iter::once(&word[..]).chain(parts);
+                let written = write_until(state, sending, parts, None, || state.stopped());
                 crate::sync::lock(sending).queued -= 1;
                 match written {
                     Ok(()) => {
@@ -291,7 +314,9 @@ fn write_jobs(state: &State, sending: &Mutex<Sending>, queue: std_mpsc::Receiver
             }
             Job::Goodbye(done) => {
                 let deadline = Instant::now() + GOODBYE_TIMEOUT;
-                let _ = write_until(state, sending, [&GOODBYE.to_le_bytes()[..]].into_iter(), Some(deadline));
+                let goodbye = GOODBYE.to_le_bytes();
+                let parts = std::iter::once(&goodbye[..]);
+                let _ = write_until(state, sending, parts, Some(deadline), || !state.may_say_goodbye());
                 crate::sync::lock(sending).queued -= 1;
                 let _ = done.send(());
                 state.stop("this rank said goodbye", Stop::GivenUp);
@@ -307,23 +332,20 @@ fn write_jobs(state: &State, sending: &Mutex<Sending>, queue: std_mpsc::Receiver
     }
 }
 
-fn write_all<'p>(state: &State, sending: &Mutex<Sending>, parts: impl Iterator<Item = &'p [u8]>) -> Result<(), String> {
-    write_until(state, sending, parts, None)
-}
-
 /// Writes `parts` into the ring in order, waiting for room (spinning, then asleep with a
-/// doorbell asked for), until `deadline` if any.
+/// doorbell asked for), until `deadline` if any, and while the link is not `halted`.
 fn write_until<'p>(
     state: &State,
     sending: &Mutex<Sending>,
     parts: impl Iterator<Item = &'p [u8]>,
     deadline: Option<Instant>,
+    halted: impl Fn() -> bool,
 ) -> Result<(), String> {
     for part in parts {
         let mut at = 0;
         let mut idle_since: Option<Instant> = None;
         while at < part.len() {
-            if state.stopped() {
+            if halted() {
                 return Err("the link stopped".into());
             }
             let (wrote, capacity, wait) = {
