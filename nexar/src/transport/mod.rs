@@ -4,6 +4,7 @@
 pub mod bulk;
 pub(crate) mod byte_budget;
 pub mod chaos;
+pub(crate) mod drivable;
 pub mod endpoint;
 pub mod framed;
 pub(crate) mod inbox;

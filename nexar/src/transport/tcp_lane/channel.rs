@@ -19,6 +19,7 @@ use super::reader::{POOLED, ReadLimits, read_groups};
 use super::records::{CHUNK, Opener, Sealed, Sealer};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
+use crate::transport::drivable::Drivable;
 
 /// The name links report for this transport.
 pub const TCP_LANE_NAME: &str = "tcp-tls";
@@ -146,8 +147,8 @@ pub(crate) struct TcpLane {
     min_bytes: usize,
     write_inline: bool,
     /// Groups are read by a task on the rank's runtime ([`super::runtime_reader`]), not a
-    /// thread (where writes are inline and a runtime was there to start it on).
-    on_runtime: bool,
+    /// thread (where writes are inline and a runtime was there to start it on): this task.
+    reading: Option<Arc<Drivable>>,
     /// How the next group is to be altered (a hostile member's lane).
     #[cfg(feature = "hostile-member")]
     tamper: Mutex<Option<crate::transport::bulk::LaneTamper>>,
@@ -188,21 +189,22 @@ impl TcpLane {
         })?;
         let reader = state.clone();
         let on_runtime = write_inline && tokio::runtime::Handle::try_current().is_ok();
-        if on_runtime {
-            super::runtime_reader::spawn(reader, in_sock, opener, limits, inbound)?;
+        let reading = if on_runtime {
+            Some(super::runtime_reader::spawn(reader, in_sock, opener, limits, inbound)?)
         } else {
             std::thread::Builder::new().name(format!("nexar-tcp-rx-{peer}")).spawn(move || {
                 crate::affinity::free_helper_thread();
                 read_groups(&reader, in_sock, opener, limits, &inbound)
             })?;
-        }
+            None
+        };
         Ok(TcpLane {
             state,
             sending: Mutex::new(Some(Sending { sealer, jobs })),
             spare,
             min_bytes,
             write_inline,
-            on_runtime,
+            reading,
             #[cfg(feature = "hostile-member")]
             tamper: Mutex::default(),
         })
@@ -330,7 +332,11 @@ impl BulkChannel for TcpLane {
     }
 
     fn delivers_on_runtime(&self) -> bool {
-        self.on_runtime
+        self.reading.is_some()
+    }
+
+    fn deliver_ready(&self) -> bool {
+        self.reading.as_ref().is_some_and(|reading| reading.drive())
     }
 
     #[cfg(feature = "hostile-member")]

@@ -22,6 +22,7 @@ use super::channel::State;
 use super::reader::{PooledGroup, ReadLimits, RecvPool, checked_head, frames_found};
 use super::records::{Deferred, GroupSink, HEAD, HEADER, Opener, TAG, record_len};
 use crate::transport::bulk::BulkInbound;
+use crate::transport::drivable::Drivable;
 use crate::transport::reading::{StopOnDrop, read_until_stopped};
 
 /// Bytes of a group's header record.
@@ -31,24 +32,25 @@ const HEAD_RECORD: usize = HEADER + HEAD + TAG;
 /// record longer than this is read straight into its group.
 const READ_AHEAD: usize = 16 << 10;
 
-/// Starts the reading task of a lane on the current runtime.
+/// Starts the reading task of a lane on the current runtime; a receive spinning for one of
+/// the lane's messages may poll it too ([`Drivable::drive`]), so a group the runtime has seen
+/// arrive is read at once rather than on the task's turn.
 pub(super) fn spawn(
     state: Arc<State>,
     sock: std::net::TcpStream,
     opener: Opener,
     limits: ReadLimits,
     inbound: BulkInbound,
-) -> io::Result<()> {
+) -> io::Result<Arc<Drivable>> {
     sock.set_nonblocking(true)?;
     let sock = TcpStream::from_std(sock)?;
-    tokio::spawn(async move {
+    Ok(Drivable::spawn(async move {
         let stop = StopOnDrop(state.clone());
         let sock = BufReader::with_capacity(READ_AHEAD, sock);
         let mut input = Input { sock, opener, pool: Arc::new(RecvPool::default()) };
         read_until_stopped(&*state, read_groups(&mut input, limits, &inbound, &state)).await;
         drop(stop);
-    });
-    Ok(())
+    }))
 }
 
 /// The incoming connection and what reading it needs.
