@@ -105,6 +105,8 @@ pub(super) fn spawn_reader(
     tokio::spawn(async move {
         let stop = StopOnDrop(task.state.clone());
         read_until_stopped(&*task.state, task.read_groups(&doorbell)).await;
+        // Nobody reads the ring any more: unmap it now, not when the channel goes.
+        drop(crate::sync::lock(&task.core).take());
         drop(stop);
     });
     Ok(reading)
@@ -197,7 +199,8 @@ impl RingReading {
         }
         let len = len as usize;
         let ReadCore { reader, pool, peeked, undelivered } = core;
-        if reader.ready().map_or(true, |ready| ready - 8 < len) {
+        // `ready` is the peer's head read again: checked, not trusted to be at least 8 still.
+        if reader.ready().map_or(true, |ready| ready.checked_sub(8).is_none_or(|rest| rest < len)) {
             return false;
         }
         // The message frame, from a short prefix where it fits (it does, but for a peer's
