@@ -120,7 +120,7 @@ const PREEMPTED: Duration = Duration::from_micros(100);
 /// Polls `mailbox` for `key` for up to the governor's window, yielding between polls so this
 /// runtime keeps driving its I/O (the message we wait for arrives through it). Between polls
 /// that find nothing, `read_link` may deliver what the sender's link holds ready (a channel
-/// read on this task; `true` if it delivered anything). `Ok(None)` when nothing came. `spin`
+/// read on this task; `true` if it may have delivered something). `Ok(None)` when nothing came. `spin`
 /// is `None` where spinning is not worth a core at all.
 pub(super) async fn spin_take(
     mailbox: &Mailbox,

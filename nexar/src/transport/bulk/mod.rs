@@ -153,9 +153,9 @@ pub trait BulkChannel: Send + Sync + 'static {
     }
 
     /// Delivers, on the calling task, what the channel has received whole and nexar takes at
-    /// once, instead of leaving it to the channel's own reader; `true` if it delivered
-    /// anything. A receive spinning on its mailbox calls this between its polls (nothing, by
-    /// default). It must never wait.
+    /// once, instead of leaving it to the channel's own reader; `true` if it may have
+    /// delivered something (the caller then looks at its mailbox again). A receive spinning on
+    /// its mailbox calls this between its polls (nothing, by default). It must never wait.
     fn deliver_ready(&self) -> bool {
         false
     }
@@ -352,7 +352,7 @@ impl BulkSlot {
     }
 
     /// Delivers on the calling task what the attached channel received whole
-    /// ([`BulkChannel::deliver_ready`]); `true` if anything was.
+    /// ([`BulkChannel::deliver_ready`]); `true` if anything may have been.
     pub fn deliver_ready(&self) -> bool {
         self.channel.get().is_some_and(|c| c.deliver_ready())
     }

@@ -170,7 +170,7 @@ impl PeerLink {
     }
 
     /// Delivers on the calling task what the link's bulk channel received whole (see
-    /// [`BulkChannel::deliver_ready`]); `true` if anything was.
+    /// [`BulkChannel::deliver_ready`]); `true` if anything may have been.
     pub(crate) fn bulk_deliver_ready(&self) -> bool {
         self.bulk.deliver_ready()
     }
