@@ -3,6 +3,8 @@
 // rkyv generates public `Archived*` mirrors of these types, which carry no docs of their own.
 #![allow(missing_docs)]
 
+use std::cell::Cell;
+
 use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
 use rkyv::rancor::Error as RkyvError;
 use rkyv::ser::allocator::ArenaHandle;
@@ -366,16 +368,56 @@ where
         .map_err(|e| FrameError::InvalidMessage(e.to_string()))
 }
 
-/// Validates untrusted bytes and deserialises a message from them.
+/// Serialises a message into this thread's scratch buffer and calls `f` with the bytes: no
+/// allocation per message once the buffer has grown (for the per-message sends of small
+/// collectives).
+pub fn encode_with<M, R>(msg: &M, f: impl FnOnce(&[u8]) -> R) -> Result<R, FrameError>
+where
+    M: for<'a> Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, RkyvError>>,
+{
+    let mut buf = take_scratch();
+    buf.clear();
+    let buf = rkyv::api::high::to_bytes_in::<_, RkyvError>(msg, buf)
+        .map_err(|e| FrameError::InvalidMessage(e.to_string()))?;
+    let out = f(&buf);
+    give_scratch(buf);
+    Ok(out)
+}
+
+/// Validates untrusted bytes and deserialises a message from them (copied first into this
+/// thread's scratch buffer, which aligns them for the validator).
 pub fn decode<M>(bytes: &[u8]) -> Result<M, FrameError>
 where
     M: Archive,
     M::Archived:
         for<'a> rkyv::bytecheck::CheckBytes<HighValidator<'a, RkyvError>> + Deserialize<M, HighDeserializer<RkyvError>>,
 {
-    let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
+    let mut aligned = take_scratch();
+    aligned.clear();
     aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<M, RkyvError>(&aligned).map_err(|e| FrameError::InvalidMessage(e.to_string()))
+    let decoded = rkyv::from_bytes::<M, RkyvError>(&aligned).map_err(|e| FrameError::InvalidMessage(e.to_string()));
+    give_scratch(aligned);
+    decoded
+}
+
+/// A scratch buffer kept by a thread past this size is dropped instead (a rare large message
+/// does not pin its size in every thread).
+const SCRATCH_KEPT: usize = 4096;
+
+thread_local! {
+    /// Each thread's buffer for serialising and aligning messages; taken out while in use, so
+    /// a nested use (none today) would allocate rather than alias it.
+    static SCRATCH: std::cell::Cell<Option<AlignedVec>> = const { std::cell::Cell::new(None) };
+}
+
+fn take_scratch() -> AlignedVec {
+    SCRATCH.with(Cell::take).unwrap_or_else(|| AlignedVec::with_capacity(ENCODE_ROOM))
+}
+
+fn give_scratch(buf: AlignedVec) {
+    if buf.capacity() <= SCRATCH_KEPT {
+        SCRATCH.with(|s| s.set(Some(buf)));
+    }
 }
 
 #[cfg(test)]

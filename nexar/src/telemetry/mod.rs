@@ -169,6 +169,9 @@ impl RankMeters {
 pub(crate) struct SentBytes {
     rank: String,
     quic: Counter,
+    /// The counter of the link's bulk channel, made at its first group (a link attaches one
+    /// channel, once): looking it up by its labels cost an allocation and a hash per message.
+    bulk: std::sync::OnceLock<(&'static str, Counter)>,
 }
 
 impl SentBytes {
@@ -176,7 +179,7 @@ impl SentBytes {
     pub fn new(rank: u32) -> Self {
         let rank = rank.to_string();
         let quic = metrics::counter!("nexar_sent_bytes_total", "rank" => rank.clone(), "transport" => "quic");
-        SentBytes { rank, quic }
+        SentBytes { rank, quic, bulk: std::sync::OnceLock::new() }
     }
 
     /// `n` bytes went to QUIC.
@@ -184,11 +187,14 @@ impl SentBytes {
         self.quic.increment(n as u64);
     }
 
-    /// `n` bytes went to the bulk channel named `transport` (large groups only, so the
-    /// handle is looked up each time).
+    /// `n` bytes went to the bulk channel named `transport`.
     pub fn bulk(&self, transport: &'static str, n: usize) {
-        metrics::counter!("nexar_sent_bytes_total", "rank" => self.rank.clone(), "transport" => transport)
-            .increment(n as u64);
+        let lookup =
+            || metrics::counter!("nexar_sent_bytes_total", "rank" => self.rank.clone(), "transport" => transport);
+        match self.bulk.get_or_init(|| (transport, lookup())) {
+            (cached, counter) if *cached == transport => counter.increment(n as u64),
+            _ => lookup().increment(n as u64),
+        }
     }
 }
 

@@ -258,14 +258,20 @@ impl PeerLink {
             // Dropped while waiting, nothing was read from `payload`.
             channel.room().await;
         }
-        let body = match message::encode(msg) {
-            Ok(body) => body,
+        let written = message::encode_with(msg, |body| {
+            let (message_head, raw_head) = (message_head(body.len()), raw_head(len as u64));
+            let frames: [&[u8]; 3] = [&message_head, body, &raw_head];
+            let framed = frames.iter().map(|f| f.len()).sum::<usize>() + len;
+            (with_parts(&frames, payload, |parts| channel.send_borrowed(parts)), framed)
+        });
+        let sent = match written {
+            Ok((sent, framed)) => {
+                let sent = sent?;
+                self.sent.bulk(channel.name(), framed);
+                sent
+            }
             Err(error) => return Some(Err(TransportError::Protocol { peer: peer_name(self.peer), error })),
         };
-        let (message_head, raw_head) = (message_head(body.len()), raw_head(len as u64));
-        let frames: [&[u8]; 3] = [&message_head, &body, &raw_head];
-        let sent = with_parts(&frames, payload, |parts| channel.send_borrowed(parts))?;
-        self.sent.bulk(channel.name(), frames.iter().map(|f| f.len()).sum::<usize>() + len);
         let slot = Arc::downgrade(&self.bulk);
         let finish = move |result: &Result<(), TransportError>| {
             if result.is_err()
