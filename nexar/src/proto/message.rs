@@ -444,6 +444,26 @@ mod tests {
         assert_eq!(overflow.payload_len(), None);
     }
 
+    #[test]
+    fn the_scratch_buffer_serves_messages_of_any_size_in_turn() {
+        let small = PeerMsg::Coll {
+            comm: 7,
+            seq: 9,
+            header: CollHeader { kind: 1, op: 2, dtype: 3, root: 0, count: 1024, fingerprint: 5, segment: 0 },
+            part: 1,
+            len: 1024,
+        };
+        let large = PeerMsg::Registry { entries: (0..1000).map(|i| (i, i * 3)).collect() };
+        for m in [&small, &large, &small, &large, &small] {
+            let bytes = encode_with(m, <[u8]>::to_vec).unwrap();
+            assert_eq!(bytes, encode(m).unwrap().to_vec());
+            assert_eq!(&decode::<PeerMsg>(&bytes).unwrap(), m);
+        }
+        // A failed validation leaves the scratch buffer usable.
+        assert!(decode::<PeerMsg>(&[0xff; 3]).is_err());
+        assert_eq!(decode::<PeerMsg>(&encode_with(&small, <[u8]>::to_vec).unwrap()).unwrap(), small);
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic_the_decoders(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
