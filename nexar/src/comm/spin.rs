@@ -22,6 +22,9 @@ const MIN_WINDOW_NS: u64 = 4_000;
 /// Waits between two full-window probes while spinning is off; doubled after each probe that
 /// expires, up to [`MAX_PROBE_GAP`].
 const FIRST_PROBE_GAP: u64 = 64;
+/// How long a spin whose polls read the message's link themselves keeps the thread from the
+/// runtime's other tasks at most.
+const SELF_READ_YIELD: Duration = Duration::from_micros(20);
 /// The longest gap between probes: a co-located rank pays one window per this many waits.
 const MAX_PROBE_GAP: u64 = 8_192;
 
@@ -130,9 +133,12 @@ pub(super) async fn spin_take(
 ) -> Result<Option<Held>, Refusal> {
     match spin {
         Some(governor) => {
-            spin_poll(governor, || match mailbox.try_take(key)? {
+            spin_poll_reading(governor, |read_itself| match mailbox.try_take(key)? {
                 Some(held) => Ok(Some(held)),
-                None if read_link() => mailbox.try_take(key),
+                None if read_link() => {
+                    *read_itself = true;
+                    mailbox.try_take(key)
+                }
                 None => Ok(None),
             })
             .await
@@ -149,15 +155,27 @@ pub(crate) async fn spin_poll<T, E>(
     governor: &SpinGovernor,
     mut poll: impl FnMut() -> Result<Option<T>, E>,
 ) -> Result<Option<T>, E> {
+    spin_poll_reading(governor, |_| poll()).await
+}
+
+/// [`spin_poll`] for a `poll` that may read its message's link itself, and says so through
+/// its argument: while it does, the spin hands the thread to the runtime only every
+/// [`SELF_READ_YIELD`] (a runtime cycle is a system call, and the message will not come
+/// through the runtime), otherwise after every poll.
+pub(crate) async fn spin_poll_reading<T, E>(
+    governor: &SpinGovernor,
+    mut poll: impl FnMut(&mut bool) -> Result<Option<T>, E>,
+) -> Result<Option<T>, E> {
     let window = governor.window();
     if window.is_zero() {
         return Ok(None);
     }
     // The clock is read only after a poll that found nothing (one read per poll).
-    let mut clock: Option<(Instant, Instant)> = None;
+    let mut clock: Option<(Instant, Instant, Instant)> = None;
     let (mut preempted, mut polls) = (false, 0u64);
     loop {
-        if let Some(value) = poll()? {
+        let mut read_itself = false;
+        if let Some(value) = poll(&mut read_itself)? {
             // Found at once, the spin says nothing about whether spinning pays.
             if polls > 0 {
                 governor.record(window, if preempted { Spun::Expired } else { Spun::Found });
@@ -165,7 +183,7 @@ pub(crate) async fn spin_poll<T, E>(
             return Ok(Some(value));
         }
         let now = Instant::now();
-        let (until, last) = clock.get_or_insert((now + window, now));
+        let (until, last, yielded) = clock.get_or_insert((now + window, now, now));
         preempted |= now.duration_since(*last) > PREEMPTED;
         *last = now;
         if now >= *until {
@@ -173,7 +191,12 @@ pub(crate) async fn spin_poll<T, E>(
             return Ok(None);
         }
         polls += 1;
-        tokio::task::yield_now().await;
+        if !read_itself || now.duration_since(*yielded) >= SELF_READ_YIELD {
+            *yielded = now;
+            tokio::task::yield_now().await;
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
 
@@ -226,5 +249,27 @@ mod tests {
         assert_eq!(never.window(), Duration::ZERO);
         never.record(Duration::ZERO, Spun::Expired);
         assert_eq!(never.window(), Duration::ZERO);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_spin_that_reads_its_link_itself_still_lets_other_tasks_run() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let g = SpinGovernor::new(Duration::from_secs(5));
+        let other_ran = Arc::new(AtomicBool::new(false));
+        let flag = other_ran.clone();
+        tokio::spawn(async move { flag.store(true, Relaxed) });
+        let (mut polls, began) = (0u64, Instant::now());
+        // Every poll says it read the link itself, so the spin yields only now and then; the
+        // spawned task must still get its turn within the window.
+        let found = spin_poll_reading(&g, |read_itself| {
+            *read_itself = true;
+            polls += 1;
+            Ok::<_, ()>(other_ran.load(Relaxed).then_some(()))
+        })
+        .await;
+        assert_eq!(found, Ok(Some(())));
+        assert!(polls > 1, "{polls} polls");
+        assert!(began.elapsed() < Duration::from_secs(5));
     }
 }

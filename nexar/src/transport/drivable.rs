@@ -67,7 +67,7 @@ impl Drivable {
         let Ok(mut slot) = self.slot.try_lock() else { return false };
         let Some(waker) = slot.waker.clone() else { return false };
         let Some(fut) = slot.fut.as_mut() else { return false };
-        if fut.as_mut().poll(&mut Context::from_waker(&waker)).is_ready() {
+        if super::eager_read::driven(|| fut.as_mut().poll(&mut Context::from_waker(&waker))).is_ready() {
             slot.fut = None;
             drop(slot);
             // Its task finds it finished and ends.

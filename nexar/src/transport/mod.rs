@@ -5,6 +5,7 @@ pub mod bulk;
 pub(crate) mod byte_budget;
 pub mod chaos;
 pub(crate) mod drivable;
+pub(crate) mod eager_read;
 pub mod endpoint;
 pub mod framed;
 pub(crate) mod inbox;

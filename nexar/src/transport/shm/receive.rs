@@ -174,7 +174,9 @@ impl RingReading {
     /// takes at once: a receive spinning on its mailbox calls this between its polls, so a
     /// message need not wait for the task's turn. Does nothing while the task reads a group;
     /// anything unusual (a group not yet whole, a wait for admission, a broken group, the
-    /// goodbye) is left in the ring for the task. `true` if something was delivered.
+    /// goodbye) is left in the ring for the task. `true` if something was delivered or the
+    /// ring was read to its end: then nothing waits for the task (see
+    /// [`BulkChannel::deliver_ready`](crate::transport::bulk::BulkChannel::deliver_ready)).
     pub(super) fn deliver_ready(&self) -> bool {
         let Ok(mut guard) = self.core.try_lock() else { return false };
         let Some(core) = guard.as_mut() else { return false };
@@ -182,7 +184,7 @@ impl RingReading {
         while core.undelivered.is_none() && self.take_whole_group(core) {
             delivered = true;
         }
-        delivered
+        delivered || (core.undelivered.is_none() && core.reader.ready() == Ok(0))
     }
 
     /// Reads, checks and delivers (or keeps as undelivered) the next group if it lies whole in

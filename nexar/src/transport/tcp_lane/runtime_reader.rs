@@ -23,6 +23,7 @@ use super::reader::{PooledGroup, ReadLimits, RecvPool, checked_head, frames_foun
 use super::records::{Deferred, GroupSink, HEAD, HEADER, Opener, TAG, record_len};
 use crate::transport::bulk::BulkInbound;
 use crate::transport::drivable::Drivable;
+use crate::transport::eager_read::EagerRead;
 use crate::transport::reading::{StopOnDrop, read_until_stopped};
 
 /// Bytes of a group's header record.
@@ -46,7 +47,7 @@ pub(super) fn spawn(
     let sock = TcpStream::from_std(sock)?;
     Ok(Drivable::spawn(async move {
         let stop = StopOnDrop(state.clone());
-        let sock = BufReader::with_capacity(READ_AHEAD, sock);
+        let sock = BufReader::with_capacity(READ_AHEAD, EagerRead(sock));
         let mut input = Input { sock, opener, pool: Arc::new(RecvPool::default()) };
         read_until_stopped(&*state, read_groups(&mut input, limits, &inbound, &state)).await;
         drop(stop);
@@ -55,7 +56,7 @@ pub(super) fn spawn(
 
 /// The incoming connection and what reading it needs.
 struct Input {
-    sock: BufReader<TcpStream>,
+    sock: BufReader<EagerRead>,
     opener: Opener,
     pool: Arc<RecvPool>,
 }
