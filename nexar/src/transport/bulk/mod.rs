@@ -155,8 +155,8 @@ pub trait BulkChannel: Send + Sync + 'static {
     /// Delivers, on the calling task, what the channel has received whole and nexar takes at
     /// once, instead of leaving it to the channel's own reader; `true` if it read the channel
     /// itself: it may have delivered something (the caller then looks at its mailbox again),
-    /// and nothing it has received waits for the channel's reader, so a caller that spins may
-    /// keep its thread from the runtime a while. A receive spinning on its mailbox calls this
+    /// and a caller that spins may keep its thread from the runtime until its next poll (so
+    /// return `true` only where what is left needs no other task for long). A receive spinning on its mailbox calls this
     /// between its polls (nothing, by default). It must never wait.
     fn deliver_ready(&self) -> bool {
         false
