@@ -413,7 +413,7 @@ impl NexarClient {
             Refusal::SourceGone(reason) => P2pError::PeerGone { rank, op, peer: src, reason },
         };
         if let Some(held) =
-            super::spin::spin_take(&self.inner.mailbox, key, Some(&self.inner.spin), || false).await.map_err(refused)?
+            super::spin::spin_take(&self.inner.mailbox, key, Some(&self.inner.spin), || None).await.map_err(refused)?
         {
             return Ok(held);
         }

@@ -22,9 +22,6 @@ const MIN_WINDOW_NS: u64 = 4_000;
 /// Waits between two full-window probes while spinning is off; doubled after each probe that
 /// expires, up to [`MAX_PROBE_GAP`].
 const FIRST_PROBE_GAP: u64 = 64;
-/// How long a spin whose polls read the message's link themselves keeps the thread from the
-/// runtime's other tasks at most.
-const SELF_READ_YIELD: Duration = Duration::from_micros(20);
 /// The longest gap between probes: a co-located rank pays one window per this many waits.
 const MAX_PROBE_GAP: u64 = 8_192;
 
@@ -123,23 +120,26 @@ const PREEMPTED: Duration = Duration::from_micros(100);
 /// Polls `mailbox` for `key` for up to the governor's window, yielding between polls so this
 /// runtime keeps driving its I/O (the message we wait for arrives through it). Between polls
 /// that find nothing, `read_link` may deliver what the sender's link holds ready (a channel
-/// read on this task; `true` if it may have delivered something). `Ok(None)` when nothing came. `spin`
-/// is `None` where spinning is not worth a core at all.
+/// read on this task; `Some(hold)` if it read the link itself, see
+/// [`BulkChannel::deliver_ready`](crate::transport::bulk::BulkChannel::deliver_ready)).
+/// `Ok(None)` when nothing came. `spin` is `None` where spinning is not worth a core at all.
 pub(super) async fn spin_take(
     mailbox: &Mailbox,
     key: Key,
     spin: Option<&SpinGovernor>,
-    read_link: impl Fn() -> bool,
+    read_link: impl Fn() -> Option<Duration>,
 ) -> Result<Option<Held>, Refusal> {
     match spin {
         Some(governor) => {
             spin_poll_reading(governor, |read_itself| match mailbox.try_take(key)? {
                 Some(held) => Ok(Some(held)),
-                None if read_link() => {
-                    *read_itself = true;
-                    mailbox.try_take(key)
-                }
-                None => Ok(None),
+                None => match read_link() {
+                    Some(hold) => {
+                        *read_itself = Some(hold);
+                        mailbox.try_take(key)
+                    }
+                    None => Ok(None),
+                },
             })
             .await
         }
@@ -159,12 +159,13 @@ pub(crate) async fn spin_poll<T, E>(
 }
 
 /// [`spin_poll`] for a `poll` that may read its message's link itself, and says so through
-/// its argument: while it does, the spin hands the thread to the runtime only every
-/// [`SELF_READ_YIELD`] (a runtime cycle is a system call, and the message will not come
-/// through the runtime), otherwise after every poll.
+/// its argument, with how long the spin may then keep the thread: while it does, the spin
+/// hands the thread to the runtime only once that long has passed since it last did (a
+/// runtime cycle is a system call, and the message will not come through the runtime),
+/// otherwise after every poll.
 pub(crate) async fn spin_poll_reading<T, E>(
     governor: &SpinGovernor,
-    mut poll: impl FnMut(&mut bool) -> Result<Option<T>, E>,
+    mut poll: impl FnMut(&mut Option<Duration>) -> Result<Option<T>, E>,
 ) -> Result<Option<T>, E> {
     let window = governor.window();
     if window.is_zero() {
@@ -174,7 +175,7 @@ pub(crate) async fn spin_poll_reading<T, E>(
     let mut clock: Option<(Instant, Instant, Instant)> = None;
     let (mut preempted, mut polls) = (false, 0u64);
     loop {
-        let mut read_itself = false;
+        let mut read_itself = None;
         if let Some(value) = poll(&mut read_itself)? {
             // Found at once, the spin says nothing about whether spinning pays.
             if polls > 0 {
@@ -191,7 +192,7 @@ pub(crate) async fn spin_poll_reading<T, E>(
             return Ok(None);
         }
         polls += 1;
-        if !read_itself || now.duration_since(*yielded) >= SELF_READ_YIELD {
+        if read_itself.is_none_or(|hold| now.duration_since(*yielded) >= hold) {
             *yielded = now;
             tokio::task::yield_now().await;
         } else {
@@ -263,7 +264,7 @@ mod tests {
         // Every poll says it read the link itself, so the spin yields only now and then; the
         // spawned task must still get its turn within the window.
         let found = spin_poll_reading(&g, |read_itself| {
-            *read_itself = true;
+            *read_itself = Some(Duration::from_micros(20));
             polls += 1;
             Ok::<_, ()>(other_ran.load(Relaxed).then_some(()))
         })

@@ -22,6 +22,9 @@ pub(crate) struct CommState {
     setups: AtomicU64,
     /// Which host each member is on, once known (see `NexarClient::host_layout`).
     pub layout: std::sync::OnceLock<Option<std::sync::Arc<crate::proto::algo::hierarchical::HostLayout>>>,
+    /// Schedules of the calls made on this communicator, so that a call repeated (as a
+    /// training loop repeats them) is not planned again.
+    pub schedules: crate::comm::ScheduleCache,
     /// This communicator's NCCL member for device collectives, once made.
     #[cfg(feature = "nccl")]
     pub nccl: super::nccl_slot::NcclSlot,
@@ -41,6 +44,7 @@ impl CommState {
             recoveries: AtomicU64::new(0),
             setups: AtomicU64::new(0),
             layout: std::sync::OnceLock::new(),
+            schedules: crate::comm::ScheduleCache::new(),
             #[cfg(feature = "nccl")]
             nccl: Default::default(),
         }

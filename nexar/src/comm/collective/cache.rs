@@ -14,6 +14,8 @@ pub(crate) struct ScheduleKey {
     pub(super) world: usize,
     pub(super) count: usize,
     pub(super) elem: usize,
+    /// Whether the communicator knew its members' hosts (schedules made before may differ).
+    pub(super) hosts_known: bool,
 }
 
 /// Schedules kept for calls that repeat (a plan's collectives, run every iteration), so they
@@ -25,6 +27,9 @@ pub(crate) struct ScheduleCache {
 
 /// Schedules a [`ScheduleCache`] keeps at most.
 const CACHED_SCHEDULES: usize = 64;
+/// The most steps of a schedule worth keeping: a longer one moves enough data that planning
+/// it again costs nothing in comparison, and keeping it would cost memory.
+pub(crate) const CACHED_STEPS: usize = 4096;
 
 impl ScheduleCache {
     /// An empty cache (usable in a `static`).

@@ -21,7 +21,7 @@ mod handle;
 mod prepare;
 mod topk;
 
-pub(crate) use cache::{ScheduleCache, ScheduleKey};
+pub(crate) use cache::{CACHED_STEPS, ScheduleCache, ScheduleKey};
 pub use compressed::Compression;
 pub use error::CollectiveError;
 pub(in crate::comm) use handle::Exchange;

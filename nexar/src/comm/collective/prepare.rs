@@ -8,7 +8,7 @@ use nexar_types::{DeviceError, Element, RecvBuf, ReduceError, ReduceOp, SendBuf,
 use super::super::client::NexarClient;
 use super::super::exec::CollCall;
 use super::super::pieces::{Data, Pieces, runs_on_pieces};
-use super::{CollectiveError, Exchange, ScheduleCache, ScheduleKey};
+use super::{CACHED_STEPS, CollectiveError, Exchange, ScheduleCache, ScheduleKey};
 use crate::proto::algo::hierarchical::HostLayout;
 use crate::proto::algo::{Algorithm, Collective, generate_on, select_on};
 use crate::proto::schedule::Schedule;
@@ -163,7 +163,8 @@ impl NexarClient {
     }
 
     /// This rank's schedule for `call`, by the algorithm the size table or the configuration
-    /// picks: from `cache` when it has it, else generated (and kept there).
+    /// picks: from `cache` (a plan's; else the communicator's own) when it has it, else
+    /// generated (and kept there unless it is long).
     pub(super) fn schedule_for<T: Element>(
         &self,
         seq: u64,
@@ -173,18 +174,26 @@ impl NexarClient {
         let (rank, op) = (self.rank(), call.kind.name());
         let count = call.count as usize;
         let algorithm = self.algorithm_for(call.kind, count.saturating_mul(T::DTYPE.size()));
-        let key =
-            ScheduleKey { kind: call.kind, algorithm, rank, world: self.world_size(), count, elem: T::DTYPE.size() };
-        if let Some(schedule) = cache.and_then(|c| c.get(&key)) {
+        let layout = self.layout();
+        let key = ScheduleKey {
+            kind: call.kind,
+            algorithm,
+            rank,
+            world: self.world_size(),
+            count,
+            elem: T::DTYPE.size(),
+            hosts_known: layout.is_some(),
+        };
+        let cache = cache.unwrap_or(&self.comm.schedules);
+        if let Some(schedule) = cache.get(&key) {
             return Ok(schedule);
         }
-        let layout = self.layout();
         let mut schedule = generate_on(call.kind, algorithm, rank, key.world, count, key.elem, layout.as_deref())
             .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
         schedule.algorithm = algorithm.name();
         tracing::trace!(rank, op, seq, %algorithm, steps = schedule.steps.len(), "collective");
         let schedule = Arc::new(schedule);
-        if let Some(cache) = cache {
+        if schedule.steps.len() <= CACHED_STEPS {
             cache.keep(key, schedule.clone());
         }
         Ok(schedule)

@@ -18,6 +18,7 @@ use foldhash::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -153,13 +154,14 @@ pub trait BulkChannel: Send + Sync + 'static {
     }
 
     /// Delivers, on the calling task, what the channel has received whole and nexar takes at
-    /// once, instead of leaving it to the channel's own reader; `true` if it read the channel
-    /// itself: it may have delivered something (the caller then looks at its mailbox again),
-    /// and a caller that spins may keep its thread from the runtime until its next poll (so
-    /// return `true` only where what is left needs no other task for long). A receive spinning on its mailbox calls this
-    /// between its polls (nothing, by default). It must never wait.
-    fn deliver_ready(&self) -> bool {
-        false
+    /// once, instead of leaving it to the channel's own reader. `Some(hold)` if it read the
+    /// channel itself: it may have delivered something (the caller then looks at its mailbox
+    /// again), and a caller that spins may keep its thread from the runtime's other tasks for
+    /// up to `hold` since it last let them run (so return it only where what is left needs no
+    /// other task for that long). A receive spinning on its mailbox calls this between its
+    /// polls (nothing, by default: `None`). It must never wait.
+    fn deliver_ready(&self) -> Option<Duration> {
+        None
     }
 
     /// The smallest message group worth this channel: a collective whose first message to
@@ -354,9 +356,9 @@ impl BulkSlot {
     }
 
     /// Delivers on the calling task what the attached channel received whole
-    /// ([`BulkChannel::deliver_ready`]); `true` if anything may have been.
-    pub fn deliver_ready(&self) -> bool {
-        self.channel.get().is_some_and(|c| c.deliver_ready())
+    /// ([`BulkChannel::deliver_ready`]); `Some` if anything may have been.
+    pub fn deliver_ready(&self) -> Option<Duration> {
+        self.channel.get().and_then(|c| c.deliver_ready())
     }
 
     /// Whether a new collective's `len`-byte message would arrive through a thread of the

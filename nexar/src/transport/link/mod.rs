@@ -170,8 +170,8 @@ impl PeerLink {
     }
 
     /// Delivers on the calling task what the link's bulk channel received whole (see
-    /// [`BulkChannel::deliver_ready`]); `true` if anything may have been.
-    pub(crate) fn bulk_deliver_ready(&self) -> bool {
+    /// [`BulkChannel::deliver_ready`]); `Some` if anything may have been.
+    pub(crate) fn bulk_deliver_ready(&self) -> Option<std::time::Duration> {
         self.bulk.deliver_ready()
     }
 

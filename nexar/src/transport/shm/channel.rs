@@ -247,7 +247,7 @@ impl BulkChannel for ShmChannel {
         true
     }
 
-    fn deliver_ready(&self) -> bool {
+    fn deliver_ready(&self) -> Option<Duration> {
         self.reading.deliver_ready()
     }
 
