@@ -212,17 +212,20 @@ pub(crate) async fn broadcast_abort(client: &NexarClient, seq: u64, reason: &str
 
 /// Aborts the collective if its future is dropped before it finished, so no peer waits for a
 /// rank that has gone.
-struct AbortOnDrop {
-    client: Option<NexarClient>,
+/// (It borrows the client, and clones it only for the abort: a collective that finishes pays
+/// no reference count.)
+struct AbortOnDrop<'c> {
+    client: Option<&'c NexarClient>,
     seq: u64,
     op: &'static str,
 }
 
-impl Drop for AbortOnDrop {
+impl Drop for AbortOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(client) = self.client.take()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
+            let client = client.clone();
             let reason = format!("rank {} cancelled {}", client.rank(), self.op);
             let seq = self.seq;
             rt.spawn(async move { broadcast_abort(&client, seq, &reason).await });
@@ -241,7 +244,7 @@ impl NexarClient {
         data: &mut Data<'_, T>,
         input: &[T],
     ) -> Result<(), CollectiveError> {
-        let mut guard = AbortOnDrop { client: Some(self.clone()), seq, op: call.kind.name() };
+        let mut guard = AbortOnDrop { client: Some(self), seq, op: call.kind.name() };
         let began = Instant::now();
         let trace = self.inner.trace.recorder.start_at(
             OpDesc {

@@ -51,6 +51,15 @@ impl NexarClient {
 
     /// [`host_layout`](Self::host_layout), made once per communicator.
     pub(crate) fn layout(&self) -> Option<Arc<HostLayout>> {
+        self.layout_kept().cloned()
+    }
+
+    /// [`layout`](Self::layout) without taking a reference count (each collective asks).
+    pub(crate) fn layout_ref(&self) -> Option<&HostLayout> {
+        self.layout_kept().map(|layout| &**layout)
+    }
+
+    fn layout_kept(&self) -> Option<&Arc<HostLayout>> {
         // Not kept before the table is learnt (nothing would make it again).
         let keys = self.inner.host_keys.get()?;
         self.comm
@@ -59,6 +68,6 @@ impl NexarClient {
                 let mine: Option<Vec<u64>> = self.comm.members.iter().map(|w| keys.get(*w).copied()).collect();
                 mine.map(|keys| Arc::new(HostLayout::from_keys(&keys)))
             })
-            .clone()
+            .as_ref()
     }
 }

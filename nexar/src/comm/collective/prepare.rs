@@ -24,7 +24,7 @@ impl NexarClient {
             Collective::Barrier => cfg.barrier_algorithm,
             _ => None,
         };
-        let layout = self.layout();
+        let layout = self.layout_ref();
         let runs_two_level = |l: &HostLayout| match kind {
             Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
                 l.ranks_per_host().is_some()
@@ -34,11 +34,11 @@ impl NexarClient {
         };
         match pinned {
             // Pinned where it cannot run (no layout, hosts of different sizes): the table.
-            Some(Algorithm::Hierarchical { .. }) if !layout.as_deref().is_some_and(runs_two_level) => {
+            Some(Algorithm::Hierarchical { .. }) if !layout.is_some_and(runs_two_level) => {
                 select_on(kind, bytes, self.world_size(), None)
             }
             Some(pinned) => pinned,
-            None => select_on(kind, bytes, self.world_size(), layout.as_deref()),
+            None => select_on(kind, bytes, self.world_size(), layout),
         }
     }
 
@@ -174,7 +174,7 @@ impl NexarClient {
         let (rank, op) = (self.rank(), call.kind.name());
         let count = call.count as usize;
         let algorithm = self.algorithm_for(call.kind, count.saturating_mul(T::DTYPE.size()));
-        let layout = self.layout();
+        let layout = self.layout_ref();
         let key = ScheduleKey {
             kind: call.kind,
             algorithm,
@@ -188,7 +188,7 @@ impl NexarClient {
         if let Some(schedule) = cache.get(&key) {
             return Ok(schedule);
         }
-        let mut schedule = generate_on(call.kind, algorithm, rank, key.world, count, key.elem, layout.as_deref())
+        let mut schedule = generate_on(call.kind, algorithm, rank, key.world, count, key.elem, layout)
             .map_err(|source| CollectiveError::Algorithm { rank, op, source })?;
         schedule.algorithm = algorithm.name();
         tracing::trace!(rank, op, seq, %algorithm, steps = schedule.steps.len(), "collective");
