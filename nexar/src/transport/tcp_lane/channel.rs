@@ -229,6 +229,38 @@ impl TcpLane {
         sealer.seal_group(parts, buffer, emit)
     }
 
+    /// Whether the group `parts` goes to the socket straight from them ([`super::plain_write`]):
+    /// records in plaintext, written on the calling thread, nothing queued ahead of it, large
+    /// enough that building the gather list costs less than the copy it saves.
+    fn writes_plain_from_parts(&self, sealer: &Sealer, parts: &[&[u8]]) -> bool {
+        #[cfg(feature = "hostile-member")]
+        if crate::sync::lock(&self.tamper).is_some() {
+            return false;
+        }
+        self.write_inline
+            && !sealer.encrypts()
+            && parts.iter().map(|p| p.len()).sum::<usize>() >= super::records::DIRECT_MIN
+            && self.state.queued.load(Ordering::SeqCst) == 0
+    }
+
+    /// Writes a plaintext group straight from `parts` as far as the socket takes it, and
+    /// hands the rest, copied, to `emit`; `false` if the lane stopped.
+    fn write_plain(
+        &self,
+        parts: &[&[u8]],
+        buffer: impl FnMut() -> Vec<u8>,
+        emit: impl FnMut(Sealed, bool) -> bool,
+    ) -> bool {
+        let group = super::plain_write::PlainGroup::new(parts, super::records::lead_of(parts) as u64);
+        match group.write_ready(&self.state.sockets[0]) {
+            Ok(written) => group.copy_rest(written, buffer, emit),
+            Err(e) => {
+                self.state.stop(&format!("writing: {e}"), Stop::Failed);
+                false
+            }
+        }
+    }
+
     /// Seals one group (the concatenation of `parts`) on the calling thread and queues it.
     fn seal_and_queue(&self, parts: &[&[u8]]) -> Sent {
         // Told once the group's last buffer is written, where that is left to the writer.
@@ -264,11 +296,15 @@ impl TcpLane {
                         self.state.queued.fetch_add(chunk.len(), Ordering::SeqCst);
                         s.jobs.send((chunk, tell)).is_ok()
                     };
-                    match self.seal_group(&mut s.sealer, parts, spare, emit) {
-                        Ok(queued) => queued,
-                        Err(e) => {
-                            self.state.stop(&format!("sealing: {e}"), Stop::Failed);
-                            false
+                    if self.writes_plain_from_parts(&s.sealer, parts) {
+                        self.write_plain(parts, spare, emit)
+                    } else {
+                        match self.seal_group(&mut s.sealer, parts, spare, emit) {
+                            Ok(queued) => queued,
+                            Err(e) => {
+                                self.state.stop(&format!("sealing: {e}"), Stop::Failed);
+                                false
+                            }
                         }
                     }
                 }

@@ -16,6 +16,7 @@
 
 mod channel;
 mod handshake;
+mod plain_write;
 mod reader;
 mod records;
 mod runtime_reader;

@@ -54,7 +54,7 @@ pub(crate) struct GroupHead {
 }
 
 impl GroupHead {
-    fn encode(self) -> [u8; HEAD] {
+    pub(super) fn encode(self) -> [u8; HEAD] {
         let mut out = [0u8; HEAD];
         out[..8].copy_from_slice(&self.len.to_le_bytes());
         out[8..].copy_from_slice(&self.lead.to_le_bytes());
@@ -161,6 +161,17 @@ impl Sealer {
     /// is false, frames records without encrypting them.
     pub fn new(session: impl Exporter, encrypt: bool) -> io::Result<Sealer> {
         Ok(Sealer { keys: Protection::new(session, encrypt)? })
+    }
+
+    /// A sealer that frames records without encrypting them.
+    #[cfg(test)]
+    pub fn plain_for_tests() -> Sealer {
+        Sealer { keys: Protection::Plain }
+    }
+
+    /// Whether records are encrypted (not with `NEXAR_BULK_ENCRYPTION=off`).
+    pub fn encrypts(&self) -> bool {
+        matches!(self.keys, Protection::Aead(_))
     }
 
     /// Seals one group, the concatenation of `parts`, as records in buffers of about

@@ -1,0 +1,248 @@
+//! Plaintext groups written straight from the caller's buffers (`NEXAR_BULK_ENCRYPTION=off`).
+//!
+//! A plaintext record is its length, the caller's bytes and a zero tag, so there is nothing to
+//! compute: the records of a group are handed to the kernel as a gather list
+//! (`sendmsg`) pointing into the caller's parts, instead of being copied into the writer's
+//! buffers first. On these machines a user-space copy runs no faster than the kernel's own, so
+//! that copy was a third of the sender's work. The wire bytes are exactly those the
+//! [`Sealer`](super::records::Sealer) frames without encrypting (same records, same places);
+//! what the socket does not take at once is copied into buffers for the writer, as before.
+
+use std::io::{self, IoSlice};
+use std::net::TcpStream;
+
+use super::records::{CHUNK, GroupHead, HEAD, HEADER, RECORD, Sealed, TAG};
+use super::sealed::Parts;
+
+/// The tag of a plaintext record.
+const ZERO_TAG: [u8; TAG] = [0; TAG];
+/// Slices one `sendmsg` is given at most (the kernel's `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+/// One record of a group: its length word and where its body lies.
+struct Record {
+    len: [u8; HEADER],
+    /// Range of the record's body slices in [`PlainGroup::bodies`].
+    bodies: std::ops::Range<usize>,
+}
+
+/// A group's plaintext records, as slices of the caller's parts.
+pub(super) struct PlainGroup<'p> {
+    head: [u8; HEAD],
+    records: Vec<Record>,
+    bodies: Vec<&'p [u8]>,
+}
+
+impl<'p> PlainGroup<'p> {
+    /// The records of the group `parts` (whose largest part starts at `lead`), cut where
+    /// [`Sealer::seal_group_led`](super::records::Sealer::seal_group_led) cuts them.
+    pub fn new(parts: &[&'p [u8]], lead: u64) -> PlainGroup<'p> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut group = PlainGroup {
+            head: GroupHead { len: len as u64, lead }.encode(),
+            records: Vec::with_capacity(len / RECORD + 2),
+            bodies: Vec::with_capacity(len / RECORD + parts.len() + 1),
+        };
+        let mut parts = Parts { parts, part: 0, offset: 0 };
+        let mut left = len;
+        while left > 0 {
+            let here = parts.current();
+            let n = left.min(RECORD);
+            let start = group.bodies.len();
+            let n = if here.len() >= n || here.len() >= super::records::DIRECT_MIN {
+                let n = n.min(here.len());
+                group.bodies.push(&here[..n]);
+                parts.offset += n;
+                n
+            } else {
+                let n = parts.small_run(n);
+                let mut taken = 0;
+                while taken < n {
+                    let here = parts.current();
+                    let take = here.len().min(n - taken);
+                    group.bodies.push(&here[..take]);
+                    parts.offset += take;
+                    taken += take;
+                }
+                n
+            };
+            group.records.push(Record { len: (n as u32).to_le_bytes(), bodies: start..group.bodies.len() });
+            left -= n;
+        }
+        group
+    }
+
+    /// The group's wire bytes, in order, as slices.
+    fn slices(&self) -> impl Iterator<Item = &[u8]> {
+        [&HEAD_LEN[..], &self.head[..], &ZERO_TAG[..]].into_iter().chain(self.records.iter().flat_map(move |r| {
+            std::iter::once(&r.len[..])
+                .chain(self.bodies[r.bodies.clone()].iter().copied())
+                .chain(std::iter::once(&ZERO_TAG[..]))
+        }))
+    }
+
+    /// Bytes on the wire.
+    pub fn wire_len(&self) -> usize {
+        HEADER
+            + HEAD
+            + TAG
+            + self.records.iter().map(|r| HEADER + u32::from_le_bytes(r.len) as usize + TAG).sum::<usize>()
+    }
+
+    /// Writes as much of the group as `socket` takes without waiting; the bytes written.
+    pub fn write_ready(&self, socket: &TcpStream) -> io::Result<usize> {
+        use rustix::net::{SendAncillaryBuffer, SendFlags};
+        let total = self.wire_len();
+        let mut written = 0;
+        while written < total {
+            let mut skip = written;
+            let mut batch: Vec<IoSlice<'_>> =
+                Vec::with_capacity(IOV_MAX.min(self.bodies.len() + 2 * self.records.len() + 3));
+            for slice in self.slices() {
+                if batch.len() == IOV_MAX {
+                    break;
+                }
+                if skip >= slice.len() {
+                    skip -= slice.len();
+                    continue;
+                }
+                batch.push(IoSlice::new(&slice[skip..]));
+                skip = 0;
+            }
+            let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+            match rustix::net::sendmsg(socket, &batch, &mut SendAncillaryBuffer::default(), flags) {
+                Ok(0) => break,
+                Ok(n) => written += n,
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(written)
+    }
+
+    /// Copies the group's wire bytes from byte `from` on into buffers from `buffer` of about
+    /// [`CHUNK`] bytes, handing each to `emit` (the last with `true`); `false` when `emit`
+    /// says no. Nothing is emitted when nothing is left.
+    pub fn copy_rest(
+        &self,
+        from: usize,
+        mut buffer: impl FnMut() -> Vec<u8>,
+        mut emit: impl FnMut(Sealed, bool) -> bool,
+    ) -> bool {
+        let total = self.wire_len();
+        let mut out: Vec<u8> = Vec::new();
+        let mut at = 0;
+        for slice in self.slices() {
+            let end = at + slice.len();
+            if end > from {
+                let mut piece = &slice[from.saturating_sub(at)..];
+                while !piece.is_empty() {
+                    if out.capacity() == 0 {
+                        out = buffer();
+                        out.clear();
+                    }
+                    let take = piece.len().min(CHUNK.saturating_sub(out.len()).max(1));
+                    out.extend_from_slice(&piece[..take]);
+                    piece = &piece[take..];
+                    let done = end == total && piece.is_empty();
+                    if (out.len() >= CHUNK || done) && !emit(Sealed::from(std::mem::take(&mut out)), done) {
+                        return false;
+                    }
+                }
+            }
+            at = end;
+        }
+        true
+    }
+}
+
+/// The length word of a group's header record.
+const HEAD_LEN: [u8; HEADER] = (HEAD as u32).to_le_bytes();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::tcp_lane::records::{Sealer, lead_of};
+
+    /// Layouts a collective sends: a message's frames and its payload, a plan's bucket of
+    /// several buffers, small parts gathered, one byte, exact record multiples.
+    fn layouts(payload: &[u8]) -> Vec<Vec<&[u8]>> {
+        vec![
+            vec![&b"frames"[..], payload],
+            vec![&payload[..7], &payload[7..]],
+            vec![&payload[..1]],
+            vec![&payload[..RECORD]],
+            vec![&payload[..100], &payload[100..200], &payload[200..20_000], &payload[20_000..]],
+            (0..40).map(|i| &payload[i * 1000..(i + 1) * 1000]).collect(),
+        ]
+    }
+
+    /// What the sealer puts on the wire for `parts` without encrypting.
+    fn sealed(parts: &[&[u8]]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        Sealer::plain_for_tests()
+            .seal_group(parts, Vec::new, |c, _| {
+                wire.extend_from_slice(&c);
+                true
+            })
+            .unwrap();
+        wire
+    }
+
+    #[test]
+    fn the_gather_list_is_what_the_sealer_writes_in_plaintext() {
+        let payload: Vec<u8> = (0..2 * RECORD + 40_003).map(|i| (i % 251) as u8).collect();
+        for parts in layouts(&payload) {
+            let group = PlainGroup::new(&parts, lead_of(&parts) as u64);
+            let wire: Vec<u8> = group.slices().flatten().copied().collect();
+            assert_eq!(wire.len(), group.wire_len());
+            assert_eq!(wire, sealed(&parts), "{} parts", parts.len());
+            // The rest after any point is copied exactly, in buffers of at most CHUNK, the
+            // last one flagged.
+            for from in [0, 1, 37, wire.len() / 2, wire.len() - 1, wire.len()] {
+                let (mut rest, mut lasts) = (Vec::new(), 0);
+                assert!(group.copy_rest(
+                    from,
+                    || vec![0xfd; 7],
+                    |c, last| {
+                        assert!(c.len() <= CHUNK);
+                        rest.extend_from_slice(&c);
+                        lasts += usize::from(last);
+                        true
+                    }
+                ));
+                assert_eq!(rest, wire[from..], "from {from}");
+                assert_eq!(lasts, usize::from(from < wire.len()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_socket_that_takes_part_of_a_group_leaves_the_rest_to_copy() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let out = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut inbound, _) = listener.accept().unwrap();
+        out.set_nonblocking(true).unwrap();
+        let payload: Vec<u8> = (0..64 * RECORD).map(|i| (i % 253) as u8).collect();
+        let parts = [&b"frames"[..], &payload[..]];
+        let group = PlainGroup::new(&parts, lead_of(&parts) as u64);
+        // Nobody reads yet: the socket takes what its buffers hold (a few MiB) and no more.
+        let written = group.write_ready(&out).unwrap();
+        assert!(written > 0, "the socket took nothing");
+        let mut rest = Vec::new();
+        group.copy_rest(written, Vec::new, |c, _| {
+            rest.extend_from_slice(&c);
+            true
+        });
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            std::io::Read::read_to_end(&mut inbound, &mut got).unwrap();
+            got
+        });
+        out.set_nonblocking(false).unwrap();
+        std::io::Write::write_all(&mut &out, &rest).unwrap();
+        out.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(reader.join().unwrap(), sealed(&parts));
+    }
+}
