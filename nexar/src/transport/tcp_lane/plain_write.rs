@@ -89,41 +89,65 @@ impl<'p> PlainGroup<'p> {
             + self.records.iter().map(|r| HEADER + u32::from_le_bytes(r.len) as usize + TAG).sum::<usize>()
     }
 
-    /// Writes as much of the group as `socket` takes without waiting; the bytes written.
-    pub fn write_ready(&self, socket: &TcpStream) -> io::Result<usize> {
+    /// Writes as much of the group from byte `from` on as `socket` takes without waiting;
+    /// the bytes written.
+    pub fn write_ready(&self, socket: &TcpStream, from: usize) -> io::Result<usize> {
         use rustix::net::{SendAncillaryBuffer, SendFlags};
         let total = self.wire_len();
-        let mut written = 0;
-        while written < total {
-            let mut skip = written;
+        let mut at = from;
+        while at < total {
             let mut batch: Vec<IoSlice<'_>> =
                 Vec::with_capacity(IOV_MAX.min(self.bodies.len() + 2 * self.records.len() + 3));
-            for slice in self.slices() {
+            for slice in self.slices_from(at) {
                 if batch.len() == IOV_MAX {
                     break;
                 }
-                if skip >= slice.len() {
-                    skip -= slice.len();
-                    continue;
-                }
-                batch.push(IoSlice::new(&slice[skip..]));
-                skip = 0;
+                batch.push(IoSlice::new(slice));
             }
             let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
             match rustix::net::sendmsg(socket, &batch, &mut SendAncillaryBuffer::default(), flags) {
                 Ok(0) => break,
-                Ok(n) => written += n,
+                Ok(n) => at += n,
                 Err(rustix::io::Errno::AGAIN) => break,
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(written)
+        Ok(at - from)
     }
 
-    /// Copies the group's wire bytes from byte `from` on into buffers from `buffer` of about
-    /// [`CHUNK`] bytes, handing each to `emit` (the last with `true`); `false` when `emit`
-    /// says no. Nothing is emitted when nothing is left.
+    /// The wire bytes from byte `from` on, as slices (the first cut where `from` falls).
+    fn slices_from(&self, from: usize) -> impl Iterator<Item = &[u8]> {
+        let mut skip = from;
+        self.slices().filter_map(move |slice| {
+            if skip >= slice.len() {
+                skip -= slice.len();
+                return None;
+            }
+            let rest = &slice[skip..];
+            skip = 0;
+            Some(rest)
+        })
+    }
+
+    /// Wire bytes `from..to`, copied into `out` (whose old contents are dropped).
+    pub fn copy_range(&self, from: usize, to: usize, mut out: Vec<u8>) -> Sealed {
+        out.clear();
+        let mut left = to.saturating_sub(from);
+        for slice in self.slices_from(from) {
+            if left == 0 {
+                break;
+            }
+            let take = slice.len().min(left);
+            out.extend_from_slice(&slice[..take]);
+            left -= take;
+        }
+        Sealed::from(out)
+    }
+
+    /// Copies the group's wire bytes from byte `from` on into buffers from `buffer` of at
+    /// most [`CHUNK`] bytes, handing each to `emit` (the last with `true`); `false` when
+    /// `emit` says no. Nothing is emitted when nothing is left.
     pub fn copy_rest(
         &self,
         from: usize,
@@ -131,25 +155,11 @@ impl<'p> PlainGroup<'p> {
         mut emit: impl FnMut(Sealed, bool) -> bool,
     ) -> bool {
         let total = self.wire_len();
-        let mut out: Vec<u8> = Vec::new();
-        let mut at = 0;
-        for slice in self.slices() {
-            let end = at + slice.len();
-            if end > from {
-                let mut piece = &slice[from.saturating_sub(at)..];
-                while !piece.is_empty() {
-                    if out.capacity() == 0 {
-                        out = buffer();
-                        out.clear();
-                    }
-                    let take = piece.len().min(CHUNK.saturating_sub(out.len()).max(1));
-                    out.extend_from_slice(&piece[..take]);
-                    piece = &piece[take..];
-                    let done = end == total && piece.is_empty();
-                    if (out.len() >= CHUNK || done) && !emit(Sealed::from(std::mem::take(&mut out)), done) {
-                        return false;
-                    }
-                }
+        let mut at = from;
+        while at < total {
+            let end = (at + CHUNK).min(total);
+            if !emit(self.copy_range(at, end, buffer()), end == total) {
+                return false;
             }
             at = end;
         }
@@ -228,7 +238,7 @@ mod tests {
         let parts = [&b"frames"[..], &payload[..]];
         let group = PlainGroup::new(&parts, lead_of(&parts) as u64);
         // Nobody reads yet: the socket takes what its buffers hold (a few MiB) and no more.
-        let written = group.write_ready(&out).unwrap();
+        let written = group.write_ready(&out, 0).unwrap();
         assert!(written > 0, "the socket took nothing");
         let mut rest = Vec::new();
         group.copy_rest(written, Vec::new, |c, _| {
