@@ -243,44 +243,43 @@ impl TcpLane {
             && self.state.queued.load(Ordering::SeqCst) == 0
     }
 
-    /// Writes a plaintext group straight from `parts` as far as the socket takes it; while
-    /// it is full, copies the next buffer's worth for `emit` (which writes it here if the
-    /// socket has drained meanwhile, as sealed buffers are written) and goes on straight from
-    /// `parts` after it, until a buffer has to wait for the writer thread: then the rest is
-    /// copied behind it. (Copying all of the rest at the first full socket left it all to the
-    /// writer thread, and a 64 MiB broadcast fell into runs three times slower, in 5 of 18.)
-    /// `false` if the lane stopped.
+    /// Writes a plaintext group in buffer-sized pieces, alternately straight from `parts`
+    /// (while the writer thread is idle, as far as the socket takes it) and copied for `emit`
+    /// (which writes the copy here once the socket has drained and the writer is idle, else
+    /// queues it, as sealed buffers go). A group of one buffer's worth goes out with no copy;
+    /// a larger one with about half its bytes copied, and the copies pace the writes as
+    /// sealing does. (Writing all of a large group straight away stuffed the socket, left the
+    /// rest to the writer thread and made 64 MiB broadcasts fall into runs three times slower,
+    /// in 5 of 18.) `false` if the lane stopped.
     fn write_plain(
         &self,
         parts: &[&[u8]],
         mut buffer: impl FnMut() -> Vec<u8>,
         mut emit: impl FnMut(Sealed, bool) -> bool,
     ) -> bool {
+        use super::records::CHUNK;
         let group = super::plain_write::PlainGroup::new(parts, super::records::lead_of(parts) as u64);
         let (total, mut at) = (group.wire_len(), 0);
-        loop {
-            if self.state.queued.load(Ordering::SeqCst) != 0 {
-                return group.copy_rest(at, buffer, emit);
-            }
-            match group.write_ready(&self.state.sockets[0], at) {
-                Ok(written) => at += written,
-                Err(e) => {
-                    self.state.stop(&format!("writing: {e}"), Stop::Failed);
-                    return false;
+        while at < total {
+            if self.state.queued.load(Ordering::SeqCst) == 0 {
+                match group.write_ready(&self.state.sockets[0], at, at + CHUNK) {
+                    Ok(written) => at += written,
+                    Err(e) => {
+                        self.state.stop(&format!("writing: {e}"), Stop::Failed);
+                        return false;
+                    }
+                }
+                if at == total {
+                    break;
                 }
             }
-            if at == total {
-                return true;
-            }
-            let end = (at + super::records::CHUNK).min(total);
+            let end = (at + CHUNK).min(total);
             if !emit(group.copy_range(at, end, buffer()), end == total) {
                 return false;
             }
             at = end;
-            if at == total {
-                return true;
-            }
         }
+        true
     }
 
     /// Seals one group (the concatenation of `parts`) on the calling thread and queues it.

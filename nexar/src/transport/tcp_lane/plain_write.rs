@@ -11,7 +11,7 @@
 use std::io::{self, IoSlice};
 use std::net::TcpStream;
 
-use super::records::{CHUNK, GroupHead, HEAD, HEADER, RECORD, Sealed, TAG};
+use super::records::{GroupHead, HEAD, HEADER, RECORD, Sealed, TAG};
 use super::sealed::Parts;
 
 /// The tag of a plaintext record.
@@ -89,20 +89,23 @@ impl<'p> PlainGroup<'p> {
             + self.records.iter().map(|r| HEADER + u32::from_le_bytes(r.len) as usize + TAG).sum::<usize>()
     }
 
-    /// Writes as much of the group from byte `from` on as `socket` takes without waiting;
-    /// the bytes written.
-    pub fn write_ready(&self, socket: &TcpStream, from: usize) -> io::Result<usize> {
+    /// Writes as much of the group's bytes `from..to` as `socket` takes without waiting; the
+    /// bytes written.
+    pub fn write_ready(&self, socket: &TcpStream, from: usize, to: usize) -> io::Result<usize> {
         use rustix::net::{SendAncillaryBuffer, SendFlags};
-        let total = self.wire_len();
+        let to = to.min(self.wire_len());
         let mut at = from;
-        while at < total {
+        while at < to {
             let mut batch: Vec<IoSlice<'_>> =
                 Vec::with_capacity(IOV_MAX.min(self.bodies.len() + 2 * self.records.len() + 3));
+            let mut left = to - at;
             for slice in self.slices_from(at) {
-                if batch.len() == IOV_MAX {
+                if batch.len() == IOV_MAX || left == 0 {
                     break;
                 }
-                batch.push(IoSlice::new(slice));
+                let take = slice.len().min(left);
+                batch.push(IoSlice::new(&slice[..take]));
+                left -= take;
             }
             let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
             match rustix::net::sendmsg(socket, &batch, &mut SendAncillaryBuffer::default(), flags) {
@@ -134,6 +137,8 @@ impl<'p> PlainGroup<'p> {
     pub fn copy_range(&self, from: usize, to: usize, mut out: Vec<u8>) -> Sealed {
         out.clear();
         let mut left = to.saturating_sub(from);
+        // One allocation, not a doubling series (a buffer new from the pool is empty).
+        out.reserve(left);
         for slice in self.slices_from(from) {
             if left == 0 {
                 break;
@@ -144,27 +149,6 @@ impl<'p> PlainGroup<'p> {
         }
         Sealed::from(out)
     }
-
-    /// Copies the group's wire bytes from byte `from` on into buffers from `buffer` of at
-    /// most [`CHUNK`] bytes, handing each to `emit` (the last with `true`); `false` when
-    /// `emit` says no. Nothing is emitted when nothing is left.
-    pub fn copy_rest(
-        &self,
-        from: usize,
-        mut buffer: impl FnMut() -> Vec<u8>,
-        mut emit: impl FnMut(Sealed, bool) -> bool,
-    ) -> bool {
-        let total = self.wire_len();
-        let mut at = from;
-        while at < total {
-            let end = (at + CHUNK).min(total);
-            if !emit(self.copy_range(at, end, buffer()), end == total) {
-                return false;
-            }
-            at = end;
-        }
-        true
-    }
 }
 
 /// The length word of a group's header record.
@@ -173,7 +157,7 @@ const HEAD_LEN: [u8; HEADER] = (HEAD as u32).to_le_bytes();
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::tcp_lane::records::{Sealer, lead_of};
+    use crate::transport::tcp_lane::records::{CHUNK, Sealer, lead_of};
 
     /// Layouts a collective sends: a message's frames and its payload, a plan's bucket of
     /// several buffers, small parts gathered, one byte, exact record multiples.
@@ -186,6 +170,18 @@ mod tests {
             vec![&payload[..100], &payload[100..200], &payload[200..20_000], &payload[20_000..]],
             (0..40).map(|i| &payload[i * 1000..(i + 1) * 1000]).collect(),
         ]
+    }
+
+    /// The wire bytes from `from` on, copied in buffers of at most [`CHUNK`] bytes as the
+    /// lane copies what it does not write straight away.
+    fn copy_rest(group: &PlainGroup<'_>, from: usize, mut emit: impl FnMut(Sealed, bool)) {
+        let total = group.wire_len();
+        let mut at = from;
+        while at < total {
+            let end = (at + CHUNK).min(total);
+            emit(group.copy_range(at, end, vec![0xfd; 7]), end == total);
+            at = end;
+        }
     }
 
     /// What the sealer puts on the wire for `parts` without encrypting.
@@ -212,16 +208,11 @@ mod tests {
             // last one flagged.
             for from in [0, 1, 37, wire.len() / 2, wire.len() - 1, wire.len()] {
                 let (mut rest, mut lasts) = (Vec::new(), 0);
-                assert!(group.copy_rest(
-                    from,
-                    || vec![0xfd; 7],
-                    |c, last| {
-                        assert!(c.len() <= CHUNK);
-                        rest.extend_from_slice(&c);
-                        lasts += usize::from(last);
-                        true
-                    }
-                ));
+                copy_rest(&group, from, |c, last| {
+                    assert!(c.len() <= CHUNK);
+                    rest.extend_from_slice(&c);
+                    lasts += usize::from(last);
+                });
                 assert_eq!(rest, wire[from..], "from {from}");
                 assert_eq!(lasts, usize::from(from < wire.len()));
             }
@@ -238,13 +229,10 @@ mod tests {
         let parts = [&b"frames"[..], &payload[..]];
         let group = PlainGroup::new(&parts, lead_of(&parts) as u64);
         // Nobody reads yet: the socket takes what its buffers hold (a few MiB) and no more.
-        let written = group.write_ready(&out, 0).unwrap();
+        let written = group.write_ready(&out, 0, usize::MAX).unwrap();
         assert!(written > 0, "the socket took nothing");
         let mut rest = Vec::new();
-        group.copy_rest(written, Vec::new, |c, _| {
-            rest.extend_from_slice(&c);
-            true
-        });
+        copy_rest(&group, written, |c, _| rest.extend_from_slice(&c));
         let reader = std::thread::spawn(move || {
             let mut got = Vec::new();
             std::io::Read::read_to_end(&mut inbound, &mut got).unwrap();
