@@ -1,12 +1,14 @@
 //! Plaintext groups written straight from the caller's buffers (`NEXAR_BULK_ENCRYPTION=off`).
 //!
 //! A plaintext record is its length, the caller's bytes and a zero tag, so there is nothing to
-//! compute: the records of a group are handed to the kernel as a gather list
-//! (`sendmsg`) pointing into the caller's parts, instead of being copied into the writer's
-//! buffers first. On these machines a user-space copy runs no faster than the kernel's own, so
-//! that copy was a third of the sender's work. The wire bytes are exactly those the
-//! [`Sealer`](super::records::Sealer) frames without encrypting (same records, same places);
-//! what the socket does not take at once is copied into buffers for the writer, as before.
+//! compute: a group's records can go to the kernel as a gather list (`sendmsg`) pointing into
+//! the caller's parts ([`PlainGroup::write_ready`]) instead of being copied into the writer's
+//! buffers first; on these machines a user-space copy runs no faster than the kernel's own.
+//! The wire bytes are exactly those the [`Sealer`](super::records::Sealer) frames without
+//! encrypting (same records, same places). The lane
+//! (`TcpLane::write_plain`) alternates buffer-sized pieces written straight away with pieces
+//! copied for its writer ([`PlainGroup::copy_range`]), so the copies pace the writes as
+//! sealing does.
 
 use std::io::{self, IoSlice};
 use std::net::TcpStream;
