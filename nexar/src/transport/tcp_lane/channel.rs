@@ -233,13 +233,14 @@ impl TcpLane {
     /// records in plaintext, written on the calling thread, nothing queued ahead of it, large
     /// enough that building the gather list costs less than the copy it saves.
     fn writes_plain_from_parts(&self, sealer: &Sealer, parts: &[&[u8]]) -> bool {
+        if !self.write_inline || sealer.encrypts() {
+            return false;
+        }
         #[cfg(feature = "hostile-member")]
         if crate::sync::lock(&self.tamper).is_some() {
             return false;
         }
-        self.write_inline
-            && !sealer.encrypts()
-            && parts.iter().map(|p| p.len()).sum::<usize>() >= super::records::DIRECT_MIN
+        parts.iter().map(|p| p.len()).sum::<usize>() >= super::records::DIRECT_MIN
             && self.state.queued.load(Ordering::SeqCst) == 0
     }
 

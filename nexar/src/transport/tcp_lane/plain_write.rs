@@ -14,7 +14,7 @@ use std::io::{self, IoSlice};
 use std::net::TcpStream;
 
 use super::records::{GroupHead, HEAD, HEADER, RECORD, Sealed, TAG};
-use super::sealed::Parts;
+use super::sealed::{NextRecord, Parts};
 
 /// The tag of a plaintext record.
 const ZERO_TAG: [u8; TAG] = [0; TAG];
@@ -36,8 +36,8 @@ pub(super) struct PlainGroup<'p> {
 }
 
 impl<'p> PlainGroup<'p> {
-    /// The records of the group `parts` (whose largest part starts at `lead`), cut where
-    /// [`Sealer::seal_group_led`](super::records::Sealer::seal_group_led) cuts them.
+    /// The records of the group `parts` (whose largest part starts at `lead`), cut as the
+    /// sealer cuts them ([`Parts::next_record`]).
     pub fn new(parts: &[&'p [u8]], lead: u64) -> PlainGroup<'p> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut group = PlainGroup {
@@ -48,25 +48,16 @@ impl<'p> PlainGroup<'p> {
         let mut parts = Parts { parts, part: 0, offset: 0 };
         let mut left = len;
         while left > 0 {
-            let here = parts.current();
-            let n = left.min(RECORD);
             let start = group.bodies.len();
-            let n = if here.len() >= n || here.len() >= super::records::DIRECT_MIN {
-                let n = n.min(here.len());
-                group.bodies.push(&here[..n]);
-                parts.offset += n;
-                n
-            } else {
-                let n = parts.small_run(n);
-                let mut taken = 0;
-                while taken < n {
-                    let here = parts.current();
-                    let take = here.len().min(n - taken);
-                    group.bodies.push(&here[..take]);
-                    parts.offset += take;
-                    taken += take;
+            let n = match parts.next_record(left.min(RECORD)) {
+                NextRecord::Direct(here) => {
+                    group.bodies.push(here);
+                    here.len()
                 }
-                n
+                NextRecord::Gathered(n) => {
+                    parts.take(n, |slice| group.bodies.push(slice));
+                    n
+                }
             };
             group.records.push(Record { len: (n as u32).to_le_bytes(), bodies: start..group.bodies.len() });
             left -= n;

@@ -24,7 +24,7 @@ use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use rustls::{ClientConnection, ServerConnection};
 
 pub(crate) use super::sealed::Sealed;
-use super::sealed::{Chunk, Parts};
+use super::sealed::{Chunk, NextRecord, Parts};
 
 /// Largest plaintext of one record.
 pub(crate) const RECORD: usize = 256 << 10;
@@ -209,17 +209,15 @@ impl Sealer {
             if out.used >= CHUNK && !emit(std::mem::replace(&mut out, Chunk::new(buffer())).finish(), false) {
                 return Ok(false);
             }
-            let here = parts.current();
-            let n = left.min(RECORD);
-            let n = if here.len() >= n || here.len() >= DIRECT_MIN {
-                let n = n.min(here.len());
-                self.seal_from(&mut out, &here[..n])?;
-                parts.offset += n;
-                n
-            } else {
-                let n = parts.small_run(n);
-                self.seal_gathered(&mut out, &mut parts, n)?;
-                n
+            let n = match parts.next_record(left.min(RECORD)) {
+                NextRecord::Direct(here) => {
+                    self.seal_from(&mut out, here)?;
+                    here.len()
+                }
+                NextRecord::Gathered(n) => {
+                    self.seal_gathered(&mut out, &mut parts, n)?;
+                    n
+                }
             };
             left -= n;
         }

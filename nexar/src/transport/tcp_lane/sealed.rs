@@ -113,14 +113,45 @@ impl<'b> Parts<'_, 'b> {
         run
     }
 
+    /// Where the group's next record of at most `max` bytes comes from: the current part's
+    /// own bytes where it holds `max` of them or is long ([`DIRECT_MIN`]), so that a large
+    /// part's records end where it ends; else a run of small parts to gather.
+    pub fn next_record(&mut self, max: usize) -> NextRecord<'b> {
+        let here = self.current();
+        if here.len() >= max || here.len() >= DIRECT_MIN {
+            let n = max.min(here.len());
+            self.offset += n;
+            NextRecord::Direct(&here[..n])
+        } else {
+            NextRecord::Gathered(self.small_run(max))
+        }
+    }
+
+    /// Hands the next `n` bytes to `each`, a slice of a part at a time, and steps past them.
+    pub fn take(&mut self, n: usize, mut each: impl FnMut(&'b [u8])) {
+        let mut taken = 0;
+        while taken < n {
+            let here = self.current();
+            let take = here.len().min(n - taken);
+            each(&here[..take]);
+            (self.offset, taken) = (self.offset + take, taken + take);
+        }
+    }
+
     /// Copies the next `dst.len()` bytes into `dst`.
     pub fn copy_into(&mut self, dst: &mut [u8]) {
         let mut at = 0;
-        while at < dst.len() {
-            let here = self.current();
-            let take = here.len().min(dst.len() - at);
-            dst[at..at + take].copy_from_slice(&here[..take]);
-            (self.offset, at) = (self.offset + take, at + take);
-        }
+        self.take(dst.len(), |slice| {
+            dst[at..at + slice.len()].copy_from_slice(slice);
+            at += slice.len();
+        });
     }
+}
+
+/// Where a group's next record comes from ([`Parts::next_record`]).
+pub(super) enum NextRecord<'b> {
+    /// Bytes of one part, where they lie (stepped past already).
+    Direct(&'b [u8]),
+    /// The next this many bytes, from small parts to gather ([`Parts::take`]).
+    Gathered(usize),
 }
