@@ -18,15 +18,17 @@
 //! assert_eq!(<f32 as Element>::DTYPE, DType::F32);
 //! assert_eq!(Reduction::<f32>::op(&Sum), ReduceOp::Sum);
 //! ```
-// The exceptions, behind the `cuda` feature: asking whether the CUDA driver library can be
+// `unsafe` is denied but for a few modules that allow it. Always: calling the element-wise
+// kernels compiled for AVX2 or AVX-512 once the CPU is known to have them (`simd.rs`). Behind
+// the `cuda` feature: asking whether the CUDA driver library can be
 // loaded (`cuda.rs`), zeroing freshly allocated pinned host memory (`cuda_adapter.rs`), and
 // loading NVRTC and launching the generated reduction kernels (`cuda_reduce.rs`), and calling
 // libnccl (`nccl.rs`, feature `nccl`).
-#![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
-#![cfg_attr(feature = "cuda", deny(unsafe_code))]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod adapter;
+mod bf16_wire;
 mod buf;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -50,9 +52,11 @@ mod nccl_missing;
 mod nccl_types;
 mod op;
 mod segments;
+mod simd;
 mod space;
 
 pub use adapter::{CpuAdapter, DeviceAdapter};
+pub use bf16_wire::{narrow_to_bf16, reduce_f32_as_bf16, reduce_f32_with_bf16, widen_bf16};
 pub use buf::{Buf, DeviceError, HostStage, HostView, RecvBuf, SendBuf, WriteBack};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaStorage, DeviceSpan, cuda_device_count};

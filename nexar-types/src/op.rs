@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::bf16_wire::{narrow as bf16_narrow, widen as bf16_widen};
 use crate::element::{DType, Element};
 
 /// A reduction chosen at run time.
@@ -268,7 +269,7 @@ pub fn reduce_slice<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) -> Res
     if !op.supports(T::DTYPE) {
         return Err(ReduceError::Unsupported { op, dtype: T::DTYPE });
     }
-    T::reduce_unchecked(op, acc, other);
+    crate::simd::widest(|| T::reduce_unchecked(op, acc, other));
     Ok(())
 }
 
@@ -288,6 +289,7 @@ fn zip_apply<T: Copy>(acc: &mut [T], other: &[T], f: impl Fn(T, T) -> T) {
 macro_rules! int_kernels {
     ($($t:ty),*) => {$(
         impl Kernels for $t {
+            #[inline(always)]
             fn reduce_unchecked(op: ReduceOp, acc: &mut [Self], other: &[Self]) {
                 match op {
                     ReduceOp::Sum => zip_apply(acc, other, <$t>::wrapping_add),
@@ -308,6 +310,7 @@ int_kernels!(i8, i16, i32, i64, u8, u16, u32, u64);
 macro_rules! float_kernels {
     ($($t:ty),*) => {$(
         impl Kernels for $t {
+            #[inline(always)]
             fn reduce_unchecked(op: ReduceOp, acc: &mut [Self], other: &[Self]) {
                 match op {
                     ReduceOp::Sum => zip_apply(acc, other, |a, b| a + b),
@@ -329,6 +332,7 @@ const HALF_BLOCK: usize = 512;
 macro_rules! half_kernels {
     ($($t:ty),*) => {$(
         impl Kernels for $t {
+            #[inline(always)]
             fn reduce_unchecked(op: ReduceOp, acc: &mut [Self], other: &[Self]) {
                 use half::slice::HalfFloatSliceExt;
                 let mut wide_acc = [0f32; HALF_BLOCK];
@@ -347,26 +351,8 @@ macro_rules! half_kernels {
 
 half_kernels!(half::f16);
 
-/// `bf16` → `f32`, exactly: a bf16's bits are the upper half of the f32's (a NaN stays a NaN,
-/// not quieted here; [`bf16_narrow`] quiets it).
-#[inline(always)]
-fn bf16_widen(h: half::bf16) -> f32 {
-    f32::from_bits(u32::from(h.to_bits()) << 16)
-}
-
-/// `f32` → `bf16`, rounding to nearest, ties to even, as [`half::bf16::from_f32`] does (a NaN
-/// stays a NaN, quieted; infinities stay infinite). Written without branches, so that the
-/// reduction loops over it vectorise: twice as fast as widening in blocks through `half`'s
-/// slice conversions, which round one element at a time.
-#[inline(always)]
-fn bf16_narrow(x: f32) -> half::bf16 {
-    let bits = x.to_bits();
-    let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
-    let quiet_nan = ((bits >> 16) | 0x0040) as u16;
-    half::bf16::from_bits(if bits & 0x7FFF_FFFF > 0x7F80_0000 { quiet_nan } else { rounded })
-}
-
 impl Kernels for half::bf16 {
+    #[inline(always)]
     fn reduce_unchecked(op: ReduceOp, acc: &mut [Self], other: &[Self]) {
         let through_f32 = |f: fn(f32, f32) -> f32| move |a, b| bf16_narrow(f(bf16_widen(a), bf16_widen(b)));
         match op {

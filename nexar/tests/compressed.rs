@@ -55,6 +55,51 @@ async fn bf16_and_f16_sums_stay_within_the_documented_bound() {
     }
 }
 
+/// Rounds each element to bf16, as an `f32`.
+fn rounded(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| nexar::bf16::from_f32(*x).to_f32()).collect()
+}
+
+/// The bf16 allreduce runs on the `f32` buffer itself, converting each message as it is sent
+/// and read; its result has exactly the bits of an allreduce of the bf16-rounded buffers, on
+/// every transport (shared memory, the TCP lane sealed and plaintext), for every size the
+/// size table treats differently, on 1 to 4 ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bf16_on_the_f32_buffer_gives_the_bits_of_an_allreduce_of_bf16_buffers() {
+    let tcp = nexar::NexarConfig::builder().shared_memory(false).build().unwrap();
+    let plain = tcp.clone().into_builder().bulk_encryption(false).build().unwrap();
+    for (transport, cfg) in [("default", nexar::NexarConfig::default()), ("tcp lane", tcp), ("plaintext", plain)] {
+        for n in [1, 2, 3, 4] {
+            let ranks = NexarClient::bootstrap_local_with(n, cfg.clone()).await.unwrap();
+            let lens: &[usize] =
+                if transport == "default" || n == 3 { &[1, 7, 1001, 40_000, 1 << 20] } else { &[1001, 1 << 20] };
+            for &len in lens {
+                let outcomes = on_each(&ranks, move |c| async move {
+                    let mine: Vec<f32> = (0..len).map(|i| value(c.rank(), i) * 1.01).collect();
+                    let mut results = Vec::new();
+                    for op in [nexar::ReduceOp::Sum, nexar::ReduceOp::Max, nexar::ReduceOp::Min] {
+                        let mut compressed = mine.clone();
+                        let call = c.all_reduce_compressed(&mut compressed, op, Compression::Bf16);
+                        tokio::time::timeout(TEST_LIMIT, call).await.unwrap().unwrap();
+                        let mut wire: Vec<nexar::bf16> = mine.iter().map(|x| nexar::bf16::from_f32(*x)).collect();
+                        tokio::time::timeout(TEST_LIMIT, c.all_reduce(&mut wire, op)).await.unwrap().unwrap();
+                        results.push((op, compressed, wire.iter().map(|h| h.to_f32()).collect::<Vec<f32>>()));
+                    }
+                    results
+                })
+                .await;
+                for (rank, results) in outcomes.iter().enumerate() {
+                    for (op, compressed, expect) in results {
+                        let differ = compressed.iter().zip(expect).position(|(a, b)| a.to_bits() != b.to_bits());
+                        assert_eq!(differ, None, "{transport}, {n} ranks, {len} elements, {op}, rank {rank}");
+                        assert_eq!(compressed, &rounded(compressed), "results are bf16 values");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// 4 MiB of f32 (2 MiB on the wire) takes the TCP lane: the bound holds there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_buffer_on_the_tcp_lane_stays_within_the_bound() {

@@ -4,12 +4,13 @@
 
 use std::time::Instant;
 
-use nexar_types::{Element, ReduceOp, reduce_slice};
+use nexar_types::{Element, ReduceOp};
 use tracing::Instrument;
 
 use super::client::NexarClient;
 use super::collective::CollectiveError;
 use super::pieces::{Data, Parts};
+use super::wire_codec::{AsIs, WireCodec};
 use crate::comm::matcher::{Key, Refusal};
 use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::{CollHeader, PeerMsg};
@@ -147,7 +148,7 @@ fn local_pair<'a, T>(
     }
 }
 
-/// Where a received payload is reduced into: consecutive slices, filled in order.
+/// Where a received payload goes: consecutive slices, filled (or reduced into) in order.
 struct Accumulator<'p, 'd, T> {
     parts: &'p mut [&'d mut [T]],
     part: usize,
@@ -155,15 +156,19 @@ struct Accumulator<'p, 'd, T> {
 }
 
 impl<T: Element> Accumulator<'_, '_, T> {
-    /// Reduces `block` into the next elements.
-    fn reduce(&mut self, op: ReduceOp, mut block: &[T]) -> Result<(), nexar_types::ReduceError> {
+    /// Applies `f` to the next elements and `block`, piece by piece where the slices end.
+    fn apply<W>(
+        &mut self,
+        mut block: &[W],
+        mut f: impl FnMut(&mut [T], &[W]) -> Result<(), nexar_types::ReduceError>,
+    ) -> Result<(), nexar_types::ReduceError> {
         while !block.is_empty() {
             let Some(part) = self.parts.get_mut(self.part) else {
                 // More elements than the span holds: the router checked lengths, so not reached.
                 return Err(nexar_types::ReduceError::LengthMismatch { left: 0, right: block.len() });
             };
             let n = (part.len() - self.at).min(block.len());
-            reduce_slice(op, &mut part[self.at..self.at + n], &block[..n])?;
+            f(&mut part[self.at..self.at + n], &block[..n])?;
             (self.at, block) = (self.at + n, &block[n..]);
             if self.at == part.len() {
                 (self.part, self.at) = (self.part + 1, 0);
@@ -244,6 +249,19 @@ impl NexarClient {
         data: &mut Data<'_, T>,
         input: &[T],
     ) -> Result<(), CollectiveError> {
+        self.execute_as::<T, AsIs>(seq, call, schedule, data, input).await
+    }
+
+    /// [`execute`](Self::execute) with the elements converted by `C` on the wire: `schedule`
+    /// counts elements, which `data` holds as `T` and messages carry as `C::Wire`.
+    pub(super) async fn execute_as<T: Element, C: WireCodec<T>>(
+        &self,
+        seq: u64,
+        call: CollCall,
+        schedule: &Schedule,
+        data: &mut Data<'_, T>,
+        input: &[T],
+    ) -> Result<(), CollectiveError> {
         let mut guard = AbortOnDrop { client: Some(self), seq, op: call.kind.name() };
         let began = Instant::now();
         let trace = self.inner.trace.recorder.start_at(
@@ -253,12 +271,12 @@ impl NexarClient {
                 seq,
                 op: call.kind.name(),
                 kind: call.kind.code(),
-                dtype: Some(T::DTYPE),
+                dtype: Some(C::Wire::DTYPE),
                 count: call.total,
                 root: call.kind.root().map(|r| r as u32),
                 peer: None,
                 algorithm: schedule.algorithm,
-                bytes: call.count.saturating_mul(size_of::<T>() as u64),
+                bytes: call.count.saturating_mul(size_of::<C::Wire>() as u64),
             },
             began,
         );
@@ -267,8 +285,8 @@ impl NexarClient {
             comm = self.comm.id,
             op = call.kind.name(),
             seq,
-            bytes = call.count.saturating_mul(size_of::<T>() as u64),
-            dtype = T::DTYPE.name(),
+            bytes = call.count.saturating_mul(size_of::<C::Wire>() as u64),
+            dtype = C::Wire::DTYPE.name(),
             algorithm = schedule.algorithm,
             part = call.part,
         );
@@ -277,10 +295,10 @@ impl NexarClient {
             comm: self.comm.id,
             seq,
             call,
-            dtype: T::DTYPE,
+            dtype: C::Wire::DTYPE,
             deadline: began + self.config().op_timeout,
         };
-        let result = self.run_steps(&watch, schedule, data, input).instrument(span).await;
+        let result = self.run_steps::<T, C>(&watch, schedule, data, input).instrument(span).await;
         guard.client = None;
         trace.end(&result);
         if let Err(e) = &result
@@ -310,7 +328,7 @@ impl NexarClient {
         err
     }
 
-    async fn run_steps<T: Element>(
+    async fn run_steps<T: Element, C: WireCodec<T>>(
         &self,
         watch: &Watch<'_, '_>,
         schedule: &Schedule,
@@ -319,7 +337,7 @@ impl NexarClient {
     ) -> Result<(), CollectiveError> {
         let (seq, call, trace, deadline) = (watch.seq, watch.call, watch.trace, watch.deadline);
         let (rank, op) = (self.rank(), call.kind.name());
-        let header = call.header::<T>();
+        let header = call.header::<C::Wire>();
         let reduction = call.op.unwrap_or(ReduceOp::Sum);
         let limit = self.config().op_timeout;
         let internal = |what: &str| CollectiveError::Internal { rank, op, what: what.to_string() };
@@ -332,13 +350,26 @@ impl NexarClient {
             match *step {
                 Step::Send { to, src } => {
                     let out_of_bounds = || internal("send span out of bounds");
-                    let parts = match (src.slot, &*data) {
-                        (Slot::Data, Data::Pieces(p)) => Parts::Many(
-                            p.read(src).ok_or_else(out_of_bounds)?.into_iter().map(bytemuck::cast_slice).collect(),
-                        ),
-                        _ => Parts::One([bytemuck::cast_slice(
-                            view(src, data.flat(), input, scratch).ok_or_else(out_of_bounds)?,
-                        )]),
+                    let elems = match (src.slot, &*data) {
+                        (Slot::Data, Data::Pieces(p)) => Parts::Many(p.read(src).ok_or_else(out_of_bounds)?),
+                        _ => Parts::One([view(src, data.flat(), input, scratch).ok_or_else(out_of_bounds)?]),
+                    };
+                    // Converted elements go from a buffer the sender reads at once (in cache).
+                    let mut encoded = (!C::AS_IS).then(|| pool.lend(src.len * size_of::<C::Wire>()));
+                    let parts = match &mut encoded {
+                        None => match elems {
+                            Parts::Many(p) => Parts::Many(p.into_iter().map(bytemuck::cast_slice).collect()),
+                            Parts::One([p]) => Parts::One([bytemuck::cast_slice(p)]),
+                        },
+                        Some(loan) => {
+                            let wire: &mut [C::Wire] = loan.slice_mut(src.len);
+                            let mut at = 0;
+                            for p in elems.as_slice() {
+                                C::encode(p, &mut wire[at..at + p.len()]);
+                                at += p.len();
+                            }
+                            Parts::One([bytemuck::cast_slice(&*wire)])
+                        }
                     };
                     let msg = PeerMsg::Coll { comm: self.comm.id, seq, header, part: call.part, len: src.len as u64 };
                     let link = self.link(to).ok_or(CollectiveError::Closed { rank, op })?;
@@ -358,7 +389,7 @@ impl NexarClient {
                 Step::Recv { from, dst, reduce } => {
                     let key =
                         Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq, part: call.part };
-                    let held = self.take_coll(key, from, dst.len * size_of::<T>(), op, watch).await?;
+                    let held = self.take_coll(key, from, dst.len * size_of::<C::Wire>(), op, watch).await?;
                     let theirs = held.check.ok_or_else(|| internal("collective message without a header"))?;
                     if theirs != header {
                         return Err(CollectiveError::Mismatch {
@@ -368,7 +399,7 @@ impl NexarClient {
                             what: disagreement(&header, &theirs, rank, from),
                         });
                     }
-                    if held.dtype != T::DTYPE || held.count != dst.len as u64 {
+                    if held.dtype != C::Wire::DTYPE || held.count != dst.len as u64 {
                         return Err(CollectiveError::Mismatch {
                             rank,
                             op,
@@ -390,14 +421,28 @@ impl NexarClient {
                         peer: from,
                         source: TransportError::Payload { peer: format!("rank {from}"), error },
                     };
+                    let by_block = |e| match e {
+                        BlockError::Visit(source) => CollectiveError::Reduce { rank, op, source },
+                        BlockError::Payload(error) => unreadable(error),
+                    };
                     if reduce {
                         let mut acc = Accumulator { parts: out.as_mut_slice(), part: 0, at: 0 };
-                        held.payload.for_each_block::<T, _>(|block| acc.reduce(reduction, block)).map_err(
-                            |e| match e {
-                                BlockError::Visit(source) => CollectiveError::Reduce { rank, op, source },
-                                BlockError::Payload(error) => unreadable(error),
-                            },
-                        )?;
+                        held.payload
+                            .for_each_block::<C::Wire, _>(|block| {
+                                acc.apply(block, |to, from| C::reduce_received(reduction, to, from))
+                            })
+                            .map_err(by_block)?;
+                    } else if !C::AS_IS {
+                        // Decoded a block at a time, straight from the opened record.
+                        let mut to = Accumulator { parts: out.as_mut_slice(), part: 0, at: 0 };
+                        held.payload
+                            .for_each_block::<C::Wire, _>(|block| {
+                                to.apply(block, |to, from| {
+                                    C::decode(from, to);
+                                    Ok(())
+                                })
+                            })
+                            .map_err(by_block)?;
                     } else {
                         match &mut out {
                             Parts::One([out]) => held.payload.copy_to(bytemuck::cast_slice_mut(out)),
@@ -418,7 +463,11 @@ impl NexarClient {
                 Step::Reduce { src, dst } => {
                     let (from, to) = local_pair(src, dst, data.flat_mut(), input, scratch)
                         .ok_or_else(|| internal("reduce spans"))?;
-                    reduce_slice(reduction, to, from).map_err(|source| CollectiveError::Reduce { rank, op, source })?;
+                    C::reduce_local(reduction, to, from).map_err(|source| CollectiveError::Reduce {
+                        rank,
+                        op,
+                        source,
+                    })?;
                 }
             }
         }

@@ -32,6 +32,7 @@ mod shm;
 pub(crate) mod spin;
 pub(crate) mod state;
 mod tcp_lane;
+mod wire_codec;
 
 pub use crate::cluster::health::PeerFailure;
 pub use backend::{BackendError, MAX_SETUP_BODY};
