@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::client::NexarClient;
 use super::collective::CollectiveError;
 use super::pieces::{Data, Parts};
-use super::wire_codec::{AsIs, WireCodec};
+use super::wire_codec::WireCodec;
 use crate::comm::matcher::{Key, Refusal};
 use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::{CollHeader, PeerMsg};
@@ -240,21 +240,10 @@ impl Drop for AbortOnDrop<'_> {
 
 impl NexarClient {
     /// Runs `schedule` as collective number `seq` of this communicator. `data` is written,
-    /// `input` only read. On any failure every other rank in the collective is told to stop.
-    pub(super) async fn execute<T: Element>(
-        &self,
-        seq: u64,
-        call: CollCall,
-        schedule: &Schedule,
-        data: &mut Data<'_, T>,
-        input: &[T],
-    ) -> Result<(), CollectiveError> {
-        self.execute_as::<T, AsIs>(seq, call, schedule, data, input).await
-    }
-
-    /// [`execute`](Self::execute) with the elements converted by `C` on the wire: `schedule`
-    /// counts elements, which `data` holds as `T` and messages carry as `C::Wire`.
-    pub(super) async fn execute_as<T: Element, C: WireCodec<T>>(
+    /// `input` only read. The schedule counts elements, which `data` holds as `T` and
+    /// messages carry as `C::Wire` ([`AsIs`](super::wire_codec::AsIs): as they are). On any
+    /// failure every other rank in the collective is told to stop.
+    pub(super) async fn execute<T: Element, C: WireCodec<T>>(
         &self,
         seq: u64,
         call: CollCall,

@@ -144,7 +144,7 @@ impl NexarClient {
             };
             let schedule = self.schedule_for::<nexar_types::bf16>(seq, &call, None)?;
             let mut piece = Data::Flat(&mut data[range]);
-            self.execute_as::<f32, Bf16Wire>(seq, call, &schedule, &mut piece, &[]).await?;
+            self.execute::<f32, Bf16Wire>(seq, call, &schedule, &mut piece, &[]).await?;
         }
         if self.world_size() == 1 {
             // No message: round here, as every element would have been on its way.

@@ -8,6 +8,7 @@ use nexar_types::{DeviceError, Element, RecvBuf, ReduceError, ReduceOp, SendBuf,
 use super::super::client::NexarClient;
 use super::super::exec::CollCall;
 use super::super::pieces::{Data, Pieces, runs_on_pieces};
+use super::super::wire_codec::AsIs;
 use super::{CACHED_STEPS, CollectiveError, Exchange, ScheduleCache, ScheduleKey};
 use crate::proto::algo::hierarchical::HostLayout;
 use crate::proto::algo::{Algorithm, Collective, generate_on, select_on};
@@ -139,7 +140,7 @@ impl NexarClient {
         cache: Option<&ScheduleCache>,
     ) -> Result<(), CollectiveError> {
         let schedule = self.schedule_for::<T>(seq, &call, cache)?;
-        self.execute(seq, call, &schedule, &mut Data::Flat(data), input).await
+        self.execute::<T, AsIs>(seq, call, &schedule, &mut Data::Flat(data), input).await
     }
 
     /// Runs one-buffer collective `call` on `parts`, which its schedule sees as one buffer,
@@ -158,7 +159,7 @@ impl NexarClient {
         if !runs_on_pieces(&schedule) || pieces.len() as u64 != call.count {
             return Ok(false);
         }
-        self.execute(seq, call, &schedule, &mut Data::Pieces(pieces), &[]).await?;
+        self.execute::<T, AsIs>(seq, call, &schedule, &mut Data::Pieces(pieces), &[]).await?;
         Ok(true)
     }
 
