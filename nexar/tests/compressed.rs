@@ -180,15 +180,31 @@ async fn an_f16_sum_beyond_its_range_fails_alike_on_every_rank() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lengths_that_differ_and_products_are_refused() {
     let ranks = ranks(2).await;
-    // 5 and 6 elements make the same 3-element blocks: the lengths are compared first.
-    let outcomes = on_each(&ranks, |c| async move {
-        let mut v = vec![1.0f32; 5 + c.rank()];
-        c.all_reduce_compressed(&mut v, Sum, Compression::Bf16).await
-    })
-    .await;
-    for (rank, got) in outcomes.into_iter().enumerate() {
-        let err = got.expect_err("lengths differ").to_string();
-        assert!(err.contains("5 to 6 elements"), "rank {rank}: {err}");
+    // 5 and 6 elements make the same 3-element blocks. f16 compares the lengths first; bf16's
+    // messages carry the whole length in their headers, and a segmented call (segments of 100
+    // here) fails on its first segment, before any rank waits for a segment the other lacks.
+    let cfg = nexar::NexarConfig::builder().segment_bytes(400).build().unwrap();
+    let segmented = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    for (compression, lens, ranks) in [
+        (Compression::F16, [5, 6], &ranks),
+        (Compression::Bf16, [5, 6], &ranks),
+        (Compression::Bf16, [250, 301], &segmented),
+        (Compression::F16, [250, 301], &segmented),
+    ] {
+        let outcomes = on_each(ranks, move |c| async move {
+            let mut v = vec![1.0f32; lens[c.rank()]];
+            let call = c.all_reduce_compressed(&mut v, Sum, compression);
+            tokio::time::timeout(TEST_LIMIT, call).await.expect("a length mismatch fails, never hangs")
+        })
+        .await;
+        for (rank, got) in outcomes.into_iter().enumerate() {
+            let err = got.expect_err("lengths differ").to_string();
+            let (a, b) = (lens[0], lens[1]);
+            let named = err.contains(&format!("{a} to {b} elements"))
+                || err.contains(&format!("passed {a} elements")) && err.contains(&format!("passed {b}"))
+                || err.contains(&format!("passed {b} elements")) && err.contains(&format!("passed {a}"));
+            assert!(named, "{compression:?}, rank {rank}: {err}");
+        }
     }
     let mut v = vec![1.0f32; 4];
     let err = ranks[0].all_reduce_compressed(&mut v, Prod, Compression::Bf16).await.unwrap_err();

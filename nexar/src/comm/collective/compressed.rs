@@ -94,16 +94,20 @@ impl NexarClient {
             });
         }
         let mut stage = buf.host_stage().map_err(|source| CollectiveError::Device { rank, op: OP, source })?;
-        self.lengths_agree(stage.len()).await?;
         match compression {
+            // Every message's header carries the whole length, which the receiver checks.
             Compression::Bf16 => self.reduce_through_bf16(&mut stage, op).await?,
-            Compression::F16 => self.reduce_as::<f16>(&mut stage, op, compression).await?,
+            Compression::F16 => {
+                self.lengths_agree(stage.len()).await?;
+                self.reduce_as::<f16>(&mut stage, op, compression).await?
+            }
         }
         stage.commit().map_err(|source| CollectiveError::Device { rank, op: OP, source })
     }
 
-    /// Every rank's buffer has `len` elements (the reduce-scatter's blocks could hide a
-    /// difference smaller than the world size): one small allreduce of the length and its
+    /// Every rank's buffer has `len` elements (the f16 path's segments are allreduces of their
+    /// own, whose headers carry only the segment's length: a rank with one segment more would
+    /// wait for a partner that never comes): one small allreduce of the length and its
     /// complement, whose maxima tell the largest and the smallest length.
     async fn lengths_agree(&self, len: usize) -> Result<(), CollectiveError> {
         let mut lens = [len as u64, !(len as u64)];
