@@ -1,7 +1,8 @@
 //! Bringing the TCP lane up on every direct link of a communicator, through the negotiation
-//! driver (`negotiate.rs`): each rank offers a listener port and a token per link, both dial,
-//! and only a link where both connections came up on both sides moves its collective payloads
-//! to TCP. Anything else leaves that link on QUIC.
+//! driver (`negotiate.rs`): each rank offers a listener port and a token per link, the rank
+//! with the lower world rank dials the other's listener, and only a link whose connection came
+//! up on both sides moves its collective payloads to TCP. Anything else leaves that link on
+//! QUIC.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -31,14 +32,15 @@ type Incoming = StreamOwned<ServerConnection, TcpStream>;
 /// Connections this rank waits for, by the token it gave their dialler.
 type Expected = Arc<Mutex<HashMap<[u8; TOKEN_LEN], (u32, oneshot::Sender<Incoming>)>>>;
 
-/// The TCP lane's part in the negotiation: dial the peer's listener, wait for its connection.
+/// The TCP lane's part in the negotiation: dial the peer's listener, or wait for its
+/// connection.
 struct LaneSetup {
     comm: NexarClient,
     /// The lane's TLS, and the listener's task (accepting while the negotiation runs); none
     /// where this rank offers no lane (it only tells its peers why).
     tls: Option<(LaneTls, AbortOnDrop)>,
     limit: Duration,
-    /// The connection each peer is to make to this rank, by peer.
+    /// The connection each peer that dials this rank is to make, by peer.
     incoming: Mutex<HashMap<usize, oneshot::Receiver<Incoming>>>,
 }
 
@@ -53,24 +55,26 @@ impl LinkSetup for LaneSetup {
         Box::pin(async move {
             let tls = self.tls.as_ref().map(|(tls, _)| tls.clone()).ok_or("this rank offers no tcp lane")?;
             let offer = LaneOffer::decode(&theirs)?;
-            let addr = self.comm.peer_addr(peer).ok_or("no direct link")?;
             let world = self.comm.comm.members[peer] as u32;
+            if !dials(self.comm.world_rank(), world as usize) {
+                let waiting = crate::sync::lock(&self.incoming).remove(&peer);
+                let not_connected = || format!("rank {peer} did not connect to this rank's tcp lane");
+                let incoming = match waiting {
+                    Some(rx) => tokio::time::timeout_at(by.into(), rx).await.map_err(|_| not_connected())?,
+                    None => return Err(not_connected()),
+                };
+                return Ok(Connected::Answered(incoming.map_err(|_| not_connected())?));
+            }
+            let addr = self.comm.peer_addr(peer).ok_or("no direct link")?;
             let mut hello = [0u8; TOKEN_LEN + 4];
             hello[..TOKEN_LEN].copy_from_slice(&offer.token);
             hello[TOKEN_LEN..].copy_from_slice(&(self.comm.world_rank() as u32).to_le_bytes());
             let (at, limit) = (SocketAddr::new(addr.ip(), offer.port), self.limit);
-            let outgoing = match tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => return Err(format!("cannot dial rank {peer}'s tcp lane: {e}")),
-                Err(e) => return Err(format!("dialling rank {peer}: {e}")),
-            };
-            let waiting = crate::sync::lock(&self.incoming).remove(&peer);
-            let not_connected = || format!("rank {peer} did not connect to this rank's tcp lane");
-            let incoming = match waiting {
-                Some(rx) => tokio::time::timeout_at(by.into(), rx).await.map_err(|_| not_connected())?,
-                None => return Err(not_connected()),
-            };
-            Ok(Connected { outgoing, incoming: incoming.map_err(|_| not_connected())? })
+            match tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit)).await {
+                Ok(Ok(stream)) => Ok(Connected::Dialled(stream)),
+                Ok(Err(e)) => Err(format!("cannot dial rank {peer}'s tcp lane: {e}")),
+                Err(e) => Err(format!("dialling rank {peer}: {e}")),
+            }
         })
     }
 
@@ -106,9 +110,14 @@ impl NexarClient {
                     (Err(reason), None) => Err(reason.clone()),
                     (Ok((_, _, port)), None) => {
                         let token: [u8; TOKEN_LEN] = rand::random();
-                        let (tx, rx) = oneshot::channel();
-                        crate::sync::lock(&expected).insert(token, (self.comm.members[rank] as u32, tx));
-                        incoming.insert(rank, rx);
+                        let world = self.comm.members[rank];
+                        // Only a peer that dials this rank gets a token that opens its listener
+                        // (the offer's form is the same both ways).
+                        if !dials(self.world_rank(), world) {
+                            let (tx, rx) = oneshot::channel();
+                            crate::sync::lock(&expected).insert(token, (world as u32, tx));
+                            incoming.insert(rank, rx);
+                        }
                         Ok(LaneOffer { port: *port, token }.encode())
                     }
                 };
@@ -168,6 +177,12 @@ impl NexarClient {
             .map_err(|e| format!("cannot start the lane's threads: {e}"))?;
         self.attach_bulk(peer, Arc::new(lane)).map_err(|e| e.to_string())
     }
+}
+
+/// Whether the rank of world rank `me` dials its link to `peer` (the other answers): one
+/// connection per link, from the lower world rank.
+fn dials(me: usize, peer: usize) -> bool {
+    me < peer
 }
 
 /// Aborts a task when dropped (the lane listener, should the exchange be abandoned).

@@ -1,11 +1,11 @@
 //! One link's TCP lane once connected: groups are sealed into records by whoever sends them
 //! (straight from the caller's buffer for a borrowed payload), a writer thread puts the records
-//! on the outgoing connection, and a reader thread reads the incoming one and hands each whole
-//! group to nexar: its frames decrypted, its payload's records still sealed, to be opened by
+//! on the link's connection, and a reader thread reads the peer's records from it and hands
+//! each whole group to nexar: its frames decrypted, its payload's records still sealed, to be opened by
 //! whoever reads the payload, straight into the destination.
 //! The reader is in [`super::reader`].
 
-use std::io::{self, Write};
+use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc as std_mpsc};
@@ -16,7 +16,7 @@ use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, oneshot};
 
 use super::reader::{POOLED, ReadLimits, read_groups};
-use super::records::{CHUNK, Opener, Sealed, Sealer};
+use super::records::{CHUNK, Direction, Opener, Sealed, Sealer, Session};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
 use crate::transport::drivable::Drivable;
@@ -31,11 +31,34 @@ const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
 /// cycle is an `epoll_wait` (20 µs gave the 4 KiB allreduce and barrier their lowest medians).
 const SELF_READ_HOLD: Duration = Duration::from_micros(20);
 
-/// The outgoing connection (this rank dialled, TLS client) and the incoming one (the peer
-/// dialled, TLS server) of one link, their handshakes done.
-pub(crate) struct Connected {
-    pub outgoing: StreamOwned<ClientConnection, TcpStream>,
-    pub incoming: StreamOwned<ServerConnection, TcpStream>,
+/// The one connection of a link, its handshake done: the rank with the lower world rank
+/// dials (TLS client), the other answers (TLS server), and records go both ways on it, each
+/// way under keys of its own. (Two one-way connections made every received message cost a
+/// pure acknowledgement through the loopback path on the receiver's time; on one connection
+/// acknowledgements ride on the replies: a 48-byte exchange 4.7 against 3.2 µs here,
+/// `bench/tcp_exchange_probe.c`.)
+pub(crate) enum Connected {
+    /// This rank dialled the peer's listener.
+    Dialled(StreamOwned<ClientConnection, TcpStream>),
+    /// The peer dialled this rank's listener.
+    Answered(StreamOwned<ServerConnection, TcpStream>),
+}
+
+impl Connected {
+    /// The session keys are exported from, the socket, and the direction this rank's records
+    /// travel in.
+    fn into_parts(self) -> (Session, TcpStream, Direction) {
+        match self {
+            Connected::Dialled(stream) => {
+                let (session, sock) = stream.into_parts();
+                (Arc::new(session), sock, Direction::FromDialler)
+            }
+            Connected::Answered(stream) => {
+                let (session, sock) = stream.into_parts();
+                (Arc::new(session), sock, Direction::FromAnswerer)
+            }
+        }
+    }
 }
 
 /// Sealed bytes queued for the writer above which senders wait for room. Small enough that
@@ -51,8 +74,12 @@ pub(super) struct State {
     /// Sealed bytes queued for the writer, and where senders wait for them to drain.
     queued: AtomicUsize,
     drained: Notify,
-    /// Clones of both sockets, to wake blocked threads on close.
-    sockets: [TcpStream; 2],
+    /// A clone of the link's socket, to write from the sending task and to wake blocked
+    /// threads on close.
+    socket: TcpStream,
+    /// Set when the lane says goodbye: the writer gives up on a peer that does not read by
+    /// then.
+    write_deadline: std::sync::OnceLock<std::time::Instant>,
 }
 
 pub(super) use crate::transport::reading::Stop;
@@ -81,12 +108,9 @@ impl State {
             } else {
                 tracing::debug!(peer = self.peer, why, "tcp lane closed");
             }
-            // After the peer's goodbye, this side still says its own on the outgoing
-            // connection, which the peer is still reading.
-            let sockets = if how == Stop::Goodbye { &self.sockets[1..] } else { &self.sockets[..] };
-            for s in sockets {
-                let _ = s.shutdown(Shutdown::Both);
-            }
+            // After the peer's goodbye, this side still says its own, which the peer is still
+            // reading: only the reading half closes.
+            let _ = self.socket.shutdown(if how == Stop::Goodbye { Shutdown::Read } else { Shutdown::Both });
         }
         if how != Stop::Goodbye {
             self.stopped.notify_waiters();
@@ -171,18 +195,18 @@ impl TcpLane {
         io: LaneIo,
     ) -> io::Result<TcpLane> {
         let LaneIo { encrypt, on_runtime: write_inline } = io;
-        let (out_session, out_sock) = conns.outgoing.into_parts();
-        let (in_session, in_sock) = conns.incoming.into_parts();
-        let sealer = Sealer::new(out_session, encrypt)?;
-        let opener = Opener::new(in_session, encrypt)?;
-        let sockets = [out_sock.try_clone()?, in_sock.try_clone()?];
+        let (session, in_sock, outgoing) = conns.into_parts();
+        let sealer = Sealer::new(&session, outgoing, encrypt)?;
+        let opener = Opener::new(&session, outgoing.reverse(), encrypt)?;
+        let out_sock = in_sock.try_clone()?;
         let state = Arc::new(State {
             peer,
             failed: AtomicBool::new(false),
             stopped: Notify::new(),
             queued: AtomicUsize::new(0),
             drained: Notify::new(),
-            sockets,
+            socket: in_sock.try_clone()?,
+            write_deadline: std::sync::OnceLock::new(),
         });
         let (jobs, queue) = std_mpsc::channel::<Job>();
         let (writer, spare) = (state.clone(), Spare::default());
@@ -263,7 +287,7 @@ impl TcpLane {
         let (total, mut at) = (group.wire_len(), 0);
         while at < total {
             if self.state.queued.load(Ordering::SeqCst) == 0 {
-                match group.write_ready(&self.state.sockets[0], at, at + CHUNK) {
+                match group.write_ready(&self.state.socket, at, at + CHUNK) {
                     Ok(written) => at += written,
                     Err(e) => {
                         self.state.stop(&format!("writing: {e}"), Stop::Failed);
@@ -299,7 +323,7 @@ impl TcpLane {
                         // `LaneIo::on_runtime`); it takes what the socket does not. (A buffer
                         // written here was preceded only by buffers written here.)
                         if self.write_inline && self.state.queued.load(Ordering::SeqCst) == 0 {
-                            match write_ready(&self.state.sockets[0], &chunk) {
+                            match write_ready(&self.state.socket, &chunk) {
                                 Ok(n) if n == chunk.len() => {
                                     give_back(&self.spare, chunk);
                                     return true;
@@ -416,7 +440,7 @@ impl TcpLane {
         if let Some(mut s) = crate::sync::lock(&self.sending).take() {
             let mut out = Vec::new();
             if s.sealer.seal_goodbye(&mut out).is_ok() {
-                let _ = self.state.sockets[0].set_write_timeout(Some(GOODBYE_TIMEOUT));
+                let _ = self.state.write_deadline.set(std::time::Instant::now() + GOODBYE_TIMEOUT);
                 let (done, written) = oneshot::channel();
                 if s.jobs.send((out.into(), done)).is_ok() {
                     told = Some(written);
@@ -424,7 +448,7 @@ impl TcpLane {
             }
         }
         self.state.failed.store(true, Ordering::SeqCst);
-        let _ = self.state.sockets[1].shutdown(Shutdown::Both);
+        let _ = self.state.socket.shutdown(Shutdown::Read);
         self.state.stopped.notify_waiters();
         self.state.drained.notify_waiters();
         Box::pin(async move {
@@ -457,10 +481,38 @@ fn write_ready(socket: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
     Ok(at)
 }
 
+/// Writes all of `bytes`, waiting for room in the socket as long as it takes, or until the
+/// lane's write deadline (set when it says goodbye). The socket may be in non-blocking mode:
+/// the lane's reader shares it, and a reader on the runtime needs that mode.
+fn write_all(state: &State, socket: &TcpStream, bytes: &[u8]) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut at = 0;
+    while at < bytes.len() {
+        at += write_ready(socket, &bytes[at..])?;
+        if at == bytes.len() {
+            break;
+        }
+        let left = match state.write_deadline.get() {
+            Some(by) => match by.checked_duration_since(std::time::Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer did not read the goodbye")),
+            },
+            None => None,
+        };
+        let timeout = left.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
+        let mut fds = [PollFd::new(socket, PollFlags::OUT)];
+        match rustix::event::poll(&mut fds, timeout.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 /// The writer thread: sealed records, in the order they were queued.
-fn write_records(state: &State, mut out: TcpStream, queue: std_mpsc::Receiver<Job>, spare: &Spare) {
+fn write_records(state: &State, out: TcpStream, queue: std_mpsc::Receiver<Job>, spare: &Spare) {
     while let Ok((records, done)) = queue.recv() {
-        let written = out.write_all(&records);
+        let written = write_all(state, &out, &records);
         state.queued.fetch_sub(records.len(), Ordering::SeqCst);
         state.drained.notify_waiters();
         match written {

@@ -1,5 +1,5 @@
-//! Opening the two connections of a TCP lane: TLS with the cluster's certificates, then a
-//! hello that binds the connection to a link.
+//! Opening the connection of a TCP lane: TLS with the cluster's certificates, then a hello
+//! that binds the connection to a link.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -13,8 +13,8 @@ use super::setup::TOKEN_LEN;
 use crate::transport::TransportError;
 use crate::transport::tls::{Identity, mesh_client_tls, mesh_server_tls, rank_from_cert, rank_server_name};
 
-/// ALPN protocol of the TCP lane.
-const LANE_ALPN: &[u8] = b"nexar-lane/1";
+/// ALPN protocol of the TCP lane (2: one connection per link, records both ways).
+const LANE_ALPN: &[u8] = b"nexar-lane/2";
 
 /// What the dialler sends first: the token the peer gave it, then its world rank.
 pub(crate) type Hello = [u8; TOKEN_LEN + 4];
@@ -31,7 +31,8 @@ impl LaneTls {
     pub fn new(identity: &Identity, ca: &CertificateDer<'static>) -> Result<LaneTls, TransportError> {
         let client = mesh_client_tls(identity, ca, LANE_ALPN)?;
         let mut server = mesh_server_tls(identity, ca, LANE_ALPN)?;
-        // The dialler only writes: nothing should wait unread on its side.
+        // After the handshake the dialler reads lane records, not TLS: nothing of TLS may
+        // follow the handshake on its side.
         server.send_tls13_tickets = 0;
         Ok(LaneTls { client: Arc::new(client), server: Arc::new(server) })
     }

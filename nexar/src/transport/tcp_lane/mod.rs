@@ -8,11 +8,12 @@
 //! twice the encrypted bytes per second both ways on the same cores. Small messages stay on
 //! QUIC, whose latency path spins, unless the lane's I/O runs on the rank's runtime.
 //!
-//! Each link gets two connections, one per direction: this rank dials the peer's listener to
-//! send (TLS client) and accepts the peer's connection to receive (TLS server). Both sides
-//! present certificates from the cluster CA bound to their ranks, and the dialler proves which
-//! link a connection belongs to with a token the peer sent it over the (already authenticated)
-//! QUIC link. See [`crate::NexarConfig::bulk_transport`].
+//! Each link gets one connection that carries records both ways, each way under keys of its
+//! own: the rank with the lower world rank dials the peer's listener (TLS client), the other
+//! answers (TLS server), so acknowledgements ride on the replies instead of costing a packet
+//! of their own. Both sides present certificates from the cluster CA bound to their ranks, and
+//! the dialler proves which link the connection belongs to with a token the peer sent it over
+//! the (already authenticated) QUIC link. See [`crate::NexarConfig::bulk_transport`].
 
 mod channel;
 mod handshake;

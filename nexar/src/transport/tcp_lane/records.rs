@@ -14,7 +14,8 @@
 //! bytes in records of at most [`RECORD`] bytes. A record is `len: u32 LE | ciphertext | 16-byte tag`, the length as
 //! associated data. Nonces are the exported IV xor a per-key record counter; a key protects at
 //! most [`KEY_LIMIT`] bytes, after which both sides derive the next one (exporter context =
-//! the key's epoch), far inside AES-GCM's usage limits. A group length of `u64::MAX` is the
+//! the key's epoch and the records' [`Direction`]: the lane's one connection carries both
+//! ways, each under keys of its own), far inside AES-GCM's usage limits. A group length of `u64::MAX` is the
 //! sender's goodbye.
 
 use std::io::{self, Read};
@@ -38,7 +39,7 @@ pub(crate) const HEADER: usize = 4;
 /// Plaintext bytes one key protects before both sides move to the next.
 const KEY_LIMIT: u64 = 1 << 36;
 /// The exporter label of the lane's record keys.
-const LABEL: &[u8] = b"EXPORTER-nexar-lane-records-v1";
+const LABEL: &[u8] = b"EXPORTER-nexar-lane-records-v2";
 /// The group length that says goodbye.
 pub(crate) const GOODBYE: u64 = u64::MAX;
 /// Plaintext bytes of a group's header record.
@@ -71,7 +72,7 @@ impl GroupHead {
 }
 
 /// A TLS session keys can be exported from.
-pub(crate) trait Exporter: Send + 'static {
+pub(crate) trait Exporter: Send + Sync + 'static {
     fn export(&self, out: &mut [u8], context: &[u8]) -> Result<(), rustls::Error>;
 }
 
@@ -87,13 +88,45 @@ impl Exporter for ServerConnection {
     }
 }
 
+/// A lane's TLS session, shared by the sealer and the opener of its one connection.
+pub(crate) type Session = Arc<dyn Exporter>;
+
+/// Which way records travel on a lane's connection: each way has keys of its own, so no
+/// nonce is ever used by both ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// From the rank that dialled the connection (the TLS client).
+    FromDialler,
+    /// From the rank that answered it (the TLS server).
+    FromAnswerer,
+}
+
+impl Direction {
+    /// The exporter context's last byte for this direction's keys.
+    fn context_byte(self) -> u8 {
+        match self {
+            Direction::FromDialler => 0,
+            Direction::FromAnswerer => 1,
+        }
+    }
+
+    /// The other way.
+    pub fn reverse(self) -> Direction {
+        match self {
+            Direction::FromDialler => Direction::FromAnswerer,
+            Direction::FromAnswerer => Direction::FromDialler,
+        }
+    }
+}
+
 fn crypto_err(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("tcp lane records: {what}"))
 }
 
 /// One direction's key, IV and counters.
 struct Keys {
-    session: Box<dyn Exporter>,
+    session: Session,
+    direction: Direction,
     key: Arc<LessSafeKey>,
     iv: [u8; NONCE_LEN],
     records: u64,
@@ -103,9 +136,9 @@ struct Keys {
 }
 
 impl Keys {
-    fn new(session: Box<dyn Exporter>, limit: u64) -> io::Result<Keys> {
-        let (key, iv) = derive(&*session, 0)?;
-        Ok(Keys { session, key, iv, records: 0, bytes: 0, epoch: 0, limit })
+    fn new(session: Session, direction: Direction, limit: u64) -> io::Result<Keys> {
+        let (key, iv) = derive(&*session, direction, 0)?;
+        Ok(Keys { session, direction, key, iv, records: 0, bytes: 0, epoch: 0, limit })
     }
 
     /// The nonce of the next record of `len` bytes, moving to the next key first when this
@@ -113,7 +146,7 @@ impl Keys {
     fn next(&mut self, len: usize) -> io::Result<[u8; NONCE_LEN]> {
         if self.bytes + len as u64 > self.limit {
             self.epoch += 1;
-            (self.key, self.iv) = derive(&*self.session, self.epoch)?;
+            (self.key, self.iv) = derive(&*self.session, self.direction, self.epoch)?;
             (self.records, self.bytes) = (0, 0);
         }
         let mut nonce = self.iv;
@@ -126,9 +159,12 @@ impl Keys {
     }
 }
 
-fn derive(session: &dyn Exporter, epoch: u64) -> io::Result<(Arc<LessSafeKey>, [u8; NONCE_LEN])> {
+fn derive(session: &dyn Exporter, direction: Direction, epoch: u64) -> io::Result<(Arc<LessSafeKey>, [u8; NONCE_LEN])> {
     let mut material = [0u8; 16 + NONCE_LEN];
-    session.export(&mut material, &epoch.to_le_bytes()).map_err(crypto_err)?;
+    let mut context = [0u8; 9];
+    context[..8].copy_from_slice(&epoch.to_le_bytes());
+    context[8] = direction.context_byte();
+    session.export(&mut material, &context).map_err(crypto_err)?;
     let key = UnboundKey::new(&AES_128_GCM, &material[..16]).map_err(crypto_err)?;
     let mut iv = [0u8; NONCE_LEN];
     iv.copy_from_slice(&material[16..]);
@@ -146,8 +182,12 @@ enum Protection {
 }
 
 impl Protection {
-    fn new(session: impl Exporter, encrypt: bool) -> io::Result<Protection> {
-        Ok(if encrypt { Protection::Aead(Keys::new(Box::new(session), KEY_LIMIT)?) } else { Protection::Plain })
+    fn new(session: &Session, direction: Direction, encrypt: bool) -> io::Result<Protection> {
+        Ok(if encrypt {
+            Protection::Aead(Keys::new(session.clone(), direction, KEY_LIMIT)?)
+        } else {
+            Protection::Plain
+        })
     }
 }
 
@@ -157,10 +197,10 @@ pub(crate) struct Sealer {
 }
 
 impl Sealer {
-    /// Seals with keys exported from `session` (one direction of a lane), or, when `encrypt`
+    /// Seals records going `direction` with keys exported from `session`, or, when `encrypt`
     /// is false, frames records without encrypting them.
-    pub fn new(session: impl Exporter, encrypt: bool) -> io::Result<Sealer> {
-        Ok(Sealer { keys: Protection::new(session, encrypt)? })
+    pub fn new(session: &Session, direction: Direction, encrypt: bool) -> io::Result<Sealer> {
+        Ok(Sealer { keys: Protection::new(session, direction, encrypt)? })
     }
 
     /// A sealer that frames records without encrypting them.
@@ -299,10 +339,10 @@ pub(crate) struct Opener {
 }
 
 impl Opener {
-    /// Opens with keys exported from `session` (the other end of the sealer's connection),
-    /// or, when `encrypt` is false, reads records as they are.
-    pub fn new(session: impl Exporter, encrypt: bool) -> io::Result<Opener> {
-        Ok(Opener { keys: Protection::new(session, encrypt)? })
+    /// Opens records coming `direction` with keys exported from `session` (the other end's
+    /// session of the same connection), or, when `encrypt` is false, reads records as they are.
+    pub fn new(session: &Session, direction: Direction, encrypt: bool) -> io::Result<Opener> {
+        Ok(Opener { keys: Protection::new(session, direction, encrypt)? })
     }
 
     /// Reads the next group's header record: `None` at a clean end of the stream between

@@ -8,16 +8,18 @@ struct Fake(u8);
 
 impl Exporter for Fake {
     fn export(&self, out: &mut [u8], context: &[u8]) -> Result<(), rustls::Error> {
+        let mixed = context.iter().fold(17u8, |h, c| h.wrapping_mul(31).wrapping_add(*c));
         for (i, b) in out.iter_mut().enumerate() {
-            *b = self.0 ^ context[0] ^ i as u8;
+            *b = self.0 ^ mixed ^ i as u8;
         }
         Ok(())
     }
 }
 
 fn pair(limit: u64) -> (Sealer, Opener) {
-    let sealer = Sealer { keys: Protection::Aead(Keys::new(Box::new(Fake(7)), limit).unwrap()) };
-    let opener = Opener { keys: Protection::Aead(Keys::new(Box::new(Fake(7)), limit).unwrap()) };
+    let keys = |session: Session| Keys::new(session, Direction::FromDialler, limit).unwrap();
+    let sealer = Sealer { keys: Protection::Aead(keys(Arc::new(Fake(7)))) };
+    let opener = Opener { keys: Protection::Aead(keys(Arc::new(Fake(7)))) };
     (sealer, opener)
 }
 
@@ -41,6 +43,33 @@ fn receive(opener: &mut Opener, wire: &mut &[u8]) -> io::Result<Option<Vec<u8>>>
             Ok(Some(buf))
         }
     }
+}
+
+/// The lane's one connection carries records both ways: what one side seals opens only with
+/// the keys of its own direction, so neither end can be made to accept its own records back
+/// (nor do both ends ever use one nonce under one key).
+#[test]
+fn each_direction_has_keys_of_its_own() {
+    let session: Session = Arc::new(Fake(7));
+    let group = |direction: Direction| {
+        let mut sealer = Sealer::new(&session, direction, true).unwrap();
+        let mut wire = Vec::new();
+        sealer
+            .seal_group(&[b"a group's bytes"], Vec::new, |c, _| {
+                wire.extend_from_slice(&c);
+                true
+            })
+            .unwrap();
+        wire
+    };
+    for direction in [Direction::FromDialler, Direction::FromAnswerer] {
+        let wire = group(direction);
+        let mut own = Opener::new(&session, direction, true).unwrap();
+        assert_eq!(receive(&mut own, &mut &wire[..]).unwrap().unwrap(), b"a group's bytes");
+        let mut reverse = Opener::new(&session, direction.reverse(), true).unwrap();
+        assert!(receive(&mut reverse, &mut &wire[..]).is_err(), "{direction:?} opened with the other way's keys");
+    }
+    assert_ne!(group(Direction::FromDialler), group(Direction::FromAnswerer));
 }
 
 #[test]
