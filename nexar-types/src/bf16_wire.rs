@@ -12,7 +12,7 @@ use half::bf16;
 
 use crate::element::DType;
 use crate::op::{ReduceError, ReduceOp};
-use crate::simd::widest;
+use crate::simd::{Kernel, widest};
 
 /// `bf16` → `f32`, exactly: a bf16's bits are the upper half of the f32's (a NaN stays a NaN,
 /// not quieted here; [`narrow`] quiets it).
@@ -49,11 +49,22 @@ fn round(x: f32) -> f32 {
 /// assert_eq!(wire, [bf16::ONE, bf16::ONE]);
 /// ```
 pub fn narrow_to_bf16(from: &[f32], to: &mut [bf16]) {
-    widest(|| {
-        for (t, f) in to.iter_mut().zip(from) {
+    widest(Narrow { from, to });
+}
+
+struct Narrow<'a> {
+    from: &'a [f32],
+    to: &'a mut [bf16],
+}
+
+impl Kernel for Narrow<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        for (t, f) in self.to.iter_mut().zip(self.from) {
             *t = narrow(*f);
         }
-    });
+    }
 }
 
 /// Widens each of `from` into `to` (exactly: every bf16 is an `f32`).
@@ -65,11 +76,22 @@ pub fn narrow_to_bf16(from: &[f32], to: &mut [bf16]) {
 /// assert_eq!(wide, [2.5]);
 /// ```
 pub fn widen_bf16(from: &[bf16], to: &mut [f32]) {
-    widest(|| {
-        for (t, f) in to.iter_mut().zip(from) {
+    widest(Widen { from, to });
+}
+
+struct Widen<'a> {
+    from: &'a [bf16],
+    to: &'a mut [f32],
+}
+
+impl Kernel for Widen<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        for (t, f) in self.to.iter_mut().zip(self.from) {
             *t = widen(*f);
         }
-    });
+    }
 }
 
 /// `acc[i] = round(op(round(acc[i]), other[i]))`, with `round` to the nearest bf16: the
@@ -84,7 +106,7 @@ pub fn widen_bf16(from: &[bf16], to: &mut [f32]) {
 /// ```
 pub fn reduce_f32_with_bf16(op: ReduceOp, acc: &mut [f32], other: &[bf16]) -> Result<(), ReduceError> {
     check(op, acc.len(), other.len())?;
-    widest(|| apply(op, acc, other, |h| widen(*h)));
+    widest(Combine { op, acc, other, operand: widen_at });
     Ok(())
 }
 
@@ -99,7 +121,7 @@ pub fn reduce_f32_with_bf16(op: ReduceOp, acc: &mut [f32], other: &[bf16]) -> Re
 /// ```
 pub fn reduce_f32_as_bf16(op: ReduceOp, acc: &mut [f32], other: &[f32]) -> Result<(), ReduceError> {
     check(op, acc.len(), other.len())?;
-    widest(|| apply(op, acc, other, |x| round(*x)));
+    widest(Combine { op, acc, other, operand: round_at });
     Ok(())
 }
 
@@ -111,6 +133,32 @@ fn check(op: ReduceOp, left: usize, right: usize) -> Result<(), ReduceError> {
         return Err(ReduceError::Unsupported { op, dtype: DType::BF16 });
     }
     Ok(())
+}
+
+/// `acc[i] = round(op(round(acc[i]), operand(other[i])))`, for [`widest`].
+struct Combine<'a, B, F> {
+    op: ReduceOp,
+    acc: &'a mut [f32],
+    other: &'a [B],
+    operand: F,
+}
+
+impl<B, F: Fn(&B) -> f32 + Copy> Kernel for Combine<'_, B, F> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        apply(self.op, self.acc, self.other, self.operand);
+    }
+}
+
+#[inline(always)]
+fn widen_at(h: &bf16) -> f32 {
+    widen(*h)
+}
+
+#[inline(always)]
+fn round_at(x: &f32) -> f32 {
+    round(*x)
 }
 
 #[inline(always)]

@@ -269,8 +269,23 @@ pub fn reduce_slice<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) -> Res
     if !op.supports(T::DTYPE) {
         return Err(ReduceError::Unsupported { op, dtype: T::DTYPE });
     }
-    crate::simd::widest(|| T::reduce_unchecked(op, acc, other));
+    crate::simd::widest(Reduce { op, acc, other });
     Ok(())
+}
+
+/// [`reduce_slice`]'s loop, for [`crate::simd::widest`].
+struct Reduce<'a, T> {
+    op: ReduceOp,
+    acc: &'a mut [T],
+    other: &'a [T],
+}
+
+impl<T: Kernels> crate::simd::Kernel for Reduce<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        T::reduce_unchecked(self.op, self.acc, self.other);
+    }
 }
 
 /// The per-type kernels behind [`reduce_slice`]; `op` has already been checked.
