@@ -168,6 +168,39 @@ async fn lanes_with_io_on_the_runtime_or_on_threads_carry_every_collective() {
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
 
+/// A link between ranks that both do the lane's I/O on their runtimes has one connection for
+/// both ways; any other link one per direction. Ranks that differ (one with lane threads,
+/// two without) still agree on each link's connections, and every collective runs on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_whose_lane_io_differs_agree_on_each_links_connections() {
+    common::logs();
+    let run = async {
+        let cfg = tcp(0).into_builder().world_size(3).listen_addr("127.0.0.1:0".parse().unwrap()).build().unwrap();
+        let seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
+        let (addr, token) = (seed.local_addr(), seed.token().to_string());
+        let joins: Vec<_> = [false, true, false]
+            .into_iter()
+            .map(|threads| {
+                let (token, cfg) = (token.clone(), cfg.clone().into_builder().lane_threads(threads).build().unwrap());
+                tokio::spawn(async move { NexarClient::connect(addr, &token, cfg).await })
+            })
+            .collect();
+        let mut ranks = Vec::new();
+        for join in joins {
+            ranks.push(join.await.unwrap().unwrap());
+        }
+        common::on_each(&ranks, |c| async move {
+            for p in (0..3).filter(|p| *p != c.rank()) {
+                assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
+            }
+            common::check_every_collective(&c, &[0, 1000, 300_007, 1 << 20]).await;
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_refuses_a_worker_whose_bulk_encryption_differs_and_the_cluster_still_forms() {
     common::logs();

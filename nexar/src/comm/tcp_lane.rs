@@ -1,8 +1,9 @@
 //! Bringing the TCP lane up on every direct link of a communicator, through the negotiation
-//! driver (`negotiate.rs`): each rank offers a listener port and a token per link, the rank
-//! with the lower world rank dials the other's listener, and only a link whose connection came
-//! up on both sides moves its collective payloads to TCP. Anything else leaves that link on
-//! QUIC.
+//! driver (`negotiate.rs`): each rank offers a listener port and a token per link, and whether
+//! it wants one connection for both ways (its lane I/O runs on its runtime). Where both do, the
+//! rank with the lower world rank dials the other's listener; otherwise both dial, one
+//! connection per direction. Only a link whose connections came up on both sides moves its
+//! collective payloads to TCP. Anything else leaves that link on QUIC.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -14,7 +15,9 @@ use tokio::sync::oneshot;
 
 use super::client::NexarClient;
 use super::negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
-use crate::transport::tcp_lane::{Connected, LaneIo, LaneOffer, LaneTls, ReadLimits, TOKEN_LEN, TcpLane, answer, dial};
+use crate::transport::tcp_lane::{
+    Connected, LaneIo, LaneOffer, LaneTls, Pair, ReadLimits, TOKEN_LEN, TcpLane, answer, dial,
+};
 
 /// Room in a received group for the frames around the largest payload.
 const GROUP_OVERHEAD: u64 = 256 << 10;
@@ -32,15 +35,15 @@ type Incoming = StreamOwned<ServerConnection, TcpStream>;
 /// Connections this rank waits for, by the token it gave their dialler.
 type Expected = Arc<Mutex<HashMap<[u8; TOKEN_LEN], (u32, oneshot::Sender<Incoming>)>>>;
 
-/// The TCP lane's part in the negotiation: dial the peer's listener, or wait for its
-/// connection.
+/// The TCP lane's part in the negotiation: dial the peer's listener, wait for its connection,
+/// or both.
 struct LaneSetup {
     comm: NexarClient,
     /// The lane's TLS, and the listener's task (accepting while the negotiation runs); none
     /// where this rank offers no lane (it only tells its peers why).
     tls: Option<(LaneTls, AbortOnDrop)>,
     limit: Duration,
-    /// The connection each peer that dials this rank is to make, by peer.
+    /// The connection each peer is to make to this rank (if it dials), by peer.
     incoming: Mutex<HashMap<usize, oneshot::Receiver<Incoming>>>,
 }
 
@@ -51,29 +54,43 @@ impl LinkSetup for LaneSetup {
         "tcp lane"
     }
 
-    fn connect(self: Arc<Self>, peer: usize, _ours: Vec<u8>, theirs: Vec<u8>, by: Instant) -> Connecting<Connected> {
+    fn connect(self: Arc<Self>, peer: usize, ours: Vec<u8>, theirs: Vec<u8>, by: Instant) -> Connecting<Connected> {
         Box::pin(async move {
             let tls = self.tls.as_ref().map(|(tls, _)| tls.clone()).ok_or("this rank offers no tcp lane")?;
             let offer = LaneOffer::decode(&theirs)?;
+            let one_connection = LaneOffer::decode(&ours)?.one_connection && offer.one_connection;
             let world = self.comm.comm.members[peer] as u32;
-            if !dials(self.comm.world_rank(), world as usize) {
+            let dialling = !one_connection || dials(self.comm.world_rank(), world as usize);
+            let outgoing = if dialling {
+                let addr = self.comm.peer_addr(peer).ok_or("no direct link")?;
+                let mut hello = [0u8; TOKEN_LEN + 4];
+                hello[..TOKEN_LEN].copy_from_slice(&offer.token);
+                hello[TOKEN_LEN..].copy_from_slice(&(self.comm.world_rank() as u32).to_le_bytes());
+                let (at, limit) = (SocketAddr::new(addr.ip(), offer.port), self.limit);
+                match tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit)).await {
+                    Ok(Ok(stream)) => Some(stream),
+                    Ok(Err(e)) => return Err(format!("cannot dial rank {peer}'s tcp lane: {e}")),
+                    Err(e) => return Err(format!("dialling rank {peer}: {e}")),
+                }
+            } else {
+                None
+            };
+            let incoming = if one_connection && dialling {
+                None
+            } else {
                 let waiting = crate::sync::lock(&self.incoming).remove(&peer);
                 let not_connected = || format!("rank {peer} did not connect to this rank's tcp lane");
                 let incoming = match waiting {
                     Some(rx) => tokio::time::timeout_at(by.into(), rx).await.map_err(|_| not_connected())?,
                     None => return Err(not_connected()),
                 };
-                return Ok(Connected::Answered(incoming.map_err(|_| not_connected())?));
-            }
-            let addr = self.comm.peer_addr(peer).ok_or("no direct link")?;
-            let mut hello = [0u8; TOKEN_LEN + 4];
-            hello[..TOKEN_LEN].copy_from_slice(&offer.token);
-            hello[TOKEN_LEN..].copy_from_slice(&(self.comm.world_rank() as u32).to_le_bytes());
-            let (at, limit) = (SocketAddr::new(addr.ip(), offer.port), self.limit);
-            match tokio::task::spawn_blocking(move || dial(&tls, at, world, hello, limit)).await {
-                Ok(Ok(stream)) => Ok(Connected::Dialled(stream)),
-                Ok(Err(e)) => Err(format!("cannot dial rank {peer}'s tcp lane: {e}")),
-                Err(e) => Err(format!("dialling rank {peer}: {e}")),
+                Some(incoming.map_err(|_| not_connected())?)
+            };
+            match (outgoing, incoming) {
+                (Some(outgoing), Some(incoming)) => Ok(Connected::Pair(Box::new(Pair { outgoing, incoming }))),
+                (Some(dialled), None) => Ok(Connected::Dialled(dialled)),
+                (None, Some(answered)) => Ok(Connected::Answered(answered)),
+                (None, None) => Err(format!("no tcp lane connection to rank {peer}")),
             }
         })
     }
@@ -100,6 +117,7 @@ impl NexarClient {
         let limit = self.config().connect_timeout;
         let listening = tls.and_then(|tls| self.lane_listener().map(|(l, port)| (tls.clone(), l, port)));
         let expected: Expected = Arc::default();
+        let one_connection = !self.lane_threads();
         let mut incoming = HashMap::new();
         // Peers without a direct link have none to this rank either: nothing to say to them.
         let peers = (0..self.world_size()).filter(|r| *r != self.rank() && self.bulk_transport(*r).is_some());
@@ -110,15 +128,10 @@ impl NexarClient {
                     (Err(reason), None) => Err(reason.clone()),
                     (Ok((_, _, port)), None) => {
                         let token: [u8; TOKEN_LEN] = rand::random();
-                        let world = self.comm.members[rank];
-                        // Only a peer that dials this rank gets a token that opens its listener
-                        // (the offer's form is the same both ways).
-                        if !dials(self.world_rank(), world) {
-                            let (tx, rx) = oneshot::channel();
-                            crate::sync::lock(&expected).insert(token, (world as u32, tx));
-                            incoming.insert(rank, rx);
-                        }
-                        Ok(LaneOffer { port: *port, token }.encode())
+                        let (tx, rx) = oneshot::channel();
+                        crate::sync::lock(&expected).insert(token, (self.comm.members[rank] as u32, tx));
+                        incoming.insert(rank, rx);
+                        Ok(LaneOffer { port: *port, token, one_connection }.encode())
                     }
                 };
                 (rank, offer)
@@ -158,6 +171,14 @@ impl NexarClient {
         Some(self.inner.links.get(world)?.remote_addr())
     }
 
+    /// Whether this rank's lanes do their I/O on threads of their own. Where every core of the
+    /// host runs a rank, such threads would wait for a core a rank spins on; the rank's
+    /// runtime then does the lane's I/O.
+    fn lane_threads(&self) -> bool {
+        let ranks_here = self.layout().map_or(1, |l| l.members(l.host_of(self.rank())).len());
+        self.config().lane_threads.unwrap_or_else(|| crate::affinity::helper_cpus() > ranks_here)
+    }
+
     fn start_tcp_lane(&self, peer: usize, conns: Connected) -> Result<(), String> {
         let inbound = self.bulk_inbound(peer).ok_or_else(|| format!("rank {peer} is not a peer"))?;
         let cfg = self.config();
@@ -166,12 +187,9 @@ impl NexarClient {
             // An operation waiting for the group fails at its own timeout anyway.
             group_deadline: cfg.op_timeout,
         };
-        // Where every core of the host runs a rank, the lane's threads would wait for a core a
-        // rank spins on; the rank's runtime then does the lane's I/O.
-        let ranks_here = self.layout().map_or(1, |l| l.members(l.host_of(self.rank())).len());
-        let threads = cfg.lane_threads.unwrap_or_else(|| crate::affinity::helper_cpus() > ranks_here);
+        let threads = self.lane_threads();
         let min_bytes = cfg.bulk_min_bytes.unwrap_or(if threads { MIN_BYTES_THREADS } else { MIN_BYTES_ON_RUNTIME });
-        tracing::debug!(rank = self.rank(), peer, threads, ranks_here, min_bytes, "tcp lane");
+        tracing::debug!(rank = self.rank(), peer, threads, min_bytes, "tcp lane");
         let io = LaneIo { encrypt: cfg.bulk_encryption, on_runtime: !threads };
         let lane = TcpLane::start(peer, conns, inbound, limits, min_bytes, io)
             .map_err(|e| format!("cannot start the lane's threads: {e}"))?;
@@ -179,8 +197,8 @@ impl NexarClient {
     }
 }
 
-/// Whether the rank of world rank `me` dials its link to `peer` (the other answers): one
-/// connection per link, from the lower world rank.
+/// Whether the rank of world rank `me` dials its link to `peer` where the link has one
+/// connection (the other answers): the lower world rank.
 fn dials(me: usize, peer: usize) -> bool {
     me < peer
 }

@@ -31,31 +31,67 @@ const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
 /// cycle is an `epoll_wait` (20 µs gave the 4 KiB allreduce and barrier their lowest medians).
 const SELF_READ_HOLD: Duration = Duration::from_micros(20);
 
-/// The one connection of a link, its handshake done: the rank with the lower world rank
-/// dials (TLS client), the other answers (TLS server), and records go both ways on it, each
-/// way under keys of its own. (Two one-way connections made every received message cost a
-/// pure acknowledgement through the loopback path on the receiver's time; on one connection
-/// acknowledgements ride on the replies: a 48-byte exchange 4.7 against 3.2 µs here,
-/// `bench/tcp_exchange_probe.c`.)
+/// The connections of a link, their handshakes done. A link whose ranks both do the lane's
+/// I/O on their runtimes has one connection for both ways, each way under keys of its own:
+/// the rank with the lower world rank dials (TLS client), the other answers (TLS server).
+/// (Two one-way connections make every received message cost a pure acknowledgement through
+/// the loopback path on the receiver's time; on one connection acknowledgements ride on the
+/// replies: a 48-byte exchange 4.7 against 3.2 µs here, `bench/tcp_exchange_probe.c`.)
+/// Otherwise it has one connection per direction: a reading and a writing thread on one
+/// socket would take turns at its lock, and a 16 MiB allreduce ran ~7 % slower so.
 pub(crate) enum Connected {
-    /// This rank dialled the peer's listener.
+    /// One connection, which this rank dialled.
     Dialled(StreamOwned<ClientConnection, TcpStream>),
-    /// The peer dialled this rank's listener.
+    /// One connection, which the peer dialled.
     Answered(StreamOwned<ServerConnection, TcpStream>),
+    /// This rank's connection to the peer (it writes there) and the peer's to it (it reads).
+    Pair(Box<Pair>),
+}
+
+/// The two connections of a link with one per direction.
+pub(crate) struct Pair {
+    pub outgoing: StreamOwned<ClientConnection, TcpStream>,
+    pub incoming: StreamOwned<ServerConnection, TcpStream>,
+}
+
+/// A link's connections taken apart: how records are protected each way, and the sockets.
+struct Parts {
+    sealer: Sealer,
+    opener: Opener,
+    /// Where records are written.
+    out: TcpStream,
+    /// Where the peer's records are read, where that is another connection.
+    incoming: Option<TcpStream>,
 }
 
 impl Connected {
-    /// The session keys are exported from, the socket, and the direction this rank's records
-    /// travel in.
-    fn into_parts(self) -> (Session, TcpStream, Direction) {
+    fn into_parts(self, encrypt: bool) -> io::Result<Parts> {
+        let one = |session: Session, sock: TcpStream, outgoing: Direction| {
+            let sealer = Sealer::new(&session, outgoing, encrypt)?;
+            let opener = Opener::new(&session, outgoing.reverse(), encrypt)?;
+            Ok::<_, io::Error>(Parts { sealer, opener, out: sock, incoming: None })
+        };
         match self {
             Connected::Dialled(stream) => {
                 let (session, sock) = stream.into_parts();
-                (Arc::new(session), sock, Direction::FromDialler)
+                one(Arc::new(session), sock, Direction::FromDialler)
             }
             Connected::Answered(stream) => {
                 let (session, sock) = stream.into_parts();
-                (Arc::new(session), sock, Direction::FromAnswerer)
+                one(Arc::new(session), sock, Direction::FromAnswerer)
+            }
+            Connected::Pair(pair) => {
+                let Pair { outgoing, incoming } = *pair;
+                let (out_session, out) = outgoing.into_parts();
+                let (in_session, incoming) = incoming.into_parts();
+                // On each connection, records travel from its dialler.
+                let (out_session, in_session): (Session, Session) = (Arc::new(out_session), Arc::new(in_session));
+                Ok(Parts {
+                    sealer: Sealer::new(&out_session, Direction::FromDialler, encrypt)?,
+                    opener: Opener::new(&in_session, Direction::FromDialler, encrypt)?,
+                    out,
+                    incoming: Some(incoming),
+                })
             }
         }
     }
@@ -74,9 +110,12 @@ pub(super) struct State {
     /// Sealed bytes queued for the writer, and where senders wait for them to drain.
     queued: AtomicUsize,
     drained: Notify,
-    /// A clone of the link's socket, to write from the sending task and to wake blocked
-    /// threads on close.
+    /// A clone of the socket records are written to, to write from the sending task and to
+    /// wake blocked threads on close.
     socket: TcpStream,
+    /// A clone of the socket the peer's records are read from, where that is another
+    /// connection.
+    incoming: Option<TcpStream>,
     /// Set when the lane says goodbye: the writer gives up on a peer that does not read by
     /// then.
     write_deadline: std::sync::OnceLock<std::time::Instant>,
@@ -109,13 +148,28 @@ impl State {
                 tracing::debug!(peer = self.peer, why, "tcp lane closed");
             }
             // After the peer's goodbye, this side still says its own, which the peer is still
-            // reading: only the reading half closes.
-            let _ = self.socket.shutdown(if how == Stop::Goodbye { Shutdown::Read } else { Shutdown::Both });
+            // reading: only the reading side closes.
+            if how == Stop::Goodbye {
+                self.stop_reading();
+            } else {
+                for s in std::iter::once(&self.socket).chain(&self.incoming) {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+            }
         }
         if how != Stop::Goodbye {
             self.stopped.notify_waiters();
         }
         self.drained.notify_waiters();
+    }
+
+    /// Closes what the peer's records are read from (waking a reader blocked there): the
+    /// incoming connection, or the reading half of the one connection.
+    fn stop_reading(&self) {
+        let _ = match &self.incoming {
+            Some(incoming) => incoming.shutdown(Shutdown::Both),
+            None => self.socket.shutdown(Shutdown::Read),
+        };
     }
 
     fn lost(&self, why: impl std::fmt::Display) -> TransportError {
@@ -195,28 +249,34 @@ impl TcpLane {
         io: LaneIo,
     ) -> io::Result<TcpLane> {
         let LaneIo { encrypt, on_runtime: write_inline } = io;
-        let (session, in_sock, outgoing) = conns.into_parts();
-        let sealer = Sealer::new(&session, outgoing, encrypt)?;
-        let opener = Opener::new(&session, outgoing.reverse(), encrypt)?;
-        let out_sock = in_sock.try_clone()?;
+        let Parts { sealer, opener, out: out_sock, incoming } = conns.into_parts(encrypt)?;
+        let one_connection = incoming.is_none();
+        let in_sock = match incoming {
+            Some(incoming) => incoming,
+            None => out_sock.try_clone()?,
+        };
         let state = Arc::new(State {
             peer,
             failed: AtomicBool::new(false),
             stopped: Notify::new(),
             queued: AtomicUsize::new(0),
             drained: Notify::new(),
-            socket: in_sock.try_clone()?,
+            socket: out_sock.try_clone()?,
+            incoming: if one_connection { None } else { Some(in_sock.try_clone()?) },
             write_deadline: std::sync::OnceLock::new(),
         });
+        let on_runtime = write_inline && tokio::runtime::Handle::try_current().is_ok();
         let (jobs, queue) = std_mpsc::channel::<Job>();
         let (writer, spare) = (state.clone(), Spare::default());
         let written = spare.clone();
+        // A reader on the runtime puts its socket in non-blocking mode, for the writer too
+        // where they share it.
+        let blocking = !(on_runtime && one_connection);
         std::thread::Builder::new().name(format!("nexar-tcp-tx-{peer}")).spawn(move || {
             crate::affinity::free_helper_thread();
-            write_records(&writer, out_sock, queue, &written)
+            write_records(&writer, out_sock, blocking, queue, &written)
         })?;
         let reader = state.clone();
-        let on_runtime = write_inline && tokio::runtime::Handle::try_current().is_ok();
         let reading = if on_runtime {
             Some(super::runtime_reader::spawn(reader, in_sock, opener, limits, inbound)?)
         } else {
@@ -440,7 +500,10 @@ impl TcpLane {
         if let Some(mut s) = crate::sync::lock(&self.sending).take() {
             let mut out = Vec::new();
             if s.sealer.seal_goodbye(&mut out).is_ok() {
+                // The deadline for a writer that waits in `poll`, the timeout for one blocked
+                // in `write` (a socket in blocking mode).
                 let _ = self.state.write_deadline.set(std::time::Instant::now() + GOODBYE_TIMEOUT);
+                let _ = self.state.socket.set_write_timeout(Some(GOODBYE_TIMEOUT));
                 let (done, written) = oneshot::channel();
                 if s.jobs.send((out.into(), done)).is_ok() {
                     told = Some(written);
@@ -448,7 +511,7 @@ impl TcpLane {
             }
         }
         self.state.failed.store(true, Ordering::SeqCst);
-        let _ = self.state.socket.shutdown(Shutdown::Read);
+        self.state.stop_reading();
         self.state.stopped.notify_waiters();
         self.state.drained.notify_waiters();
         Box::pin(async move {
@@ -482,10 +545,15 @@ fn write_ready(socket: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
 }
 
 /// Writes all of `bytes`, waiting for room in the socket as long as it takes, or until the
-/// lane's write deadline (set when it says goodbye). The socket may be in non-blocking mode:
-/// the lane's reader shares it, and a reader on the runtime needs that mode.
-fn write_all(state: &State, socket: &TcpStream, bytes: &[u8]) -> io::Result<()> {
+/// lane's write deadline (set when it says goodbye). A socket in `blocking` mode blocks in
+/// `write` (its write timeout set with the deadline); otherwise (the lane's reader on the
+/// runtime shares the socket and needs non-blocking mode) this waits for room in `poll`.
+fn write_all(state: &State, socket: &TcpStream, blocking: bool, bytes: &[u8]) -> io::Result<()> {
     use rustix::event::{PollFd, PollFlags, Timespec};
+    use std::io::Write;
+    if blocking {
+        return (&mut &*socket).write_all(bytes);
+    }
     let mut at = 0;
     while at < bytes.len() {
         at += write_ready(socket, &bytes[at..])?;
@@ -510,9 +578,9 @@ fn write_all(state: &State, socket: &TcpStream, bytes: &[u8]) -> io::Result<()> 
 }
 
 /// The writer thread: sealed records, in the order they were queued.
-fn write_records(state: &State, out: TcpStream, queue: std_mpsc::Receiver<Job>, spare: &Spare) {
+fn write_records(state: &State, out: TcpStream, blocking: bool, queue: std_mpsc::Receiver<Job>, spare: &Spare) {
     while let Ok((records, done)) = queue.recv() {
-        let written = write_all(state, &out, &records);
+        let written = write_all(state, &out, blocking, &records);
         state.queued.fetch_sub(records.len(), Ordering::SeqCst);
         state.drained.notify_waiters();
         match written {

@@ -1,5 +1,5 @@
-//! Opening the connection of a TCP lane: TLS with the cluster's certificates, then a hello
-//! that binds the connection to a link.
+//! Opening a connection of a TCP lane: TLS with the cluster's certificates, then a hello that
+//! binds the connection to a link.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -13,7 +13,7 @@ use super::setup::TOKEN_LEN;
 use crate::transport::TransportError;
 use crate::transport::tls::{Identity, mesh_client_tls, mesh_server_tls, rank_from_cert, rank_server_name};
 
-/// ALPN protocol of the TCP lane (2: one connection per link, records both ways).
+/// ALPN protocol of the TCP lane (2: records both ways on a connection, keys per direction).
 const LANE_ALPN: &[u8] = b"nexar-lane/2";
 
 /// What the dialler sends first: the token the peer gave it, then its world rank.

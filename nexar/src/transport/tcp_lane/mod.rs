@@ -8,12 +8,14 @@
 //! twice the encrypted bytes per second both ways on the same cores. Small messages stay on
 //! QUIC, whose latency path spins, unless the lane's I/O runs on the rank's runtime.
 //!
-//! Each link gets one connection that carries records both ways, each way under keys of its
-//! own: the rank with the lower world rank dials the peer's listener (TLS client), the other
-//! answers (TLS server), so acknowledgements ride on the replies instead of costing a packet
-//! of their own. Both sides present certificates from the cluster CA bound to their ranks, and
-//! the dialler proves which link the connection belongs to with a token the peer sent it over
-//! the (already authenticated) QUIC link. See [`crate::NexarConfig::bulk_transport`].
+//! A link whose ranks both do the lane's I/O on their runtimes gets one connection that
+//! carries records both ways, each way under keys of its own: the rank with the lower world
+//! rank dials the peer's listener (TLS client), the other answers (TLS server), so
+//! acknowledgements ride on the replies instead of costing a packet of their own. Any other
+//! link gets one connection per direction (each rank dials to send), so that a reading and a
+//! writing thread never take turns at one socket's lock. Both sides present certificates from
+//! the cluster CA bound to their ranks, and the dialler proves which link a connection belongs
+//! to with a token the peer sent it over the (already authenticated) QUIC link. See [`crate::NexarConfig::bulk_transport`].
 
 mod channel;
 mod handshake;
@@ -26,7 +28,7 @@ mod setup;
 #[cfg(feature = "hostile-member")]
 mod tamper;
 
-pub(crate) use channel::{Connected, LaneIo, TcpLane};
+pub(crate) use channel::{Connected, LaneIo, Pair, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
 pub(crate) use reader::{ReadLimits, RecvPool};
 pub(crate) use records::{Deferred, GroupSink, SealedRecord};

@@ -3,29 +3,41 @@
 
 /// Bytes of the token that binds a connection to its link.
 pub(crate) const TOKEN_LEN: usize = 16;
+/// Bytes of an offer: port, token, one-connection flag.
+const OFFER_LEN: usize = 2 + TOKEN_LEN + 1;
 
 /// Dial my lane listener on this port (at the address of my QUIC endpoint) with this token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LaneOffer {
     pub port: u16,
     pub token: [u8; TOKEN_LEN],
+    /// I would rather the link had one connection for both ways (my lane I/O runs on my
+    /// runtime, where a reply carries TCP's acknowledgement); with threads, one connection per
+    /// direction, so that the reading and the writing thread do not take turns at one
+    /// socket's lock.
+    pub one_connection: bool,
 }
 
 impl LaneOffer {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = self.port.to_le_bytes().to_vec();
         out.extend_from_slice(&self.token);
+        out.push(u8::from(self.one_connection));
         out
     }
 
     /// An offer from untrusted bytes, or what is wrong with them.
     pub fn decode(bytes: &[u8]) -> Result<LaneOffer, String> {
         match bytes {
-            [p0, p1, token @ ..] if token.len() == TOKEN_LEN => Ok(LaneOffer {
+            [p0, p1, token @ .., one @ (0 | 1)] if token.len() == TOKEN_LEN => Ok(LaneOffer {
                 port: u16::from_le_bytes([*p0, *p1]),
                 token: token.try_into().map_err(|_| "token length".to_string())?,
+                one_connection: *one == 1,
             }),
-            _ => Err(format!("a tcp lane offer of {} bytes, expected {}", bytes.len(), 2 + TOKEN_LEN)),
+            [.., flag] if bytes.len() == OFFER_LEN => {
+                Err(format!("a tcp lane offer whose last byte is {flag}, not 0 or 1"))
+            }
+            _ => Err(format!("a tcp lane offer of {} bytes, expected {OFFER_LEN}", bytes.len())),
         }
     }
 }
@@ -37,10 +49,15 @@ mod tests {
 
     #[test]
     fn offers_round_trip_and_bad_ones_say_why() {
-        let offer = LaneOffer { port: 40123, token: [7; TOKEN_LEN] };
-        assert_eq!(LaneOffer::decode(&offer.encode()), Ok(offer));
+        for one_connection in [false, true] {
+            let offer = LaneOffer { port: 40123, token: [7; TOKEN_LEN], one_connection };
+            assert_eq!(LaneOffer::decode(&offer.encode()), Ok(offer));
+        }
         assert!(LaneOffer::decode(&[1, 2]).unwrap_err().contains("offer of 2 bytes"));
-        assert!(LaneOffer::decode(&[0; 2 + TOKEN_LEN + 1]).unwrap_err().contains("expected 18"));
+        assert!(LaneOffer::decode(&[0; OFFER_LEN + 1]).unwrap_err().contains("expected 19"));
+        let mut flagged = [0; OFFER_LEN];
+        flagged[OFFER_LEN - 1] = 2;
+        assert!(LaneOffer::decode(&flagged).unwrap_err().contains("last byte is 2"));
     }
 
     proptest! {
