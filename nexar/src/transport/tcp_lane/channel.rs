@@ -1,9 +1,9 @@
 //! One link's TCP lane once connected: groups are sealed into records by whoever sends them
 //! (straight from the caller's buffer for a borrowed payload), a writer thread puts the records
-//! on the link's connection, and a reader thread reads the peer's records from it and hands
-//! each whole group to nexar: its frames decrypted, its payload's records still sealed, to be opened by
-//! whoever reads the payload, straight into the destination.
-//! The reader is in [`super::reader`].
+//! on the link's connection, and a reader reads the peer's records and hands each whole group
+//! to nexar: its frames decrypted, its payload's records still sealed, to be opened by whoever
+//! reads the payload, straight into the destination. The reader is in [`super::reader`] (a
+//! thread) or [`super::runtime_reader`] (a task on the rank's runtime).
 
 use std::io;
 use std::net::{Shutdown, TcpStream};
