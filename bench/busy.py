@@ -30,6 +30,7 @@ an equal.
 """
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -145,7 +146,9 @@ def main():
     a = p.parse_args()
     if not os.path.exists(a.nexar):
         sys.exit(f"{a.nexar} is missing (cargo build --release -p nexar --features cli --bin nexar-bench)")
-    mpi = os.path.join(tempfile.mkdtemp(), "mpi_latency")
+    scratch = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    mpi = os.path.join(scratch, "mpi_latency")
     subprocess.run(["mpicc", "-O3", "-o", mpi, os.path.join(ROOT, "bench", "mpi_latency.c")], check=True)
     keys = {"mpi": "OpenMPI-TCP", **{key: name for key, name, *_ in NEXAR_SIDES}}
     unknown = [k for k in a.sides.split(",") if k not in keys]

@@ -16,9 +16,11 @@ mpi_allreduce`, with OpenMPI installed); `--build-mpi` runs that script once fir
 """
 
 import argparse
+import atexit
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -96,7 +98,9 @@ def main():
                    help="also run nexar with NEXAR_SHM=off in each round (its network path between same-host ranks)")
     a = p.parse_args()
     if a.build_mpi:
-        env = dict(os.environ, REPS="1", NPS="2", RESULTS=tempfile.mkdtemp())
+        results = tempfile.mkdtemp()
+        atexit.register(shutil.rmtree, results, ignore_errors=True)
+        env = dict(os.environ, REPS="1", NPS="2", RESULTS=results)
         subprocess.run(["bash", os.path.join(BASELINES, "run_mpi.sh")], env=env, check=True, capture_output=True)
     for path in (a.nexar, a.mpi):
         if not os.path.exists(path):
