@@ -49,22 +49,29 @@ fn round(x: f32) -> f32 {
 /// assert_eq!(wire, [bf16::ONE, bf16::ONE]);
 /// ```
 pub fn narrow_to_bf16(from: &[f32], to: &mut [bf16]) {
-    widest(Narrow { from, to });
+    widest(Convert { from, to, each: narrow_at });
 }
 
-struct Narrow<'a> {
-    from: &'a [f32],
-    to: &'a mut [bf16],
+/// `to[i] = each(&from[i])`, for [`widest`].
+struct Convert<'a, A, B, F> {
+    from: &'a [A],
+    to: &'a mut [B],
+    each: F,
 }
 
-impl Kernel for Narrow<'_> {
+impl<A, B, F: Fn(&A) -> B> Kernel for Convert<'_, A, B, F> {
     type Output = ();
     #[inline(always)]
     fn run(self) {
         for (t, f) in self.to.iter_mut().zip(self.from) {
-            *t = narrow(*f);
+            *t = (self.each)(f);
         }
     }
+}
+
+#[inline(always)]
+fn narrow_at(x: &f32) -> bf16 {
+    narrow(*x)
 }
 
 /// Widens each of `from` into `to` (exactly: every bf16 is an `f32`).
@@ -76,22 +83,7 @@ impl Kernel for Narrow<'_> {
 /// assert_eq!(wide, [2.5]);
 /// ```
 pub fn widen_bf16(from: &[bf16], to: &mut [f32]) {
-    widest(Widen { from, to });
-}
-
-struct Widen<'a> {
-    from: &'a [bf16],
-    to: &'a mut [f32],
-}
-
-impl Kernel for Widen<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn run(self) {
-        for (t, f) in self.to.iter_mut().zip(self.from) {
-            *t = widen(*f);
-        }
-    }
+    widest(Convert { from, to, each: widen_at });
 }
 
 /// `acc[i] = round(op(round(acc[i]), other[i]))`, with `round` to the nearest bf16: the

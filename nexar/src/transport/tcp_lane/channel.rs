@@ -12,11 +12,13 @@ use std::sync::{Arc, Mutex, mpsc as std_mpsc};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use tokio::sync::{Notify, oneshot};
 
-use super::reader::{POOLED, ReadLimits, read_groups};
-use super::records::{CHUNK, Direction, Opener, Sealed, Sealer, Session};
+use super::connections::Parts;
+pub(crate) use super::connections::{Connected, Pair};
+use super::reader::{ReadLimits, read_groups};
+use super::records::{Sealed, Sealer};
+use super::writer::{Job, Spare, give_back, write_ready, write_records};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
 use crate::transport::drivable::Drivable;
@@ -31,72 +33,6 @@ const GOODBYE_TIMEOUT: Duration = Duration::from_secs(1);
 /// cycle is an `epoll_wait` (20 µs gave the 4 KiB allreduce and barrier their lowest medians).
 const SELF_READ_HOLD: Duration = Duration::from_micros(20);
 
-/// The connections of a link, their handshakes done. A link whose ranks both do the lane's
-/// I/O on their runtimes has one connection for both ways, each way under keys of its own:
-/// the rank with the lower world rank dials (TLS client), the other answers (TLS server).
-/// (Two one-way connections make every received message cost a pure acknowledgement through
-/// the loopback path on the receiver's time; on one connection acknowledgements ride on the
-/// replies: a 48-byte exchange 4.7 against 3.2 µs here, `bench/tcp_exchange_probe.c`.)
-/// Otherwise it has one connection per direction: a reading and a writing thread on one
-/// socket would take turns at its lock, and a 16 MiB allreduce ran ~7 % slower so.
-pub(crate) enum Connected {
-    /// One connection, which this rank dialled.
-    Dialled(StreamOwned<ClientConnection, TcpStream>),
-    /// One connection, which the peer dialled.
-    Answered(StreamOwned<ServerConnection, TcpStream>),
-    /// This rank's connection to the peer (it writes there) and the peer's to it (it reads).
-    Pair(Box<Pair>),
-}
-
-/// The two connections of a link with one per direction.
-pub(crate) struct Pair {
-    pub outgoing: StreamOwned<ClientConnection, TcpStream>,
-    pub incoming: StreamOwned<ServerConnection, TcpStream>,
-}
-
-/// A link's connections taken apart: how records are protected each way, and the sockets.
-struct Parts {
-    sealer: Sealer,
-    opener: Opener,
-    /// Where records are written.
-    out: TcpStream,
-    /// Where the peer's records are read, where that is another connection.
-    incoming: Option<TcpStream>,
-}
-
-impl Connected {
-    fn into_parts(self, encrypt: bool) -> io::Result<Parts> {
-        let one = |session: Session, sock: TcpStream, outgoing: Direction| {
-            let sealer = Sealer::new(&session, outgoing, encrypt)?;
-            let opener = Opener::new(&session, outgoing.reverse(), encrypt)?;
-            Ok::<_, io::Error>(Parts { sealer, opener, out: sock, incoming: None })
-        };
-        match self {
-            Connected::Dialled(stream) => {
-                let (session, sock) = stream.into_parts();
-                one(Arc::new(session), sock, Direction::FromDialler)
-            }
-            Connected::Answered(stream) => {
-                let (session, sock) = stream.into_parts();
-                one(Arc::new(session), sock, Direction::FromAnswerer)
-            }
-            Connected::Pair(pair) => {
-                let Pair { outgoing, incoming } = *pair;
-                let (out_session, out) = outgoing.into_parts();
-                let (in_session, incoming) = incoming.into_parts();
-                // On each connection, records travel from its dialler.
-                let (out_session, in_session): (Session, Session) = (Arc::new(out_session), Arc::new(in_session));
-                Ok(Parts {
-                    sealer: Sealer::new(&out_session, Direction::FromDialler, encrypt)?,
-                    opener: Opener::new(&in_session, Direction::FromDialler, encrypt)?,
-                    out,
-                    incoming: Some(incoming),
-                })
-            }
-        }
-    }
-}
-
 /// Sealed bytes queued for the writer above which senders wait for room. Small enough that
 /// the buffers are still in cache when the writer hands them to the kernel: 2 MiB ran 16 MiB
 /// allreduces ~15 % faster than 8 MiB did.
@@ -108,17 +44,17 @@ pub(super) struct State {
     pub(super) failed: AtomicBool,
     pub(super) stopped: Notify,
     /// Sealed bytes queued for the writer, and where senders wait for them to drain.
-    queued: AtomicUsize,
-    drained: Notify,
+    pub(super) queued: AtomicUsize,
+    pub(super) drained: Notify,
     /// A clone of the socket records are written to, to write from the sending task and to
     /// wake blocked threads on close.
-    socket: TcpStream,
+    pub(super) socket: TcpStream,
     /// A clone of the socket the peer's records are read from, where that is another
     /// connection.
     incoming: Option<TcpStream>,
     /// Set when the lane says goodbye: the writer gives up on a peer that does not read by
     /// then.
-    write_deadline: std::sync::OnceLock<std::time::Instant>,
+    pub(super) write_deadline: std::sync::OnceLock<std::time::Instant>,
 }
 
 pub(super) use crate::transport::reading::Stop;
@@ -172,7 +108,7 @@ impl State {
         };
     }
 
-    fn lost(&self, why: impl std::fmt::Display) -> TransportError {
+    pub(super) fn lost(&self, why: impl std::fmt::Display) -> TransportError {
         TransportError::ConnectionLost { peer: format!("rank {}", self.peer), reason: format!("tcp lane: {why}") }
     }
 }
@@ -183,29 +119,11 @@ pub(super) fn wait_until(state: Arc<State>, notify: fn(&State) -> &Notify, done:
     Box::pin(async move { crate::transport::reading::wait_notified(notify(&state), || done(&state)).await })
 }
 
-/// Sealed records waiting for the writer thread, and who hears when they are written.
-type Job = (Sealed, oneshot::Sender<Result<(), TransportError>>);
-
 /// The sending side: groups are sealed and queued under one lock, so records reach the wire
 /// in the order of their counters.
 struct Sending {
     sealer: Sealer,
     jobs: std_mpsc::Sender<Job>,
-}
-
-/// Record buffers the writer hands back once written, so sealing does not fault in fresh
-/// pages for every group.
-type Spare = Arc<Mutex<Vec<Vec<u8>>>>;
-
-/// Gives a written buffer back for reuse, if the spare list has room and it is not huge.
-fn give_back(spare: &Spare, sealed: Sealed) {
-    let buf = sealed.into_buffer();
-    if buf.capacity() <= 2 * CHUNK {
-        let mut spare = crate::sync::lock(spare);
-        if spare.len() < POOLED {
-            spare.push(buf);
-        }
-    }
 }
 
 /// How a lane protects its records and who does its I/O.
@@ -525,78 +443,5 @@ impl TcpLane {
 impl Drop for TcpLane {
     fn drop(&mut self) {
         drop(self.say_goodbye());
-    }
-}
-
-/// Writes what the socket takes of `bytes` now, without blocking; returns how much that was.
-fn write_ready(socket: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
-    use rustix::net::SendFlags;
-    let mut at = 0;
-    while at < bytes.len() {
-        match rustix::net::send(socket, &bytes[at..], SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
-            Ok(0) => break,
-            Ok(n) => at += n,
-            Err(rustix::io::Errno::AGAIN) => break,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(at)
-}
-
-/// Writes all of `bytes`, waiting for room in the socket as long as it takes, or until the
-/// lane's write deadline (set when it says goodbye). A socket in `blocking` mode blocks in
-/// `write` (its write timeout set with the deadline); otherwise (the lane's reader on the
-/// runtime shares the socket and needs non-blocking mode) this waits for room in `poll`.
-fn write_all(state: &State, socket: &TcpStream, blocking: bool, bytes: &[u8]) -> io::Result<()> {
-    use rustix::event::{PollFd, PollFlags, Timespec};
-    use std::io::Write;
-    if blocking {
-        return (&mut &*socket).write_all(bytes);
-    }
-    let mut at = 0;
-    while at < bytes.len() {
-        at += write_ready(socket, &bytes[at..])?;
-        if at == bytes.len() {
-            break;
-        }
-        let left = match state.write_deadline.get() {
-            Some(by) => match by.checked_duration_since(std::time::Instant::now()) {
-                Some(left) if !left.is_zero() => Some(left),
-                _ => return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer did not read the goodbye")),
-            },
-            None => None,
-        };
-        let timeout = left.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
-        let mut fds = [PollFd::new(socket, PollFlags::OUT)];
-        match rustix::event::poll(&mut fds, timeout.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-/// The writer thread: sealed records, in the order they were queued.
-fn write_records(state: &State, out: TcpStream, blocking: bool, queue: std_mpsc::Receiver<Job>, spare: &Spare) {
-    while let Ok((records, done)) = queue.recv() {
-        let written = write_all(state, &out, blocking, &records);
-        state.queued.fetch_sub(records.len(), Ordering::SeqCst);
-        state.drained.notify_waiters();
-        match written {
-            Ok(()) => {
-                let _ = done.send(Ok(()));
-                give_back(spare, records);
-            }
-            Err(e) => {
-                state.stop(&format!("writing: {e}"), Stop::Failed);
-                let _ = done.send(Err(state.lost(e)));
-                break;
-            }
-        }
-    }
-    // Whatever is still queued fails (the channel said so when it stopped).
-    while let Ok((_, done)) = queue.try_recv() {
-        let _ = done.send(Err(state.lost("the lane stopped")));
     }
 }

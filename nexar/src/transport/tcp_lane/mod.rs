@@ -18,6 +18,7 @@
 //! to with a token the peer sent it over the (already authenticated) QUIC link. See [`crate::NexarConfig::bulk_transport`].
 
 mod channel;
+mod connections;
 mod handshake;
 mod plain_write;
 mod reader;
@@ -27,6 +28,7 @@ mod sealed;
 mod setup;
 #[cfg(feature = "hostile-member")]
 mod tamper;
+mod writer;
 
 pub(crate) use channel::{Connected, LaneIo, Pair, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};

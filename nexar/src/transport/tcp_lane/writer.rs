@@ -1,0 +1,112 @@
+//! The writing side of a TCP lane: sealed record buffers written to the link's socket, by
+//! the sender itself while nothing is queued ([`write_ready`]) or by the writer thread
+//! ([`write_records`]), and the buffers handed back for reuse.
+
+use std::io;
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, mpsc as std_mpsc};
+
+use tokio::sync::oneshot;
+
+use super::channel::{State, Stop};
+use super::reader::POOLED;
+use super::records::{CHUNK, Sealed};
+use crate::transport::TransportError;
+
+/// Sealed records waiting for the writer thread, and who hears when they are written.
+pub(super) type Job = (Sealed, oneshot::Sender<Result<(), TransportError>>);
+
+/// Record buffers the writer hands back once written, so sealing does not fault in fresh
+/// pages for every group.
+pub(super) type Spare = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// Gives a written buffer back for reuse, if the spare list has room and it is not huge.
+pub(super) fn give_back(spare: &Spare, sealed: Sealed) {
+    let buf = sealed.into_buffer();
+    if buf.capacity() <= 2 * CHUNK {
+        let mut spare = crate::sync::lock(spare);
+        if spare.len() < POOLED {
+            spare.push(buf);
+        }
+    }
+}
+
+/// Writes what the socket takes of `bytes` now, without blocking; returns how much that was.
+pub(super) fn write_ready(socket: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
+    use rustix::net::SendFlags;
+    let mut at = 0;
+    while at < bytes.len() {
+        match rustix::net::send(socket, &bytes[at..], SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+            Ok(0) => break,
+            Ok(n) => at += n,
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(at)
+}
+
+/// Writes all of `bytes`, waiting for room in the socket as long as it takes, or until the
+/// lane's write deadline (set when it says goodbye). A socket in `blocking` mode blocks in
+/// `write` (its write timeout set with the deadline); otherwise (the lane's reader on the
+/// runtime shares the socket and needs non-blocking mode) this waits for room in `poll`.
+fn write_all(state: &State, socket: &TcpStream, blocking: bool, bytes: &[u8]) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    use std::io::Write;
+    if blocking {
+        return (&mut &*socket).write_all(bytes);
+    }
+    let mut at = 0;
+    while at < bytes.len() {
+        at += write_ready(socket, &bytes[at..])?;
+        if at == bytes.len() {
+            break;
+        }
+        let left = match state.write_deadline.get() {
+            Some(by) => match by.checked_duration_since(std::time::Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer did not read the goodbye")),
+            },
+            None => None,
+        };
+        let timeout = left.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
+        let mut fds = [PollFd::new(socket, PollFlags::OUT)];
+        match rustix::event::poll(&mut fds, timeout.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The writer thread: sealed records, in the order they were queued.
+pub(super) fn write_records(
+    state: &State,
+    out: TcpStream,
+    blocking: bool,
+    queue: std_mpsc::Receiver<Job>,
+    spare: &Spare,
+) {
+    while let Ok((records, done)) = queue.recv() {
+        let written = write_all(state, &out, blocking, &records);
+        state.queued.fetch_sub(records.len(), Ordering::SeqCst);
+        state.drained.notify_waiters();
+        match written {
+            Ok(()) => {
+                let _ = done.send(Ok(()));
+                give_back(spare, records);
+            }
+            Err(e) => {
+                state.stop(&format!("writing: {e}"), Stop::Failed);
+                let _ = done.send(Err(state.lost(e)));
+                break;
+            }
+        }
+    }
+    // Whatever is still queued fails (the channel said so when it stopped).
+    while let Ok((_, done)) = queue.try_recv() {
+        let _ = done.send(Err(state.lost("the lane stopped")));
+    }
+}
