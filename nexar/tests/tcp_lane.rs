@@ -201,6 +201,55 @@ async fn ranks_whose_lane_io_differs_agree_on_each_links_connections() {
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
 
+/// Ranks alone on their hosts (here: fake hosts) have cores to spare, so by default their
+/// lanes' I/O runs on their runtimes, and a thread of the lane's own reads the rest of each
+/// large group. Every collective runs on such lanes, at sizes whose groups go either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_alone_on_their_hosts_read_large_groups_on_a_thread_of_the_lane() {
+    common::logs();
+    let run = async {
+        let cfg = tcp(0).into_builder().world_size(3).listen_addr("127.0.0.1:0".parse().unwrap()).build().unwrap();
+        let seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
+        let (addr, token) = (seed.local_addr(), seed.token().to_string());
+        let joins: Vec<_> = (0..3)
+            .map(|host| {
+                let cfg = cfg.clone().into_builder().host_id(format!("lane-host-{host}")).build().unwrap();
+                let token = token.clone();
+                tokio::spawn(async move { NexarClient::connect(addr, &token, cfg).await })
+            })
+            .collect();
+        let mut ranks = Vec::new();
+        for join in joins {
+            ranks.push(join.await.unwrap().unwrap());
+        }
+        common::on_each(&ranks, |c| async move {
+            for p in (0..3).filter(|p| *p != c.rank()) {
+                assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
+            }
+        })
+        .await;
+        // Every lane is up: one reader of large groups per lane of each rank (other tests may
+        // run lanes of their own meanwhile).
+        let large_readers = thread_names().iter().filter(|n| n.starts_with("nexar-tcp-rxl-")).count();
+        assert!(large_readers >= 6, "{large_readers} large-group readers: {:?}", thread_names());
+        common::on_each(&ranks, |c| async move {
+            common::check_every_collective(&c, &[0, 1000, 300_007, 1 << 20, 3 << 20]).await;
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+/// The names of this process's threads.
+fn thread_names() -> Vec<String> {
+    let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_refuses_a_worker_whose_bulk_encryption_differs_and_the_cluster_still_forms() {
     common::logs();

@@ -17,11 +17,24 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
         (false, BindTo::None) => "separate processes, unbound",
     };
     let transport = match NexarConfig::from_env()? {
-        NexarConfig { bulk_transport: nexar::BulkTransport::Tcp, bulk_min_bytes, bulk_encryption, .. } => {
-            let from = bulk_min_bytes
-                .map_or("all with lane I/O on the runtime, from 256 KiB with threads".into(), |b| {
-                    format!("from {b} B")
-                });
+        NexarConfig {
+            bulk_transport: nexar::BulkTransport::Tcp,
+            bulk_min_bytes,
+            bulk_encryption,
+            lane_threads,
+            ..
+        } => {
+            let io = match lane_threads {
+                None => "lane I/O on the runtime, from 512 KiB on threads where the host has cores to spare",
+                Some(false) => "lane I/O on the runtime",
+                Some(true) => "lane I/O on threads",
+            };
+            let sizes = match (bulk_min_bytes, lane_threads) {
+                (Some(b), _) => format!("from {b} B"),
+                (None, Some(true)) => "from 256 KiB".into(),
+                (None, _) => "all".into(),
+            };
+            let from = format!("{sizes}, {io}");
             let lanes = if bulk_encryption { "TLS/TCP lanes" } else { "TCP lanes UNENCRYPTED" };
             format!("QUIC + TLS, collective messages ({from}) on {lanes}")
         }

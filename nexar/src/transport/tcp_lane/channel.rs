@@ -108,6 +108,21 @@ impl State {
         };
     }
 
+    /// A lane's state around `socket` (one connection), for tests of its parts.
+    #[cfg(test)]
+    pub(super) fn for_tests(peer: usize, socket: TcpStream) -> State {
+        State {
+            peer,
+            failed: AtomicBool::new(false),
+            stopped: Notify::new(),
+            queued: AtomicUsize::new(0),
+            drained: Notify::new(),
+            socket,
+            incoming: None,
+            write_deadline: std::sync::OnceLock::new(),
+        }
+    }
+
     pub(super) fn lost(&self, why: impl std::fmt::Display) -> TransportError {
         TransportError::ConnectionLost { peer: format!("rank {}", self.peer), reason: format!("tcp lane: {why}") }
     }
@@ -137,6 +152,10 @@ pub(crate) struct LaneIo {
     /// thread would wait for a core. Otherwise a writer thread writes one buffer while the
     /// sender seals the next, and a reader thread reads.
     pub on_runtime: bool,
+    /// With `on_runtime`, large groups go through threads of the lane's own: the writer
+    /// thread writes them (the sender only seals), and a thread reads the rest of each
+    /// ([`super::large_reads`]). For hosts with cores to spare.
+    pub large_on_threads: bool,
 }
 
 /// The [`BulkChannel`] of one link's TCP lane.
@@ -146,6 +165,8 @@ pub(crate) struct TcpLane {
     spare: Spare,
     min_bytes: usize,
     write_inline: bool,
+    /// Groups this long or longer are never written inline (see [`LaneIo::large_on_threads`]).
+    inline_below: usize,
     /// Groups are read by a task on the rank's runtime ([`super::runtime_reader`]), not a
     /// thread (where writes are inline and a runtime was there to start it on): this task.
     reading: Option<Arc<Drivable>>,
@@ -166,7 +187,7 @@ impl TcpLane {
         min_bytes: usize,
         io: LaneIo,
     ) -> io::Result<TcpLane> {
-        let LaneIo { encrypt, on_runtime: write_inline } = io;
+        let LaneIo { encrypt, on_runtime: write_inline, large_on_threads } = io;
         let Parts { sealer, opener, out: out_sock, incoming } = conns.into_parts(encrypt)?;
         let one_connection = incoming.is_none();
         let in_sock = match incoming {
@@ -196,7 +217,7 @@ impl TcpLane {
         })?;
         let reader = state.clone();
         let reading = if on_runtime {
-            Some(super::runtime_reader::spawn(reader, in_sock, opener, limits, inbound)?)
+            Some(super::runtime_reader::spawn(reader, in_sock, opener, limits, inbound, large_on_threads)?)
         } else {
             std::thread::Builder::new().name(format!("nexar-tcp-rx-{peer}")).spawn(move || {
                 crate::affinity::free_helper_thread();
@@ -210,6 +231,7 @@ impl TcpLane {
             spare,
             min_bytes,
             write_inline,
+            inline_below: if large_on_threads { super::large_reads::LARGE_GROUP } else { usize::MAX },
             reading,
             #[cfg(feature = "hostile-member")]
             tamper: Mutex::default(),
@@ -234,8 +256,8 @@ impl TcpLane {
     /// Whether the group `parts` goes to the socket straight from them ([`super::plain_write`]):
     /// records in plaintext, written on the calling thread, nothing queued ahead of it, large
     /// enough that building the gather list costs less than the copy it saves.
-    fn writes_plain_from_parts(&self, sealer: &Sealer, parts: &[&[u8]]) -> bool {
-        if !self.write_inline || sealer.encrypts() {
+    fn writes_plain_from_parts(&self, inline: bool, sealer: &Sealer, parts: &[&[u8]]) -> bool {
+        if !inline || sealer.encrypts() {
             return false;
         }
         #[cfg(feature = "hostile-member")]
@@ -289,6 +311,7 @@ impl TcpLane {
     fn seal_and_queue(&self, parts: &[&[u8]]) -> Sent {
         // Told once the group's last buffer is written, where that is left to the writer.
         let mut written = None;
+        let inline = self.write_inline && parts.iter().map(|p| p.len()).sum::<usize>() < self.inline_below;
         let queued = {
             let mut sending = crate::sync::lock(&self.sending);
             match sending.as_mut() {
@@ -300,7 +323,7 @@ impl TcpLane {
                         // from here, in order, without waking the thread (see
                         // `LaneIo::on_runtime`); it takes what the socket does not. (A buffer
                         // written here was preceded only by buffers written here.)
-                        if self.write_inline && self.state.queued.load(Ordering::SeqCst) == 0 {
+                        if inline && self.state.queued.load(Ordering::SeqCst) == 0 {
                             match write_ready(&self.state.socket, &chunk) {
                                 Ok(n) if n == chunk.len() => {
                                     give_back(&self.spare, chunk);
@@ -320,7 +343,7 @@ impl TcpLane {
                         self.state.queued.fetch_add(chunk.len(), Ordering::SeqCst);
                         s.jobs.send((chunk, tell)).is_ok()
                     };
-                    if self.writes_plain_from_parts(&s.sealer, parts) {
+                    if self.writes_plain_from_parts(inline, &s.sealer, parts) {
                         self.write_plain(parts, spare, emit)
                     } else {
                         match self.seal_group(&mut s.sealer, parts, spare, emit) {

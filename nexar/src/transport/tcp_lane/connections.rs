@@ -9,8 +9,8 @@ use rustls::{ClientConnection, ServerConnection, StreamOwned};
 
 use super::records::{Direction, Opener, Sealer, Session};
 
-/// The connections of a link, their handshakes done. A link whose ranks both do the lane's
-/// I/O on their runtimes has one connection for both ways, each way under keys of its own:
+/// The connections of a link, their handshakes done. A link whose ranks both do all the
+/// lane's I/O on their runtimes has one connection for both ways, each way under keys of its own:
 /// the rank with the lower world rank dials (TLS client), the other answers (TLS server).
 /// (Two one-way connections make every received message cost a pure acknowledgement through
 /// the loopback path on the receiver's time; on one connection acknowledgements ride on the

@@ -8,7 +8,7 @@
 //! twice the encrypted bytes per second both ways on the same cores. Small messages stay on
 //! QUIC, whose latency path spins, unless the lane's I/O runs on the rank's runtime.
 //!
-//! A link whose ranks both do the lane's I/O on their runtimes gets one connection that
+//! A link whose ranks both do all the lane's I/O on their runtimes gets one connection that
 //! carries records both ways, each way under keys of its own: the rank with the lower world
 //! rank dials the peer's listener (TLS client), the other answers (TLS server), so
 //! acknowledgements ride on the replies instead of costing a packet of their own. Any other
@@ -20,6 +20,7 @@
 mod channel;
 mod connections;
 mod handshake;
+mod large_reads;
 mod plain_write;
 mod reader;
 mod records;

@@ -7,7 +7,8 @@
 //! same record code, [`Opener::take_record`]), with the runtime's non-blocking reads. A
 //! group's bytes must keep coming until its deadline, and nothing is read past a group's
 //! message frame until the mailbox admits it, so the peer is held by TCP's flow control as
-//! before.
+//! before. Where the host has cores to spare, the rest of a large group is read by a thread of
+//! the lane's own ([`super::large_reads`]).
 
 use std::future::Future;
 use std::io;
@@ -15,10 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::channel::State;
+use super::large_reads::{Done, LARGE_GROUP, LargeReads, Rest};
 use super::reader::{PooledGroup, ReadLimits, RecvPool, checked_head, frames_found};
 use super::records::{Deferred, GroupSink, HEAD, HEADER, Opener, TAG, record_len};
 use crate::transport::bulk::BulkInbound;
@@ -35,20 +37,26 @@ const READ_AHEAD: usize = 16 << 10;
 
 /// Starts the reading task of a lane on the current runtime; a receive spinning for one of
 /// the lane's messages may poll it too ([`Drivable::drive`]), so a group the runtime has seen
-/// arrive is read at once rather than on the task's turn.
+/// arrive is read at once rather than on the task's turn. With `large_reads`, the rest of each
+/// large group is read by a thread ([`super::large_reads`]).
 pub(super) fn spawn(
     state: Arc<State>,
     sock: std::net::TcpStream,
     opener: Opener,
     limits: ReadLimits,
     inbound: BulkInbound,
+    large_reads: bool,
 ) -> io::Result<Arc<Drivable>> {
     sock.set_nonblocking(true)?;
+    let large = match large_reads {
+        true => Some(LargeReads::start(state.clone(), sock.try_clone()?)?),
+        false => None,
+    };
     let sock = TcpStream::from_std(sock)?;
     Ok(Drivable::spawn(async move {
         let stop = StopOnDrop(state.clone());
         let sock = BufReader::with_capacity(READ_AHEAD, EagerRead(sock));
-        let mut input = Input { sock, opener, pool: Arc::new(RecvPool::default()) };
+        let mut input = Input { sock, opener: Some(opener), pool: Arc::new(RecvPool::default()), large };
         read_until_stopped(&*state, read_groups(&mut input, limits, &inbound, &state)).await;
         drop(stop);
     }))
@@ -57,8 +65,11 @@ pub(super) fn spawn(
 /// The incoming connection and what reading it needs.
 struct Input {
     sock: BufReader<EagerRead>,
-    opener: Opener,
+    /// The records' opener; away only while the large-group thread reads with it.
+    opener: Option<Opener>,
     pool: Arc<RecvPool>,
+    /// The thread that reads the rest of large groups, where the host has cores to spare.
+    large: Option<LargeReads>,
 }
 
 /// Groups until the peer says goodbye (`None`) or something fails.
@@ -77,7 +88,7 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
     // Between groups the lane waits as long as it lives; a group's bytes must all come
     // within the group deadline of its first.
     let (head, deadline) = read_head(&mut input.sock, limits.group_deadline).await?;
-    let head = input.opener.read_group_head(&mut &head[..])?;
+    let head = input.opener()?.read_group_head(&mut &head[..])?;
     let Some((len, lead)) = checked_head(head, limits.max_group)? else { return Ok(false) };
     let mut group = RecvPool::take(&input.pool, len, lead);
     let mut deferred = Vec::new();
@@ -91,6 +102,9 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
     };
     let admitted = inbound.admit(&msg, payload_len).await;
     let deadline = Instant::now() + limits.group_deadline;
+    if input.large.is_some() && len - at >= LARGE_GROUP {
+        (group, deferred, at) = input.rest_on_thread(group, deferred, at, defer_from, deadline).await?;
+    }
     while at < len {
         at = within(deadline, input.record(&mut group, at, defer_from, &mut deferred)).await?;
     }
@@ -102,6 +116,31 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
 }
 
 impl Input {
+    fn opener(&mut self) -> io::Result<&mut Opener> {
+        self.opener.as_mut().ok_or_else(|| io::Error::other("the lane's opener was lost with a large group's read"))
+    }
+
+    /// Reads the rest of `group` from byte `at` on the large-group thread: the bytes this
+    /// reader has buffered first, then the socket.
+    async fn rest_on_thread(
+        &mut self,
+        group: PooledGroup,
+        deferred: Vec<Deferred>,
+        at: usize,
+        defer_from: usize,
+        until: Instant,
+    ) -> io::Result<(PooledGroup, Vec<Deferred>, usize)> {
+        let Some(large) = &self.large else { return Ok((group, deferred, at)) };
+        // At most a read-ahead's worth, all of it this group's: more than that is left of it.
+        let buffered = self.sock.buffer().to_vec();
+        std::pin::Pin::new(&mut self.sock).consume(buffered.len());
+        let opener = self.opener.take().ok_or_else(|| io::Error::other("the lane's opener is away"))?;
+        let Done { opener, group, deferred, read } =
+            large.read(Rest { opener, group, at, defer_from, deferred, buffered, until }).await?;
+        self.opener = Some(opener);
+        Ok((group, deferred, read?))
+    }
+
     /// Reads the record at byte `at` of `group` where its plaintext belongs and takes it as
     /// the thread reader does ([`Opener::take_record`]); returns where the next one starts.
     async fn record(
@@ -116,7 +155,7 @@ impl Input {
         let n = record_len(header, group.group_len(), at)?;
         let record = &mut group.room(at + n + TAG)[at..];
         self.sock.read_exact(record).await?;
-        self.opener.take_record(header, record, at, defer_from, deferred)?;
+        self.opener()?.take_record(header, record, at, defer_from, deferred)?;
         Ok(at + n)
     }
 }

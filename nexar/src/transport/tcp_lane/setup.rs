@@ -11,10 +11,10 @@ const OFFER_LEN: usize = 2 + TOKEN_LEN + 1;
 pub(crate) struct LaneOffer {
     pub port: u16,
     pub token: [u8; TOKEN_LEN],
-    /// I would rather the link had one connection for both ways (my lane I/O runs on my
-    /// runtime, where a reply carries TCP's acknowledgement); with threads, one connection per
-    /// direction, so that the reading and the writing thread do not take turns at one
-    /// socket's lock.
+    /// I would rather the link had one connection for both ways (all my lane I/O runs on my
+    /// runtime, where a reply carries TCP's acknowledgement); where threads do some of it, one
+    /// connection per direction, so that a reading and a writing thread do not take turns at
+    /// one socket's lock.
     pub one_connection: bool,
 }
 
