@@ -21,17 +21,32 @@ use nexar::{NetChaos, NexarClient, NexarConfig};
 use common::{TEST_LIMIT, alone, alone_in_own_network, resident_bytes};
 use hostile_common::{carries_on, coll_frames};
 
-/// Two ranks whose collectives of any size take the TCP lane.
-async fn two_ranks_on_tcp_lanes() -> Vec<NexarClient> {
+/// Two ranks whose collectives of any size take the TCP lane: on one host (every core runs a
+/// rank, so their runtimes do all the lane's I/O), or each on a fake host of its own (cores to
+/// spare, so a thread of the lane reads large groups' records).
+async fn two_ranks_on_tcp_lanes(host: Host) -> Vec<NexarClient> {
     let cfg = NexarConfig::builder()
         .bulk_transport(nexar::BulkTransport::Tcp)
         .bulk_min_bytes(0)
         .shared_memory(false)
         .build()
         .unwrap();
-    let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    let configs = (0..2)
+        .map(|rank| match host {
+            Host::Shared => cfg.clone(),
+            Host::OwnEach => cfg.clone().into_builder().host_id(format!("hostile-lane-host-{rank}")).build().unwrap(),
+        })
+        .collect();
+    let ranks = NexarClient::bootstrap_local_each(configs).await.unwrap();
     assert_eq!(HostileMember::new(&ranks[1]).bulk_channel(0).map(|l| l.name()), Some("tcp-tls"));
     ranks
+}
+
+/// Where the two ranks of [`two_ranks_on_tcp_lanes`] are.
+#[derive(Clone, Copy, Debug)]
+enum Host {
+    Shared,
+    OwnEach,
 }
 
 /// Rank 0's and the root's (rank 1's) broadcast of `sent` into an `old`-filled buffer: both
@@ -60,7 +75,13 @@ async fn broadcast_from_1(
 /// arrives exactly, and the cluster carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_payload_never_reaches_the_receivers_buffer() {
-    let ranks = two_ranks_on_tcp_lanes().await;
+    for host in [Host::Shared, Host::OwnEach] {
+        tampered_payload(host).await;
+    }
+}
+
+async fn tampered_payload(host: Host) {
+    let ranks = two_ranks_on_tcp_lanes(host).await;
     let sent: Vec<u8> = (0..4usize << 20).map(|i| 0x80 | (i % 113) as u8).collect();
     let old = 0x11;
     let flip = 1000;
@@ -89,13 +110,19 @@ async fn a_tampered_payload_never_reaches_the_receivers_buffer() {
 /// records it opened itself, so both broadcasts arrive exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crafted_placement_hint_changes_nothing_the_receiver_trusts() {
-    let ranks = two_ranks_on_tcp_lanes().await;
+    for host in [Host::Shared, Host::OwnEach] {
+        crafted_placement_hint(host).await;
+    }
+}
+
+async fn crafted_placement_hint(host: Host) {
+    let ranks = two_ranks_on_tcp_lanes(host).await;
     let sent: Vec<u8> = (0..1usize << 20).map(|i| (i % 241) as u8).collect();
     let member = HostileMember::new(&ranks[1]);
     for lead in [0, 3, u64::MAX] {
         member.tamper_next_group(0, LaneTamper { lead: Some(lead), ..Default::default() }).unwrap();
         let (got, root, buf) = broadcast_from_1(&ranks, &sent, 0).await;
-        got.and(root).unwrap_or_else(|e| panic!("lead {lead}: {e}"));
+        got.and(root).unwrap_or_else(|e| panic!("{host:?}, lead {lead}: {e}"));
         assert!(buf == sent, "lead {lead}: the broadcast arrived changed");
     }
     carries_on(&ranks).await;
@@ -108,7 +135,13 @@ async fn a_crafted_placement_hint_changes_nothing_the_receiver_trusts() {
 /// delivered; the ranks' later collectives move over QUIC and are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_in_a_record_left_sealed_are_refused_and_the_lane_given_up() {
-    let ranks = two_ranks_on_tcp_lanes().await;
+    for host in [Host::Shared, Host::OwnEach] {
+        frames_in_a_sealed_record(host).await;
+    }
+}
+
+async fn frames_in_a_sealed_record(host: Host) {
+    let ranks = two_ranks_on_tcp_lanes(host).await;
     let len: u64 = 1 << 20;
     let comm = ranks[0].comm_id();
     let lane = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
