@@ -11,7 +11,8 @@ alternating rounds of:
   - nexar-bench with placement left to the kernel (`--bind-to none`), which is what a program
     started by a launcher that does not bind sees;
   - optionally (`--sides`): nexar with shared memory between the ranks (its default on one
-    host), and nexar bound under `chrt -f 1` (SCHED_FIFO; needs root or CAP_SYS_NICE), which
+    host), bound or unbound (`unbound-shm`: what ranks that torchrun starts on one host get),
+    and nexar bound under `chrt -f 1` (SCHED_FIFO; needs root or CAP_SYS_NICE), which
     shows how much of the tail is the wait of a woken normal thread for its core;
 and prints, per load and side, the median over runs of each run's p50 and p99 for a 4 KiB
 allreduce and a barrier, plus the share of iterations over 10x the run's median.
@@ -114,6 +115,8 @@ NEXAR_SIDES = [
     ("unbound", "nexar, unbound", "none", {}, []),
     # Shared memory between the two ranks (nexar's default on one host; OpenMPI-TCP has none).
     ("bound-shm", "nexar shm, bound", "core", {"NEXAR_SHM": "on"}, []),
+    # Unbound with shared memory: what ranks started by torchrun on one host get by default.
+    ("unbound-shm", "nexar shm, unbound", "none", {"NEXAR_SHM": "on"}, []),
     # Real-time policy: a woken rank takes its core from a normal thread at once.
     ("bound-fifo", "nexar, bound, SCHED_FIFO", "core", {}, ["chrt", "-f", "1"]),
 ]
