@@ -9,13 +9,7 @@
 //! whole spin window before the spinner parks and the peer can run (each 4 KiB allreduce took
 //! twice the window, 2 ms instead of 10 µs). [`SpinGovernor`] sees that every window expires,
 //! shrinks the window to nothing within a few steps, and probes a full window again at growing
-//! intervals, so a rank that gets a core of its own back spins again. And a spin that runs out
-//! moves its thread off the core it spun on before it parks
-//! ([`crate::affinity::hop_off_current_cpu`]): the peer it waited for may be runnable there,
-//! behind it, and the governor's halving alone did not stop the mode (a spin that finds its
-//! message restores the window, so on a busy 2-core host unbound ranks' windows kept swinging
-//! between 1 ms and 500 µs, and a 4 KiB allreduce took 0.7–1 ms in most runs; moving off made
-//! it 5 µs over shared memory, 12–38 µs over TCP). Binding ranks to cores
+//! intervals, so a rank that gets a core of its own back spins again. Binding ranks to cores
 //! ([`crate::affinity`]) prevents the placement in the first place.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -153,11 +147,10 @@ pub(super) async fn spin_take(
     }
 }
 
-/// Calls `poll` until it yields a value, fails, or the governor's window passes (`Ok(None)`,
-/// after moving the thread off the core it spun on), yielding to the runtime between calls. A
-/// spin counts as paying only if it found its value without losing the core on the way; one
-/// that found it only after the thread was preempted (as when the sender shares this core)
-/// counts as expired.
+/// Calls `poll` until it yields a value, fails, or the governor's window passes (`Ok(None)`),
+/// yielding to the runtime between calls. A spin counts as paying only if it found its value
+/// without losing the core on the way; one that found it only after the thread was preempted
+/// (as when the sender shares this core) counts as expired.
 pub(crate) async fn spin_poll<T, E>(
     governor: &SpinGovernor,
     mut poll: impl FnMut() -> Result<Option<T>, E>,
@@ -196,8 +189,6 @@ pub(crate) async fn spin_poll_reading<T, E>(
         *last = now;
         if now >= *until {
             governor.record(window, Spun::Expired);
-            // The sender may be waiting for this very core: leave it before parking.
-            crate::affinity::hop_off_current_cpu();
             return Ok(None);
         }
         polls += 1;
@@ -259,35 +250,6 @@ mod tests {
         assert_eq!(never.window(), Duration::ZERO);
         never.record(Duration::ZERO, Spun::Expired);
         assert_eq!(never.window(), Duration::ZERO);
-    }
-
-    /// A spin that runs out leaves the core it spun on (where the peer it waits for may be
-    /// runnable behind it), and keeps every CPU it may use.
-    #[test]
-    fn a_spin_that_runs_out_leaves_the_core_it_spun_on() {
-        let allowed = crate::affinity::allowed_cpus().unwrap();
-        assert!(allowed.len() >= 2, "this test needs two CPUs; this machine gives {allowed:?}");
-        // A thread of its own, so that moving it disturbs no other test.
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let g = SpinGovernor::new(Duration::from_micros(300));
-            // The kernel may move the thread itself between the last poll and the hop: one of
-            // a few tries shows the move.
-            let moved = (0..5).any(|_| {
-                let mut spun_on = None;
-                let found = runtime.block_on(spin_poll(&g, || {
-                    spun_on = Some(rustix::thread::sched_getcpu());
-                    Ok::<Option<()>, ()>(None)
-                }));
-                assert_eq!(found, Ok(None));
-                g.record(g.max(), Spun::Found);
-                spun_on.is_some_and(|cpu| cpu != rustix::thread::sched_getcpu())
-            });
-            assert!(moved, "an expired spin stayed on its core");
-            assert_eq!(crate::affinity::allowed_cpus().unwrap(), allowed, "the CPU set was not restored");
-        })
-        .join()
-        .unwrap();
     }
 
     #[tokio::test(flavor = "current_thread")]
