@@ -181,9 +181,68 @@ pub(crate) fn hop_off_current_cpu() -> bool {
     moved && restored
 }
 
+/// Whether a thread of process `pid` is runnable (running or waiting for a CPU) on `cpu`, from
+/// `/proc/<pid>/task/*/stat`; `false` where that cannot be read (the process is gone, or
+/// belongs to another user).
+///
+/// A rank whose spin ran out asks this of the ranks it shares a host with: one of them waiting
+/// behind it on its very core is the peer it spun for.
+pub(crate) fn runnable_on(pid: u32, cpu: usize) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks
+        .filter_map(Result::ok)
+        .any(|task| std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| stat_runnable_on(&stat, cpu)))
+}
+
+/// Whether a task's `stat` line says it is runnable on `cpu`: its state (the first field after
+/// the parenthesised command, which may hold spaces and parentheses) is `R`, and its
+/// `processor` (the 39th field) is `cpu`.
+fn stat_runnable_on(stat: &str, cpu: usize) -> bool {
+    let Some((_, after)) = stat.rsplit_once(')') else { return false };
+    let mut fields = after.split_ascii_whitespace();
+    fields.next() == Some("R") && fields.nth(35).and_then(|c| c.parse::<usize>().ok()) == Some(cpu)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_thread_is_found_runnable_on_its_cpu_and_nowhere_else() {
+        let line = |state: &str, cpu: usize| {
+            let mut fields = vec!["0"; 36];
+            fields[35] = "x";
+            let rest = fields.join(" ").replace(" x", &format!(" {cpu}"));
+            format!("42 (a (weird) name) {state} {rest} 0 0")
+        };
+        assert!(stat_runnable_on(&line("R", 3), 3));
+        assert!(!stat_runnable_on(&line("R", 3), 2));
+        assert!(!stat_runnable_on(&line("S", 3), 3));
+        assert!(!stat_runnable_on("garbage", 0));
+        // A thread of this process, busy on one CPU, is found there.
+        let cpu = *allowed_cpus().unwrap().last().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut set = CpuSet::new();
+                set.set(cpu);
+                sched_setaffinity(None, &set).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let me = std::process::id();
+        let found = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            runnable_on(me, cpu)
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        busy.join().unwrap();
+        assert!(found, "a thread spinning on cpu {cpu} was never seen runnable there");
+        assert!(!runnable_on(u32::MAX, cpu), "a process that does not exist");
+    }
 
     #[test]
     fn binds_and_unbinds_within_the_allowed_set() {

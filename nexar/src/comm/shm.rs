@@ -138,6 +138,10 @@ impl NexarClient {
 
     fn start_shm(&self, peer: usize, sock: UnixStream, ours: SharedMap, theirs: SharedMap) -> Result<(), String> {
         let inbound = self.bulk_inbound(peer).ok_or_else(|| format!("rank {peer} is not a peer"))?;
+        // Checked at setup; a spin that runs out looks whether this peer waits on its core.
+        if let Ok(cred) = rustix::net::sockopt::socket_peercred(&sock) {
+            self.inner.spin.add_same_host_peer(cred.pid.as_raw_nonzero().get() as u32);
+        }
         let cfg = self.config();
         let limits = ShmLimits {
             max_group: cfg.max_message_bytes.saturating_add(GROUP_OVERHEAD),

@@ -40,6 +40,9 @@ pub(crate) struct SpinGovernor {
     next_probe: AtomicU64,
     /// The current gap between probes.
     probe_gap: AtomicU64,
+    /// The processes of the ranks this one shares a host with through shared memory (their
+    /// pids, checked with `SO_PEERCRED` when the link was set up).
+    same_host: std::sync::Mutex<Vec<u32>>,
 }
 
 /// How one spin ended.
@@ -61,6 +64,32 @@ impl SpinGovernor {
             waits: AtomicU64::new(0),
             next_probe: AtomicU64::new(0),
             probe_gap: AtomicU64::new(FIRST_PROBE_GAP),
+            same_host: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Notes that the rank in process `pid` shares this host (a shared-memory link to it is
+    /// up).
+    pub(crate) fn add_same_host_peer(&self, pid: u32) {
+        let mut pids = crate::sync::lock(&self.same_host);
+        if !pids.contains(&pid) {
+            pids.push(pid);
+        }
+    }
+
+    /// After a spin ran out: if a rank of this host waits behind this thread on its very core
+    /// (the kernel placed a woken peer on its waker's core, and a spinning thread keeps it
+    /// there), moves this thread off that core, so that the peer runs and the two stop taking
+    /// turns a window at a time. Only then: on two cores, leaving the core during a long
+    /// transfer would put the thread on its busy peer's core.
+    fn leave_core_if_a_peer_waits_on_it(&self) {
+        let pids = crate::sync::lock(&self.same_host).clone();
+        if pids.is_empty() {
+            return;
+        }
+        let cpu = rustix::thread::sched_getcpu();
+        if pids.iter().any(|pid| crate::affinity::runnable_on(*pid, cpu)) {
+            crate::affinity::hop_off_current_cpu();
         }
     }
 
@@ -189,6 +218,7 @@ pub(crate) async fn spin_poll_reading<T, E>(
         *last = now;
         if now >= *until {
             governor.record(window, Spun::Expired);
+            governor.leave_core_if_a_peer_waits_on_it();
             return Ok(None);
         }
         polls += 1;
