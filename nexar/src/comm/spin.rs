@@ -9,8 +9,11 @@
 //! whole spin window before the spinner parks and the peer can run (each 4 KiB allreduce took
 //! twice the window, 2 ms instead of 10 µs). [`SpinGovernor`] sees that every window expires,
 //! shrinks the window to nothing within a few steps, and probes a full window again at growing
-//! intervals, so a rank that gets a core of its own back spins again. Binding ranks to cores
-//! ([`crate::affinity`]) prevents the placement in the first place.
+//! intervals, so a rank that gets a core of its own back spins again. A spin that runs out
+//! while a rank it shares memory with waits on its very core moves its thread off that core
+//! first (the governor alone did not end the mode over shared memory: spins that found their
+//! message restored the window). Binding ranks to cores ([`crate::affinity`]) prevents the
+//! placement in the first place.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
