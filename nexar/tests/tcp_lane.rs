@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use nexar::prelude::*;
-use nexar::{BulkTransport, CollectiveError};
+use nexar::{BulkTransport, CollectiveError, NexarConfigBuilder};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -175,20 +175,7 @@ async fn lanes_with_io_on_the_runtime_or_on_threads_carry_every_collective() {
 async fn ranks_whose_lane_io_differs_agree_on_each_links_connections() {
     common::logs();
     let run = async {
-        let cfg = tcp(0).into_builder().world_size(3).listen_addr("127.0.0.1:0".parse().unwrap()).build().unwrap();
-        let seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
-        let (addr, token) = (seed.local_addr(), seed.token().to_string());
-        let joins: Vec<_> = [false, true, false]
-            .into_iter()
-            .map(|threads| {
-                let (token, cfg) = (token.clone(), cfg.clone().into_builder().lane_threads(threads).build().unwrap());
-                tokio::spawn(async move { NexarClient::connect(addr, &token, cfg).await })
-            })
-            .collect();
-        let mut ranks = Vec::new();
-        for join in joins {
-            ranks.push(join.await.unwrap().unwrap());
-        }
+        let (ranks, _seed) = three_ranks_each(|i, cfg| cfg.lane_threads(i == 1)).await;
         common::on_each(&ranks, |c| async move {
             for p in (0..3).filter(|p| *p != c.rank()) {
                 assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
@@ -208,20 +195,7 @@ async fn ranks_whose_lane_io_differs_agree_on_each_links_connections() {
 async fn ranks_alone_on_their_hosts_read_large_groups_on_a_thread_of_the_lane() {
     common::logs();
     let run = async {
-        let cfg = tcp(0).into_builder().world_size(3).listen_addr("127.0.0.1:0".parse().unwrap()).build().unwrap();
-        let seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
-        let (addr, token) = (seed.local_addr(), seed.token().to_string());
-        let joins: Vec<_> = (0..3)
-            .map(|host| {
-                let cfg = cfg.clone().into_builder().host_id(format!("lane-host-{host}")).build().unwrap();
-                let token = token.clone();
-                tokio::spawn(async move { NexarClient::connect(addr, &token, cfg).await })
-            })
-            .collect();
-        let mut ranks = Vec::new();
-        for join in joins {
-            ranks.push(join.await.unwrap().unwrap());
-        }
+        let (ranks, _seed) = three_ranks_each(|i, cfg| cfg.host_id(format!("lane-host-{i}"))).await;
         common::on_each(&ranks, |c| async move {
             for p in (0..3).filter(|p| *p != c.rank()) {
                 assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
@@ -239,6 +213,27 @@ async fn ranks_alone_on_their_hosts_read_large_groups_on_a_thread_of_the_lane() 
         .await;
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+/// Three ranks on TCP lanes that join one seed (returned too, to keep it for the test's
+/// length), rank `i` with its configuration changed by `each(i, ..)`.
+async fn three_ranks_each(
+    each: impl Fn(usize, NexarConfigBuilder) -> NexarConfigBuilder,
+) -> (Vec<NexarClient>, SeedNode) {
+    let cfg = tcp(0).into_builder().world_size(3).listen_addr("127.0.0.1:0".parse().unwrap()).build().unwrap();
+    let seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
+    let (addr, token) = (seed.local_addr(), seed.token().to_string());
+    let joins: Vec<_> = (0..3)
+        .map(|i| {
+            let (token, cfg) = (token.clone(), each(i, cfg.clone().into_builder()).build().unwrap());
+            tokio::spawn(async move { NexarClient::connect(addr, &token, cfg).await })
+        })
+        .collect();
+    let mut ranks = Vec::new();
+    for join in joins {
+        ranks.push(join.await.unwrap().unwrap());
+    }
+    (ranks, seed)
 }
 
 /// The names of this process's threads.
