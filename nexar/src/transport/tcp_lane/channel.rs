@@ -253,10 +253,10 @@ impl TcpLane {
         sealer.seal_group(parts, buffer, emit)
     }
 
-    /// Whether the group `parts` goes to the socket straight from them ([`super::plain_write`]):
+    /// Whether a group of `len` bytes goes to the socket straight from its parts ([`super::plain_write`]):
     /// records in plaintext, written on the calling thread, nothing queued ahead of it, large
     /// enough that building the gather list costs less than the copy it saves.
-    fn writes_plain_from_parts(&self, inline: bool, sealer: &Sealer, parts: &[&[u8]]) -> bool {
+    fn writes_plain_from_parts(&self, inline: bool, sealer: &Sealer, len: usize) -> bool {
         if !inline || sealer.encrypts() {
             return false;
         }
@@ -264,8 +264,7 @@ impl TcpLane {
         if crate::sync::lock(&self.tamper).is_some() {
             return false;
         }
-        parts.iter().map(|p| p.len()).sum::<usize>() >= super::records::DIRECT_MIN
-            && self.state.queued.load(Ordering::SeqCst) == 0
+        len >= super::records::DIRECT_MIN && self.state.queued.load(Ordering::SeqCst) == 0
     }
 
     /// Writes a plaintext group in buffer-sized pieces, alternately straight from `parts`
@@ -311,7 +310,8 @@ impl TcpLane {
     fn seal_and_queue(&self, parts: &[&[u8]]) -> Sent {
         // Told once the group's last buffer is written, where that is left to the writer.
         let mut written = None;
-        let inline = self.write_inline && parts.iter().map(|p| p.len()).sum::<usize>() < self.inline_below;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let inline = self.write_inline && len < self.inline_below;
         let queued = {
             let mut sending = crate::sync::lock(&self.sending);
             match sending.as_mut() {
@@ -343,7 +343,7 @@ impl TcpLane {
                         self.state.queued.fetch_add(chunk.len(), Ordering::SeqCst);
                         s.jobs.send((chunk, tell)).is_ok()
                     };
-                    if self.writes_plain_from_parts(inline, &s.sealer, parts) {
+                    if self.writes_plain_from_parts(inline, &s.sealer, len) {
                         self.write_plain(parts, spare, emit)
                     } else {
                         match self.seal_group(&mut s.sealer, parts, spare, emit) {

@@ -120,7 +120,6 @@ struct Polled<'a> {
 
 impl Read for Polled<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        use rustix::event::{PollFd, PollFlags, Timespec};
         loop {
             match rustix::net::recv(self.sock, &mut *buf, rustix::net::RecvFlags::empty()) {
                 Ok((n, _)) => return Ok(n),
@@ -132,18 +131,9 @@ impl Read for Polled<'_> {
             }
             let left = self.until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "a group's bytes did not all arrive within the operation timeout of its first",
-                ));
+                return Err(super::runtime_reader::group_late());
             }
-            let wait = left.min(STOP_CHECK);
-            let timeout = Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: i64::from(wait.subsec_nanos()) };
-            let mut fds = [PollFd::new(self.sock, PollFlags::IN)];
-            match rustix::event::poll(&mut fds, Some(&timeout)) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
+            super::writer::wait_for(self.sock, rustix::event::PollFlags::IN, Some(left.min(STOP_CHECK)))?;
         }
     }
 }

@@ -182,12 +182,15 @@ fn ended(e: io::Error) -> io::Error {
 
 /// `read` unless `deadline` passes first.
 async fn within<T>(deadline: Instant, read: impl Future<Output = io::Result<T>>) -> io::Result<T> {
-    tokio::time::timeout_at(deadline.into(), read).await.unwrap_or_else(|_| {
-        Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "a group's bytes did not all arrive within the operation timeout of its first",
-        ))
-    })
+    tokio::time::timeout_at(deadline.into(), read).await.unwrap_or_else(|_| Err(group_late()))
+}
+
+/// A group whose bytes did not all come by its deadline.
+pub(super) fn group_late() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "a group's bytes did not all arrive within the operation timeout of its first",
+    )
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::io;
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc as std_mpsc};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -53,7 +54,6 @@ pub(super) fn write_ready(socket: &TcpStream, bytes: &[u8]) -> io::Result<usize>
 /// `write` (its write timeout set with the deadline); otherwise (the lane's reader on the
 /// runtime shares the socket and needs non-blocking mode) this waits for room in `poll`.
 fn write_all(state: &State, socket: &TcpStream, blocking: bool, bytes: &[u8]) -> io::Result<()> {
-    use rustix::event::{PollFd, PollFlags, Timespec};
     use std::io::Write;
     if blocking {
         return (&mut &*socket).write_all(bytes);
@@ -71,14 +71,21 @@ fn write_all(state: &State, socket: &TcpStream, blocking: bool, bytes: &[u8]) ->
             },
             None => None,
         };
-        let timeout = left.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
-        let mut fds = [PollFd::new(socket, PollFlags::OUT)];
-        match rustix::event::poll(&mut fds, timeout.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
+        wait_for(socket, rustix::event::PollFlags::OUT, left)?;
     }
     Ok(())
+}
+
+/// Waits in `poll` until the non-blocking `socket` is ready for `flags`, `wait` passes (`None`:
+/// no limit) or a signal comes; whoever called it tries again.
+pub(super) fn wait_for(socket: &TcpStream, flags: rustix::event::PollFlags, wait: Option<Duration>) -> io::Result<()> {
+    use rustix::event::{PollFd, Timespec};
+    let timeout = wait.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
+    let mut fds = [PollFd::new(socket, flags)];
+    match rustix::event::poll(&mut fds, timeout.as_ref()) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The writer thread: sealed records, in the order they were queued.
