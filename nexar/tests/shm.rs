@@ -78,6 +78,42 @@ async fn a_rank_far_ahead_is_read_in_order_by_task_and_receives_alike() {
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
 
+/// Large payloads stay in the peer's ring until a receive copies them out (the oldest copied
+/// out early once those held pass half the ring), and a root that runs ahead of its sleeping
+/// peer is never stalled by them: five times a 4 MiB ring in broadcasts of 64 KiB to 1 MiB
+/// arrive in order, each with the bytes that were sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_left_in_the_ring_never_hold_a_sender_far_ahead() {
+    common::logs();
+    let run = async {
+        let cfg = NexarConfig::builder().max_unmatched_bytes(64 << 20).build().unwrap();
+        let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+        common::on_each(&ranks, |c| async move {
+            assert_eq!(c.bulk_transport(1 - c.rank()), Some("shm"));
+            if c.rank() == 1 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let lens = [16 << 10, 100_003, 1 << 18, 50_000];
+            let mut sent = 0usize;
+            for i in 0..60u32 {
+                let len = lens[i as usize % lens.len()];
+                let pattern = |j: usize| i.wrapping_mul(7919).wrapping_add(j as u32);
+                let mut x: Vec<u32> = if c.rank() == 0 { (0..len).map(pattern).collect() } else { vec![0; len] };
+                c.broadcast(&mut x[..], 0).await.unwrap();
+                if let Some(j) = (0..len).find(|&j| x[j] != pattern(j)) {
+                    panic!("rank {} broadcast {i}: element {j} of {len} is {}, not {}", c.rank(), x[j], pattern(j));
+                }
+                sent += len * 4;
+            }
+            assert!(sent > 5 * (4 << 20), "{sent} bytes is five times a 4 MiB ring");
+            c.barrier().await.unwrap();
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn off_or_another_host_keeps_the_network() {
     common::logs();

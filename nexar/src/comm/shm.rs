@@ -21,8 +21,12 @@ use crate::transport::shm::setup::{
 };
 use crate::transport::shm::{ShmChannel, ShmLimits};
 
-/// Data bytes of the ring each side writes, per link.
-const RING_BYTES: usize = 4 << 20;
+/// Data bytes of the ring each side writes, per link. Payloads of up to half of it stay in the
+/// ring until they are copied where they are wanted (`transport::shm::lease`); at 8 MiB a
+/// two-rank allreduce's 1 MiB segments stay there while the schedule runs two ahead (at 4 MiB
+/// about half of them had to be copied out early). A ring's pages take memory only once
+/// written, so a pair that never moves large payloads costs little.
+const RING_BYTES: usize = 8 << 20;
 /// Room in a received group for the frames around the largest payload.
 const GROUP_OVERHEAD: u64 = 64 << 10;
 /// How long a side spins on an empty or full ring before it sleeps, at most.

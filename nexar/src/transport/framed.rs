@@ -107,18 +107,38 @@ pub enum BlockError<E> {
     Visit(E),
 }
 
-/// One piece of a payload: bytes as they arrived, or a record of a TCP lane that its reader
-/// left sealed so that it is decrypted once, straight where the bytes are wanted.
+/// Payload bytes left where they arrived (a same-host peer's ring) until nexar copies them
+/// where they are wanted: one copy instead of two. The bytes are the peer's, as untrusted as
+/// any it sends; they are only ever copied out.
+pub(crate) trait LentBytes: std::fmt::Debug + Send + Sync {
+    /// Their length.
+    fn len(&self) -> usize;
+    /// Copies the bytes from `offset` into `dst` (`offset + dst.len()` at most [`len`](Self::len)).
+    fn copy_out(&self, offset: usize, dst: &mut [u8]);
+    /// Shows `f` the bytes in order, a piece at a time: as they lie where they are this
+    /// process's own memory, else copied through `stage` a stage at a time. Stops when `f`
+    /// returns `false`.
+    fn each_piece(&self, stage: &mut [u8], f: &mut dyn FnMut(&[u8]) -> bool);
+}
+
+/// How much of a lent piece is staged at a time where it is read by block (in cache).
+const LENT_STAGE: usize = 64 << 10;
+
+/// One piece of a payload: bytes as they arrived, a record of a TCP lane that its reader
+/// left sealed so that it is decrypted once, straight where the bytes are wanted, or bytes
+/// still in a same-host peer's ring.
 #[derive(Clone, Debug)]
 enum Piece {
     Plain(Bytes),
     Sealed(Bytes, SealedRecord),
+    Lent(std::sync::Arc<dyn LentBytes>),
 }
 
 impl Piece {
     fn len(&self) -> usize {
         match self {
             Piece::Plain(b) | Piece::Sealed(b, _) => b.len(),
+            Piece::Lent(lent) => lent.len(),
         }
     }
 
@@ -128,6 +148,7 @@ impl Piece {
     fn write_to(&self, out: &mut [u8]) -> Result<(), PayloadError> {
         match self {
             Piece::Plain(b) => out.copy_from_slice(b),
+            Piece::Lent(lent) => lent.copy_out(0, out),
             Piece::Sealed(cipher, record) => {
                 if record.open_into(cipher, out).is_err() {
                     out.fill(0);
@@ -191,6 +212,12 @@ impl Payload {
         Ok(Payload { pieces, len: range.len() })
     }
 
+    /// A payload whose bytes stay where they arrived until they are copied out.
+    pub(crate) fn from_lent(lent: std::sync::Arc<dyn LentBytes>) -> Self {
+        let len = lent.len();
+        Payload { pieces: vec![Piece::Lent(lent)], len }
+    }
+
     /// Total length in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -209,7 +236,7 @@ impl Payload {
             .iter()
             .map(|p| match p {
                 Piece::Plain(b) => Ok(b.clone()),
-                Piece::Sealed(..) => {
+                Piece::Sealed(..) | Piece::Lent(_) => {
                     let mut out = vec![0u8; p.len()];
                     p.write_to(&mut out)?;
                     Ok(Bytes::from(out))
@@ -259,7 +286,7 @@ impl Payload {
             }
             match piece {
                 Piece::Plain(b) => out.write(b),
-                Piece::Sealed(..) => with_opened(piece, |plain| {
+                Piece::Sealed(..) | Piece::Lent(_) => with_opened(piece, |plain| {
                     out.write(plain);
                     Ok::<(), std::convert::Infallible>(())
                 })
@@ -285,11 +312,12 @@ impl Payload {
         for piece in &self.pieces {
             match piece {
                 Piece::Plain(b) => blocks.feed(b).map_err(BlockError::Visit)?,
-                Piece::Sealed(..) => with_opened(piece, |plain| blocks.feed(plain).map_err(BlockError::Visit))
-                    .map_err(|e| match e {
+                Piece::Sealed(..) | Piece::Lent(_) => {
+                    with_opened(piece, |plain| blocks.feed(plain).map_err(BlockError::Visit)).map_err(|e| match e {
                         Opened::Payload(e) => BlockError::Payload(e),
                         Opened::Visit(e) => e,
-                    })?,
+                    })?
+                }
             }
         }
         blocks.finish().map_err(BlockError::Visit)
@@ -328,14 +356,30 @@ impl<E> From<PayloadError> for Opened<E> {
     }
 }
 
-/// Opens sealed `piece` into the thread's cached [`OPENED`] buffer and shows `f` its plaintext.
-fn with_opened<E>(piece: &Piece, f: impl FnOnce(&[u8]) -> Result<(), E>) -> Result<(), Opened<E>> {
+/// Opens sealed `piece` into the thread's cached [`OPENED`] buffer and shows `f` its
+/// plaintext; a lent piece is copied there and shown [`LENT_STAGE`] bytes at a time.
+fn with_opened<E>(piece: &Piece, mut f: impl FnMut(&[u8]) -> Result<(), E>) -> Result<(), Opened<E>> {
     OPENED.with_borrow_mut(|opened| {
-        let words = piece.len().div_ceil(8);
+        let stage = match piece {
+            Piece::Lent(_) => piece.len().min(LENT_STAGE),
+            _ => piece.len(),
+        };
+        let words = stage.div_ceil(8);
         if opened.len() < words {
             opened.resize(words, 0);
         }
-        let plain = &mut bytemuck::cast_slice_mut::<u64, u8>(opened)[..piece.len()];
+        let plain = &mut bytemuck::cast_slice_mut::<u64, u8>(opened)[..stage];
+        if let Piece::Lent(lent) = piece {
+            let mut failed = None;
+            lent.each_piece(plain, &mut |bytes| match f(bytes) {
+                Ok(()) => true,
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            });
+            return failed.map_or(Ok(()), |e| Err(Opened::Visit(e)));
+        }
         piece.write_to(plain)?;
         f(plain).map_err(Opened::Visit)
     })

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 
-use super::super::framed::Payload;
+use super::super::framed::{LentBytes, Payload};
 use super::super::incoming::Incoming;
 use super::super::lanes::LaneSenders;
 use super::super::tcp_lane::Deferred;
@@ -98,6 +98,36 @@ impl BulkInbound {
             slot.received((*comm, *seq));
         }
         Ok(Incoming::new(self.peer, msg, payload))
+    }
+
+    /// Checks a `len`-byte group as [`open`](Self::open) does, from its first bytes `prefix`,
+    /// and turns it into its message with a payload that `lend` lends (given the payload's
+    /// range in the group) instead of a copy. `Ok(None)` when `prefix` ends before the
+    /// payload starts, or `lend` cannot lend it: the caller reads the group as usual.
+    pub(crate) fn open_lent(
+        &self,
+        prefix: &[u8],
+        len: usize,
+        lend: impl FnOnce(std::ops::Range<usize>) -> Option<Arc<dyn LentBytes>>,
+    ) -> Result<Option<Incoming>, FrameError> {
+        if self.peek(prefix)?.is_none() {
+            return Ok(None);
+        }
+        let (msg, body_end, expected, limit) = coll_message(prefix, self.max_payload)?;
+        if prefix.len() < body_end + HEADER_LEN {
+            return Ok(None);
+        }
+        let (raw, start) = frame_header(prefix, body_end, limit)?;
+        raw.expect(FrameKind::Raw)?;
+        if raw.len != expected {
+            return Err(raw_length_disagrees(expected, raw.len));
+        }
+        let end = body_end_exact(start, raw.len, len)?;
+        let Some(lent) = lend(start..end) else { return Ok(None) };
+        if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
+            slot.received((*comm, *seq));
+        }
+        Ok(Some(Incoming::new(self.peer, msg, Payload::from_lent(lent))))
     }
 
     /// Delivers an [`open`](Self::open)ed message if nexar takes it at once; otherwise gives

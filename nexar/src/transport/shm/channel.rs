@@ -26,6 +26,7 @@ use super::receive::{ReadLimits, RingReading, spawn_reader};
 use super::ring::{Reader, Writer};
 use crate::transport::TransportError;
 use crate::transport::bulk::{BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
+use crate::transport::tcp_lane::RecvPool;
 
 /// The name links report for this transport.
 pub const SHM_NAME: &str = "shm";
@@ -177,8 +178,9 @@ impl ShmChannel {
             write_jobs(&writer_state, &writer_sending, queue)
         })?;
         let read_limits = ReadLimits { max_group: limits.max_group, group_deadline: limits.group_deadline };
-        let reader = Reader::new(Arc::new(theirs));
-        let reading = match spawn_reader(state.clone(), reader, doorbell, read_limits, inbound) {
+        let pool = Arc::new(RecvPool::default());
+        let reader = Reader::with_pool(Arc::new(theirs), pool.clone());
+        let reading = match spawn_reader(state.clone(), reader, pool, doorbell, read_limits, inbound) {
             Ok(reading) => reading,
             Err(e) => {
                 state.stop(&format!("starting the reader: {e}"), Stop::Failed);

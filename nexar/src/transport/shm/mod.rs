@@ -16,6 +16,7 @@
 //! lives exactly as long as the two processes hold it.
 
 mod channel;
+mod lease;
 pub(crate) mod mapping;
 mod receive;
 pub(crate) mod ring;

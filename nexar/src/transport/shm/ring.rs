@@ -16,14 +16,16 @@
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
+use super::lease::{Lease, LeaseBook};
 use super::mapping::SharedMap;
+use crate::transport::tcp_lane::RecvPool;
 
 /// Bytes before the data area.
 pub(crate) const HEADER: usize = 4096;
 const HEAD: usize = 0;
-const TAIL: usize = 128;
+pub(super) const TAIL: usize = 128;
 const READER_SLEEPS: usize = 256;
-const WRITER_SLEEPS: usize = 384;
+pub(super) const WRITER_SLEEPS: usize = 384;
 
 /// The segment length of a ring of `capacity` data bytes.
 pub(crate) fn segment_len(capacity: usize) -> usize {
@@ -175,13 +177,43 @@ impl RoomWait {
 pub(crate) struct Reader {
     side: Side,
     tail: u64,
+    /// Hands room back to the writer, up to the oldest payload still lent.
+    book: Arc<LeaseBook>,
 }
 
 impl Reader {
     /// The reader of the ring in `map` (the peer created it: it starts empty).
+    #[cfg(test)]
     pub fn new(map: Arc<SharedMap>) -> Reader {
+        Reader::with_pool(map, Arc::default())
+    }
+
+    /// A reader whose spilled payloads (see [`super::lease`]) go to buffers of `pool`.
+    pub fn with_pool(map: Arc<SharedMap>, pool: Arc<RecvPool>) -> Reader {
         let capacity = map.len() - HEADER;
-        Reader { side: Side { map, capacity }, tail: 0 }
+        let book = Arc::new(LeaseBook::new(map.clone(), capacity, pool));
+        Reader { side: Side { map, capacity }, tail: 0, book }
+    }
+
+    /// Lends the `len` ready bytes that follow the first `offset` ready bytes, to be copied
+    /// out later ([`Lease`]); `None` when they are not all ready. Read past them next (with
+    /// [`skip`](Self::skip)): their room goes back to the writer when the lease ends.
+    pub fn lend(&self, offset: usize, len: usize) -> Result<Option<Arc<Lease>>, Corrupt> {
+        let ready = self.ready()?;
+        if offset.checked_add(len).is_none_or(|end| end > ready) {
+            return Ok(None);
+        }
+        Ok(Some(self.book.lend(self.tail + offset as u64, len)))
+    }
+
+    /// The most bytes lent payloads may hold back.
+    pub fn lend_budget(&self) -> usize {
+        self.book.budget()
+    }
+
+    #[cfg(test)]
+    pub(super) fn book(&self) -> &LeaseBook {
+        &self.book
     }
 
     /// Bytes ready to read, checked against the ring's capacity.
@@ -226,24 +258,24 @@ impl Reader {
         Ok(true)
     }
 
-    /// Hands the bytes read so far back to the writer, waking it if it sleeps.
+    /// Hands the bytes read so far back to the writer (up to the oldest payload still lent),
+    /// waking it if it sleeps.
     pub fn release(&self) {
-        self.side.store(TAIL, self.tail);
-        fence(Ordering::SeqCst);
-        if let Some(flag) = self.side.map.word32(WRITER_SLEEPS)
-            && flag.load(Ordering::SeqCst) != 0
-            && flag.swap(0, Ordering::AcqRel) != 0
-        {
-            let _ = rustix::thread::futex::wake(flag, rustix::thread::futex::Flags::empty(), 1);
-        }
+        self.book.advance(self.tail);
     }
 
     /// This side is about to sleep until bytes arrive: `true` if it must (none ready once the
     /// flag is up), `false` when some arrived meanwhile.
     pub fn sleep(&self) -> Result<bool, Corrupt> {
+        self.sleep_short_of(1)
+    }
+
+    /// Like [`sleep`](Self::sleep), until `n` bytes are ready: `true` if fewer are once the
+    /// flag is up (the writer's next publish wakes this side).
+    pub fn sleep_short_of(&self, n: usize) -> Result<bool, Corrupt> {
         self.side.store(READER_SLEEPS, 1);
         fence(Ordering::SeqCst);
-        if self.ready()? > 0 {
+        if self.ready()? >= n {
             self.side.store(READER_SLEEPS, 0);
             return Ok(false);
         }

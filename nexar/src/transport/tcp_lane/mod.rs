@@ -33,6 +33,6 @@ mod writer;
 
 pub(crate) use channel::{Connected, LaneIo, Pair, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
-pub(crate) use reader::{ReadLimits, RecvPool};
+pub(crate) use reader::{PooledGroup, ReadLimits, RecvPool};
 pub(crate) use records::{Deferred, GroupSink, SealedRecord};
 pub(crate) use setup::{LaneOffer, TOKEN_LEN};
