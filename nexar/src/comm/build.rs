@@ -425,9 +425,10 @@ impl NexarClient {
         let client = NexarClient { user: UserHandles::new(&inner), inner, comm: world_comm };
         // A rank joining the running cluster keeps QUIC: the members are not exchanging now.
         if !running {
+            // The host table first: it sizes the shared-memory rings.
+            client.learn_hosts().await;
             let shm = client.attach_shared_memory().await;
             tracing::debug!(rank = client.rank(), peers = ?shm, "shared-memory links");
-            client.learn_hosts().await;
             client.bring_up_tcp_lanes(identity, ca).await;
         }
         Ok(client)

@@ -21,12 +21,20 @@ use crate::transport::shm::setup::{
 };
 use crate::transport::shm::{ShmChannel, ShmLimits};
 
-/// Data bytes of the ring each side writes, per link. Payloads of up to half of it stay in the
-/// ring until they are copied where they are wanted (`transport::shm::lease`); at 8 MiB a
-/// two-rank allreduce's 1 MiB segments stay there while the schedule runs two ahead (at 4 MiB
-/// about half of them had to be copied out early). A ring's pages take memory only once
-/// written, so a pair that never moves large payloads costs little.
-const RING_BYTES: usize = 8 << 20;
+/// Data bytes of the ring each side writes to a peer of its host, by how many such peers it
+/// has: 4 MiB for up to sixteen, then less, so that one rank's rings hold at most 64 MiB (each
+/// ring is mapped whole when the link forms) and never less than 1 MiB. Payloads of up to a
+/// quarter of a ring stay in it until they are copied where they are wanted
+/// (`transport::shm::lease`). 8 MiB rings moved 16 and 64 MiB allreduces faster still, but
+/// made 256 KiB ones twice as slow and 4 and 64 KiB ones 10–30 % slower.
+fn ring_bytes(same_host_peers: usize) -> usize {
+    const MOST: usize = 4 << 20;
+    const LEAST: usize = 1 << 20;
+    const PER_RANK: usize = 64 << 20;
+    let share = (PER_RANK / same_host_peers.max(1)).clamp(LEAST, MOST);
+    // The largest power of two within the share.
+    1 << (usize::BITS - 1 - share.leading_zeros())
+}
 /// Room in a received group for the frames around the largest payload.
 const GROUP_OVERHEAD: u64 = 64 << 10;
 /// How long a side spins on an empty or full ring before it sleeps, at most.
@@ -45,6 +53,8 @@ struct ShmSetup {
     comm: NexarClient,
     host: String,
     limit: Duration,
+    /// The data bytes of each ring this rank writes.
+    ring: usize,
     /// The connection each higher-ranked peer is to make to this rank, by peer.
     incoming: Mutex<HashMap<usize, oneshot::Receiver<UnixStream>>>,
     /// Accepts connections while the negotiation runs.
@@ -66,11 +76,12 @@ impl LinkSetup for ShmSetup {
             }
             // The lower world rank dials; both then pass their rings and check the other's.
             let (me, world, limit) = (self.comm.world_rank() as u32, self.comm.comm.members[peer] as u32, self.limit);
+            let ring = self.ring;
             let swapped = if me < world {
                 tokio::task::spawn_blocking(move || {
                     let sock = dial(&theirs.socket, &theirs.token, me, limit).map_err(|e| format!("dialling: {e}"))?;
                     check_peer(&sock, theirs.pid, peer).map_err(|e| e.to_string())?;
-                    swap_rings(sock, peer)
+                    swap_rings(sock, peer, ring)
                 })
                 .await
             } else {
@@ -84,7 +95,7 @@ impl LinkSetup for ShmSetup {
                 };
                 tokio::task::spawn_blocking(move || {
                     check_peer(&sock, theirs.pid, peer).map_err(|e| e.to_string())?;
-                    swap_rings(sock, peer)
+                    swap_rings(sock, peer, ring)
                 })
                 .await
             };
@@ -129,7 +140,14 @@ impl NexarClient {
             })
             .collect();
         let accepting = listening.ok().map(|(listener, _)| AcceptOnDrop::start(listener, expected, limit));
-        let setup = ShmSetup { comm: self.clone(), host, limit, incoming: Mutex::new(incoming), _accepting: accepting };
+        // Peers of this host, from the host table where it was learnt (else every peer may be).
+        let same_host = match self.layout_ref() {
+            Some(layout) => layout.members(layout.host_of(self.rank())).len() - 1,
+            None => self.world_size() - 1,
+        };
+        let ring = ring_bytes(same_host);
+        let setup =
+            ShmSetup { comm: self.clone(), host, limit, ring, incoming: Mutex::new(incoming), _accepting: accepting };
         let mut up = Vec::new();
         for (peer, outcome) in negotiate(self, Arc::new(setup), tags, offers, limit).await {
             match outcome {
@@ -159,10 +177,9 @@ impl NexarClient {
 }
 
 /// Creates this side's ring, passes it, and maps the peer's: `(socket, ours, theirs)`.
-fn swap_rings(sock: UnixStream, peer: usize) -> Result<(UnixStream, SharedMap, SharedMap), String> {
-    let ours =
-        SharedMap::create("nexar-shm", segment_len(RING_BYTES)).map_err(|e| format!("creating the ring: {e}"))?;
-    send_ring(&sock, &ours, RING_BYTES).map_err(|e| format!("passing the ring: {e}"))?;
+fn swap_rings(sock: UnixStream, peer: usize, ring: usize) -> Result<(UnixStream, SharedMap, SharedMap), String> {
+    let ours = SharedMap::create("nexar-shm", segment_len(ring)).map_err(|e| format!("creating the ring: {e}"))?;
+    send_ring(&sock, &ours, ring).map_err(|e| format!("passing the ring: {e}"))?;
     let (theirs, _) = recv_ring(&sock, peer).map_err(|e| format!("receiving the ring: {e}"))?;
     Ok((sock, ours, theirs))
 }
@@ -210,5 +227,19 @@ impl AcceptOnDrop {
 impl Drop for AcceptOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ring_bytes;
+
+    #[test]
+    fn rings_shrink_as_a_host_holds_more_ranks_within_64_mib_a_rank() {
+        for (peers, mib) in [(0, 4), (1, 4), (7, 4), (16, 4), (17, 2), (32, 2), (33, 1), (63, 1), (1000, 1)] {
+            assert_eq!(ring_bytes(peers), mib << 20, "{peers} peers");
+            assert!(ring_bytes(peers).is_power_of_two());
+            assert!(peers * ring_bytes(peers) <= (64 << 20) || ring_bytes(peers) == 1 << 20);
+        }
     }
 }

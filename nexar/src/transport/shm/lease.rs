@@ -28,6 +28,10 @@ use crate::transport::tcp_lane::{GroupSink, PooledGroup, RecvPool};
 pub(crate) struct LeaseBook {
     map: Arc<SharedMap>,
     capacity: usize,
+    /// The longest region lent.
+    largest: usize,
+    /// The most bytes lent regions may hold back: the rest of the ring always has room for
+    /// the longest region.
     budget: usize,
     book: Mutex<Book>,
     /// Where spilled payloads go (the reader's receive buffers: no fresh pages per spill).
@@ -51,15 +55,19 @@ struct Region {
 }
 
 impl LeaseBook {
-    /// The book of a ring of `capacity` data bytes in `map`; lent regions hold at most half
-    /// of it.
+    /// The book of a ring of `capacity` data bytes in `map`. It lends regions of up to a
+    /// quarter of the ring and 64 KiB (a segment of a quarter of the ring and its frames; at
+    /// most half the ring), and lent regions hold back what the longest leaves.
     pub fn new(map: Arc<SharedMap>, capacity: usize, pool: Arc<RecvPool>) -> LeaseBook {
-        LeaseBook { map, capacity, budget: capacity / 2, book: Mutex::new(Book::default()), pool }
+        let largest = (capacity / 4 + (64 << 10)).min(capacity / 2);
+        LeaseBook { map, capacity, largest, budget: capacity - largest, book: Mutex::new(Book::default()), pool }
     }
 
-    /// The most bytes lent regions may hold back.
-    pub fn budget(&self) -> usize {
-        self.budget
+    /// The longest region lent: while lent regions hold back no more than the budget, a
+    /// region this long always fits in the rest of the ring, so a reader waiting for one
+    /// to lie whole in the ring never waits for room that only a lease could give back.
+    pub fn largest(&self) -> usize {
+        self.largest
     }
 
     /// The reader has read up to `read_to`: hands back what no lease holds.

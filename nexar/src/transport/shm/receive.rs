@@ -305,7 +305,7 @@ async fn read_group(input: &mut RingInput<'_>, limits: ReadLimits, inbound: &Bul
 /// enough to be worth it, short enough that lent payloads never hold the writer back (see
 /// [`super::lease`]).
 fn lendable(len: usize, reader: &Reader) -> bool {
-    (LEND_MIN..=reader.lend_budget()).contains(&len)
+    (LEND_MIN..=reader.lend_largest()).contains(&len)
 }
 
 /// Lends the `range` of the group that starts `skip` ready bytes into the ring.

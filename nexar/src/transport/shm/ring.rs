@@ -206,9 +206,9 @@ impl Reader {
         Ok(Some(self.book.lend(self.tail + offset as u64, len)))
     }
 
-    /// The most bytes lent payloads may hold back.
-    pub fn lend_budget(&self) -> usize {
-        self.book.budget()
+    /// The longest group whose payload may be lent (see [`LeaseBook::largest`]).
+    pub fn lend_largest(&self) -> usize {
+        self.book.largest()
     }
 
     #[cfg(test)]
