@@ -110,7 +110,7 @@ impl BulkInbound {
         len: usize,
         lend: impl FnOnce(std::ops::Range<usize>) -> Option<Arc<dyn LentBytes>>,
     ) -> Result<Option<Incoming>, FrameError> {
-        if self.peek(prefix)?.is_none() {
+        if !message_frame_whole(prefix)? {
             return Ok(None);
         }
         let (msg, body_end, expected, limit) = coll_message(prefix, self.max_payload)?;
@@ -145,11 +145,7 @@ impl BulkInbound {
     /// first bytes (`opened`: authenticated), checked as a whole group is; `Ok(None)` while
     /// they end inside the message frame.
     pub(crate) fn peek(&self, opened: &[u8]) -> Result<Option<(PeerMsg, u64)>, FrameError> {
-        if opened.len() < HEADER_LEN {
-            return Ok(None);
-        }
-        let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
-        if header.len > (opened.len() - rest) as u64 {
+        if !message_frame_whole(opened)? {
             return Ok(None);
         }
         let (msg, _, payload_len, _) = coll_message(opened, self.max_payload)?;
@@ -164,6 +160,15 @@ impl BulkInbound {
     pub(crate) async fn admit(&self, msg: &PeerMsg, len: u64) -> Option<Admitted<'_>> {
         Some(self.lanes.admission(msg, self.peer, len)?.ready().await)
     }
+}
+
+/// Whether `opened` holds a group's whole message frame (its header checked).
+fn message_frame_whole(opened: &[u8]) -> Result<bool, FrameError> {
+    if opened.len() < HEADER_LEN {
+        return Ok(false);
+    }
+    let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
+    Ok(header.len <= (opened.len() - rest) as u64)
 }
 
 /// The collective message at the start of a group's opened bytes, where its frame ends, its

@@ -6,28 +6,27 @@
 //! room back only up to the oldest region still lent ([`LeaseBook`] publishes the ring's
 //! `tail` as the lesser of what the reader has read and where that region starts). A
 //! message can wait unread for long (a receive not yet posted), so the lent regions may
-//! hold at most [`LeaseBook::budget`] bytes of the ring: past it, the reader copies the
-//! oldest ones out ("spills" them) and hands their room back. The writer therefore always
-//! has at least the rest of the ring, whatever the receives do.
+//! hold back only what leaves room for the longest one ([`LeaseBook::largest`]): past that,
+//! the reader copies the oldest ones out ("spills" them) and hands their room back. The
+//! writer therefore always has that room, whatever the receives do.
 //!
 //! The bytes are the peer's: it may change them while they are lent, which garbles only its
 //! own message, as it could have sent other bytes. They are only ever copied out
-//! ([`SharedMap::copy_out`]), never read through a reference.
+//! ([`super::mapping::SharedMap::copy_out`]), never read through a reference.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::mapping::SharedMap;
-use super::ring::{HEADER, TAIL, WRITER_SLEEPS};
+use super::ring::{Side, TAIL, WRITER_SLEEPS};
 use crate::transport::framed::LentBytes;
 use crate::transport::tcp_lane::{GroupSink, PooledGroup, RecvPool};
 
 /// Who hands the ring's room back to the writer: the reader as it reads, the leases as they
 /// end.
 pub(crate) struct LeaseBook {
-    map: Arc<SharedMap>,
-    capacity: usize,
+    /// The reader's view of the ring.
+    side: Side,
     /// The longest region lent.
     largest: usize,
     /// The most bytes lent regions may hold back: the rest of the ring always has room for
@@ -55,12 +54,13 @@ struct Region {
 }
 
 impl LeaseBook {
-    /// The book of a ring of `capacity` data bytes in `map`. It lends regions of up to a
-    /// quarter of the ring and 64 KiB (a segment of a quarter of the ring and its frames; at
-    /// most half the ring), and lent regions hold back what the longest leaves.
-    pub fn new(map: Arc<SharedMap>, capacity: usize, pool: Arc<RecvPool>) -> LeaseBook {
+    /// The book of the ring `side` reads. It lends regions of up to a quarter of the ring and
+    /// 64 KiB (a segment of a quarter of the ring and its frames; at most half the ring), and
+    /// lent regions hold back what the longest leaves.
+    pub fn new(side: Side, pool: Arc<RecvPool>) -> LeaseBook {
+        let capacity = side.capacity();
         let largest = (capacity / 4 + (64 << 10)).min(capacity / 2);
-        LeaseBook { map, capacity, largest, budget: capacity - largest, book: Mutex::new(Book::default()), pool }
+        LeaseBook { side, largest, budget: capacity - largest, book: Mutex::new(Book::default()), pool }
     }
 
     /// The longest region lent: while lent regions hold back no more than the budget, a
@@ -110,7 +110,7 @@ impl LeaseBook {
                 let Ok(mut copy) = lease.spilled.try_lock() else { break };
                 if copy.is_none() {
                     let mut bytes = RecvPool::take(&self.pool, lease.len, 0);
-                    self.copy_ring(lease.start, bytes.room(lease.len));
+                    self.side.copy_out(lease.start, bytes.room(lease.len));
                     *copy = Some(bytes);
                     tracing::trace!(bytes = lease.len, "a lent payload waited long: copied out of the ring");
                 }
@@ -120,18 +120,6 @@ impl LeaseBook {
             region.ended = true;
         }
         self.publish(book);
-    }
-
-    /// Copies ring bytes from stream position `pos` into `dst`, in up to two pieces around
-    /// the end of the data area.
-    fn copy_ring(&self, pos: u64, dst: &mut [u8]) {
-        let start = (pos % self.capacity as u64) as usize;
-        let first = dst.len().min(self.capacity - start);
-        let (a, b) = dst.split_at_mut(first);
-        self.map.copy_out(HEADER + start, a);
-        if !b.is_empty() {
-            self.map.copy_out(HEADER, b);
-        }
     }
 
     /// Marks the region at `start` ended.
@@ -154,11 +142,12 @@ impl LeaseBook {
             return;
         }
         book.published = tail;
-        if let Some(w) = self.map.word(TAIL) {
+        let map = self.side.map();
+        if let Some(w) = map.word(TAIL) {
             w.store(tail, Ordering::Release);
         }
         fence(Ordering::SeqCst);
-        if let Some(flag) = self.map.word32(WRITER_SLEEPS)
+        if let Some(flag) = map.word32(WRITER_SLEEPS)
             && flag.load(Ordering::SeqCst) != 0
             && flag.swap(0, Ordering::AcqRel) != 0
         {
@@ -205,7 +194,9 @@ impl LentBytes for Lease {
         let spilled = crate::sync::lock(&self.spilled);
         match spilled.as_ref() {
             Some(copy) => dst.copy_from_slice(&copy.as_ref()[offset..end]),
-            None => self.book.copy_ring(self.start + offset as u64, dst),
+            None => {
+                self.book.side.copy_out(self.start + offset as u64, dst);
+            }
         }
     }
 
@@ -219,7 +210,7 @@ impl LentBytes for Lease {
         let mut at = 0;
         while at < self.len && !stage.is_empty() {
             let n = (self.len - at).min(stage.len());
-            self.book.copy_ring(self.start + at as u64, &mut stage[..n]);
+            self.book.side.copy_out(self.start + at as u64, &mut stage[..n]);
             if !f(&stage[..n]) {
                 return;
             }
@@ -237,6 +228,7 @@ impl Drop for Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::shm::mapping::SharedMap;
     use crate::transport::shm::ring::{Reader, Writer, segment_len};
 
     fn ring(capacity: usize) -> Arc<SharedMap> {

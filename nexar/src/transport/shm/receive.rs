@@ -413,11 +413,13 @@ impl RingInput<'_> {
                 tokio::task::yield_now().await;
                 continue;
             }
+            // Checked here too: a peer that keeps ringing without ever completing the group
+            // must not keep this wait going.
+            if now >= deadline.at(since) {
+                return Err(late());
+            }
             if reader.sleep_short_of(n).map_err(corrupt)? {
                 wait_doorbell(self.doorbell, Some(deadline.at(since))).await?;
-            }
-            if Instant::now() >= deadline.at(since) {
-                return Err(late());
             }
             idle_since = None;
         }

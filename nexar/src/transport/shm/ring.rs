@@ -41,7 +41,7 @@ pub(crate) struct Corrupt {
 }
 
 /// One side's view of a ring: the segment and this side's own index.
-struct Side {
+pub(super) struct Side {
     map: Arc<SharedMap>,
     capacity: usize,
 }
@@ -55,6 +55,22 @@ impl Side {
         if let Some(w) = self.map.word(at) {
             w.store(v, Ordering::Release);
         }
+    }
+
+    /// Copies the ring's bytes from stream position `pos` into `dst` (at most the capacity).
+    pub(super) fn copy_out(&self, pos: u64, dst: &mut [u8]) -> bool {
+        let len = dst.len();
+        self.copy(pos, |at, r| self.map.copy_out(at, &mut dst[r]), len)
+    }
+
+    /// The data capacity.
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The segment.
+    pub(super) fn map(&self) -> &SharedMap {
+        &self.map
     }
 
     /// Copies `len` bytes between the stream position `pos` and `buf`, in up to two pieces
@@ -191,7 +207,7 @@ impl Reader {
     /// A reader whose spilled payloads (see [`super::lease`]) go to buffers of `pool`.
     pub fn with_pool(map: Arc<SharedMap>, pool: Arc<RecvPool>) -> Reader {
         let capacity = map.len() - HEADER;
-        let book = Arc::new(LeaseBook::new(map.clone(), capacity, pool));
+        let book = Arc::new(LeaseBook::new(Side { map: map.clone(), capacity }, pool));
         Reader { side: Side { map, capacity }, tail: 0, book }
     }
 
@@ -229,7 +245,7 @@ impl Reader {
     /// back to the writer only by [`release`](Self::release).
     pub fn read(&mut self, dst: &mut [u8]) -> Result<usize, Corrupt> {
         let n = dst.len().min(self.ready()?);
-        if n > 0 && self.side.copy(self.tail, |at, r| self.side.map.copy_out(at, &mut dst[r]), n) {
+        if n > 0 && self.side.copy_out(self.tail, &mut dst[..n]) {
             self.tail += n as u64;
             Ok(n)
         } else {
@@ -245,7 +261,7 @@ impl Reader {
             return Ok(false);
         }
         let (pos, len) = (self.tail + offset as u64, dst.len());
-        Ok(len == 0 || self.side.copy(pos, |at, r| self.side.map.copy_out(at, &mut dst[r]), len))
+        Ok(len == 0 || self.side.copy_out(pos, dst))
     }
 
     /// Reads `n` ready bytes without copying them (after a [`peek`](Self::peek)); `false`
