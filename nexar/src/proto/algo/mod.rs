@@ -227,10 +227,13 @@ pub const ALLREDUCE_MEDIUM_BYTES: usize = 512 << 10;
 /// Broadcasts up to this size use the binomial tree; larger ones the pipelined chain.
 pub const BROADCAST_TREE_BYTES: usize = 256 << 10;
 /// Between two ranks, broadcasts up to this size use the tree (one message); larger ones the
-/// chain, whose segments let the receiver decrypt one while the next is on the wire: 64 MiB
-/// went from 3.8–4.5 to 4.5–6.9 GB/s on the 2-core benchmark machine, while at 4 MiB the one
-/// message was as fast or faster.
-pub const BROADCAST_PAIR_TREE_BYTES: usize = 8 << 20;
+/// chain, whose 1 MiB segments let the receiver take one while the next is on its way. It was
+/// 8 MiB, when one message was as fast as the chain at 4 MiB over the TCP lane. Measured again
+/// on the 2-core benchmark machine (2026-11-27, three alternated rounds), the chain was level
+/// at 1 MiB and ahead from 2 MiB: 4 MiB in 1.32–1.38 ms against 1.70–1.98 over the TCP lane,
+/// and in 155–200 µs against 1.1–1.4 ms over shared memory, where a segment is read from the
+/// peer's ring in place and one message that long is copied twice.
+pub const BROADCAST_PAIR_TREE_BYTES: usize = DEFAULT_SEGMENT_BYTES;
 
 /// All-to-all blocks up to this size go two-level across hosts with several ranks each (one
 /// message of `L` blocks per host instead of `L` messages). Per rank, with `H` hosts of `L`
