@@ -16,7 +16,7 @@ use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::transport::TransportError;
 use crate::transport::framed::{Payload, PayloadError};
-use crate::transport::link::Incoming;
+use crate::transport::link::{Incoming, SendDone};
 
 /// Failures of `send` and `recv`. Each names the rank that reports it, the operation and what
 /// was expected.
@@ -221,10 +221,33 @@ impl NexarClient {
             dtype: <B::Elem as Element>::DTYPE.to_wire(),
             count: elements.len() as u64,
         };
-        let payload = pooled_copy(&self.inner.pool, bytemuck::cast_slice(elements));
         let after = self.config().op_timeout;
         let rank = self.rank();
         let timeout = || P2pError::Timeout { rank, op: "send", peer: dest, tag, after };
+        let transport = |source| P2pError::Transport { rank, op: "send", peer: dest, source };
+        if dest != rank {
+            let link = self.link(dest).ok_or(P2pError::Closed { rank, op: "send" })?;
+            // Shared memory with a peer of this host writes the payload into its ring
+            // straight from `data` (or copies it when the ring is full), in order.
+            let borrowed = async {
+                Some(match link.send_borrowed(&msg, &[bytemuck::cast_slice(elements)]).await? {
+                    Ok(SendDone::Now(result)) => result,
+                    Ok(SendDone::Later(wait)) => wait.await.unwrap_or_else(|_| {
+                        Err(TransportError::ConnectionLost {
+                            peer: format!("rank {dest}"),
+                            reason: "its bulk channel stopped before the message was written".into(),
+                        })
+                    }),
+                    Err(error) => Err(error),
+                })
+            };
+            match tokio::time::timeout(after, borrowed).await {
+                Ok(Some(result)) => return result.map_err(transport),
+                Ok(None) => {}
+                Err(_) => return Err(timeout()),
+            }
+        }
+        let payload = pooled_copy(&self.inner.pool, bytemuck::cast_slice(elements));
         if dest == rank {
             let incoming = Incoming::new(self.world_rank() as u32, msg, Payload::from_bytes(payload));
             return match tokio::time::timeout(after, self.inner.self_lanes.deliver(incoming)).await {
@@ -236,7 +259,7 @@ impl NexarClient {
         let link = self.link(dest).ok_or(P2pError::Closed { rank, op: "send" })?;
         match tokio::time::timeout(after, link.send(&msg, Some(payload))).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(P2pError::Transport { rank, op: "send", peer: dest, source }),
+            Ok(Err(source)) => Err(transport(source)),
             Err(_) => Err(timeout()),
         }
     }
@@ -412,8 +435,12 @@ impl NexarClient {
             Refusal::Closed | Refusal::Aborted(_) | Refusal::LinkFailed(_) => P2pError::Closed { rank, op },
             Refusal::SourceGone(reason) => P2pError::PeerGone { rank, op, peer: src, reason },
         };
-        if let Some(held) =
-            super::spin::spin_take(&self.inner.mailbox, key, Some(&self.inner.spin), || None).await.map_err(refused)?
+        // Shared memory with a peer of this host is read on this task while it spins.
+        let link = self.inner.links.get(key.src as usize);
+        let read_link = || link.and_then(|l| l.bulk_deliver_ready());
+        if let Some(held) = super::spin::spin_take(&self.inner.mailbox, key, Some(&self.inner.spin), read_link)
+            .await
+            .map_err(refused)?
         {
             return Ok(held);
         }

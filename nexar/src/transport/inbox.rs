@@ -41,6 +41,11 @@ pub(crate) trait Inbox: Send + Sync {
     /// used the channel on either side goes on over QUIC (each side names what it carried
     /// when it fails, see [`BulkSlot::fail`](super::bulk::BulkSlot::fail)).
     fn lost(&self, collectives: Vec<(u64, u64)>, reason: &str);
+
+    /// A bulk channel that carried `from`'s point-to-point messages failed, so some may be
+    /// lost and the order of later ones is no longer kept: receives from `from` fail here
+    /// with `reason` (what arrived before is still received), as if it were gone.
+    fn lost_from(&self, from: u32, reason: &str);
 }
 
 /// The answer to [`Inbox::admit`].

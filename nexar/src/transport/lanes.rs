@@ -77,6 +77,11 @@ impl LaneSenders {
         self.direct[Lane::Raw as usize].clone()
     }
 
+    /// The store typed point-to-point messages go to, when they bypass the data lane's queue.
+    pub(crate) fn p2p_inbox(&self) -> Option<DirectSink> {
+        self.direct[Lane::Data as usize].clone()
+    }
+
     /// Sends `lane`'s messages straight into `sink` instead of its queue.
     pub(crate) fn with_direct(mut self, lane: Lane, sink: DirectSink) -> Self {
         self.direct[lane as usize] = Some(sink);

@@ -69,6 +69,12 @@ impl Inbox for Mailbox {
             self.fail_link(comm, seq, reason);
         }
     }
+
+    fn lost_from(&self, from: u32, reason: &str) {
+        if self.takes == Takes::PointToPoint {
+            self.source_gone(from, reason);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ impl BulkInbound {
         deferred: &[Deferred],
         admitted: Option<Admitted<'_>>,
     ) -> Result<(), FrameError> {
-        let (msg, payload) = decode_sealed_group(&group, deferred, self.max_payload)?;
+        let (msg, payload) = decode_group_carrying(&group, deferred, self.max_payload, self.carries())?;
         if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
             slot.received((*comm, *seq));
         }
@@ -93,7 +93,7 @@ impl BulkInbound {
     /// Checks a whole group as [`deliver`](Self::deliver) does and turns it into the message
     /// it carries, without delivering it (see [`deliver_now`](Self::deliver_now)).
     pub(crate) fn open(&self, group: Bytes) -> Result<Incoming, FrameError> {
-        let (msg, payload) = decode_sealed_group(&group, &[], self.max_payload)?;
+        let (msg, payload) = decode_group_carrying(&group, &[], self.max_payload, self.carries())?;
         if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
             slot.received((*comm, *seq));
         }
@@ -113,7 +113,7 @@ impl BulkInbound {
         if !message_frame_whole(prefix)? {
             return Ok(None);
         }
-        let (msg, body_end, expected, limit) = coll_message(prefix, self.max_payload)?;
+        let (msg, body_end, expected, limit) = payload_message(prefix, self.max_payload, self.carries())?;
         if prefix.len() < body_end + HEADER_LEN {
             return Ok(None);
         }
@@ -141,14 +141,25 @@ impl BulkInbound {
         let _ = self.lanes.deliver(incoming).await;
     }
 
-    /// The collective message a group announces, and its payload's length, from the group's
+    /// The messages this peer's channel may carry: collective ones, and point-to-point ones
+    /// where the channel takes those ([`BulkChannel::carries_point_to_point`]).
+    ///
+    /// [`BulkChannel::carries_point_to_point`]: super::BulkChannel::carries_point_to_point
+    fn carries(&self) -> Carries {
+        match self.slot.upgrade() {
+            Some(slot) if slot.carries_point_to_point() => Carries::AlsoPointToPoint,
+            _ => Carries::Collectives,
+        }
+    }
+
+    /// The message a group announces, and its payload's length, from the group's
     /// first bytes (`opened`: authenticated), checked as a whole group is; `Ok(None)` while
     /// they end inside the message frame.
     pub(crate) fn peek(&self, opened: &[u8]) -> Result<Option<(PeerMsg, u64)>, FrameError> {
         if !message_frame_whole(opened)? {
             return Ok(None);
         }
-        let (msg, _, payload_len, _) = coll_message(opened, self.max_payload)?;
+        let (msg, _, payload_len, _) = payload_message(opened, self.max_payload, self.carries())?;
         Ok(Some((msg, payload_len)))
     }
 
@@ -171,21 +182,44 @@ fn message_frame_whole(opened: &[u8]) -> Result<bool, FrameError> {
     Ok(header.len <= (opened.len() - rest) as u64)
 }
 
-/// The collective message at the start of a group's opened bytes, where its frame ends, its
-/// payload's length and the limit that length was checked against.
-fn coll_message(opened: &[u8], max_payload: u64) -> Result<(PeerMsg, usize, u64, u64), FrameError> {
+/// Which messages a peer's groups may hold on a channel.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Carries {
+    /// Collective messages only.
+    Collectives,
+    /// Collective and typed point-to-point messages.
+    AlsoPointToPoint,
+}
+
+/// The message at the start of a group's opened bytes (a collective one, or a point-to-point
+/// one where the channel `carries` those), where its frame ends, its payload's length and
+/// the limit that length was checked against.
+fn payload_message(
+    opened: &[u8],
+    max_payload: u64,
+    carries: Carries,
+) -> Result<(PeerMsg, usize, u64, u64), FrameError> {
     let (header, rest) = frame_header(opened, 0, MAX_CONTROL_FRAME)?;
     header.expect(FrameKind::Message)?;
     let body_end = body_end(rest, header.len, opened.len())?;
     let msg: PeerMsg = message::decode(&opened[rest..body_end])?;
-    if !matches!(msg, PeerMsg::Coll { .. }) {
+    let taken = match msg {
+        PeerMsg::Coll { .. } => true,
+        PeerMsg::P2p { .. } => carries == Carries::AlsoPointToPoint,
+        _ => false,
+    };
+    if !taken {
+        let what = match carries {
+            Carries::Collectives => "collective payloads only",
+            Carries::AlsoPointToPoint => "collective and point-to-point payloads only",
+        };
         return Err(FrameError::InvalidMessage(format!(
-            "a bulk transport carries collective payloads only, not {:?} messages",
+            "a bulk transport carries {what}, not {:?} messages",
             crate::proto::lane::Lane::of(&msg)
         )));
     }
     let Some((expected, limit)) = announced_payload(&msg, max_payload)? else {
-        return Err(FrameError::InvalidMessage("a collective message without a payload".into()));
+        return Err(FrameError::InvalidMessage("a message without a payload".into()));
     };
     Ok((msg, body_end, expected, limit))
 }
@@ -211,8 +245,18 @@ pub(crate) fn decode_sealed_group(
     deferred: &[Deferred],
     max_payload: u64,
 ) -> Result<(PeerMsg, Payload), FrameError> {
+    decode_group_carrying(group, deferred, max_payload, Carries::Collectives)
+}
+
+/// [`decode_sealed_group`] on a channel that `carries` these messages.
+pub(crate) fn decode_group_carrying(
+    group: &Bytes,
+    deferred: &[Deferred],
+    max_payload: u64,
+    carries: Carries,
+) -> Result<(PeerMsg, Payload), FrameError> {
     let opened = &group[..deferred.first().map_or(group.len(), |d| d.at.min(group.len()))];
-    let (msg, body_end, expected, limit) = coll_message(opened, max_payload)?;
+    let (msg, body_end, expected, limit) = payload_message(opened, max_payload, carries)?;
     let (raw, start) = frame_header(opened, body_end, limit)?;
     raw.expect(FrameKind::Raw)?;
     if raw.len != expected {

@@ -164,6 +164,16 @@ pub trait BulkChannel: Send + Sync + 'static {
         None
     }
 
+    /// Whether the channel also carries typed point-to-point messages (`send` and `recv`),
+    /// `false` by default. Those must keep their order between a pair of ranks, so a channel
+    /// that says yes takes every one of them while it works, whatever its size (ignoring
+    /// [`min_bytes`](Self::min_bytes)), and delivers its groups in the order they were sent.
+    /// When it fails, receives of the peer's point-to-point messages fail on this rank
+    /// (some may be lost), and so do sends to it.
+    fn carries_point_to_point(&self) -> bool {
+        false
+    }
+
     /// The smallest message group worth this channel: a collective whose first message to
     /// the peer is smaller stays on QUIC (whose latency path spins), 0 (the default) sends
     /// every collective here.
@@ -239,6 +249,9 @@ pub(crate) struct BulkSlot {
     carried: Mutex<Carried>,
     /// The rank's store of collective messages, told which collectives a failed channel lost.
     coll: Option<DirectSink>,
+    /// The rank's store of point-to-point messages, told when a failed channel that carried
+    /// them may have lost some.
+    p2p: Option<DirectSink>,
     /// Tells the peer that this side's channel failed, with the collectives it carried (a
     /// setup message on the control lane).
     tell_peer: OnceLock<Box<dyn Fn(Vec<u8>) + Send + Sync>>,
@@ -269,6 +282,7 @@ impl BulkSlot {
             channel: OnceLock::new(),
             carried: Mutex::default(),
             coll: lanes.coll_inbox(),
+            p2p: lanes.p2p_inbox(),
             tell_peer: OnceLock::new(),
             settle: Mutex::new(Settling::None),
         }
@@ -350,6 +364,26 @@ impl BulkSlot {
         self.channel.get().map(|c| c.close()).is_some()
     }
 
+    /// Whether the attached channel carries point-to-point messages (working or not).
+    pub fn carries_point_to_point(&self) -> bool {
+        self.channel.get().is_some_and(|c| c.carries_point_to_point())
+    }
+
+    /// How to send a point-to-point message: `Ok` the channel; `Err(false)` over QUIC (no
+    /// channel that carries them is attached); `Err(true)` not at all, because the channel
+    /// that carried them failed and the peer no longer takes this rank's messages in order.
+    pub fn route_point_to_point(self: &Arc<Self>) -> Result<Arc<dyn BulkChannel>, bool> {
+        let Some(channel) = self.channel.get().filter(|c| c.carries_point_to_point()) else { return Err(false) };
+        if !channel.usable() {
+            self.channel_stopped();
+            return Err(true);
+        }
+        if crate::sync::lock(&self.carried).failed {
+            return Err(true);
+        }
+        Ok(channel.clone())
+    }
+
     /// Whether a new collective's `len`-byte message would take the channel.
     pub fn takes(&self, len: usize) -> bool {
         self.working() && self.channel.get().is_some_and(|c| c.usable() && len >= c.min_bytes())
@@ -424,6 +458,17 @@ impl BulkSlot {
         let Some(channel) = self.channel.get() else { return };
         let name = channel.name();
         let reason = format!("the {name} link to rank {} failed during this operation", self.peer);
+        if channel.carries_point_to_point()
+            && let Some(p2p) = &self.p2p
+        {
+            p2p.lost_from(
+                self.peer,
+                &format!(
+                    "the {name} link to rank {} failed; point-to-point messages it carried may be lost",
+                    self.peer
+                ),
+            );
+        }
         let Some(ours) = ours else {
             // Failed already: only what the peer says it carried is news.
             if let Some(coll) = &self.coll {

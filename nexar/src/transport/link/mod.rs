@@ -245,15 +245,24 @@ impl PeerLink {
         Ok(wait)
     }
 
-    /// Sends collective message `msg` with its payload lent for this call over the bulk
-    /// channel, when the collective takes the channel and the channel can read a lent payload
-    /// at once ([`BulkChannel::send_borrowed`]); `None` otherwise, for the caller to copy the
-    /// payload and queue it (which then takes the same transport). The payload is the
-    /// concatenation of `payload`'s parts.
+    /// Sends collective or point-to-point message `msg` with its payload lent for this call
+    /// over the bulk channel, when the message takes the channel and the channel can read a
+    /// lent payload at once ([`BulkChannel::send_borrowed`]); `None` otherwise, for the caller
+    /// to copy the payload and queue it (a collective's then takes the same transport, a
+    /// point-to-point one QUIC). The payload is the concatenation of `payload`'s parts.
+    /// A point-to-point message whose channel failed gets an error: the peer no longer takes
+    /// this rank's messages in order.
     pub async fn send_borrowed(&self, msg: &PeerMsg, payload: &[&[u8]]) -> Option<Result<SendDone, TransportError>> {
-        let PeerMsg::Coll { comm, seq, .. } = *msg else { return None };
         let len: usize = payload.iter().map(|p| p.len()).sum();
-        let channel = self.bulk.route((comm, seq), len).ok()?;
+        let channel = match *msg {
+            PeerMsg::Coll { comm, seq, .. } => self.bulk.route((comm, seq), len).ok()?,
+            PeerMsg::P2p { .. } => match self.bulk.route_point_to_point() {
+                Ok(channel) => channel,
+                Err(false) => return None,
+                Err(true) => return Some(Err(self.bulk.lost())),
+            },
+            _ => return None,
+        };
         if !channel.has_room() {
             // Dropped while waiting, nothing was read from `payload`.
             channel.room().await;

@@ -249,6 +249,12 @@ impl BulkChannel for ShmChannel {
         true
     }
 
+    /// A ring is one queue each way that takes groups of any size, so it keeps a pair's
+    /// point-to-point messages in order.
+    fn carries_point_to_point(&self) -> bool {
+        true
+    }
+
     fn deliver_ready(&self) -> Option<Duration> {
         self.reading.deliver_ready()
     }
