@@ -277,3 +277,67 @@ async fn a_broken_same_host_link_fails_point_to_point_and_keeps_what_arrived() {
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
+
+/// Messages longer than a segment go in segments, and a send or receive dropped part-way
+/// leaves no half message: receives cut short by a timeout again and again still end with
+/// every message whole, and sends cut short finish from a task, so whatever arrives is whole
+/// and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segmented_messages_survive_sends_and_receives_dropped_part_way() {
+    common::logs();
+    let run = async {
+        let ranks = NexarClient::bootstrap_local_with(2, NexarConfig::default()).await.unwrap();
+        let len = 3 << 20; // 12 MiB of u32: twelve segments, three times the ring.
+        let (r0, r1) = (ranks[0].clone(), ranks[1].clone());
+        // Receives dropped part-way.
+        let sender = tokio::spawn(async move {
+            for m in 0..3 {
+                let data: Vec<u32> = (0..len).map(|i| p2p_value(0, m, i)).collect();
+                r0.send(&data[..], 1, 7).await.unwrap();
+            }
+            r0
+        });
+        let mut buf = vec![0u32; len];
+        let mut cut_short = 0;
+        for m in 0..3 {
+            loop {
+                match tokio::time::timeout(Duration::from_micros(300), r1.recv(&mut buf[..], 0, 7)).await {
+                    Ok(received) => break received.unwrap(),
+                    Err(_) => cut_short += 1,
+                }
+            }
+            if let Some(i) = (0..len).find(|&i| buf[i] != p2p_value(0, m, i)) {
+                panic!("message {m} after {cut_short} receives cut short: element {i} is wrong");
+            }
+        }
+        assert!(cut_short > 0, "no receive was cut short");
+        let r0 = sender.await.unwrap();
+        // Sends dropped part-way; the last is not.
+        for m in 0..4 {
+            let data: Vec<u32> = (0..len).map(|i| p2p_value(0, 10 + m, i)).collect();
+            let send = r0.send(&data[..], 1, 8);
+            if m < 3 {
+                let _ = tokio::time::timeout(Duration::from_micros(200 * (m as u64 + 1)), send).await;
+            } else {
+                send.await.unwrap();
+            }
+        }
+        let mut seen = Vec::new();
+        while seen.last() != Some(&13) {
+            let got: Vec<u32> = r1.recv_vec(0, 8).await.unwrap();
+            let m = (10..14).find(|&m| got.first() == Some(&p2p_value(0, m, 0))).expect("a message that was sent");
+            assert_eq!(got.len(), len, "message {m}");
+            if let Some(i) = (0..len).find(|&i| got[i] != p2p_value(0, m, i)) {
+                panic!("message {m}, whose send was cut short: element {i} is wrong");
+            }
+            assert!(seen.last().is_none_or(|&last| last < m), "message {m} after {seen:?}");
+            seen.push(m);
+        }
+        common::on_each(&ranks, |c| async move {
+            c.barrier().await.unwrap();
+            c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}

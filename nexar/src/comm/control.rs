@@ -92,6 +92,7 @@ pub(super) async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receive
                 }
             }
             PeerMsg::P2p { .. }
+            | PeerMsg::P2pSegment { .. }
             | PeerMsg::Coll { .. }
             | PeerMsg::RpcRequest { .. }
             | PeerMsg::RpcResponse { .. }

@@ -23,6 +23,7 @@ mod nccl_slot;
 mod nccl_two_level;
 mod negotiate;
 mod p2p;
+mod p2p_segments;
 mod pieces;
 mod recovery;
 mod recovery_error;

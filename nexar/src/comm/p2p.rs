@@ -11,6 +11,7 @@ use nexar_types::{DType, Element, RecvBuf, SendBuf};
 use tracing::Instrument;
 
 use super::client::NexarClient;
+use super::p2p_segments::channel_stopped;
 use crate::comm::matcher::{Held, Key, Refusal};
 use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc, OpTrace};
@@ -96,6 +97,19 @@ pub enum P2pError {
         held_bytes: u64,
         /// The message-count limit.
         limit: usize,
+    },
+    /// A message sent in segments did not hold together (a segment of another type or
+    /// length than announced): its sender broke the protocol.
+    #[error("rank {rank} recv(src {src}, tag {tag}): a message sent in segments {what}")]
+    BadSegments {
+        /// The rank reporting.
+        rank: usize,
+        /// The sender.
+        src: usize,
+        /// The tag.
+        tag: u64,
+        /// What did not hold together.
+        what: String,
     },
     /// The message is larger than the configured maximum.
     #[error(
@@ -227,21 +241,21 @@ impl NexarClient {
         let transport = |source| P2pError::Transport { rank, op: "send", peer: dest, source };
         if dest != rank {
             let link = self.link(dest).ok_or(P2pError::Closed { rank, op: "send" })?;
-            // Shared memory with a peer of this host writes the payload into its ring
-            // straight from `data` (or copies it when the ring is full), in order.
-            let borrowed = async {
-                Some(match link.send_borrowed(&msg, &[bytemuck::cast_slice(elements)]).await? {
+            let bytes: &[u8] = bytemuck::cast_slice(elements);
+            // Shared memory with a peer of this host takes the message in order, written into
+            // its ring straight from `data` (or copied when the ring is full); a message longer
+            // than a segment goes in segments, which the peer reads from the ring in place.
+            let through_channel = async {
+                if let Some(sent) = self.send_in_segments(dest, tag, <B::Elem as Element>::DTYPE, bytes).await {
+                    return Some(sent);
+                }
+                Some(match link.send_borrowed(&msg, &[bytes]).await? {
                     Ok(SendDone::Now(result)) => result,
-                    Ok(SendDone::Later(wait)) => wait.await.unwrap_or_else(|_| {
-                        Err(TransportError::ConnectionLost {
-                            peer: format!("rank {dest}"),
-                            reason: "its bulk channel stopped before the message was written".into(),
-                        })
-                    }),
+                    Ok(SendDone::Later(wait)) => wait.await.unwrap_or_else(|_| Err(channel_stopped(link.first_hop()))),
                     Err(error) => Err(error),
                 })
             };
-            match tokio::time::timeout(after, borrowed).await {
+            match tokio::time::timeout(after, through_channel).await {
                 Ok(Some(result)) => return result.map_err(transport),
                 Ok(None) => {}
                 Err(_) => return Err(timeout()),
@@ -305,6 +319,10 @@ impl NexarClient {
             self.inner.mailbox.put_back(key, held);
             return Err(P2pError::LengthMismatch { rank, src, tag, expected, got });
         }
+        if let Some(segments) = held.segments {
+            self.receive_segments(key, src, held, segments, bytemuck::cast_slice_mut(&mut out)).await?;
+            return out.commit().map_err(device);
+        }
         held.payload.copy_to(bytemuck::cast_slice_mut(&mut out)).map_err(|error| P2pError::Unreadable {
             rank,
             src,
@@ -341,6 +359,18 @@ impl NexarClient {
             let got = held.dtype;
             self.inner.mailbox.put_back(key, held);
             return Err(P2pError::DTypeMismatch { rank: self.rank(), src, tag, expected: T::DTYPE, got });
+        }
+        if let Some(segments) = held.segments {
+            // The count is the sender's word, not a length the router checked: bounded first.
+            let bytes = held.count.checked_mul(std::mem::size_of::<T>() as u64);
+            let limit = self.config().max_message_bytes;
+            if bytes.is_none_or(|b| b > limit) {
+                let what = format!("announces {} elements, more than the {limit}-byte message limit", held.count);
+                return Err(P2pError::BadSegments { rank: self.rank(), src, tag, what });
+            }
+            let mut out = vec![T::zeroed(); held.count as usize];
+            self.receive_segments(key, src, held, segments, bytemuck::cast_slice_mut(&mut out)).await?;
+            return Ok(out);
         }
         // The router checked `count * size == payload length` before delivering.
         let mut out = vec![T::zeroed(); held.count as usize];
@@ -420,7 +450,7 @@ impl NexarClient {
 
     /// Takes the message for `key`, a payload of at most `max_len` bytes (a larger one is not
     /// read for this receive while the unmatched-message limits have no room for it).
-    async fn take(&self, key: Key, src: usize, op: &'static str, max_len: u64) -> Result<Held, P2pError> {
+    pub(super) async fn take(&self, key: Key, src: usize, op: &'static str, max_len: u64) -> Result<Held, P2pError> {
         let rank = self.rank();
         let tag = key.tag;
         let refused = |r: Refusal| match r {

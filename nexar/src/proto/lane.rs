@@ -27,7 +27,7 @@ impl Lane {
     /// The lane a message travels on.
     pub fn of(msg: &PeerMsg) -> Lane {
         match msg {
-            PeerMsg::P2p { .. } => Lane::Data,
+            PeerMsg::P2p { .. } | PeerMsg::P2pSegment { .. } => Lane::Data,
             PeerMsg::Coll { .. } => Lane::Raw,
             PeerMsg::RpcRequest { .. } => Lane::RpcRequests,
             PeerMsg::RpcResponse { .. } => Lane::RpcResponses,

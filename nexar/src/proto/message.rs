@@ -316,6 +316,27 @@ pub enum PeerMsg {
         /// The back end's own encoding; validated by the back end.
         body: Vec<u8>,
     },
+    /// One segment of a typed point-to-point message sent in segments (over a transport that
+    /// reads each from shared memory in place); a raw frame of `count * size(dtype)` bytes
+    /// follows. Segment 0 is matched as a `P2p` message with `tag` would be and says how the
+    /// rest follow: every segment but the last holds as many elements as it does. The others
+    /// are matched by the sender's `id` for the message and their `index`.
+    P2pSegment {
+        /// Communicator the message belongs to.
+        comm: u64,
+        /// User tag (all segments carry it).
+        tag: u64,
+        /// Wire dtype code.
+        dtype: u8,
+        /// Elements in this segment.
+        count: u64,
+        /// Elements in the whole message.
+        total: u64,
+        /// The sender's id for the message, unique among the messages it sends.
+        id: u64,
+        /// Which segment this is, from 0.
+        index: u32,
+    },
 }
 
 impl PeerMsg {
@@ -334,7 +355,7 @@ impl PeerMsg {
     /// for messages without one.
     pub fn payload_elements(&self) -> Option<(u8, u64)> {
         match self {
-            PeerMsg::P2p { dtype, count, .. } => Some((*dtype, *count)),
+            PeerMsg::P2p { dtype, count, .. } | PeerMsg::P2pSegment { dtype, count, .. } => Some((*dtype, *count)),
             PeerMsg::Coll { header, len, .. } => Some((header.dtype, *len)),
             PeerMsg::RpcRequest { len, .. } | PeerMsg::RpcResponse { len, .. } | PeerMsg::Relay { len, .. } => {
                 Some((nexar_types::DType::U8.to_wire(), *len))

@@ -123,7 +123,7 @@ impl LaneSenders {
     pub(crate) fn deliver_now(&self, incoming: Incoming) -> Option<Incoming> {
         let lane = Lane::of(&incoming.msg);
         let Some(sink) = &self.direct[lane as usize] else { return Some(incoming) };
-        if !matches!(incoming.msg, PeerMsg::Coll { .. } | PeerMsg::P2p { .. }) {
+        if !matches!(incoming.msg, PeerMsg::Coll { .. } | PeerMsg::P2p { .. } | PeerMsg::P2pSegment { .. }) {
             return Some(incoming);
         }
         let from = incoming.from;

@@ -28,7 +28,11 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// `(comm, tag)`, collective ones by `(comm, seq, part)`. `None` for other messages.
 pub(crate) fn key_of(msg: &PeerMsg, from: u32) -> Option<Key> {
     match *msg {
-        PeerMsg::P2p { comm, tag, .. } => Some(Key { comm, src: from, tag, part: 0 }),
+        PeerMsg::P2p { comm, tag, .. } | PeerMsg::P2pSegment { comm, tag, index: 0, .. } => {
+            Some(Key { comm, src: from, tag, part: 0 })
+        }
+        // Later segments by message id, in parts no unsegmented message uses.
+        PeerMsg::P2pSegment { comm, id, index, .. } => Some(Key { comm, src: from, tag: id, part: index }),
         PeerMsg::Coll { comm, seq, part, .. } => Some(Key { comm, src: from, tag: seq, part }),
         _ => None,
     }
@@ -141,6 +145,7 @@ mod tests {
             count: len as u64,
             payload: Payload::from_bytes(Bytes::from(vec![7; len])),
             check: None,
+            segments: None,
         }
     }
 

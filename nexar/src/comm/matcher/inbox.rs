@@ -10,9 +10,8 @@ impl Mailbox {
     /// The key of `msg` from `from` here, if this store takes it.
     fn key_here(&self, msg: &PeerMsg, from: u32) -> Option<Key> {
         match (self.takes, msg) {
-            (Takes::PointToPoint, PeerMsg::P2p { .. }) | (Takes::Collectives, PeerMsg::Coll { .. }) => {
-                key_of(msg, from)
-            }
+            (Takes::PointToPoint, PeerMsg::P2p { .. } | PeerMsg::P2pSegment { .. })
+            | (Takes::Collectives, PeerMsg::Coll { .. }) => key_of(msg, from),
             _ => None,
         }
     }

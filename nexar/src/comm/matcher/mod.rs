@@ -49,6 +49,20 @@ pub(crate) struct Held {
     pub payload: Payload,
     /// For collective messages: what the sender called.
     pub check: Option<CollHeader>,
+    /// For the first segment of a point-to-point message sent in segments: how the rest
+    /// follow (`count` is then the whole message's, the payload its first segments').
+    pub segments: Option<Segments>,
+}
+
+/// How the rest of a point-to-point message sent in segments follows its first segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Segments {
+    /// The sender's id for the message: the key of its later segments.
+    pub id: u64,
+    /// Elements in every segment but the last.
+    pub each: u64,
+    /// The first segment not in the payload.
+    pub next: u32,
 }
 
 /// Remembered aborted collectives per mailbox (their late messages are dropped on arrival).
@@ -56,14 +70,17 @@ const ABORTED_MEMORY: usize = 4096;
 
 /// Turns a lane message into a mailbox entry (`None` for messages this mailbox ignores).
 fn p2p_entry(incoming: Incoming) -> Option<(Key, Held)> {
-    let PeerMsg::P2p { comm, tag, dtype, count } = incoming.msg else {
-        return None;
+    let key = key_of(&incoming.msg, incoming.from)?;
+    let (dtype, count, segments) = match incoming.msg {
+        PeerMsg::P2p { dtype, count, .. } => (dtype, count, None),
+        PeerMsg::P2pSegment { dtype, total, count, id, index: 0, .. } => {
+            (dtype, total, Some(Segments { id, each: count, next: 1 }))
+        }
+        PeerMsg::P2pSegment { dtype, count, .. } => (dtype, count, None),
+        _ => return None,
     };
     let dtype = DType::from_wire(dtype).ok()?;
-    Some((
-        Key { comm, src: incoming.from, tag, part: 0 },
-        Held { dtype, count, payload: incoming.payload, check: None },
-    ))
+    Some((key, Held { dtype, count, payload: incoming.payload, check: None, segments }))
 }
 
 /// Turns a collective message into a mailbox entry keyed by `(comm, src, seq)`.
@@ -74,7 +91,7 @@ fn coll_entry(incoming: Incoming) -> Option<(Key, Held)> {
     let dtype = DType::from_wire(header.dtype).ok()?;
     Some((
         Key { comm, src: incoming.from, tag: seq, part },
-        Held { dtype, count: len, payload: incoming.payload, check: Some(header) },
+        Held { dtype, count: len, payload: incoming.payload, check: Some(header), segments: None },
     ))
 }
 

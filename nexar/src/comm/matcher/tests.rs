@@ -4,7 +4,7 @@ use super::*;
 use bytes::Bytes;
 
 fn held(n: u8) -> Held {
-    Held { dtype: DType::U8, count: 1, payload: Payload::from_bytes(Bytes::from(vec![n])), check: None }
+    Held { dtype: DType::U8, count: 1, payload: Payload::from_bytes(Bytes::from(vec![n])), check: None, segments: None }
 }
 
 fn key(tag: u64) -> Key {

@@ -205,7 +205,7 @@ fn payload_message(
     let msg: PeerMsg = message::decode(&opened[rest..body_end])?;
     let taken = match msg {
         PeerMsg::Coll { .. } => true,
-        PeerMsg::P2p { .. } => carries == Carries::AlsoPointToPoint,
+        PeerMsg::P2p { .. } | PeerMsg::P2pSegment { .. } => carries == Carries::AlsoPointToPoint,
         _ => false,
     };
     if !taken {

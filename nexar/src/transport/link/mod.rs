@@ -161,6 +161,11 @@ impl PeerLink {
         self.bulk.attached()
     }
 
+    /// Whether this link's bulk channel works and carries point-to-point messages.
+    pub(crate) fn bulk_carries_point_to_point(&self) -> bool {
+        self.bulk.working() && self.bulk.carries_point_to_point()
+    }
+
     /// Whether a collective message of `len` bytes from this peer comes over its bulk channel
     /// (the channel is working and takes messages that large on either side) and through a
     /// thread of the channel's own, not a task on this rank's runtime (see
@@ -256,7 +261,7 @@ impl PeerLink {
         let len: usize = payload.iter().map(|p| p.len()).sum();
         let channel = match *msg {
             PeerMsg::Coll { comm, seq, .. } => self.bulk.route((comm, seq), len).ok()?,
-            PeerMsg::P2p { .. } => match self.bulk.route_point_to_point() {
+            PeerMsg::P2p { .. } | PeerMsg::P2pSegment { .. } => match self.bulk.route_point_to_point() {
                 Ok(channel) => channel,
                 Err(false) => return None,
                 Err(true) => return Some(Err(self.bulk.lost())),
