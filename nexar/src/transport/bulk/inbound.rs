@@ -240,6 +240,7 @@ pub fn decode_group(group: &Bytes, max_payload: u64) -> Result<(PeerMsg, Payload
 /// that decided which records were left sealed: the frames are parsed only from the group's
 /// opened (authenticated) prefix, and a frame that reaches into a sealed record is refused
 /// before any of its bytes are read.
+#[cfg(any(test, feature = "unstable-internals"))]
 pub(crate) fn decode_sealed_group(
     group: &Bytes,
     deferred: &[Deferred],

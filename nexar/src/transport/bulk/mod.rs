@@ -121,6 +121,14 @@ pub trait BulkChannel: Send + Sync + 'static {
         None
     }
 
+    /// Whether a group of `len` bytes given to [`send_borrowed`](Self::send_borrowed) now
+    /// would be sent within the call rather than copied and queued (`true` by default). A
+    /// sender that may wait uses it to wait briefly for room instead of copying.
+    fn fits_now(&self, len: usize) -> bool {
+        let _ = len;
+        true
+    }
+
     /// Whether the channel still works. Once it says no, the link sends over QUIC again:
     /// collectives that had messages on the channel fail on this rank (which tells the
     /// others), because the channel may have lost some; later collectives go over QUIC.
@@ -382,6 +390,11 @@ impl BulkSlot {
             return Err(true);
         }
         Ok(channel.clone())
+    }
+
+    /// Whether a `len`-byte group would go into the attached channel at once.
+    pub fn fits_now(&self, len: usize) -> bool {
+        self.channel.get().is_none_or(|c| c.fits_now(len))
     }
 
     /// Whether a new collective's `len`-byte message would take the channel.

@@ -28,6 +28,10 @@ mod reader;
 mod writer;
 
 use reader::route;
+
+/// Bytes a message group holds besides its payload, at most: the message frame (a
+/// point-to-point or collective message encodes in well under this) and the raw frame's header.
+const GROUP_FRAMES: usize = 256;
 use writer::write_lane;
 
 pub use super::lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
@@ -164,6 +168,12 @@ impl PeerLink {
     /// Whether this link's bulk channel works and carries point-to-point messages.
     pub(crate) fn bulk_carries_point_to_point(&self) -> bool {
         self.bulk.working() && self.bulk.carries_point_to_point()
+    }
+
+    /// Whether a group with a `len`-byte payload would go into the bulk channel at once (see
+    /// [`BulkChannel::fits_now`]), frames included.
+    pub(crate) fn bulk_fits_now(&self, len: usize) -> bool {
+        self.bulk.fits_now(len + GROUP_FRAMES)
     }
 
     /// Whether a collective message of `len` bytes from this peer comes over its bulk channel

@@ -249,6 +249,11 @@ impl BulkChannel for ShmChannel {
         true
     }
 
+    fn fits_now(&self, len: usize) -> bool {
+        let mut sending = crate::sync::lock(&self.sending);
+        sending.queued == 0 && sending.writer.fits(len + 8)
+    }
+
     /// A ring is one queue each way that takes groups of any size, so it keeps a pair's
     /// point-to-point messages in order.
     fn carries_point_to_point(&self) -> bool {
