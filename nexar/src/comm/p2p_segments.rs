@@ -207,13 +207,16 @@ impl NexarClient {
                 head.payload.len()
             )));
         }
-        let mut taking = Incoming { client: self, key, dtype: head.dtype, total, id, each, next, done: 0, out };
-        head.payload.copy_to(&mut taking.out[..held_bytes as usize]).map_err(|error| P2pError::Unreadable {
+        let Held { dtype, payload, .. } = head;
+        let mut taking = Incoming { client: self, key, dtype, total, id, each, next, done: 0, out };
+        payload.copy_to(&mut taking.out[..held_bytes as usize]).map_err(|error| P2pError::Unreadable {
             rank,
             src,
             tag,
             error,
         })?;
+        // A payload lent from the ring holds its room back until it is dropped.
+        drop(payload);
         taking.done = held_bytes as usize;
         while (taking.next as u64) < parts {
             let index = taking.next;
@@ -221,10 +224,10 @@ impl NexarClient {
             let len = elems * size as u64;
             let part_key = Key { comm: key.comm, src: key.src, tag: id, part: index };
             let part = self.take(part_key, src, "recv", len).await?;
-            if part.dtype != head.dtype || part.count != elems || part.segments.is_some() {
+            if part.dtype != dtype || part.count != elems || part.segments.is_some() {
                 return Err(bad(format!(
-                    "sent segment {index} as {} {:?} elements where {elems} {:?} were due",
-                    part.count, part.dtype, head.dtype
+                    "sent segment {index} as {} {:?} elements where {elems} {dtype:?} were due",
+                    part.count, part.dtype
                 )));
             }
             let at = taking.done;

@@ -15,7 +15,7 @@
 //! ([`super::mapping::SharedMap::copy_out`]), never read through a reference.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::ring::{Side, TAIL, WRITER_SLEEPS};
@@ -33,6 +33,8 @@ pub(crate) struct LeaseBook {
     /// the longest region.
     budget: usize,
     book: Mutex<Book>,
+    /// A spill stopped at a region that was being read: its reader finishes the spill.
+    deferred: AtomicBool,
     /// Where spilled payloads go (the reader's receive buffers: no fresh pages per spill).
     pool: Arc<RecvPool>,
 }
@@ -60,7 +62,14 @@ impl LeaseBook {
     pub fn new(side: Side, pool: Arc<RecvPool>) -> LeaseBook {
         let capacity = side.capacity();
         let largest = (capacity / 4 + (64 << 10)).min(capacity / 2);
-        LeaseBook { side, largest, budget: capacity - largest, book: Mutex::new(Book::default()), pool }
+        LeaseBook {
+            side,
+            largest,
+            budget: capacity - largest,
+            book: Mutex::new(Book::default()),
+            deferred: AtomicBool::new(false),
+            pool,
+        }
     }
 
     /// The longest region lent: while lent regions hold back no more than the budget, a
@@ -95,7 +104,9 @@ impl LeaseBook {
 
     /// Copies the oldest lent regions out while the ring they hold back, up to `front`, is
     /// over the budget, keeping a reference to each in `spilled`. Stops at a region being
-    /// read at this moment: it ends soon.
+    /// read at this moment, and leaves the rest to its reader ([`Self::read_done`]): the
+    /// region may outlive the read (a message kept whole until its last segment is in), and
+    /// a reader waiting for a group to lie whole in the ring must not wait on it.
     fn spill_over_budget(&self, book: &mut Book, front: u64, spilled: &mut Vec<Arc<Lease>>) {
         for region in book.open.iter_mut() {
             // Held back from here on, once the regions before have ended.
@@ -107,7 +118,10 @@ impl LeaseBook {
             }
             // A lease that cannot be upgraded is being dropped: its drop ends it.
             if let Some(lease) = region.lease.upgrade() {
-                let Ok(mut copy) = lease.spilled.try_lock() else { break };
+                let Ok(mut copy) = lease.spilled.try_lock() else {
+                    self.deferred.store(true, Ordering::Release);
+                    break;
+                };
                 if copy.is_none() {
                     let mut bytes = RecvPool::take(&self.pool, lease.len, 0);
                     self.side.copy_out(lease.start, bytes.room(lease.len));
@@ -120,6 +134,21 @@ impl LeaseBook {
             region.ended = true;
         }
         self.publish(book);
+    }
+
+    /// A lent region was read: finishes a spill that stopped at it (see
+    /// [`spill_over_budget`](Self::spill_over_budget)).
+    fn read_done(&self) {
+        if !self.deferred.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let mut spilled = Vec::new();
+        {
+            let mut book = crate::sync::lock(&self.book);
+            let front = book.read_to;
+            self.spill_over_budget(&mut book, front, &mut spilled);
+        }
+        drop(spilled);
     }
 
     /// Marks the region at `start` ended.
@@ -198,6 +227,8 @@ impl LentBytes for Lease {
                 self.book.side.copy_out(self.start + offset as u64, dst);
             }
         }
+        drop(spilled);
+        self.book.read_done();
     }
 
     fn each_piece(&self, stage: &mut [u8], f: &mut dyn FnMut(&[u8]) -> bool) {
@@ -205,17 +236,19 @@ impl LentBytes for Lease {
         let spilled = crate::sync::lock(&self.spilled);
         if let Some(copy) = spilled.as_ref() {
             f(copy.as_ref());
-            return;
-        }
-        let mut at = 0;
-        while at < self.len && !stage.is_empty() {
-            let n = (self.len - at).min(stage.len());
-            self.book.side.copy_out(self.start + at as u64, &mut stage[..n]);
-            if !f(&stage[..n]) {
-                return;
+        } else {
+            let mut at = 0;
+            while at < self.len && !stage.is_empty() {
+                let n = (self.len - at).min(stage.len());
+                self.book.side.copy_out(self.start + at as u64, &mut stage[..n]);
+                if !f(&stage[..n]) {
+                    break;
+                }
+                at += n;
             }
-            at += n;
         }
+        drop(spilled);
+        self.book.read_done();
     }
 }
 
@@ -299,6 +332,51 @@ mod tests {
         }
         drop(leases);
         assert_eq!(tail(&map), 6000);
+    }
+
+    /// A spill that meets a lease being read at that moment leaves it to the read: once the
+    /// read is done the lease is copied out and its room handed back, even though the lease
+    /// itself lives on (a message kept whole until its last segment is in), so a reader
+    /// waiting for the next group to lie whole in the ring never waits on it.
+    #[test]
+    fn a_spill_that_meets_a_lease_being_read_is_finished_by_that_read() {
+        // A 4 KiB ring: leases may hold 2 KiB.
+        let map = ring(4096);
+        let (mut w, mut r) = (Writer::new(map.clone()), Reader::new(map.clone()));
+        let a = write(&mut w, 3, 1000);
+        let la = r.lend(0, 1000).unwrap().unwrap();
+        assert!(r.skip(1000).unwrap());
+        r.release();
+        let (reading, go) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut stage = vec![0u8; 4096];
+                let mut seen = Vec::new();
+                la.each_piece(&mut stage, &mut |piece| {
+                    reading.wait();
+                    go.wait();
+                    seen.extend_from_slice(piece);
+                    true
+                });
+                seen
+            });
+            reading.wait();
+            // While the first lease is read: two more, 3,000 bytes held back in all.
+            let _b = write(&mut w, 5, 1000);
+            let lb = r.lend(0, 1000).unwrap().unwrap();
+            assert!(r.skip(1000).unwrap());
+            r.release();
+            let _c = write(&mut w, 7, 1000);
+            let lc = r.lend(0, 1000).unwrap().unwrap();
+            assert!(r.skip(1000).unwrap());
+            r.release();
+            assert_eq!(tail(&map), 0, "the lease being read was not spilled under its reader");
+            go.wait();
+            assert_eq!(reader.join().unwrap(), a);
+            assert_eq!(tail(&map), 1000, "the read spilled the first lease: its room is back");
+            assert_eq!(read(&la), a, "and it still reads what was sent, from its copy");
+            drop((lb, lc));
+        });
     }
 
     #[test]
