@@ -120,14 +120,10 @@ async fn off_or_another_host_keeps_the_network() {
     let run = async {
         let off = NexarConfig::builder().shared_memory(false).bulk_transport(BulkTransport::Tcp).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(2, off).await.unwrap();
-        common::on_each(&ranks, |c| async move {
+        for c in &ranks {
             assert_eq!(c.bulk_transport(1 - c.rank()), Some("tcp-tls"));
-            let mut x = vec![1u64; 1 << 20];
-            c.all_reduce(&mut x, Sum).await.unwrap();
-            assert!(x.iter().all(|v| *v == 2));
-            c.shutdown().await;
-        })
-        .await;
+        }
+        sum_ones_then_shut_down(&ranks, 1 << 20).await;
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
@@ -164,15 +160,22 @@ async fn a_link_that_breaks_mid_allreduce_fails_what_it_carried_without_wrong_re
         // The broken link went back to the network; the others stay in shared memory.
         assert_ne!(ranks[0].bulk_transport(1), Some("shm"));
         assert_eq!(ranks[0].bulk_transport(2), Some("shm"));
-        common::on_each(&ranks, |c| async move {
-            let mut x = vec![1i64; 1 << 20];
-            c.all_reduce(&mut x, Sum).await.unwrap();
-            assert!(x.iter().all(|v| *v == 3));
-            c.shutdown().await;
-        })
-        .await;
+        sum_ones_then_shut_down(&ranks, 1 << 20).await;
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+/// Every rank sums `len` ones (over whatever transport each link has left), checks that the
+/// sum is the world size everywhere, and shuts down.
+async fn sum_ones_then_shut_down(ranks: &[NexarClient], len: usize) {
+    let n = ranks.len() as i64;
+    common::on_each(ranks, move |c| async move {
+        let mut x = vec![1i64; len];
+        c.all_reduce(&mut x, Sum).await.unwrap();
+        assert!(x.iter().all(|v| *v == n), "rank {}", c.rank());
+        c.shutdown().await;
+    })
+    .await;
 }
 
 /// The `i`-th element of point-to-point message `m` from rank `from`.
@@ -267,13 +270,7 @@ async fn a_broken_same_host_link_fails_point_to_point_and_keeps_what_arrived() {
             other => panic!("a send after the link broke: {other:?}"),
         }
         assert_ne!(r0.bulk_transport(1), Some("shm"));
-        common::on_each(&ranks, |c| async move {
-            let mut x = vec![1i64; 1 << 18];
-            c.all_reduce(&mut x, Sum).await.unwrap();
-            assert!(x.iter().all(|v| *v == 2));
-            c.shutdown().await;
-        })
-        .await;
+        sum_ones_then_shut_down(&ranks, 1 << 18).await;
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
