@@ -203,8 +203,14 @@ async fn ranks_alone_on_their_hosts_read_large_groups_on_a_thread_of_the_lane() 
         })
         .await;
         // Every lane is up: one reader of large groups per lane of each rank (other tests may
-        // run lanes of their own meanwhile).
-        let large_readers = thread_names().iter().filter(|n| n.starts_with("nexar-tcp-rxl-")).count();
+        // run lanes of their own meanwhile). A thread takes its name only once it runs, so a
+        // reader just started may still show its starter's name for a moment.
+        let named = || thread_names().iter().filter(|n| n.starts_with("nexar-tcp-rxl-")).count();
+        let started = Instant::now();
+        while named() < 6 && started.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let large_readers = named();
         assert!(large_readers >= 6, "{large_readers} large-group readers: {:?}", thread_names());
         common::on_each(&ranks, |c| async move {
             common::check_every_collective(&c, &[0, 1000, 300_007, 1 << 20, 3 << 20]).await;
