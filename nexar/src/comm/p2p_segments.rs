@@ -161,8 +161,8 @@ impl NexarClient {
             Outgoing { client: self, dest, comm: self.comm.id, tag, dtype, id, each, bytes, next: 0, settled: false };
         while let Some((msg, chunk)) = out.segment(out.next) {
             wait_for_room(direct, chunk.len()).await;
-            match send_borrowed(&link, &msg, chunk).await {
-                Some(Ok(())) => out.next += 1,
+            let done = match link.send_borrowed(&msg, &[chunk]).await {
+                Some(Ok(done)) => done,
                 Some(Err(error)) => {
                     out.settled = true;
                     return Some(Err(error));
@@ -173,6 +173,17 @@ impl NexarClient {
                     out.settled = true;
                     return Some(Err(channel_stopped(direct)));
                 }
+            };
+            // In the ring, or copied and queued behind it: sent, even if this future is
+            // dropped while it waits below (the drop must not send it again).
+            out.next += 1;
+            let written = match done {
+                SendDone::Now(result) => result,
+                SendDone::Later(wait) => wait.await.unwrap_or_else(|_| Err(channel_stopped(direct))),
+            };
+            if let Err(error) = written {
+                out.settled = true;
+                return Some(Err(error));
             }
         }
         out.settled = true;
