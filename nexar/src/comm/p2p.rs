@@ -11,13 +11,13 @@ use nexar_types::{DType, Element, RecvBuf, SendBuf};
 use tracing::Instrument;
 
 use super::client::NexarClient;
-use super::p2p_segments::channel_stopped;
+use super::p2p_segments::send_through_channel;
 use crate::comm::matcher::{Held, Key, Refusal};
 use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::transport::TransportError;
 use crate::transport::framed::{Payload, PayloadError};
-use crate::transport::link::{Incoming, SendDone};
+use crate::transport::link::Incoming;
 
 /// Failures of `send` and `recv`. Each names the rank that reports it, the operation and what
 /// was expected.
@@ -246,14 +246,11 @@ impl NexarClient {
             // its ring straight from `data` (or copied when the ring is full); a message longer
             // than a segment goes in segments, which the peer reads from the ring in place.
             let through_channel = async {
-                if let Some(sent) = self.send_in_segments(dest, tag, <B::Elem as Element>::DTYPE, bytes).await {
-                    return Some(sent);
+                let dtype = <B::Elem as Element>::DTYPE;
+                match self.send_in_segments(&link, dest, tag, dtype, bytes).await {
+                    Some(sent) => Some(sent),
+                    None => send_through_channel(&link, &msg, bytes).await,
                 }
-                Some(match link.send_borrowed(&msg, &[bytes]).await? {
-                    Ok(SendDone::Now(result)) => result,
-                    Ok(SendDone::Later(wait)) => wait.await.unwrap_or_else(|_| Err(channel_stopped(link.first_hop()))),
-                    Err(error) => Err(error),
-                })
             };
             match tokio::time::timeout(after, through_channel).await {
                 Ok(Some(result)) => return result.map_err(transport),

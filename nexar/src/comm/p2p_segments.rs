@@ -91,7 +91,7 @@ impl Drop for Outgoing<'_> {
             Ok(runtime) => drop(runtime.spawn(async move {
                 for (msg, bytes) in rest {
                     let Some(link) = client.link(dest) else { return };
-                    if send_borrowed(&link, &msg, &bytes).await.is_some_and(|sent| sent.is_err()) {
+                    if send_through_channel(&link, &msg, &bytes).await.is_some_and(|sent| sent.is_err()) {
                         return;
                     }
                 }
@@ -103,9 +103,14 @@ impl Drop for Outgoing<'_> {
     }
 }
 
-/// Sends one segment through the link's bulk channel: `None` when the link does not take it
-/// there (the caller goes another way).
-async fn send_borrowed(link: &Route<'_>, msg: &PeerMsg, bytes: &[u8]) -> Option<Result<(), TransportError>> {
+/// Sends one message, its payload `bytes` lent for the call, through the link's bulk channel
+/// and waits until it is written: `None` when the link does not take it there (the caller
+/// goes another way).
+pub(super) async fn send_through_channel(
+    link: &Route<'_>,
+    msg: &PeerMsg,
+    bytes: &[u8],
+) -> Option<Result<(), TransportError>> {
     Some(match link.send_borrowed(msg, &[bytes]).await? {
         Ok(SendDone::Now(result)) => result,
         Ok(SendDone::Later(wait)) => wait.await.unwrap_or_else(|_| Err(channel_stopped(link.first_hop()))),
@@ -140,18 +145,18 @@ pub(crate) fn channel_stopped(link: &PeerLink) -> TransportError {
 }
 
 impl NexarClient {
-    /// Sends `bytes`, elements of `dtype`, to `dest` with `tag` in segments, where the message
-    /// is longer than one and the direct link's bulk channel carries point-to-point messages;
-    /// `None` otherwise (nothing was sent).
+    /// Sends `bytes`, elements of `dtype`, to `dest` (reached by `link`) with `tag` in
+    /// segments, where the message is longer than one and the direct link's bulk channel
+    /// carries point-to-point messages; `None` otherwise (nothing was sent).
     pub(super) async fn send_in_segments(
         &self,
+        link: &Route<'_>,
         dest: usize,
         tag: u64,
         dtype: DType,
         bytes: &[u8],
     ) -> Option<Result<(), TransportError>> {
-        let link = self.link(dest)?;
-        let Route::Direct(direct) = link else { return None };
+        let Route::Direct(direct) = *link else { return None };
         if bytes.len() <= SEGMENT_BYTES || !direct.bulk_carries_point_to_point() {
             return None;
         }
@@ -203,6 +208,10 @@ impl NexarClient {
     ) -> Result<(), P2pError> {
         let (rank, tag) = (self.rank(), key.tag);
         let bad = |what: String| P2pError::BadSegments { rank, src, tag, what };
+        // One limit for the whole message, not one per segment: a sender that trickles its
+        // segments cannot hold the receive for more than the operation timeout.
+        let after = self.config().op_timeout;
+        let deadline = tokio::time::Instant::now() + after;
         let size = head.dtype.size();
         let total = head.count;
         let Segments { id, each, next } = segments;
@@ -234,7 +243,9 @@ impl NexarClient {
             let elems = each.min(total - index as u64 * each);
             let len = elems * size as u64;
             let part_key = Key { comm: key.comm, src: key.src, tag: id, part: index };
-            let part = self.take(part_key, src, "recv", len).await?;
+            let part = tokio::time::timeout_at(deadline, self.take(part_key, src, "recv", len))
+                .await
+                .map_err(|_| P2pError::Timeout { rank, op: "recv", peer: src, tag, after })??;
             if part.dtype != dtype || part.count != elems || part.segments.is_some() {
                 return Err(bad(format!(
                     "sent segment {index} as {} {:?} elements where {elems} {dtype:?} were due",
