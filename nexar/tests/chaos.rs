@@ -97,6 +97,7 @@ async fn run_everything_on(ranks: Vec<NexarClient>, loss: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_completes_correctly_at_one_percent_loss() {
+    common::logs();
     tokio::time::timeout(TEST_LIMIT, async {
         let ranks = NexarClient::bootstrap_local_with(4, lossy(0.01)).await.unwrap();
         run_everything_on(ranks, 0.01).await;
@@ -107,6 +108,7 @@ async fn everything_completes_correctly_at_one_percent_loss() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_completes_correctly_at_five_percent_loss() {
+    common::logs();
     tokio::time::timeout(TEST_LIMIT, async {
         let ranks = NexarClient::bootstrap_local_with(3, lossy(0.05)).await.unwrap();
         run_everything_on(ranks, 0.05).await;
@@ -117,6 +119,7 @@ async fn everything_completes_correctly_at_five_percent_loss() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_that_goes_silent_on_a_lossy_network_is_found_and_the_rest_recover() {
+    common::logs();
     tokio::time::timeout(TEST_LIMIT, async {
         let silence = nexar::Silence::default();
         let mut cfgs: Vec<NexarConfig> = (0..4)

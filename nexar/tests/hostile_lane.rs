@@ -18,7 +18,7 @@ use bytes::Bytes;
 use nexar::hostile::{HostileMember, LaneTamper, take_collective_payload};
 use nexar::{NetChaos, NexarClient, NexarConfig};
 
-use common::{TEST_LIMIT, alone, alone_in_own_network, resident_bytes};
+use common::{TEST_LIMIT, alone, alone_in_own_network, on_each, resident_bytes};
 use hostile_common::{carries_on, coll_frames};
 
 /// Two ranks whose collectives of any size take the TCP lane: on one host (every core runs a
@@ -234,14 +234,17 @@ fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline() {
 }
 
 async fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline_body() {
+    const FORMATIONS: usize = 50;
     let cfg = NexarConfig::builder().connect_timeout(Duration::from_secs(5)).shared_memory(false).build().unwrap();
     // The listeners live only while the lanes form: a few milliseconds where every rank gets
-    // there at once. Rank 2's datagrams take 50 ms (it keeps QUIC, being faulty), so ranks 0
-    // and 1 keep listening until its answer arrives, while their own lane forms. Form clusters
-    // until the stranger has caught a listener (the first nearly always).
+    // there at once. Rank 0's datagrams take 50 ms (it keeps QUIC, being faulty): ranks 1 and
+    // 2 finish joining the mesh (its acceptance reaches them late) and learn the host table
+    // later than it does, and keep listening until its answer arrives, while their own lane
+    // forms. Form clusters until the stranger has caught a listener (the first nearly always;
+    // a formation that missed costs a fraction of a second).
     let slow = NetChaos { reorder: 1.0, delay: Duration::from_millis(50), ..NetChaos::default() };
-    let configs = vec![cfg.clone(), cfg.clone(), cfg.into_builder().chaos(slow).build().unwrap()];
-    for attempt in 1..=10 {
+    let configs = vec![cfg.clone().into_builder().chaos(slow).build().unwrap(), cfg.clone(), cfg];
+    for attempt in 1..=FORMATIONS {
         let forming = Arc::new(AtomicBool::new(true));
         let stranger = {
             let forming = forming.clone();
@@ -253,13 +256,14 @@ async fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline_body(
             .expect("the cluster formed");
         forming.store(false, Ordering::SeqCst);
         let caught = tokio::task::spawn_blocking(move || stranger.join().unwrap()).await.unwrap();
-        carries_on(&ranks).await;
         if caught > 0 {
+            carries_on(&ranks).await;
             eprintln!("attempt {attempt}: {caught} trickling connections, all cut");
             return;
         }
+        on_each(&ranks, |c| async move { c.shutdown().await }).await;
     }
-    panic!("no lane listener was caught in ten formations");
+    panic!("no lane listener was caught in {FORMATIONS} formations");
 }
 
 /// Trickles into every lane listener this process opens while `forming` holds, then keeps

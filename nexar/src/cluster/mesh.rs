@@ -204,14 +204,33 @@ async fn dial(
         let until = deadline.min(Instant::now() + attempt_limit);
         let retry_reason = match tokio::time::timeout_at(until, connecting).await {
             Ok(Ok(conn)) => {
-                return match peer_rank(&conn) {
-                    Ok(r) if r as usize == peer => Ok(conn),
+                match peer_rank(&conn) {
+                    Ok(r) if r as usize == peer => {}
                     Ok(r) => {
                         conn.close(CloseCode::Refused.value().into(), b"certificate names another rank");
-                        Err(format!("rank {rank} dialled rank {peer} at {addr} but its certificate names rank {r}"))
+                        return Err(format!(
+                            "rank {rank} dialled rank {peer} at {addr} but its certificate names rank {r}"
+                        ));
                     }
-                    Err(e) => Err(format!("rank {peer} at {addr}: {e}")),
-                };
+                    Err(e) => return Err(format!("rank {peer} at {addr}: {e}")),
+                }
+                match accepted_by_peer(&conn, deadline).await {
+                    Ok(()) => return Ok(conn),
+                    Err(Some(ConnectionError::ApplicationClosed(close)))
+                        if close.error_code == CloseCode::Refused.value().into() =>
+                    {
+                        let why = String::from_utf8_lossy(&close.reason);
+                        return Err(format!("rank {peer} at {addr} refused rank {rank}: {why}"));
+                    }
+                    // Its side gave up on a handshake that took too long: dial again.
+                    Err(Some(e)) => format!("closed before it accepted: {e}"),
+                    Err(None) => {
+                        return Err(format!(
+                            "rank {peer} at {addr} did not finish accepting rank {rank} before the mesh deadline \
+                             (the handshake completed on the dialling side only)"
+                        ));
+                    }
+                }
             }
             Ok(Err(ConnectionError::ConnectionClosed(close)))
                 if close.error_code == TransportErrorCode::CONNECTION_REFUSED =>
@@ -232,6 +251,30 @@ async fn dial(
         tracing::debug!(peer, %addr, reason = %retry_reason, "retrying dial");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Waits until the peer has finished accepting `conn` as well (its `HANDSHAKE_DONE` arrived);
+/// fails with the connection's end, or `None` at `deadline`.
+/// A dialler's handshake completes a round trip before the acceptor's, and on a lossy network
+/// the acceptor's last step can take seconds: each lost retransmission doubles the wait. Until
+/// then the peer cannot send on the link, so a dialler that counted the link as formed would
+/// count the peer's silence against its heartbeat timeout and declare a live rank dead.
+async fn accepted_by_peer(conn: &Connection, deadline: Instant) -> Result<(), Option<ConnectionError>> {
+    let mut pause = Duration::from_micros(200);
+    loop {
+        if conn.stats().frame_rx.handshake_done > 0 {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(None);
+        }
+        tokio::select! {
+            why = conn.closed() => return Err(Some(why)),
+            _ = tokio::time::sleep(pause.min(left)) => {}
+        }
+        pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
 

@@ -118,10 +118,14 @@ impl NexarClient {
         let peers: Vec<usize> = (0..self.world_size())
             .filter(|r| *r != self.rank() && self.bulk_transport(*r).is_some() && self.attached_bulk(*r).is_none())
             .collect();
-        let listening = if self.config().shared_memory {
-            listen().map_err(|e| format!("cannot listen on an abstract unix socket: {e}"))
-        } else {
+        let listening = if !self.config().shared_memory {
             Err("NEXAR_SHM=off".to_string())
+        } else if self.config().chaos.is_some() {
+            // Injected network faults act on QUIC's datagrams: a ring would carry the payloads
+            // past them, and the application would test nothing.
+            Err("this rank injects network faults into QUIC".to_string())
+        } else {
+            listen().map_err(|e| format!("cannot listen on an abstract unix socket: {e}"))
         };
         let (host, pid) = (host_identity(self.config().host_id.as_deref()), std::process::id());
         let expected: Expected = Arc::default();

@@ -216,7 +216,8 @@ pub struct NexarConfig {
     /// proving the link over QUIC and checking each other's process credentials; their
     /// collective payloads then skip the network stack and encryption (no other user can read
     /// the segment). A link where either rank has it off, or where setting it up fails, uses
-    /// the TCP lane or QUIC as before.
+    /// the TCP lane or QUIC as before. A rank with [`chaos`](Self::chaos) faults keeps QUIC,
+    /// so that the faults reach its payloads.
     ///
     /// ```
     /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_SHM").then(|| "off".into())).unwrap();
@@ -269,7 +270,8 @@ pub struct NexarConfig {
     pub segment_bytes: usize,
     /// Faults to inject into this rank's datagrams, for testing how an application copes with
     /// a bad network (`NEXAR_CHAOS_LOSS`, `NEXAR_CHAOS_REORDER`, `NEXAR_CHAOS_DELAY_MS`);
-    /// `None` (the default) injects none.
+    /// `None` (the default) injects none. Such a rank carries every payload over QUIC (no
+    /// shared memory, no TCP lane), so that the faults reach them.
     pub chaos: Option<NetChaos>,
     /// The flight recorder and the stall inspector (`NEXAR_TRACE_ENTRIES`, `NEXAR_TRACE_DIR`,
     /// `NEXAR_STALL_WARN_MS`, `NEXAR_TRACE_SIGNAL`; see [`crate::trace`]).
