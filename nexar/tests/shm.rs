@@ -288,6 +288,10 @@ async fn segmented_messages_survive_sends_and_receives_dropped_part_way() {
         let (r0, r1) = (ranks[0].clone(), ranks[1].clone());
         // Receives dropped part-way.
         let sender = tokio::spawn(async move {
+            // The first receive waits for the first message, so at least one is cut short
+            // whatever the timing; the others are cut wherever a segment is late (a receive
+            // that always finds its next segment ready never yields to its timeout).
+            tokio::time::sleep(Duration::from_millis(20)).await;
             for m in 0..3 {
                 let data: Vec<u32> = (0..len).map(|i| p2p_value(0, m, i)).collect();
                 r0.send(&data[..], 1, 7).await.unwrap();
