@@ -256,6 +256,7 @@ async fn dial(
 
 /// Waits until the peer has finished accepting `conn` as well (its `HANDSHAKE_DONE` arrived);
 /// fails with the connection's end, or `None` at `deadline`.
+///
 /// A dialler's handshake completes a round trip before the acceptor's, and on a lossy network
 /// the acceptor's last step can take seconds: each lost retransmission doubles the wait. Until
 /// then the peer cannot send on the link, so a dialler that counted the link as formed would

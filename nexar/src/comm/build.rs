@@ -439,7 +439,7 @@ impl NexarClient {
         let tls = match (cfg.bulk_transport, &cfg.chaos) {
             (BulkTransport::Quic, _) => Err("this rank is set to QUIC (NEXAR_BULK_TRANSPORT=quic)".to_string()),
             // Injected network faults act on QUIC's datagrams.
-            (BulkTransport::Tcp, Some(_)) => Err("this rank injects network faults into QUIC".to_string()),
+            (BulkTransport::Tcp, Some(_)) => Err(crate::transport::chaos::KEEPS_QUIC.to_string()),
             (BulkTransport::Tcp, None) => {
                 crate::transport::tcp_lane::LaneTls::new(identity, ca).map_err(|e| e.to_string())
             }

@@ -121,9 +121,9 @@ impl NexarClient {
         let listening = if !self.config().shared_memory {
             Err("NEXAR_SHM=off".to_string())
         } else if self.config().chaos.is_some() {
-            // Injected network faults act on QUIC's datagrams: a ring would carry the payloads
-            // past them, and the application would test nothing.
-            Err("this rank injects network faults into QUIC".to_string())
+            // A ring would carry the payloads past the faults, and the application would
+            // test nothing.
+            Err(crate::transport::chaos::KEEPS_QUIC.to_string())
         } else {
             listen().map_err(|e| format!("cannot listen on an abstract unix socket: {e}"))
         };

@@ -67,6 +67,10 @@ pub struct NetChaos {
     pub silence: Silence,
 }
 
+/// Why a rank with injected faults declines the transports that would carry its payloads
+/// past them (shared memory, the TCP lane): the faults act on QUIC's datagrams only.
+pub(crate) const KEEPS_QUIC: &str = "this rank injects network faults into QUIC";
+
 /// The wrapped socket.
 pub(crate) struct ChaosSocket {
     inner: Arc<dyn AsyncUdpSocket>,
