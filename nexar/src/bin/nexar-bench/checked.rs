@@ -62,6 +62,20 @@ async fn one<T: Summable>(
             let (s, v) = tokio::join!(comm.send(send, next, 0), comm.recv(recv, prev, 0));
             s.and(v).map_err(|e| CollectiveError::Internal { rank: r, op: "sendrecv", what: e.to_string() })
         }
+        Op::Pingpong => {
+            let failed = |e: nexar::P2pError| CollectiveError::Internal { rank: r, op: "pingpong", what: e.to_string() };
+            match r {
+                0 => {
+                    comm.send(send, 1, 0).await.map_err(failed)?;
+                    comm.recv(recv, 1, 0).await.map_err(failed)
+                }
+                1 => {
+                    comm.recv(recv, 0, 0).await.map_err(failed)?;
+                    comm.send(&*recv, 0, 0).await.map_err(failed)
+                }
+                _ => Ok(()),
+            }
+        }
     }
 }
 
@@ -95,7 +109,7 @@ fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
         Op::Allreduce | Op::AllreduceBf16 | Op::AllreduceF16 | Op::AllreduceTopk | Op::Broadcast | Op::Reduce => {
             (0, count)
         }
-        Op::Sendrecv => (count, count),
+        Op::Sendrecv | Op::Pingpong => (count, count),
         Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => (0, 0),
     }
 }
@@ -121,6 +135,9 @@ fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -
                 val(i / block.max(1), r * block + i % block.max(1))
             }
             Op::Sendrecv => val((r + w - 1) % w, i),
+            // Rank 0's message, there and back; other ranks' buffers are left as they were.
+            Op::Pingpong if r < 2 => val(0, i),
+            Op::Pingpong => val(r, i),
             Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => T::zeroed(),
         }
     };
@@ -157,6 +174,10 @@ pub(super) async fn run_size<T: Summable>(
         let start = Instant::now();
         one(comm, args.op, &send, &mut recv, &mut feedback).await?;
         times.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    if args.op == Op::Pingpong {
+        // One way: half the round trip.
+        times.iter_mut().for_each(|t| *t /= 2.0);
     }
     let moved = recv_len.max(send_len) * size_of::<T>();
     row(comm, args, times, moved, recv_len.max(send_len), wrong_here[0]).await

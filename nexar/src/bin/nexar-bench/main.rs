@@ -52,6 +52,9 @@ enum Op {
     Scatter,
     Barrier,
     Sendrecv,
+    /// Rank 0 sends to rank 1, which sends the message back (ranks past 1 wait); the time is
+    /// half the round trip, as OSU's and OpenMPI's ping-pong report it.
+    Pingpong,
     /// `#[nexar::rpc]` echo calls from rank 0 to rank 1: latency, and calls/s with 64 in flight.
     Rpc,
     /// A fused plan of 100 allreduces of 10,000 f32 against 100 separate allreduces.
@@ -409,6 +412,9 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.op == Op::Pingpong && args.np < 2 && !args.worker {
+        return Err("--op pingpong needs two ranks (--np 2 or more)".into());
+    }
     if args.worker {
         let seed = args.seed.ok_or("worker needs --seed")?;
         // The token comes through the environment (NEXAR_TOKEN), never the command line, where

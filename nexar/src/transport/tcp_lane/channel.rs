@@ -418,6 +418,14 @@ impl BulkChannel for TcpLane {
         self.min_bytes
     }
 
+    /// A lane is one ordered stream each way, so it keeps a pair's point-to-point messages in
+    /// order; it takes them where a task on the rank's runtime reads it (the default), so
+    /// that a small message costs no thread wake-up (with `NEXAR_LANE_THREADS=on` they stay
+    /// on QUIC, as collectives under `min_bytes` do).
+    fn carries_point_to_point(&self) -> bool {
+        self.reading.is_some()
+    }
+
     fn delivers_on_runtime(&self) -> bool {
         self.reading.is_some()
     }
