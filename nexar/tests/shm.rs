@@ -8,8 +8,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::p2p::{self, p2p_value};
 use nexar::prelude::*;
-use nexar::{BulkTransport, CollectiveError, P2pError};
+use nexar::{BulkTransport, CollectiveError};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -178,11 +179,6 @@ async fn sum_ones_then_shut_down(ranks: &[NexarClient], len: usize) {
     .await;
 }
 
-/// The `i`-th element of point-to-point message `m` from rank `from`.
-fn p2p_value(from: usize, m: usize, i: usize) -> u32 {
-    (from as u32 + 1).wrapping_mul(2_654_435_761).wrapping_add((m * 1_000_003 + i) as u32)
-}
-
 /// Typed point-to-point messages between ranks of one host go through the rings, not QUIC:
 /// sizes from empty to twice a ring (read in place, copied, streamed), on two tags whose
 /// messages are received in another order than they were sent, every element checked, and
@@ -196,41 +192,9 @@ async fn same_host_point_to_point_goes_through_shared_memory_in_order() {
             let peer = 1 - c.rank();
             assert_eq!(c.bulk_transport(peer), Some("shm"));
             let lens = [0usize, 1, 1000, 16 << 10, 300_007, 2 << 20, 3];
-            let tag = |m: usize| 10 + (m % 2) as u64;
-            let before = c.link_stats(peer).expect("a direct link").sent_packets;
-            let sending = async {
-                for (m, &len) in lens.iter().enumerate() {
-                    let data: Vec<u32> = (0..len).map(|i| p2p_value(c.rank(), m, i)).collect();
-                    c.send(&data[..], peer, tag(m)).await.unwrap();
-                }
-            };
-            let receiving = async {
-                // Every odd-tagged message first, then the even ones: each tag in its order.
-                let order = (0..lens.len()).filter(|m| m % 2 == 1).chain((0..lens.len()).filter(|m| m % 2 == 0));
-                for m in order {
-                    let got: Vec<u32> = c.recv_vec(peer, tag(m)).await.unwrap();
-                    assert_eq!(got.len(), lens[m], "rank {} message {m}", c.rank());
-                    if let Some(i) = (0..got.len()).find(|&i| got[i] != p2p_value(peer, m, i)) {
-                        panic!(
-                            "rank {} message {m}: element {i} is {}, not {}",
-                            c.rank(),
-                            got[i],
-                            p2p_value(peer, m, i)
-                        );
-                    }
-                }
-            };
-            tokio::join!(sending, receiving);
+            let datagrams = p2p::exchange_in_order(&c, peer, &lens).await;
             // Over QUIC, the 9 MiB sent would be thousands of datagrams.
-            let datagrams = c.link_stats(peer).expect("a direct link").sent_packets - before;
             assert!(datagrams < 1000, "rank {}: {datagrams} datagrams for messages that went through memory", c.rank());
-            // A receive into a buffer of its own type reads the same messages.
-            let mut buf = vec![0u32; 70_000];
-            let data: Vec<u32> = (0..70_000).map(|i| p2p_value(c.rank(), 99, i)).collect();
-            let (sent, received) = tokio::join!(c.send(&data[..], peer, 5), c.recv(&mut buf[..], peer, 5));
-            sent.unwrap();
-            received.unwrap();
-            assert!((0..buf.len()).all(|i| buf[i] == p2p_value(peer, 99, i)));
             c.barrier().await.unwrap();
             c.shutdown().await;
         })
@@ -247,30 +211,9 @@ async fn same_host_point_to_point_goes_through_shared_memory_in_order() {
 async fn a_broken_same_host_link_fails_point_to_point_and_keeps_what_arrived() {
     common::logs();
     let run = async {
-        let cfg = NexarConfig::builder().op_timeout(Duration::from_secs(120)).build().unwrap();
+        let cfg = NexarConfig::builder().op_timeout(p2p::LONG_OP_TIMEOUT).build().unwrap();
         let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
-        let (r0, r1) = (ranks[0].clone(), ranks[1].clone());
-        let early: Vec<u32> = (0..50_000).map(|i| p2p_value(0, 1, i)).collect();
-        r0.send(&early[..], 1, 1).await.unwrap();
-        // The barrier's messages come after it on the same ring: once both passed it, the
-        // early message lies in rank 1's store.
-        tokio::join!(async { r0.barrier().await.unwrap() }, async { r1.barrier().await.unwrap() });
-        assert!(r0.inject_bulk_fault(1), "rank 0 has a shared-memory link to rank 1");
-        let mut late = [0u32; 8];
-        match r1.recv(&mut late[..], 0, 2).await {
-            Err(P2pError::PeerGone { peer: 0, reason, .. }) => {
-                assert!(reason.contains("shm") && reason.contains("may be lost"), "{reason}");
-            }
-            other => panic!("a receive after the link broke: {other:?}"),
-        }
-        let got: Vec<u32> = r1.recv_vec(0, 1).await.unwrap();
-        assert_eq!(got, early, "the message that arrived before the link broke");
-        match r0.send(&[1u32; 8][..], 1, 2).await {
-            Err(P2pError::Transport { peer: 1, .. }) => {}
-            other => panic!("a send after the link broke: {other:?}"),
-        }
-        assert_ne!(r0.bulk_transport(1), Some("shm"));
-        sum_ones_then_shut_down(&ranks, 1 << 18).await;
+        p2p::broken_link_fails_point_to_point(&ranks, "shm").await;
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }

@@ -1,11 +1,13 @@
 //! The TCP lane (`NexarConfig::bulk_transport = Tcp`): collective payloads over TLS on TCP
 //! between real ranks on 127.0.0.1, every collective checked, small messages kept on QUIC, and
-//! a lane that breaks mid-operation falling back to QUIC without wrong results.
+//! a lane that breaks mid-operation falling back to QUIC without wrong results. Typed
+//! point-to-point messages take the lane too, in order.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::p2p;
 use nexar::prelude::*;
 use nexar::{BulkTransport, CollectiveError, NexarConfigBuilder};
 
@@ -38,7 +40,7 @@ async fn tcp_lanes_carry_every_collective_large_and_small() {
                     c.all_reduce(&mut x, Sum).await.unwrap();
                     assert_eq!(x, vec![n as i64 * i + (n * (n - 1) / 2) as i64; 5]);
                 }
-                // Point-to-point stays on QUIC beside it.
+                // Point-to-point takes the lane too.
                 let peer = (c.rank() + 1) % n;
                 c.send(&[c.rank() as u32; 3][..], peer, 9).await.unwrap();
                 let got: Vec<u32> = c.recv_vec((c.rank() + n - 1) % n, 9).await.unwrap();
@@ -98,6 +100,53 @@ async fn a_lane_that_breaks_mid_allreduce_falls_back_to_quic_without_wrong_resul
             c.shutdown().await;
         })
         .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+/// Typed point-to-point messages between ranks whose links have a TCP lane go through it, not
+/// QUIC, sealed or in plaintext: sizes from empty to several segments, on two tags received in
+/// another order than sent, every element checked, each tag's messages in order. With the
+/// lane's I/O on threads of its own (`NEXAR_LANE_THREADS=on`) they stay on QUIC, where a small
+/// message costs no thread wake-up, and arrive the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_to_point_takes_the_lane_in_order() {
+    common::logs();
+    let run = async {
+        for (encrypt, threads) in [(true, false), (false, false), (true, true)] {
+            let cfg = tcp(64 << 10).into_builder().bulk_encryption(encrypt).lane_threads(threads).build().unwrap();
+            let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+            common::on_each(&ranks, move |c| async move {
+                let peer = 1 - c.rank();
+                assert_eq!(c.bulk_transport(peer), Some("tcp-tls"));
+                let lens = [0usize, 1, 1000, 16 << 10, 300_007, 3 << 20, 3];
+                let datagrams = p2p::exchange_in_order(&c, peer, &lens).await;
+                // 13 MiB cannot cross QUIC in fewer than 212 datagrams of 64 KiB; on the lane,
+                // QUIC carries only the odd control message.
+                if threads {
+                    assert!(datagrams > 212, "rank {}: {datagrams} datagrams: not over QUIC", c.rank());
+                } else {
+                    assert!(datagrams < 100, "rank {}: {datagrams} datagrams: not on the lane", c.rank());
+                }
+                c.barrier().await.unwrap();
+                c.shutdown().await;
+            })
+            .await;
+        }
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+/// When the lane that carried a peer's point-to-point messages breaks, some of them may be
+/// lost, so receives from that peer fail at once naming the lane (what arrived before is still
+/// received), sends to it fail too, and collectives go on over QUIC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_lane_fails_point_to_point_and_keeps_what_arrived() {
+    common::logs();
+    let run = async {
+        let cfg = tcp(0).into_builder().op_timeout(p2p::LONG_OP_TIMEOUT).build().unwrap();
+        let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+        p2p::broken_link_fails_point_to_point(&ranks, "tcp-tls").await;
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }

@@ -203,7 +203,8 @@ impl NexarClient {
     ///
     /// Accepts a `Buf<T>`, `Vec<T>`, `[T]` or `[T; N]` of any [`Element`] type. The data is
     /// copied before this returns, so the buffer is free again at once; the future completes
-    /// when the message is handed to QUIC. Sending to oneself works.
+    /// when the message is handed to the transport (the ring of a rank on this host, the TCP
+    /// lane of one on another, QUIC where neither is up). Sending to oneself works.
     ///
     /// ```no_run
     /// # async fn run(client: nexar::NexarClient) -> Result<(), nexar::NexarError> {
@@ -242,9 +243,11 @@ impl NexarClient {
         if dest != rank {
             let link = self.link(dest).ok_or(P2pError::Closed { rank, op: "send" })?;
             let bytes: &[u8] = bytemuck::cast_slice(elements);
-            // Shared memory with a peer of this host takes the message in order, written into
-            // its ring straight from `data` (or copied when the ring is full); a message longer
-            // than a segment goes in segments, which the peer reads from the ring in place.
+            // Shared memory with a peer of this host (the TCP lane with one of another) takes
+            // the message in order, written into its ring (sealed into records) straight from
+            // `data`, or copied when the ring (the lane's queue) is full; a message longer than
+            // a segment goes in segments, which the peer reads from the ring in place (opens
+            // into its buffer while the next is on the wire).
             let through_channel = async {
                 let dtype = <B::Elem as Element>::DTYPE;
                 match self.send_in_segments(&link, dest, tag, dtype, bytes).await {

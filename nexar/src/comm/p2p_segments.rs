@@ -1,10 +1,13 @@
 //! Point-to-point messages longer than a segment, sent in segments where the link's bulk
-//! channel carries point-to-point messages (shared memory with a rank of this host).
+//! channel carries point-to-point messages (shared memory with a rank of this host, the TCP
+//! lane with a rank of another).
 //!
 //! A ring lends a payload to the receiver in place only up to a quarter of its length, so one
 //! 4 MiB message was copied four times (into a staging copy, into the ring, out of it into a
 //! receive buffer, into the destination). In 1 MiB segments it is copied twice: from the
-//! caller's buffer into the ring, and from the ring into the destination.
+//! caller's buffer into the ring, and from the ring into the destination. On the TCP lane,
+//! segments let the receiver open (decrypt) one into the destination while the next is on the
+//! wire, where a whole message would be read to its end first.
 //!
 //! Segment 0 is matched as an unsegmented message with the same tag would be (so messages
 //! with one tag keep their order, whichever way each went) and names the message's id; the
@@ -30,7 +33,7 @@ use crate::transport::framed::Payload;
 use crate::transport::link::{PeerLink, SendDone};
 
 /// Bytes of elements per segment: the collectives' 1 MiB segment, which the receiver reads
-/// from a 4 MiB ring in place.
+/// from a 4 MiB ring in place (and which fits the TCP lane's 2 MiB send queue twice over).
 pub(crate) const SEGMENT_BYTES: usize = 1 << 20;
 
 /// Ids of messages sent in segments, unique among those this process sends.

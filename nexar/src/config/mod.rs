@@ -157,8 +157,9 @@ pub struct NexarConfig {
     /// `tcp`, the default, or `quic`). With [`BulkTransport::Tcp`] each direct link opens a
     /// TLS 1.3 connection over TCP each way when the cluster forms (same certificates as
     /// QUIC) and sends collective messages of at least [`bulk_min_bytes`](Self::bulk_min_bytes)
-    /// there, encrypted with keys exported from that session; a link where that fails stays
-    /// on QUIC. Every rank should use the same (a rank that differs makes its peers wait
+    /// there, and typed point-to-point messages of every size (unless the lane has threads of
+    /// its own, [`lane_threads`](Self::lane_threads)), encrypted with keys exported from that
+    /// session; a link where that fails stays on QUIC. Every rank should use the same (a rank that differs makes its peers wait
     /// [`connect_timeout`](Self::connect_timeout) at start, then those links use QUIC); a
     /// rank with [`chaos`](Self::chaos) faults, or joining a running cluster, keeps QUIC.
     pub bulk_transport: BulkTransport,
@@ -177,10 +178,10 @@ pub struct NexarConfig {
     pub bulk_min_bytes: Option<usize>,
     /// Whether the TCP lane encrypts collective payloads (`NEXAR_BULK_ENCRYPTION`: `on`, the
     /// default, or `off`). **Off is insecure**: for an isolated, trusted fabric only, where
-    /// nexar is compared with MPI, which encrypts nothing. Collective payloads on the TCP lane
-    /// then travel as plaintext, readable and alterable by anyone on the path; the lane's TLS
-    /// handshake, rank-bound certificates and link tokens, and everything on QUIC (control,
-    /// point-to-point, RPC, small collectives), stay authenticated and encrypted. Every rank
+    /// nexar is compared with MPI, which encrypts nothing. Collective and point-to-point
+    /// payloads on the TCP lane then travel as plaintext, readable and alterable by anyone on
+    /// the path; the lane's TLS handshake, rank-bound certificates and link tokens, and
+    /// everything on QUIC (control, RPC, small collectives), stay authenticated and encrypted. Every rank
     /// of a cluster must use the same: the seed refuses a worker that differs from the first
     /// one to join. Each rank logs a warning when it is off.
     ///

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod p2p;
+
 use std::time::Duration;
 
 use nexar::Element;

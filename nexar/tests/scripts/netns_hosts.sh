@@ -3,7 +3,8 @@
 # two ranks each) and the seed on a third, joined by a bridge in a "switch" namespace. Ranks of
 # one namespace share a host (shared memory between them); ranks of different namespaces
 # talk over TLS on their own addresses. For each collective, nexar-bench runs and checks every
-# element (i32: bitwise), and rank 0 reports which algorithm ran at each size.
+# element (i32: bitwise), and rank 0 reports which algorithm ran at each size; then typed
+# point-to-point messages go around the ranks, within and between the hosts.
 #
 #   bash nexar/tests/scripts/netns_hosts.sh [path/to/nexar] [path/to/nexar-bench]
 #
@@ -72,7 +73,7 @@ run_op() {
   elif ! grep -q '^# wrong results *: 0 OK' <<<"$out"; then
     echo "netns hosts test: $op FAILED (wrong elements)"
     failed=1
-  elif ! grep -q "^# algorithm: .*$want" <<<"$out"; then
+  elif [ "$want" != - ] && ! grep -q "^# algorithm: .*$want" <<<"$out"; then
     echo "netns hosts test: $op FAILED (no $want in the algorithms that ran)"
     failed=1
   elif [ "$(grep -c '^# links of rank' <<<"$out")" != 4 ] \
@@ -90,9 +91,12 @@ run_op() {
 for op in ${NETNS_OPS:-allreduce broadcast reduce allgather reduce_scatter alltoall}; do
   run_op "$op" hierarchical
 done
+# Point-to-point around the ring of ranks (0 -> 1 within host 1, 1 -> 2 and 3 -> 0 between the
+# hosts, over the TCP lane; 4 MiB in segments): every element checked.
+[ -n "${NETNS_OPS:-}" ] || run_op sendrecv -
 
 if [ $failed -ne 0 ]; then
   echo "netns hosts test: FAILED"
   exit 1
 fi
-echo "netns hosts test: passed (4 ranks on 2 namespace hosts, shared memory within, TLS between; two-level allreduce, broadcast, reduce, all-gather, reduce-scatter, all-to-all checked)"
+echo "netns hosts test: passed (4 ranks on 2 namespace hosts, shared memory within, TLS between; two-level allreduce, broadcast, reduce, all-gather, reduce-scatter, all-to-all and point-to-point checked)"

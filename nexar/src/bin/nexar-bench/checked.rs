@@ -63,7 +63,8 @@ async fn one<T: Summable>(
             s.and(v).map_err(|e| CollectiveError::Internal { rank: r, op: "sendrecv", what: e.to_string() })
         }
         Op::Pingpong => {
-            let failed = |e: nexar::P2pError| CollectiveError::Internal { rank: r, op: "pingpong", what: e.to_string() };
+            let failed =
+                |e: nexar::P2pError| CollectiveError::Internal { rank: r, op: "pingpong", what: e.to_string() };
             match r {
                 0 => {
                     comm.send(send, 1, 0).await.map_err(failed)?;
