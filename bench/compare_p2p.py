@@ -10,6 +10,7 @@ ahead).
 Sides (`--sides`, comma-separated):
   lane   nexar with NEXAR_SHM=off: between hosts' worth of network path, the TCP lane (default);
   quic   the same with NEXAR_BULK_TRANSPORT=quic (everything over QUIC);
+  plain  the lane in plaintext, NEXAR_BULK_ENCRYPTION=off (trusted fabrics only);
   shm    nexar as it runs on one host by default (shared memory), for --btl vader.
 
     bench/compare_p2p.py --rounds 3                         # lane and quic against OpenMPI-TCP
@@ -35,6 +36,7 @@ OPS = ["sendrecv", "pingpong"]
 SIDES = {
     "lane": {"NEXAR_SHM": "off"},
     "quic": {"NEXAR_SHM": "off", "NEXAR_BULK_TRANSPORT": "quic"},
+    "plain": {"NEXAR_SHM": "off", "NEXAR_BULK_ENCRYPTION": "off"},
     "shm": {},
 }
 # nexar-bench runs per operation: (arguments, iterations): many for small sizes, fewer for large.

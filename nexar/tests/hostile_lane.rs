@@ -19,7 +19,7 @@ use nexar::hostile::{HostileMember, LaneTamper, take_collective_payload};
 use nexar::{NetChaos, NexarClient, NexarConfig};
 
 use common::{TEST_LIMIT, alone, alone_in_own_network, on_each, resident_bytes};
-use hostile_common::{carries_on, coll_frames};
+use hostile_common::{carries_on, coll_frames, segments_that_do_not_hold_together_are_refused};
 
 /// Two ranks whose collectives of any size take the TCP lane: on one host (every core runs a
 /// rank, so their runtimes do all the lane's I/O), or each on a fake host of its own (cores to
@@ -64,6 +64,16 @@ async fn broadcast_from_1(
         tokio::time::timeout(TEST_LIMIT, rank0.broadcast(&mut buf[..], 1)).await.expect("rank 0's broadcast ended");
     let root = tokio::time::timeout(TEST_LIMIT, root).await.expect("the root's broadcast ended").unwrap();
     (got.map_err(|e| e.to_string()), root.map_err(|e| e.to_string()), buf)
+}
+
+/// The member sends point-to-point messages in segments that do not hold together on its
+/// lane, which carries point-to-point messages (see
+/// [`segments_that_do_not_hold_together_are_refused`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_to_point_segments_that_do_not_hold_together_are_refused() {
+    for host in [Host::Shared, Host::OwnEach] {
+        segments_that_do_not_hold_together_are_refused(&two_ranks_on_tcp_lanes(host).await).await;
+    }
 }
 
 /// The member (rank 1, the root of a 4 MiB broadcast) flips one bit of the payload's

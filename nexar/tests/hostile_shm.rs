@@ -15,7 +15,7 @@ use nexar::hostile::{HostileMember, take_collective_payload};
 use nexar::{NexarClient, NexarConfig};
 
 use common::{TEST_LIMIT, alone, resident_bytes};
-use hostile_common::{carries_on, coll_frames};
+use hostile_common::{carries_on, coll_frames, segments_that_do_not_hold_together_are_refused};
 
 /// Two ranks of one process (one host) linked through shared memory.
 async fn two_ranks_in_shared_memory(cfg: NexarConfig) -> Vec<NexarClient> {
@@ -130,36 +130,10 @@ async fn shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() 
     carries_on(&ranks).await;
 }
 
-/// The frames of point-to-point segment `index` of message `id` (tag 5), before its payload.
-fn segment_frames(comm: u64, index: u32, count: u64, total: u64) -> Bytes {
-    use nexar::proto::frame::{message_frame, raw_header};
-    use nexar::proto::message::{PeerMsg, encode};
-    let msg = PeerMsg::P2pSegment { comm, tag: 5, dtype: nexar::DType::U8.to_wire(), count, total, id: 77, index };
-    Bytes::from([message_frame(&encode(&msg).unwrap()), raw_header(count)].concat())
-}
-
-/// The member sends point-to-point messages in segments that do not hold together: a first
-/// segment that announces far more than the message limit (refused before anything is
-/// allocated for it) and a later segment of another length than announced. Each receive
-/// fails with an error naming the sender and what was wrong; the ranks carry on.
+/// The member sends point-to-point messages in segments that do not hold together through
+/// the ring (see [`segments_that_do_not_hold_together_are_refused`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn point_to_point_segments_that_do_not_hold_together_are_refused() {
     let ranks = two_ranks_in_shared_memory(NexarConfig::default()).await;
-    let comm = ranks[0].comm_id();
-    let link = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
-    let send = |frames: Bytes, payload: Vec<u8>| {
-        let link = link.clone();
-        async move { tokio::time::timeout(TEST_LIMIT, link.send(vec![frames, Bytes::from(payload)])).await.unwrap() }
-    };
-    send(segment_frames(comm, 0, 16, 1 << 50), vec![1; 16]).await.unwrap();
-    let err = tokio::time::timeout(TEST_LIMIT, ranks[0].recv_vec::<u8>(1, 5)).await.unwrap().unwrap_err();
-    assert!(matches!(err, nexar::P2pError::BadSegments { src: 1, .. }), "{err}");
-    assert!(err.to_string().contains("message limit"), "{err}");
-    send(segment_frames(comm, 0, 16, 40), vec![2; 16]).await.unwrap();
-    send(segment_frames(comm, 1, 10, 0), vec![3; 10]).await.unwrap();
-    let mut buf = [0u8; 40];
-    let err = tokio::time::timeout(TEST_LIMIT, ranks[0].recv(&mut buf[..], 1, 5)).await.unwrap().unwrap_err();
-    assert!(matches!(err, nexar::P2pError::BadSegments { src: 1, .. }), "{err}");
-    assert!(err.to_string().contains("segment 1 as 10"), "{err}");
-    carries_on(&ranks).await;
+    segments_that_do_not_hold_together_are_refused(&ranks).await;
 }

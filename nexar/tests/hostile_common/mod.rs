@@ -43,3 +43,34 @@ pub async fn carries_on(ranks: &[NexarClient]) {
         assert!(v.iter().all(|x| *x == n * (n + 1) / 2), "rank {rank}'s sum after the member's attempt");
     }
 }
+
+/// The frames of point-to-point segment `index` of message 77 (tag 5), before its payload.
+fn segment_frames(comm: u64, index: u32, count: u64, total: u64) -> Bytes {
+    let msg = PeerMsg::P2pSegment { comm, tag: 5, dtype: nexar::DType::U8.to_wire(), count, total, id: 77, index };
+    Bytes::from([message_frame(&encode(&msg).unwrap()), raw_header(count)].concat())
+}
+
+/// The member (rank 1) sends point-to-point messages in segments that do not hold together
+/// on its bulk channel to rank 0: a first segment that announces far more than the message
+/// limit (refused before anything is allocated for it) and a later segment of another length
+/// than announced. Each receive fails with an error naming the sender and what was wrong; the
+/// ranks carry on.
+pub async fn segments_that_do_not_hold_together_are_refused(ranks: &[NexarClient]) {
+    let comm = ranks[0].comm_id();
+    let link = nexar::hostile::HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
+    let send = |frames: Bytes, payload: Vec<u8>| {
+        let link = link.clone();
+        async move { tokio::time::timeout(TEST_LIMIT, link.send(vec![frames, Bytes::from(payload)])).await.unwrap() }
+    };
+    send(segment_frames(comm, 0, 16, 1 << 50), vec![1; 16]).await.unwrap();
+    let err = tokio::time::timeout(TEST_LIMIT, ranks[0].recv_vec::<u8>(1, 5)).await.unwrap().unwrap_err();
+    assert!(matches!(err, nexar::P2pError::BadSegments { src: 1, .. }), "{err}");
+    assert!(err.to_string().contains("message limit"), "{err}");
+    send(segment_frames(comm, 0, 16, 40), vec![2; 16]).await.unwrap();
+    send(segment_frames(comm, 1, 10, 0), vec![3; 10]).await.unwrap();
+    let mut buf = [0u8; 40];
+    let err = tokio::time::timeout(TEST_LIMIT, ranks[0].recv(&mut buf[..], 1, 5)).await.unwrap().unwrap_err();
+    assert!(matches!(err, nexar::P2pError::BadSegments { src: 1, .. }), "{err}");
+    assert!(err.to_string().contains("segment 1 as 10"), "{err}");
+    carries_on(ranks).await;
+}
