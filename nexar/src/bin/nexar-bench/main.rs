@@ -155,8 +155,20 @@ fn echo(payload: Vec<u8>) -> Vec<u8> {
     payload
 }
 
-/// Calls kept in flight for the RPC throughput figure.
+/// Calls kept in flight for the RPC throughput figure (fewer for large payloads: at most
+/// [`RPC_BYTES_IN_FLIGHT`] of them).
 const RPC_IN_FLIGHT: usize = 64;
+/// Payload bytes kept in flight for the RPC throughput figure.
+const RPC_BYTES_IN_FLIGHT: usize = 64 << 20;
+/// Payload bytes the RPC throughput figure sends in all (at least 16 calls).
+const RPC_BYTES_TIMED: usize = 1 << 30;
+
+/// Calls in flight and calls in all for the RPC throughput figure of `bytes`-byte payloads.
+fn rpc_throughput_calls(bytes: usize, iters: usize) -> (usize, usize) {
+    let in_flight = (RPC_BYTES_IN_FLIGHT / bytes.max(1)).clamp(1, RPC_IN_FLIGHT);
+    let total = (iters * 100).max(2_000).min((RPC_BYTES_TIMED / bytes.max(1)).max(16));
+    (in_flight, total)
+}
 
 async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, CollectiveError> {
     let fail = |e: nexar::RpcError| CollectiveError::Internal { rank: comm.rank(), op: "rpc", what: e.to_string() };
@@ -188,11 +200,11 @@ async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
             }
             row.time_us = Spread::of(&times).p50;
             row.iters = times;
-            let total = (args.iters * 100).max(2_000);
+            let (in_flight, total) = rpc_throughput_calls(bytes, args.iters);
             let start = Instant::now();
             let mut flight: tokio::task::JoinSet<Result<(), nexar::RpcError>> = tokio::task::JoinSet::new();
-            for i in 0..total {
-                if flight.len() >= RPC_IN_FLIGHT
+            for _ in 0..total {
+                if flight.len() >= in_flight
                     && let Some(done) = flight.join_next().await
                 {
                     done.map_err(|e| {
@@ -201,7 +213,6 @@ async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
                     .map_err(fail)?;
                 }
                 let (c, p) = (comm.clone(), payload.clone());
-                let _ = i;
                 flight.spawn(async move { echo::call(&c, 1, p).await.map(|_| ()) });
             }
             while let Some(done) = flight.join_next().await {
@@ -212,7 +223,7 @@ async fn run_rpc(comm: &NexarClient, args: &Args) -> Result<Vec<Row>, Collective
             row.count = total;
             row.algbw = (total * bytes) as f64 / secs / 1e9;
             println!(
-                "# rpc {bytes} B: {:.0} calls/s with {RPC_IN_FLIGHT} in flight; {:.1} us per call alone",
+                "# rpc {bytes} B: {:.0} calls/s with {in_flight} in flight; {:.1} us per call alone",
                 total as f64 / secs,
                 row.time_us
             );
