@@ -120,6 +120,7 @@ async fn the_benchmark_runs_every_operation_across_processes_and_checks_results(
         "scatter",
         "barrier",
         "sendrecv",
+        "pingpong",
         "rpc",
         "plan",
     ] {
