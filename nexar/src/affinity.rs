@@ -181,6 +181,12 @@ pub(crate) fn hop_off_current_cpu() -> bool {
     moved && restored
 }
 
+/// Whether the calling thread may run on more than one CPU (it is not bound to a core). `false`
+/// where the kernel does not say.
+pub(crate) fn thread_unbound() -> bool {
+    sched_getaffinity(None).is_ok_and(|allowed| allowed.count() > 1)
+}
+
 /// Whether a thread of process `pid` is runnable (running or waiting for a CPU) on `cpu`, from
 /// `/proc/<pid>/task/*/stat`; `false` where that cannot be read (the process is gone, or
 /// belongs to another user).

@@ -16,16 +16,31 @@ impl NexarClient {
     /// their collectives stay on the flat algorithms (logged).
     pub(crate) async fn learn_hosts(&self) {
         let identity = host_identity(self.config().host_id.as_deref());
-        let mine = [nexar_types::stable_hash(identity.as_bytes())];
-        let mut keys = vec![0u64; self.world_size()];
+        // Per rank: its host key, the key of the kernel and process namespace it runs in, and
+        // its process id.
+        let mine = [nexar_types::stable_hash(identity.as_bytes()), kernel_key(), u64::from(std::process::id())];
+        let mut rows = vec![0u64; self.world_size() * mine.len()];
         // A communicator of its own: the world's sequence numbers start untouched.
         let id = nexar_types::stable_id(&["hosts", &self.comm.id.to_string()]).max(1);
         let gather = self.with_comm(CommState::new(id, self.comm.members.clone(), self.comm.me));
-        match gather.all_gather(&mine[..], &mut keys[..]).await {
+        match gather.all_gather(&mine[..], &mut rows[..]).await {
             Ok(()) => {
+                let keys: Vec<u64> = rows.chunks_exact(mine.len()).map(|row| row[0]).collect();
                 let layout = HostLayout::from_keys(&keys);
                 tracing::debug!(rank = self.rank(), hosts = layout.hosts(), "host layout");
                 let _ = self.inner.host_keys.set(keys);
+                for (rank, row) in rows.chunks_exact(mine.len()).enumerate() {
+                    if rank != self.rank()
+                        && row[1] == mine[1]
+                        && let Ok(pid) = u32::try_from(row[2])
+                    {
+                        // Ranks on this kernel may share a core with this one whatever carries
+                        // their messages (shared memory, or TCP where that is off or between
+                        // network namespaces): a spin that runs out looks whether one waits on
+                        // its core.
+                        self.inner.spin.add_same_host_peer(pid, false);
+                    }
+                }
             }
             Err(e) => {
                 tracing::warn!(rank = self.rank(), error = %e, "could not learn which hosts the ranks are on; collectives stay flat")
@@ -70,4 +85,14 @@ impl NexarClient {
             })
             .as_ref()
     }
+}
+
+/// A key of the kernel this process runs on and of its process namespace: ranks with the same
+/// key see each other's threads in `/proc` under the process ids they report, and may share
+/// cores. Unlike the host identity, a network namespace or a `NEXAR_HOST_ID` override does not
+/// change it.
+fn kernel_key() -> u64 {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let pid_ns = std::fs::read_link("/proc/self/ns/pid").map(|p| p.display().to_string()).unwrap_or_default();
+    nexar_types::stable_hash(format!("boot:{} {pid_ns}", boot.trim()).as_bytes())
 }

@@ -166,7 +166,7 @@ impl NexarClient {
         let inbound = self.bulk_inbound(peer).ok_or_else(|| format!("rank {peer} is not a peer"))?;
         // Checked at setup; a spin that runs out looks whether this peer waits on its core.
         if let Ok(cred) = rustix::net::sockopt::socket_peercred(&sock) {
-            self.inner.spin.add_same_host_peer(cred.pid.as_raw_nonzero().get() as u32);
+            self.inner.spin.add_same_host_peer(cred.pid.as_raw_nonzero().get() as u32, true);
         }
         let cfg = self.config();
         let limits = ShmLimits {

@@ -10,10 +10,12 @@
 //! twice the window, 2 ms instead of 10 µs). [`SpinGovernor`] sees that every window expires,
 //! shrinks the window to nothing within a few steps, and probes a full window again at growing
 //! intervals, so a rank that gets a core of its own back spins again. A spin that runs out
-//! while a rank it shares memory with waits on its very core moves its thread off that core
-//! first (the governor alone did not end the mode over shared memory: spins that found their
-//! message restored the window). Binding ranks to cores ([`crate::affinity`]) prevents the
-//! placement in the first place.
+//! while a rank of this host waits on its very core moves its thread off that core first (the
+//! governor alone did not end the mode: spins that found their message restored the window),
+//! and an unbound thread whose peer on this host talks to it over TCP looks for that 50 µs into
+//! the spin already. The ranks of the host are known by their process ids: from `SO_PEERCRED`
+//! where shared memory links them, else from the host table (`comm/hosts.rs`). Binding ranks to
+//! cores ([`crate::affinity`]) prevents the placement in the first place.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -43,9 +45,18 @@ pub(crate) struct SpinGovernor {
     next_probe: AtomicU64,
     /// The current gap between probes.
     probe_gap: AtomicU64,
-    /// The processes of the ranks this one shares a host with through shared memory (their
-    /// pids, checked with `SO_PEERCRED` when the link was set up).
-    same_host: std::sync::Mutex<Vec<u32>>,
+    /// The processes of the ranks that share this host's cores (their pids: checked with
+    /// `SO_PEERCRED` where a shared-memory link was set up, else as the host table gave them),
+    /// each with whether a shared-memory link to it is up.
+    same_host: std::sync::Mutex<Vec<SameHostPeer>>,
+}
+
+/// A rank that shares this host's cores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SameHostPeer {
+    pid: u32,
+    /// Whether its messages come through shared memory (else over TCP or QUIC).
+    shared_memory: bool,
 }
 
 /// How one spin ended.
@@ -71,12 +82,17 @@ impl SpinGovernor {
         }
     }
 
-    /// Notes that the rank in process `pid` shares this host (a shared-memory link to it is
-    /// up).
-    pub(crate) fn add_same_host_peer(&self, pid: u32) {
-        let mut pids = crate::sync::lock(&self.same_host);
-        if !pids.contains(&pid) {
-            pids.push(pid);
+    /// Notes that the rank in process `pid` shares this host's cores, and whether a
+    /// shared-memory link to it is up (`shared_memory`; once up, it stays noted). Ranks of this
+    /// very process are left out: this thread is always runnable on its own core.
+    pub(crate) fn add_same_host_peer(&self, pid: u32, shared_memory: bool) {
+        if pid == std::process::id() {
+            return;
+        }
+        let mut peers = crate::sync::lock(&self.same_host);
+        match peers.iter_mut().find(|p| p.pid == pid) {
+            Some(peer) => peer.shared_memory |= shared_memory,
+            None => peers.push(SameHostPeer { pid, shared_memory }),
         }
     }
 
@@ -85,15 +101,32 @@ impl SpinGovernor {
     /// there), moves this thread off that core, so that the peer runs and the two stop taking
     /// turns a window at a time. Only then: on two cores, leaving the core during a long
     /// transfer would put the thread on its busy peer's core.
-    fn leave_core_if_a_peer_waits_on_it(&self) {
-        let pids = crate::sync::lock(&self.same_host).clone();
+    fn leave_core_if_a_peer_waits_on_it(&self) -> bool {
+        self.leave_core_if_one_waits_on_it(|_| true)
+    }
+
+    /// [`leave_core_if_a_peer_waits_on_it`](Self::leave_core_if_a_peer_waits_on_it) for the
+    /// peers `which` picks.
+    fn leave_core_if_one_waits_on_it(&self, which: impl Fn(&SameHostPeer) -> bool) -> bool {
+        let pids: Vec<u32> = crate::sync::lock(&self.same_host).iter().filter(|p| which(p)).map(|p| p.pid).collect();
         if pids.is_empty() {
-            return;
+            return false;
         }
         let cpu = rustix::thread::sched_getcpu();
-        if pids.iter().any(|pid| crate::affinity::runnable_on(*pid, cpu)) {
-            crate::affinity::hop_off_current_cpu();
-        }
+        pids.iter().any(|pid| crate::affinity::runnable_on(*pid, cpu)) && crate::affinity::hop_off_current_cpu()
+    }
+
+    /// Part-way through a spin: if this thread is not bound to a core (bound ranks each have
+    /// their own) and a rank of this host that talks to this one over the network (TCP or
+    /// QUIC) waits behind it on its core, moves this thread off that core.
+    ///
+    /// Ranks that talk through shared memory are left to the check at the end of the window:
+    /// looking for them part-way measured worse (a 16 MiB allreduce between two unbound ranks
+    /// fell from 3–4 to 1.7–2.5 GB/s, the spins of a long transfer leaving cores the peer's
+    /// copies needed), and the end-of-window check already holds their latency.
+    fn leave_core_if_a_networked_peer_waits_on_it(&self) -> bool {
+        let networked = crate::sync::lock(&self.same_host).iter().any(|p| !p.shared_memory);
+        networked && crate::affinity::thread_unbound() && self.leave_core_if_one_waits_on_it(|p| !p.shared_memory)
     }
 
     /// The configured window.
@@ -148,6 +181,13 @@ impl SpinGovernor {
 /// A gap this long between two polls means this thread lost its core meanwhile: whatever the
 /// spin found then, another thread (perhaps the sender) had to run first.
 const PREEMPTED: Duration = Duration::from_micros(100);
+
+/// How long an unbound thread spins without its message before it looks whether a rank of
+/// this host waits behind it on its very core (once a spin; see
+/// [`SpinGovernor::leave_core_if_a_peer_waits_on_it`]). Found there, the peer would otherwise
+/// wait out the whole window: the kernel does not preempt a running thread of normal priority
+/// for a woken one before its tick.
+const LOOK_FOR_PEER_AFTER: Duration = Duration::from_micros(50);
 
 /// Polls `mailbox` for `key` for up to the governor's window, yielding between polls so this
 /// runtime keeps driving its I/O (the message we wait for arrives through it). Between polls
@@ -205,7 +245,7 @@ pub(crate) async fn spin_poll_reading<T, E>(
     }
     // The clock is read only after a poll that found nothing (one read per poll).
     let mut clock: Option<(Instant, Instant, Instant)> = None;
-    let (mut preempted, mut polls) = (false, 0u64);
+    let (mut preempted, mut polls, mut looked) = (false, 0u64, false);
     loop {
         let mut read_itself = None;
         if let Some(value) = poll(&mut read_itself)? {
@@ -221,10 +261,17 @@ pub(crate) async fn spin_poll_reading<T, E>(
         *last = now;
         if now >= *until {
             governor.record(window, Spun::Expired);
-            governor.leave_core_if_a_peer_waits_on_it();
+            let _ = governor.leave_core_if_a_peer_waits_on_it();
             return Ok(None);
         }
         polls += 1;
+        if !looked && now + window >= *until + LOOK_FOR_PEER_AFTER {
+            looked = true;
+            if governor.leave_core_if_a_networked_peer_waits_on_it() {
+                // The peer runs now; the spin goes on from another core.
+                *last = Instant::now();
+            }
+        }
         if read_itself.is_none_or(|hold| now.duration_since(*yielded) >= hold) {
             *yielded = now;
             tokio::task::yield_now().await;
@@ -283,6 +330,32 @@ mod tests {
         assert_eq!(never.window(), Duration::ZERO);
         never.record(Duration::ZERO, Spun::Expired);
         assert_eq!(never.window(), Duration::ZERO);
+    }
+
+    #[test]
+    fn ranks_of_this_host_are_noted_once_with_their_transport_and_this_process_never() {
+        let g = SpinGovernor::new(Duration::from_millis(1));
+        g.add_same_host_peer(std::process::id(), false);
+        assert!(crate::sync::lock(&g.same_host).is_empty(), "this process was noted as a peer");
+        // From the host table first (over the network), then its shared-memory link came up.
+        g.add_same_host_peer(u32::MAX - 1, false);
+        g.add_same_host_peer(u32::MAX - 1, true);
+        // A shared-memory link, then the host table: the link is not forgotten.
+        g.add_same_host_peer(u32::MAX - 2, true);
+        g.add_same_host_peer(u32::MAX - 2, false);
+        g.add_same_host_peer(u32::MAX - 3, false);
+        let peers = crate::sync::lock(&g.same_host).clone();
+        assert_eq!(
+            peers,
+            vec![
+                SameHostPeer { pid: u32::MAX - 1, shared_memory: true },
+                SameHostPeer { pid: u32::MAX - 2, shared_memory: true },
+                SameHostPeer { pid: u32::MAX - 3, shared_memory: false },
+            ]
+        );
+        // No such processes: nothing waits on this core, so the thread stays where it is.
+        assert!(!g.leave_core_if_a_peer_waits_on_it());
+        assert!(!g.leave_core_if_a_networked_peer_waits_on_it());
     }
 
     #[tokio::test(flavor = "current_thread")]
