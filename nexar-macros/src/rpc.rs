@@ -191,21 +191,27 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     // argument named `world` is sent as given, not as the world size. Locals that appear inside
     // a user-spanned fragment are made mixed-site explicitly.
     let site = Span::mixed_site();
-    let [client, peer, parts, reply, out, ctx] =
-        ["client", "peer", "parts", "reply", "out", "ctx"].map(|n| Ident::new(n, site));
+    let [client, peer, parts, reply, out, ctx, body] =
+        ["client", "peer", "parts", "reply", "out", "ctx", "body"].map(|n| Ident::new(n, site));
     let call_await = if func.sig.asyncness.is_some() { quote_spanned!(site=> .await) } else { quote!() };
     // Every use of a user type is spanned at that type, so a type that cannot travel gives one
     // error, at the user's token, with the RpcValue message.
     let codec = |what: TokenStream| quote_spanned!(site=> #what.map_err(|what| #krate::RpcError::Codec { rank: #client.rank(), peer: #peer, name: NAME, what }));
-    let encode_each =
-        args.iter().map(|(n, ty)| quote_spanned! {ty.span()=> (#krate::__private::codec::<#ty>().encode)(&#n)? });
-    let encode_args =
-        codec(quote_spanned!(site=> (|| #krate::__private::encode_parts(::std::vec![ #( #encode_each ),* ]))()));
+    let count = args.len();
+    // Each argument is serialised once, straight into the request body.
+    let encode_each = args.iter().map(
+        |(n, ty)| quote_spanned! {ty.span()=> (#krate::__private::codec::<#ty>().encode_into)(&#n, &mut #body)?; },
+    );
+    let encode_args = codec(quote_spanned!(site=> (|| {
+        #[allow(unused_mut)]
+        let mut #body = #krate::__private::BodyWriter::new(#count);
+        #( #encode_each )*
+        #body.finish()
+    })()));
     let decode_ret = quote_spanned! {ret.span()=> (#krate::__private::codec::<#ret>().decode)(&#reply) };
     let decode_reply = codec(decode_ret);
-    let count = args.len();
     let decode_each = args.iter().map(|(n, ty)| {
-        quote_spanned! {ty.span()=> let #n: #ty = (#krate::__private::codec::<#ty>().decode)(&#parts.next().unwrap_or_default())?; }
+        quote_spanned! {ty.span()=> let #n: #ty = (#krate::__private::codec::<#ty>().decode)(#parts.next().unwrap_or_default())?; }
     });
     // The serving rank's own parameters: state looked up, and what the call passes for each
     // parameter, in the function's order.
@@ -286,7 +292,7 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
                 out
             }
 
-            fn #handle(#ctx: #krate::rpc::RpcContext, body: ::std::vec::Vec<u8>) -> #krate::__private::HandlerFuture {
+            fn #handle(#ctx: #krate::rpc::RpcContext, body: #krate::__private::RpcBytes) -> #krate::__private::HandlerFuture {
                 ::std::boxed::Box::pin(async move {
                     #[allow(unused_mut, unused_variables)]
                     let mut parts = #krate::__private::decode_parts(&body, #count)?;

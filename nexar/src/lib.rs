@@ -132,6 +132,7 @@ pub mod __private {
     pub fn shape_of<B: crate::plan::PlanBuffer + ?Sized>(b: &B) -> (nexar_types::DType, usize) {
         (b.dtype(), b.elems())
     }
+    pub use crate::rpc::body::{BodyWriter, RpcBytes, decode_parts};
     pub use crate::rpc::{HandlerError, HandlerFuture, RpcHandler};
 
     use rkyv::api::high::{HighDeserializer, HighSerializer, HighValidator};
@@ -148,6 +149,8 @@ pub mod __private {
     pub trait RpcValue: Sized {
         /// Encodes the value.
         fn to_rpc_bytes(&self) -> Result<Bytes, String>;
+        /// Appends the value's archive to `buf`, whose length is a multiple of 16.
+        fn append_to(&self, buf: AlignedVec) -> Result<AlignedVec, String>;
         /// Validates and decodes a value.
         fn from_rpc_bytes(bytes: &[u8]) -> Result<Self, String>;
     }
@@ -160,11 +163,20 @@ pub mod __private {
             + rkyv::Deserialize<T, HighDeserializer<Error>>,
     {
         fn to_rpc_bytes(&self) -> Result<Bytes, String> {
-            crate::proto::message::encode(self).map(|v| Bytes::from(v.into_vec())).map_err(|e| e.to_string())
+            crate::proto::message::encode(self).map(Bytes::from_owner).map_err(|e| e.to_string())
+        }
+
+        fn append_to(&self, buf: AlignedVec) -> Result<AlignedVec, String> {
+            rkyv::api::high::to_bytes_in::<_, Error>(self, buf).map_err(|e| e.to_string())
         }
 
         fn from_rpc_bytes(bytes: &[u8]) -> Result<Self, String> {
-            crate::proto::message::decode(bytes).map_err(|e| e.to_string())
+            if crate::rpc::body::aligned(bytes) {
+                // Read where it lies: bytes received for an RPC are aligned (`RpcBytes`).
+                rkyv::from_bytes::<Self, Error>(bytes).map_err(|e| e.to_string())
+            } else {
+                crate::proto::message::decode(bytes).map_err(|e| e.to_string())
+            }
         }
     }
 
@@ -178,38 +190,26 @@ pub mod __private {
         T::from_rpc_bytes(bytes)
     }
 
-    /// Encodes one argument.
-    pub fn encode_part<T: RpcValue>(value: &T) -> Result<Vec<u8>, String> {
-        value.to_rpc_bytes().map(|b| b.to_vec())
+    /// Encodes one argument into a request body.
+    pub fn encode_part<T: RpcValue>(value: &T, body: &mut BodyWriter) -> Result<(), String> {
+        body.part(value)
     }
 
     /// How one RPC argument or result type travels. The generated code reaches a type's
     /// encoding and decoding only through [`codec`], spanned at the user's type, so a type
     /// that cannot travel gives one error there, however often the stub and handler use it.
     pub struct Codec<T> {
-        /// Encodes one value.
-        pub encode: fn(&T) -> Result<Vec<u8>, String>,
+        /// Encodes one value (a result).
+        pub encode: fn(&T) -> Result<Bytes, String>,
+        /// Encodes one value into a request body (an argument).
+        pub encode_into: fn(&T, &mut BodyWriter) -> Result<(), String>,
         /// Validates and decodes one value.
         pub decode: fn(&[u8]) -> Result<T, String>,
     }
 
     /// The [`Codec`] of an RPC type.
     pub fn codec<T: RpcValue>() -> Codec<T> {
-        Codec { encode: encode_part::<T>, decode: decode::<T> }
-    }
-
-    /// Packs encoded arguments into one request body.
-    pub fn encode_parts(parts: Vec<Vec<u8>>) -> Result<Bytes, String> {
-        parts.to_rpc_bytes()
-    }
-
-    /// Unpacks a request body into exactly `expected` encoded arguments.
-    pub fn decode_parts(body: &[u8], expected: usize) -> Result<std::vec::IntoIter<Vec<u8>>, String> {
-        let parts = Vec::<Vec<u8>>::from_rpc_bytes(body)?;
-        if parts.len() != expected {
-            return Err(format!("the request carries {} arguments, the function takes {expected}", parts.len()));
-        }
-        Ok(parts.into_iter())
+        Codec { encode: encode::<T>, encode_into: encode_part::<T>, decode: decode::<T> }
     }
 
     /// Spawns a call of `call_all`.

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
+use super::body::RpcBytes;
 use super::{RpcError, Served, Status};
 use crate::comm::NexarClient;
 use crate::comm::spin::spin_poll;
@@ -25,8 +26,8 @@ impl Drop for Pending<'_> {
     }
 }
 
-fn body_of((status, payload): (u8, Payload)) -> Result<(u8, Vec<u8>), PayloadError> {
-    Ok((status, payload.to_vec()?))
+fn body_of((status, payload): (u8, Payload)) -> Result<(u8, RpcBytes), PayloadError> {
+    Ok((status, RpcBytes::of_payload(&payload)?))
 }
 
 impl NexarClient {
@@ -41,7 +42,7 @@ impl NexarClient {
         name: &'static str,
         signature: &'static str,
         args: Bytes,
-    ) -> Result<Vec<u8>, RpcError> {
+    ) -> Result<RpcBytes, RpcError> {
         let rank = self.rank();
         if peer >= self.world_size() {
             return Err(RpcError::InvalidPeer { rank, name, peer, world: self.world_size() });
@@ -66,9 +67,9 @@ impl NexarClient {
         let (status, body) = if peer == rank {
             let ctx = super::RpcContext::new(self.inner.rank, self.clone());
             let (status, reply) =
-                super::serve::run_handler(self.inner.rpc.registry(), func, sig, ctx, args.to_vec()).await;
+                super::serve::run_handler(self.inner.rpc.registry(), func, sig, ctx, RpcBytes::copy_of(&args)).await;
             trace.end(&Ok::<(), RpcError>(()));
-            (status as u8, reply)
+            (status as u8, RpcBytes::copy_of(&reply))
         } else {
             let span = tracing::debug_span!("rpc", comm = self.comm.id, op = name, peer, func);
             let reply = self.remote_call(peer, func, sig, name, signature, args).instrument(span).await;
@@ -98,7 +99,7 @@ impl NexarClient {
         name: &'static str,
         signature: &'static str,
         args: Bytes,
-    ) -> Result<(u8, Vec<u8>), RpcError> {
+    ) -> Result<(u8, RpcBytes), RpcError> {
         let rank = self.rank();
         // The peer told us what it serves when the mesh formed: fail at once, with a name.
         let world_peer = self.comm.members[peer];

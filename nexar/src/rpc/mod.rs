@@ -16,6 +16,7 @@
 //! The attribute goes on module-level functions (the stub module it generates calls the
 //! function through `super::`).
 
+pub(crate) mod body;
 mod call;
 mod context;
 mod serve;
@@ -188,7 +189,7 @@ impl From<String> for HandlerError {
 }
 
 /// A handler's future: the encoded result, or why there is none.
-pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, HandlerError>> + Send>>;
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<bytes::Bytes, HandlerError>> + Send>>;
 
 /// One function registered by `#[nexar::rpc]` (collected at link time; users do not build
 /// these by hand).
@@ -203,7 +204,7 @@ pub struct RpcHandler {
     /// The signature, as written.
     pub signature: &'static str,
     /// Decodes the arguments, runs the function, encodes the result.
-    pub handle: fn(RpcContext, Vec<u8>) -> HandlerFuture,
+    pub handle: fn(RpcContext, body::RpcBytes) -> HandlerFuture,
 }
 
 inventory::collect!(RpcHandler);

@@ -6,6 +6,7 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::body::RpcBytes;
 use super::{HandlerError, RpcContext, Status};
 use crate::NexarClient;
 use crate::comm::Inner;
@@ -30,17 +31,17 @@ pub(crate) async fn run_handler(
     func: u64,
     sig: u64,
     ctx: RpcContext,
-    body: Vec<u8>,
-) -> (Status, Vec<u8>) {
+    body: RpcBytes,
+) -> (Status, Bytes) {
     match registry.get(func) {
-        None => (Status::Unknown, Vec::new()),
-        Some(h) if h.sig_hash != sig => (Status::Signature, h.signature.as_bytes().to_vec()),
+        None => (Status::Unknown, Bytes::new()),
+        Some(h) if h.sig_hash != sig => (Status::Signature, Bytes::from_static(h.signature.as_bytes())),
         Some(h) => match tokio::spawn((h.handle)(ctx, body)).await {
             Ok(Ok(bytes)) => (Status::Ok, bytes),
-            Ok(Err(HandlerError::Codec(text))) => (Status::Codec, text.into_bytes()),
-            Ok(Err(HandlerError::Refused(text))) => (Status::Refused, text.into_bytes()),
-            Err(e) if e.is_panic() => (Status::Panicked, panic_text(e.into_panic()).into_bytes()),
-            Err(e) => (Status::Panicked, e.to_string().into_bytes()),
+            Ok(Err(HandlerError::Codec(text))) => (Status::Codec, text.into()),
+            Ok(Err(HandlerError::Refused(text))) => (Status::Refused, text.into()),
+            Err(e) if e.is_panic() => (Status::Panicked, panic_text(e.into_panic()).into()),
+            Err(e) => (Status::Panicked, e.to_string().into()),
         },
     }
 }
@@ -60,7 +61,7 @@ pub(crate) async fn serve_requests(
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
         let PeerMsg::RpcRequest { req, func, sig, .. } = incoming.msg else { continue };
         let Some(registry) = inner.upgrade().map(|i| i.rpc.registry().clone()) else { return };
-        let body = match incoming.payload.to_vec() {
+        let body = match RpcBytes::of_payload(&incoming.payload) {
             Ok(body) => body,
             Err(e) => {
                 tracing::warn!(peer = incoming.from, req, error = %e, "dropped an rpc request");
@@ -82,7 +83,7 @@ pub(crate) async fn serve_requests(
                 }
                 None => {
                     drop(strong);
-                    (Status::Refused, b"the rank is shutting down".to_vec())
+                    (Status::Refused, Bytes::from_static(b"the rank is shutting down"))
                 }
             };
             let Some(inner) = inner.upgrade() else { return };
@@ -93,13 +94,13 @@ pub(crate) async fn serve_requests(
                     reply.len(),
                     inner.rank
                 );
-                (Status::Codec, why.into_bytes())
+                (Status::Codec, why.into())
             } else {
                 (status, reply)
             };
             let msg = PeerMsg::RpcResponse { req, status: status as u8, len: reply.len() as u64 };
             if let Some(link) = inner.route(from)
-                && let Err(e) = link.send(&msg, Some(Bytes::from(reply))).await
+                && let Err(e) = link.send(&msg, Some(reply)).await
             {
                 tracing::debug!(peer = from, error = %e, "could not answer an rpc");
             }
