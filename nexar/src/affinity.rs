@@ -187,17 +187,21 @@ pub(crate) fn thread_unbound() -> bool {
     sched_getaffinity(None).is_ok_and(|allowed| allowed.count() > 1)
 }
 
-/// Whether a thread of process `pid` is runnable (running or waiting for a CPU) on `cpu`, from
-/// `/proc/<pid>/task/*/stat`; `false` where that cannot be read (the process is gone, or
-/// belongs to another user).
+/// The thread ids of process `pid`, from `/proc/<pid>/task`; empty where that cannot be read
+/// (the process is gone, or belongs to another user).
+pub(crate) fn thread_ids(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks.filter_map(|task| task.ok()?.file_name().to_str()?.parse().ok()).collect()
+}
+
+/// Whether thread `tid` of process `pid` is runnable (running or waiting for a CPU) on `cpu`,
+/// from `/proc/<pid>/task/<tid>/stat`; `false` where that cannot be read.
 ///
-/// A rank whose spin ran out asks this of the ranks it shares a host with: one of them waiting
-/// behind it on its very core is the peer it spun for.
-pub(crate) fn runnable_on(pid: u32, cpu: usize) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
-    tasks
-        .filter_map(Result::ok)
-        .any(|task| std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| stat_runnable_on(&stat, cpu)))
+/// A rank whose spin runs long asks this of the ranks it shares a host with
+/// (`comm/host_peers.rs`): one of them waiting behind it on its very core is the peer it spins
+/// for.
+pub(crate) fn thread_runnable_on(pid: u32, tid: u32, cpu: usize) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).is_ok_and(|stat| stat_runnable_on(&stat, cpu))
 }
 
 /// Whether a task's `stat` line says it is runnable on `cpu`: its state (the first field after
@@ -242,12 +246,13 @@ mod tests {
         let me = std::process::id();
         let found = (0..200).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(5));
-            runnable_on(me, cpu)
+            thread_ids(me).into_iter().any(|tid| thread_runnable_on(me, tid, cpu))
         });
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         busy.join().unwrap();
         assert!(found, "a thread spinning on cpu {cpu} was never seen runnable there");
-        assert!(!runnable_on(u32::MAX, cpu), "a process that does not exist");
+        assert!(thread_ids(u32::MAX).is_empty(), "a process that does not exist");
+        assert!(!thread_runnable_on(u32::MAX, u32::MAX, cpu));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod exec;
 mod failure_watch;
 mod grow;
 mod health;
+mod host_peers;
 mod hosts;
 mod init;
 mod inspect;

@@ -20,6 +20,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use crate::comm::host_peers::{GLANCE_READS, HostPeer, HostPeers, THOROUGH_READS};
 use crate::comm::matcher::{Held, Key, Mailbox, Refusal};
 
 /// A window this short is not worth a poll: below it the governor stops spinning.
@@ -48,15 +49,7 @@ pub(crate) struct SpinGovernor {
     /// The processes of the ranks that share this host's cores (their pids: checked with
     /// `SO_PEERCRED` where a shared-memory link was set up, else as the host table gave them),
     /// each with whether a shared-memory link to it is up.
-    same_host: std::sync::Mutex<Vec<SameHostPeer>>,
-}
-
-/// A rank that shares this host's cores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct SameHostPeer {
-    pid: u32,
-    /// Whether its messages come through shared memory (else over TCP or QUIC).
-    shared_memory: bool,
+    same_host: HostPeers,
 }
 
 /// How one spin ended.
@@ -78,7 +71,7 @@ impl SpinGovernor {
             waits: AtomicU64::new(0),
             next_probe: AtomicU64::new(0),
             probe_gap: AtomicU64::new(FIRST_PROBE_GAP),
-            same_host: std::sync::Mutex::default(),
+            same_host: HostPeers::default(),
         }
     }
 
@@ -86,14 +79,7 @@ impl SpinGovernor {
     /// shared-memory link to it is up (`shared_memory`; once up, it stays noted). Ranks of this
     /// very process are left out: this thread is always runnable on its own core.
     pub(crate) fn add_same_host_peer(&self, pid: u32, shared_memory: bool) {
-        if pid == std::process::id() {
-            return;
-        }
-        let mut peers = crate::sync::lock(&self.same_host);
-        match peers.iter_mut().find(|p| p.pid == pid) {
-            Some(peer) => peer.shared_memory |= shared_memory,
-            None => peers.push(SameHostPeer { pid, shared_memory }),
-        }
+        self.same_host.add(pid, shared_memory);
     }
 
     /// After a spin ran out: if a rank of this host waits behind this thread on its very core
@@ -102,18 +88,18 @@ impl SpinGovernor {
     /// turns a window at a time. Only then: on two cores, leaving the core during a long
     /// transfer would put the thread on its busy peer's core.
     fn leave_core_if_a_peer_waits_on_it(&self) -> bool {
-        self.leave_core_if_one_waits_on_it(|_| true)
+        self.leave_core_if_one_waits_on_it(|_| true, THOROUGH_READS, true)
     }
 
     /// [`leave_core_if_a_peer_waits_on_it`](Self::leave_core_if_a_peer_waits_on_it) for the
-    /// peers `which` picks.
-    fn leave_core_if_one_waits_on_it(&self, which: impl Fn(&SameHostPeer) -> bool) -> bool {
-        let pids: Vec<u32> = crate::sync::lock(&self.same_host).iter().filter(|p| which(p)).map(|p| p.pid).collect();
-        if pids.is_empty() {
+    /// peers `which` picks, reading at most `reads` threads of each (see
+    /// [`HostPeers::one_waits_on`]).
+    fn leave_core_if_one_waits_on_it(&self, which: impl Fn(&HostPeer) -> bool, reads: usize, relist: bool) -> bool {
+        if !self.same_host.any(&which) {
             return false;
         }
         let cpu = rustix::thread::sched_getcpu();
-        pids.iter().any(|pid| crate::affinity::runnable_on(*pid, cpu)) && crate::affinity::hop_off_current_cpu()
+        self.same_host.one_waits_on(cpu, which, reads, relist) && crate::affinity::hop_off_current_cpu()
     }
 
     /// Part-way through a spin: if this thread is not bound to a core (bound ranks each have
@@ -124,9 +110,15 @@ impl SpinGovernor {
     /// looking for them part-way measured worse (a 16 MiB allreduce between two unbound ranks
     /// fell from 3–4 to 1.7–2.5 GB/s, the spins of a long transfer leaving cores the peer's
     /// copies needed), and the end-of-window check already holds their latency.
+    ///
+    /// This look reads at most [`GLANCE_READS`] threads of each such peer besides the one last
+    /// found waiting (about 10 µs each), not all of them: a peer process of 65 threads took
+    /// 0.7 ms to read in full.
     fn leave_core_if_a_networked_peer_waits_on_it(&self) -> bool {
-        let networked = crate::sync::lock(&self.same_host).iter().any(|p| !p.shared_memory);
-        networked && crate::affinity::thread_unbound() && self.leave_core_if_one_waits_on_it(|p| !p.shared_memory)
+        let networked = |p: &HostPeer| !p.shared_memory;
+        self.same_host.any(networked)
+            && crate::affinity::thread_unbound()
+            && self.leave_core_if_one_waits_on_it(networked, GLANCE_READS, false)
     }
 
     /// The configured window.
@@ -333,26 +325,10 @@ mod tests {
     }
 
     #[test]
-    fn ranks_of_this_host_are_noted_once_with_their_transport_and_this_process_never() {
+    fn a_governor_with_no_live_peer_on_this_host_stays_on_its_core() {
         let g = SpinGovernor::new(Duration::from_millis(1));
-        g.add_same_host_peer(std::process::id(), false);
-        assert!(crate::sync::lock(&g.same_host).is_empty(), "this process was noted as a peer");
-        // From the host table first (over the network), then its shared-memory link came up.
         g.add_same_host_peer(u32::MAX - 1, false);
-        g.add_same_host_peer(u32::MAX - 1, true);
-        // A shared-memory link, then the host table: the link is not forgotten.
         g.add_same_host_peer(u32::MAX - 2, true);
-        g.add_same_host_peer(u32::MAX - 2, false);
-        g.add_same_host_peer(u32::MAX - 3, false);
-        let peers = crate::sync::lock(&g.same_host).clone();
-        assert_eq!(
-            peers,
-            vec![
-                SameHostPeer { pid: u32::MAX - 1, shared_memory: true },
-                SameHostPeer { pid: u32::MAX - 2, shared_memory: true },
-                SameHostPeer { pid: u32::MAX - 3, shared_memory: false },
-            ]
-        );
         // No such processes: nothing waits on this core, so the thread stays where it is.
         assert!(!g.leave_core_if_a_peer_waits_on_it());
         assert!(!g.leave_core_if_a_networked_peer_waits_on_it());
