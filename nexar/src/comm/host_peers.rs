@@ -176,19 +176,26 @@ mod tests {
     fn a_busy_thread_of_another_process_is_found_waiting_on_its_cpu_and_remembered() {
         use rustix::thread::{CpuSet, Pid, sched_setaffinity};
         let cpu = *crate::affinity::allowed_cpus().unwrap().last().unwrap();
-        let mut child = std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap();
+        /// The busy process, killed however the test ends.
+        struct Busy(std::process::Child);
+        impl Drop for Busy {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Busy(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
         let mut set = CpuSet::new();
         set.set(cpu);
-        sched_setaffinity(Pid::from_raw(child.id() as i32), &set).unwrap();
+        sched_setaffinity(Pid::from_raw(child.0.id() as i32), &set).unwrap();
         let peers = HostPeers::default();
-        peers.add(child.id(), false);
+        peers.add(child.0.id(), false);
         let found = (0..200).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(5));
             peers.one_waits_on(cpu, |_| true, THOROUGH_READS, true)
         });
         let remembered = found && peers.one_waits_on(cpu, |_| true, 0, false);
-        child.kill().unwrap();
-        child.wait().unwrap();
+        drop(child);
         assert!(found, "a process spinning on cpu {cpu} was never seen runnable there");
         assert!(remembered, "a glance reads the thread last found waiting first");
     }
