@@ -95,9 +95,6 @@ impl SpinGovernor {
     /// peers `which` picks, reading at most `reads` threads of each (see
     /// [`HostPeers::one_waits_on`]).
     fn leave_core_if_one_waits_on_it(&self, which: impl Fn(&HostPeer) -> bool, reads: usize, relist: bool) -> bool {
-        if !self.same_host.any(&which) {
-            return false;
-        }
         let cpu = rustix::thread::sched_getcpu();
         self.same_host.one_waits_on(cpu, which, reads, relist) && crate::affinity::hop_off_current_cpu()
     }
