@@ -18,7 +18,6 @@
 //!   message, so the next receive for the tag gets all of it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nexar_types::DType;
@@ -121,24 +120,6 @@ pub(super) async fn send_through_channel(
     })
 }
 
-/// How long a segment waits for room in the ring, letting the task's other futures (often
-/// the receive of the peer's message, which the peer's own send waits on) run meanwhile,
-/// before it is copied and queued behind the ring instead. About the time a rank takes to
-/// copy a segment out.
-const ROOM_WAIT: Duration = Duration::from_micros(300);
-
-/// Waits up to [`ROOM_WAIT`] until `len` bytes fit in `link`'s bulk channel at once.
-async fn wait_for_room(link: &PeerLink, len: usize) {
-    let mut since: Option<Instant> = None;
-    while !link.bulk_fits_now(len) {
-        let started = *since.get_or_insert_with(Instant::now);
-        if started.elapsed() > ROOM_WAIT {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-}
-
 /// The error for a group whose channel stopped before it was written.
 pub(crate) fn channel_stopped(link: &PeerLink) -> TransportError {
     TransportError::ConnectionLost {
@@ -168,7 +149,6 @@ impl NexarClient {
         let mut out =
             Outgoing { client: self, dest, comm: self.comm.id, tag, dtype, id, each, bytes, next: 0, settled: false };
         while let Some((msg, chunk)) = out.segment(out.next) {
-            wait_for_room(direct, chunk.len()).await;
             let done = match link.send_borrowed(&msg, &[chunk]).await {
                 Some(Ok(done)) => done,
                 Some(Err(error)) => {

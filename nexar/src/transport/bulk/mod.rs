@@ -122,8 +122,9 @@ pub trait BulkChannel: Send + Sync + 'static {
     }
 
     /// Whether a group of `len` bytes given to [`send_borrowed`](Self::send_borrowed) now
-    /// would be sent within the call rather than copied and queued (`true` by default). A
-    /// sender that may wait uses it to wait briefly for room instead of copying.
+    /// would be sent within the call rather than copied and queued (`true` by default). Every
+    /// lent send, collective or point-to-point, waits up to a few hundred microseconds for it
+    /// before its payload is copied.
     fn fits_now(&self, len: usize) -> bool {
         let _ = len;
         true
@@ -390,11 +391,6 @@ impl BulkSlot {
             return Err(true);
         }
         Ok(channel.clone())
-    }
-
-    /// Whether a `len`-byte group would go into the attached channel at once.
-    pub fn fits_now(&self, len: usize) -> bool {
-        self.channel.get().is_none_or(|c| c.fits_now(len))
     }
 
     /// Whether a new collective's `len`-byte message would take the channel.
