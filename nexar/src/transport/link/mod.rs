@@ -38,8 +38,11 @@ const GROUP_FRAMES: usize = 256;
 /// the task's other futures run meanwhile (often the receive of the peer's message, which the
 /// peer's own send waits on). About the time a rank takes to copy a 1 MiB segment out. Without
 /// it, a 64 MiB broadcast's root ran ahead of its ring and copied most segments into fresh
-/// memory first, at 2.6–4 GB/s instead of 7–10.
+/// memory first, at 2.6–4 GB/s instead of 7–10 (a 2 ms wait measured no better than this).
 const ROOM_WAIT: Duration = Duration::from_micros(300);
+/// The shortest payload that waits for room: a shorter copy costs less, in cache, than the
+/// check (which takes the channel's lock once more).
+const ROOM_WAIT_MIN: usize = 64 << 10;
 use writer::write_lane;
 
 pub use super::lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
@@ -284,7 +287,9 @@ impl PeerLink {
             // Dropped while waiting, nothing was read from `payload`.
             channel.room().await;
         }
-        wait_for_room(&*channel, len + GROUP_FRAMES).await;
+        if len >= ROOM_WAIT_MIN {
+            wait_for_room(&*channel, len + GROUP_FRAMES).await;
+        }
         let written = message::encode_with(msg, |body| {
             let (message_head, raw_head) = (message_head(body.len()), raw_head(len as u64));
             let frames: [&[u8]; 3] = [&message_head, body, &raw_head];
