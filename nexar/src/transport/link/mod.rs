@@ -394,3 +394,49 @@ async fn wait_for_room(channel: &dyn BulkChannel, len: usize) {
         tokio::task::yield_now().await;
     }
 }
+
+#[cfg(test)]
+mod room_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+
+    use super::{BulkChannel, ROOM_WAIT, wait_for_room};
+    use crate::transport::bulk::BulkSend;
+
+    /// A channel with room for a group once it has been asked `full_for` times.
+    struct Filling {
+        asked: AtomicUsize,
+        full_for: usize,
+    }
+
+    impl BulkChannel for Filling {
+        fn name(&self) -> &'static str {
+            "filling"
+        }
+        fn send(&self, _: Vec<Bytes>) -> BulkSend {
+            Box::pin(async { Ok(()) })
+        }
+        fn fits_now(&self, _: usize) -> bool {
+            self.asked.fetch_add(1, Ordering::SeqCst) >= self.full_for
+        }
+    }
+
+    #[tokio::test]
+    async fn a_send_waits_until_the_channel_has_room() {
+        let channel = Filling { asked: AtomicUsize::new(0), full_for: 5 };
+        wait_for_room(&channel, 1 << 20).await;
+        assert_eq!(channel.asked.load(Ordering::SeqCst), 6, "asked until it fitted, not after");
+    }
+
+    #[tokio::test]
+    async fn a_channel_that_never_has_room_holds_a_send_only_for_the_bounded_wait() {
+        let channel = Filling { asked: AtomicUsize::new(0), full_for: usize::MAX };
+        let started = std::time::Instant::now();
+        tokio::time::timeout(std::time::Duration::from_secs(60), wait_for_room(&channel, 1 << 20))
+            .await
+            .expect("the wait for room ended on its own");
+        assert!(started.elapsed() >= ROOM_WAIT, "gave up before the bounded wait");
+        assert!(channel.asked.load(Ordering::SeqCst) > 1, "looked again while it waited");
+    }
+}
