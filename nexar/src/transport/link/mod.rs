@@ -29,6 +29,9 @@ mod reader;
 mod writer;
 
 use reader::route;
+use writer::write_lane;
+
+pub use super::lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
 
 /// Bytes a message group holds besides its payload, at most: the message frame (a
 /// point-to-point or collective message encodes in well under this) and the raw frame's header.
@@ -43,9 +46,6 @@ const ROOM_WAIT: Duration = Duration::from_micros(300);
 /// The shortest payload that waits for room: a shorter copy costs less, in cache, than the
 /// check (which takes the channel's lock once more).
 const ROOM_WAIT_MIN: usize = 64 << 10;
-use writer::write_lane;
-
-pub use super::lanes::{Incoming, Lane, LaneReceivers, LaneSenders, lanes};
 
 /// How a collective message handed to [`PeerLink::send_borrowed`] finishes.
 #[derive(Debug)]
