@@ -100,6 +100,26 @@ impl BulkInbound {
         Ok(Incoming::new(self.peer, msg, payload))
     }
 
+    /// Checks a group whose every byte is in `copied`, a private copy [`peek`](Self::peek)
+    /// found `msg` in, as [`open`](Self::open) does, and turns it into `msg` with its payload
+    /// copied out of `copied`: a small group needs no buffer from the pool, no second read of
+    /// its channel and no second decoding of its message. The frames are parsed again (their
+    /// lengths are checked against `copied`, so a `msg` from other bytes can only fail).
+    pub(crate) fn open_copied(&self, copied: &[u8], msg: PeerMsg) -> Result<Incoming, FrameError> {
+        let (header, rest) = frame_header(copied, 0, MAX_CONTROL_FRAME)?;
+        header.expect(FrameKind::Message)?;
+        let body_end = body_end(rest, header.len, copied.len())?;
+        let Some((expected, limit)) = announced_payload(&msg, self.max_payload)? else {
+            return Err(FrameError::InvalidMessage("a message without a payload".into()));
+        };
+        let payload = raw_payload(copied, body_end, expected, limit, copied.len())?;
+        let payload = if payload.is_empty() { Bytes::new() } else { Bytes::copy_from_slice(&copied[payload]) };
+        if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
+            slot.received((*comm, *seq));
+        }
+        Ok(Incoming::new(self.peer, msg, Payload::from_group(&payload, 0..payload.len(), &[])?))
+    }
+
     /// Checks a `len`-byte group as [`open`](Self::open) does, from its first bytes `prefix`,
     /// and turns it into its message with a payload that `lend` lends (given the payload's
     /// range in the group) instead of a copy. `Ok(None)` when `prefix` ends before the
@@ -117,13 +137,7 @@ impl BulkInbound {
         if prefix.len() < body_end + HEADER_LEN {
             return Ok(None);
         }
-        let (raw, start) = frame_header(prefix, body_end, limit)?;
-        raw.expect(FrameKind::Raw)?;
-        if raw.len != expected {
-            return Err(raw_length_disagrees(expected, raw.len));
-        }
-        let end = body_end_exact(start, raw.len, len)?;
-        let Some(lent) = lend(start..end) else { return Ok(None) };
+        let Some(lent) = lend(raw_payload(prefix, body_end, expected, limit, len)?) else { return Ok(None) };
         if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
             slot.received((*comm, *seq));
         }
@@ -258,13 +272,26 @@ pub(crate) fn decode_group_carrying(
 ) -> Result<(PeerMsg, Payload), FrameError> {
     let opened = &group[..deferred.first().map_or(group.len(), |d| d.at.min(group.len()))];
     let (msg, body_end, expected, limit) = payload_message(opened, max_payload, carries)?;
-    let (raw, start) = frame_header(opened, body_end, limit)?;
+    let payload = raw_payload(opened, body_end, expected, limit, group.len())?;
+    Ok((msg, Payload::from_group(group, payload, deferred)?))
+}
+
+/// Where the payload of a `total`-byte group lies: the raw frame whose header follows the
+/// message frame (which ends at `body_end`) in the group's first bytes `prefix`, of exactly
+/// the `expected` length, with nothing after it.
+fn raw_payload(
+    prefix: &[u8],
+    body_end: usize,
+    expected: u64,
+    limit: u64,
+    total: usize,
+) -> Result<std::ops::Range<usize>, FrameError> {
+    let (raw, start) = frame_header(prefix, body_end, limit)?;
     raw.expect(FrameKind::Raw)?;
     if raw.len != expected {
         return Err(raw_length_disagrees(expected, raw.len));
     }
-    let end = body_end_exact(start, raw.len, group.len())?;
-    Ok((msg, Payload::from_group(group, start..end, deferred)?))
+    Ok(start..body_end_exact(start, raw.len, total)?)
 }
 
 /// The frame header at `at`, checked against `limit`, and where its body starts.

@@ -239,7 +239,14 @@ impl RingReading {
             return false;
         }
         let Some(admitted) = self.inbound.admit_now(&msg, payload_len) else { return false };
-        let incoming = if lendable(len, reader) {
+        let incoming = if peeked.len() == len {
+            // The whole group is in the copy `msg` was found in (a barrier's, a small
+            // message's): opened from there, without a pool buffer or a second read.
+            match self.inbound.open_copied(peeked, msg) {
+                Ok(incoming) => Some(incoming),
+                Err(_) => return false,
+            }
+        } else if lendable(len, reader) {
             match self.inbound.open_lent(peeked, len, |payload| lend(reader, 8, payload)) {
                 Ok(Some(incoming)) => Some(incoming),
                 Ok(None) => None,
