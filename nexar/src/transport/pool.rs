@@ -34,6 +34,11 @@ fn class_of(words: usize) -> usize {
 impl BufferPool {
     /// A buffer of at least `bytes` bytes. Its contents are unspecified.
     pub fn take(&self, bytes: usize) -> Vec<u64> {
+        if bytes == 0 {
+            // Nothing to lend (a barrier's scratch space): no trip through the pool's queues,
+            // and `give` drops the empty vector.
+            return Vec::new();
+        }
         let words = bytes.div_ceil(8);
         let class = class_of(words);
         if let Some(v) = self.classes.get(class).and_then(ArrayQueue::pop) {
@@ -132,6 +137,7 @@ mod tests {
         assert_eq!(&pooled_gather(&pool, &[&[1, 2], &[], &[3]])[..], &[1, 2, 3]);
         assert_eq!(again.as_ptr(), ptr);
         assert_eq!(&again[..], &[9; 5]);
+        assert!(pool.take(0).is_empty(), "an empty loan takes nothing from the pool");
         let big = pool.take(1000);
         assert!(big.len() * 8 >= 1000);
         pool.give(big);
