@@ -55,6 +55,34 @@ fn bad_groups_are_refused_with_a_reason() {
     }
 }
 
+#[test]
+fn a_group_opened_from_its_peeked_copy_is_checked_as_a_whole_one_is() {
+    let lanes = super::super::lanes::lanes(4).0;
+    let slot = Arc::new(BulkSlot::new(1, &lanes));
+    let inbound = BulkInbound::new(1, lanes, 1 << 20, &slot);
+    // Well formed: the same message and payload as the whole group's decoding.
+    for payload in [&[][..], &[7u8; 16][..]] {
+        let g = group(&coll(payload.len() as u64 / 4), payload.len() as u64, payload);
+        let (msg, len) = inbound.peek(&g).unwrap().unwrap();
+        assert_eq!(len, payload.len() as u64);
+        let opened = inbound.open_copied(&g, msg).unwrap();
+        assert_eq!((opened.from, &opened.msg), (1, &coll(payload.len() as u64 / 4)));
+        assert_eq!(opened.payload.to_vec().unwrap(), payload);
+    }
+    // A raw frame that disagrees with the message, a short or long group: refused for the
+    // same reasons (the message alone, found in the copy, does not make the group whole).
+    let cases = [
+        (group(&coll(4), 12, &[0u8; 12]), "announces 16"),
+        (group(&coll(4), 16, &[0u8; 15]), "runs past"),
+        (group(&coll(4), 16, &[0u8; 17]), "follow the payload"),
+    ];
+    for (g, want) in cases {
+        let (msg, _) = inbound.peek(&g).unwrap().unwrap();
+        let err = inbound.open_copied(&g, msg).unwrap_err().to_string();
+        assert!(err.to_lowercase().contains(want), "{err:?} should mention {want:?}");
+    }
+}
+
 struct Nowhere(std::sync::atomic::AtomicBool);
 
 impl BulkChannel for Nowhere {
