@@ -2,7 +2,7 @@
 //! in-process cluster. Prints the plan and checks it gives what the separate calls give.
 //!
 //! ```text
-//! cargo run --release --example plan
+//! cargo run --example plan
 //! ```
 
 use nexar::prelude::*;

@@ -3,7 +3,7 @@
 //! from rank 0, and meets the others at a barrier.
 //!
 //! ```text
-//! cargo run --release --example quickstart
+//! cargo run --example quickstart
 //! ```
 
 use nexar::prelude::*;

@@ -2,7 +2,7 @@
 //! program, on 127.0.0.1) call typed functions on each other.
 //!
 //! ```text
-//! cargo run --release --example rpc
+//! cargo run --example rpc
 //! ```
 
 use std::net::SocketAddr;

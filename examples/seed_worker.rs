@@ -4,7 +4,7 @@
 //! of itself, on 127.0.0.1):
 //!
 //! ```text
-//! cargo run --release --example seed_worker
+//! cargo run --example seed_worker
 //! ```
 //!
 //! Or one process per terminal (or per host):

@@ -3,7 +3,7 @@
 //! receive).
 //!
 //! ```text
-//! cargo run --release --example send_recv
+//! cargo run --example send_recv
 //! ```
 
 use nexar::prelude::*;
