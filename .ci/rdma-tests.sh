@@ -18,10 +18,13 @@ if [ "${1:-}" = "--lib" ]; then
 fi
 filter=("$@")
 
-# Diagnostics still go to stderr; stdout carries one JSON message per built artifact.
+# Diagnostics still go to stderr; stdout carries one JSON message per built artifact. Kept in
+# a file first, so that a build that fails stops the script (a failure inside `< <(...)` would not).
+artifacts=$(mktemp)
+trap 'rm -f "$artifacts"' EXIT
+cargo test --workspace --features "nexar-rdma/$feature" --no-run --message-format=json-render-diagnostics >"$artifacts"
 mapfile -t bins < <(
-  cargo test --workspace --features "nexar-rdma/$feature" --no-run --message-format=json-render-diagnostics |
-    python3 -c '
+  python3 -c '
 import json, sys
 only_lib = sys.argv[1] == "1"
 for line in sys.stdin:
@@ -33,7 +36,7 @@ for line in sys.stdin:
     if only_lib and "lib" not in msg["target"]["kind"]:
         continue
     print(msg["executable"])
-' "$only_lib"
+' "$only_lib" <"$artifacts"
 )
 if [ ${#bins[@]} -eq 0 ]; then
   echo "no nexar-rdma test binary was built with feature $feature" >&2
