@@ -467,7 +467,7 @@ impl NexarClient {
         };
         // Shared memory with a peer of this host is read on this task while it spins.
         let link = self.inner.links.get(key.src as usize);
-        let read_link = || link.and_then(|l| l.bulk_deliver_ready());
+        let read_link = || link.and_then(|l| l.bulk_deliver_ready(None));
         if let Some(held) = super::spin::spin_take(&self.inner.mailbox, key, Some(&self.inner.spin), read_link)
             .await
             .map_err(refused)?

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::comm::host_peers::{GLANCE_READS, HostPeer, HostPeers, THOROUGH_READS};
 use crate::comm::matcher::{Held, Key, Mailbox, Refusal};
+use crate::transport::bulk::ReadItself;
 
 /// A window this short is not worth a poll: below it the governor stops spinning.
 const MIN_WINDOW_NS: u64 = 4_000;
@@ -181,23 +182,27 @@ const LOOK_FOR_PEER_AFTER: Duration = Duration::from_micros(50);
 /// Polls `mailbox` for `key` for up to the governor's window, yielding between polls so this
 /// runtime keeps driving its I/O (the message we wait for arrives through it). Between polls
 /// that find nothing, `read_link` may deliver what the sender's link holds ready (a channel
-/// read on this task; `Some(hold)` if it read the link itself, see
-/// [`BulkChannel::deliver_ready`](crate::transport::bulk::BulkChannel::deliver_ready)).
+/// read on this task; `Some` if it read the link itself, see
+/// [`BulkChannel::deliver_ready`](crate::transport::bulk::BulkChannel::deliver_ready)), or
+/// hand back the message itself, which then never enters the mailbox.
 /// `Ok(None)` when nothing came. `spin` is `None` where spinning is not worth a core at all.
 pub(super) async fn spin_take(
     mailbox: &Mailbox,
     key: Key,
     spin: Option<&SpinGovernor>,
-    read_link: impl Fn() -> Option<Duration>,
+    read_link: impl Fn() -> Option<ReadItself>,
 ) -> Result<Option<Held>, Refusal> {
     match spin {
         Some(governor) => {
             spin_poll_reading(governor, |read_itself| match mailbox.try_take(key)? {
                 Some(held) => Ok(Some(held)),
                 None => match read_link() {
-                    Some(hold) => {
-                        *read_itself = Some(hold);
-                        mailbox.try_take(key)
+                    Some(read) => {
+                        *read_itself = Some(read.hold);
+                        match read.awaited.and_then(|incoming| mailbox.handed(key, incoming)) {
+                            Some(held) => Ok(Some(held)),
+                            None => mailbox.try_take(key),
+                        }
                     }
                     None => Ok(None),
                 },

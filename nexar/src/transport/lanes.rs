@@ -130,10 +130,21 @@ impl LaneSenders {
         if let Some(back) = sink.deliver_now(incoming) {
             return Some(back);
         }
+        self.heard(from);
+        None
+    }
+
+    /// Whether collective messages go straight into a store (the one their receives take
+    /// them from).
+    pub(crate) fn collectives_direct(&self) -> bool {
+        self.direct[Lane::Raw as usize].is_some()
+    }
+
+    /// Records a sign of life from `from`, as every delivery does.
+    pub(crate) fn heard(&self, from: u32) {
         if let Some(liveness) = &self.liveness {
             liveness.heard(from);
         }
-        None
     }
 
     /// Queues a message on its lane, waiting while the lane is full. Fails only when the
@@ -141,9 +152,7 @@ impl LaneSenders {
     /// only say the sender is alive. Relay envelopes are opened (when addressed here) or
     /// forwarded.
     pub async fn deliver(&self, incoming: Incoming) -> Result<(), Incoming> {
-        if let Some(liveness) = &self.liveness {
-            liveness.heard(incoming.from);
-        }
+        self.heard(incoming.from);
         if matches!(incoming.msg, PeerMsg::Heartbeat) {
             return Ok(());
         }

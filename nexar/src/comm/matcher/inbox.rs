@@ -148,6 +148,24 @@ mod tests {
         );
     }
 
+    /// A message a channel hands straight to the receive that waits for it goes to that
+    /// receive without ever being held; one handed for the wrong key is delivered as usual,
+    /// and one this store does not take is dropped as delivery drops it.
+    #[tokio::test]
+    async fn a_message_handed_to_its_receive_never_enters_the_store() {
+        let store = Mailbox::for_collectives(16, 1 << 20, 2);
+        let held = store.handed(key(1), incoming(coll(1))).expect("the awaited message");
+        assert_eq!((held.count, held.payload.len()), (4, 4));
+        assert!(held.check.is_some(), "what the sender called travels with it");
+        assert_eq!(store.held(), (0, 0), "nothing held, nothing reserved");
+        assert!(store.handed(key(1), incoming(coll(2))).is_none(), "another collective's message");
+        assert_eq!(store.held(), (1, 4), "delivered into the store, not lost");
+        assert_eq!(store.try_take(key(2)).unwrap().map(|h| h.payload.len()), Some(4));
+        let p2p = PeerMsg::P2p { comm: 9, tag: 1, dtype: DType::U8.to_wire(), count: 4 };
+        assert!(store.handed(key(1), incoming(p2p)).is_none());
+        assert_eq!(store.held(), (0, 0), "not this store's: ignored");
+    }
+
     /// A failed channel's word on what it carried fails only those collectives: one that
     /// never used the channel goes on.
     #[tokio::test]

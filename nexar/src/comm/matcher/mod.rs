@@ -397,6 +397,25 @@ impl Mailbox {
         Delivered::Parked
     }
 
+    /// The message a receive for `key` waits for, handed to it straight off its channel
+    /// (see [`BulkChannel::deliver_ready`]): it never enters the store, so it takes no room
+    /// and needs no insertion or removal. `None` if it is not for `key` after all (it is then
+    /// delivered as any message is) or not a message this store takes (dropped, as delivery
+    /// drops it).
+    ///
+    /// [`BulkChannel::deliver_ready`]: crate::transport::bulk::BulkChannel::deliver_ready
+    pub fn handed(&self, key: Key, incoming: Incoming) -> Option<Held> {
+        let (handed, held) = match self.takes {
+            Takes::PointToPoint => p2p_entry(incoming),
+            Takes::Collectives => coll_entry(incoming),
+        }?;
+        if handed == key {
+            return Some(held);
+        }
+        let _ = self.try_deliver(handed, held);
+        None
+    }
+
     /// Takes the oldest message for `key` if one is there, without registering a waiter.
     pub fn try_take(&self, key: Key) -> Result<Option<Held>, Refusal> {
         let mut st = self.lock();

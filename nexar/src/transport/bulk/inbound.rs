@@ -150,6 +150,22 @@ impl BulkInbound {
         self.lanes.deliver_now(incoming)
     }
 
+    /// Whether a receive may take a collective message of this peer straight off the channel
+    /// (see [`BulkChannel::deliver_ready`]): where collectives go straight into the rank's
+    /// store, the one that receive would otherwise take it from.
+    ///
+    /// [`BulkChannel::deliver_ready`]: super::BulkChannel::deliver_ready
+    pub(crate) fn hands_over(&self) -> bool {
+        self.lanes.collectives_direct()
+    }
+
+    /// Hands an opened message to the receive that waits for it instead of delivering it:
+    /// a sign of life from the peer, as a delivery is.
+    pub(crate) fn hand_over(&self, incoming: Incoming) -> Incoming {
+        self.lanes.heard(self.peer);
+        incoming
+    }
+
     /// Delivers an [`open`](Self::open)ed message, waiting as long as delivery takes.
     pub(crate) async fn deliver_opened(&self, incoming: Incoming) {
         let _ = self.lanes.deliver(incoming).await;

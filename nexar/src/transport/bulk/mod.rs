@@ -23,7 +23,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::TransportError;
-use super::lanes::{DirectSink, LaneSenders};
+use super::lanes::{DirectSink, Incoming, LaneSenders};
+use crate::proto::message::PeerMsg;
 
 mod inbound;
 #[cfg(feature = "hostile-member")]
@@ -54,6 +55,47 @@ pub enum Sent {
     Done(Result<(), TransportError>),
     /// The group is queued; the future resolves once it is sent.
     Later(BulkSend),
+}
+
+/// The collective message a receive waits for, named to a channel it reads itself
+/// ([`BulkChannel::deliver_ready`]).
+///
+/// ```
+/// use nexar::backend::Awaited;
+/// let awaited = Awaited { comm: 0, seq: 7, part: 0 };
+/// assert_eq!(awaited.seq, 7);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Awaited {
+    /// The communicator's id.
+    pub comm: u64,
+    /// The collective's sequence number on that communicator.
+    pub seq: u64,
+    /// The message's segment of the collective.
+    pub part: u32,
+}
+
+impl Awaited {
+    /// Whether `msg` is the awaited message (its sender is the channel's peer).
+    pub fn is(&self, msg: &PeerMsg) -> bool {
+        matches!(msg, PeerMsg::Coll { comm, seq, part, .. } if (*comm, *seq, *part) == (self.comm, self.seq, self.part))
+    }
+}
+
+/// What a receive's own read of a channel did ([`BulkChannel::deliver_ready`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use nexar::backend::ReadItself;
+/// let read = ReadItself { hold: Duration::from_micros(2), awaited: None };
+/// assert!(read.awaited.is_none());
+/// ```
+#[derive(Debug)]
+pub struct ReadItself {
+    /// How long a spinning caller may keep its thread from the runtime's other tasks.
+    pub hold: Duration,
+    /// The awaited message, checked and taken off the channel, for the caller alone.
+    pub awaited: Option<Incoming>,
 }
 
 /// The future of [`BulkChannel::closed`].
@@ -163,13 +205,18 @@ pub trait BulkChannel: Send + Sync + 'static {
     }
 
     /// Delivers, on the calling task, what the channel has received whole and nexar takes at
-    /// once, instead of leaving it to the channel's own reader. `Some(hold)` if it read the
-    /// channel itself: it may have delivered something (the caller then looks at its mailbox
-    /// again), and a caller that spins may keep its thread from the runtime's other tasks for
-    /// up to `hold` since it last let them run (so return it only where what is left needs no
+    /// once, instead of leaving it to the channel's own reader. `Some` if it read the channel
+    /// itself: it may have delivered something (the caller then looks at its mailbox again),
+    /// and a caller that spins may keep its thread from the runtime's other tasks for up to
+    /// [`ReadItself::hold`] since it last let them run (so only where what is left needs no
     /// other task for that long). A receive spinning on its mailbox calls this between its
     /// polls (nothing, by default: `None`). It must never wait.
-    fn deliver_ready(&self) -> Option<Duration> {
+    ///
+    /// `awaited` names the collective message the caller waits for: a channel may hand it
+    /// straight back ([`ReadItself::awaited`], checked as any group is) when it is the next
+    /// group it has whole, rather than deliver it into the store the caller then takes it from.
+    fn deliver_ready(&self, awaited: Option<Awaited>) -> Option<ReadItself> {
+        let _ = awaited;
         None
     }
 
@@ -400,8 +447,8 @@ impl BulkSlot {
 
     /// Delivers on the calling task what the attached channel received whole
     /// ([`BulkChannel::deliver_ready`]); `Some` if anything may have been.
-    pub fn deliver_ready(&self) -> Option<Duration> {
-        self.channel.get().and_then(|c| c.deliver_ready())
+    pub fn deliver_ready(&self, awaited: Option<Awaited>) -> Option<ReadItself> {
+        self.channel.get().and_then(|c| c.deliver_ready(awaited))
     }
 
     /// Whether a new collective's `len`-byte message would arrive through a thread of the

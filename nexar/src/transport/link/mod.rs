@@ -189,10 +189,14 @@ impl PeerLink {
         self.bulk.takes_on_thread(len)
     }
 
-    /// Delivers on the calling task what the link's bulk channel received whole (see
-    /// [`BulkChannel::deliver_ready`]); `Some` if anything may have been.
-    pub(crate) fn bulk_deliver_ready(&self) -> Option<std::time::Duration> {
-        self.bulk.deliver_ready()
+    /// Delivers on the calling task what the link's bulk channel received whole, or hands
+    /// back the `awaited` message (see [`BulkChannel::deliver_ready`]); `Some` if anything
+    /// may have been.
+    pub(crate) fn bulk_deliver_ready(
+        &self,
+        awaited: Option<crate::transport::bulk::Awaited>,
+    ) -> Option<crate::transport::bulk::ReadItself> {
+        self.bulk.deliver_ready(awaited)
     }
 
     /// Where the peer's QUIC endpoint is, as this link reaches it.

@@ -21,7 +21,7 @@ use tokio::net::UnixStream;
 
 use super::channel::{GOODBYE, State};
 use super::ring::{Corrupt, Reader};
-use crate::transport::bulk::BulkInbound;
+use crate::transport::bulk::{Awaited, BulkInbound, ReadItself};
 use crate::transport::framed::LentBytes;
 use crate::transport::inbox::Admitted;
 use crate::transport::incoming::Incoming;
@@ -189,33 +189,47 @@ impl RingReading {
     /// anything unusual (a group not yet whole, a wait for admission, a broken group, the
     /// goodbye) is left in the ring for the task. `Some(`[`SELF_READ_HOLD`]`)` if something
     /// was delivered or the ring was read to its end (nothing waits for the task then).
-    pub(super) fn deliver_ready(&self) -> Option<Duration> {
+    ///
+    /// A group that carries the `awaited` message is not delivered but handed back
+    /// ([`ReadItself::awaited`]): the receive that waits for it takes it without going through
+    /// the rank's store (no insertion, admission or removal there), and reading stops after it.
+    pub(super) fn deliver_ready(&self, awaited: Option<Awaited>) -> Option<ReadItself> {
         let Ok(mut guard) = self.core.try_lock() else { return None };
         let core = guard.as_mut()?;
+        let awaited = awaited.filter(|_| self.inbound.hands_over());
         let mut delivered = false;
-        while core.undelivered.is_none() && self.take_whole_group(core) {
-            delivered = true;
+        while core.undelivered.is_none() {
+            match self.take_whole_group(core, awaited) {
+                WholeGroup::Delivered => delivered = true,
+                WholeGroup::Awaited(incoming) => {
+                    return Some(ReadItself { hold: SELF_READ_HOLD, awaited: Some(incoming) });
+                }
+                WholeGroup::Left => break,
+            }
         }
-        (delivered || (core.undelivered.is_none() && core.reader.ready() == Ok(0))).then_some(SELF_READ_HOLD)
+        let read = delivered || (core.undelivered.is_none() && core.reader.ready() == Ok(0));
+        read.then_some(ReadItself { hold: SELF_READ_HOLD, awaited: None })
     }
 
-    /// Reads, checks and delivers (or keeps as undelivered) the next group if it lies whole in
-    /// the ring and its payload is admitted at once; `false` leaves the ring as it was. The
-    /// checks are those of [`read_group`], made on copies before anything is read.
-    fn take_whole_group(&self, core: &mut ReadCore) -> bool {
+    /// Reads, checks and delivers (or keeps as undelivered, or hands back if it carries the
+    /// `awaited` message) the next group if it lies whole in the ring and its payload is
+    /// admitted at once; [`WholeGroup::Left`] leaves the ring as it was. The checks are those
+    /// of [`read_group`], made on copies before anything is read.
+    fn take_whole_group(&self, core: &mut ReadCore, awaited: Option<Awaited>) -> WholeGroup {
+        use WholeGroup::Left;
         let mut word = [0u8; 8];
         if !core.reader.peek(0, &mut word).unwrap_or(false) {
-            return false;
+            return Left;
         }
         let len = u64::from_le_bytes(word);
         if len == GOODBYE || len > self.limits.max_group {
-            return false;
+            return Left;
         }
         let len = len as usize;
         let ReadCore { reader, pool, peeked, undelivered } = core;
         // `ready` is the peer's head read again: checked, not trusted to be at least 8 still.
         if reader.ready().map_or(true, |ready| ready.checked_sub(8).is_none_or(|rest| rest < len)) {
-            return false;
+            return Left;
         }
         // The message frame, from a short prefix where it fits (it does, but for a peer's
         // odd encoding): the group's bytes are then copied once, straight into its buffer.
@@ -223,7 +237,7 @@ impl RingReading {
         for prefix in [SHORT_PEEK, PEEK] {
             peeked.resize(len.min(prefix), 0);
             if !reader.peek(8, peeked).unwrap_or(false) {
-                return false;
+                return Left;
             }
             match self.inbound.peek(peeked) {
                 Ok(Some(frame)) => {
@@ -231,26 +245,36 @@ impl RingReading {
                     break;
                 }
                 Ok(None) if peeked.len() < len => {}
-                _ => return false,
+                _ => return Left,
             }
         }
-        let Some((msg, payload_len)) = found else { return false };
+        let Some((msg, payload_len)) = found else { return Left };
         if payload_len > len as u64 || len as u64 - payload_len > FRAMES_MAX {
-            return false;
+            return Left;
         }
-        let Some(admitted) = self.inbound.admit_now(&msg, payload_len) else { return false };
+        // The awaited message goes to its receive, which consumes it at once: it is never
+        // held, so it needs no room in the store.
+        let awaited = awaited.is_some_and(|awaited| awaited.is(&msg));
+        let admitted = if awaited {
+            None
+        } else {
+            match self.inbound.admit_now(&msg, payload_len) {
+                Some(admitted) => Some(admitted),
+                None => return Left,
+            }
+        };
         let incoming = if peeked.len() == len {
             // The whole group is in the copy `msg` was found in (a barrier's, a small
             // message's): opened from there, without a pool buffer or a second read.
             match self.inbound.open_copied(peeked, msg) {
                 Ok(incoming) => Some(incoming),
-                Err(_) => return false,
+                Err(_) => return Left,
             }
         } else if lendable(len, reader) {
             match self.inbound.open_lent(peeked, len, |payload| lend(reader, 8, payload)) {
                 Ok(Some(incoming)) => Some(incoming),
                 Ok(None) => None,
-                Err(_) => return false,
+                Err(_) => return Left,
             }
         } else {
             None
@@ -263,22 +287,35 @@ impl RingReading {
                 // delivery).
                 let mut group = RecvPool::take(pool, len, len as u64 - payload_len);
                 if !reader.peek(8, group.room(len)).unwrap_or(false) {
-                    return false;
+                    return Left;
                 }
-                let Ok(incoming) = self.inbound.open(Bytes::from_owner(group)) else { return false };
+                let Ok(incoming) = self.inbound.open(Bytes::from_owner(group)) else { return Left };
                 incoming
             }
         };
         if !reader.skip(8 + len).unwrap_or(false) {
-            return false;
+            return Left;
         }
         reader.release();
         drop(admitted);
+        if awaited {
+            return WholeGroup::Awaited(self.inbound.hand_over(incoming));
+        }
         if let Some(back) = self.inbound.deliver_now(incoming) {
             *undelivered = Some(back);
         }
-        true
+        WholeGroup::Delivered
     }
+}
+
+/// What [`RingReading::take_whole_group`] did with the ring's next group.
+enum WholeGroup {
+    /// Delivered (or kept to be delivered by the task).
+    Delivered,
+    /// The awaited message, for the receive that reads the ring.
+    Awaited(Incoming),
+    /// Left in the ring for the task: not whole, not admitted at once, or something unusual.
+    Left,
 }
 
 /// One group: `Ok(false)` when the peer said goodbye.
