@@ -509,7 +509,7 @@ impl NexarClient {
         let other_transport = link.is_some_and(|l| l.bulk_takes_on_thread(bytes));
         let spin = if other_transport { None } else { Some(&self.inner.spin) };
         // The message itself comes straight back where the link's channel has it whole.
-        let awaited = crate::transport::bulk::Awaited { comm: key.comm, seq: key.tag, part: key.part };
+        let awaited = crate::transport::bulk::Awaited::Collective { comm: key.comm, seq: key.tag, part: key.part };
         let read_link = || link.and_then(|l| l.bulk_deliver_ready(Some(awaited)));
         if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin, read_link).await.map_err(refused)? {
             return Ok(held);

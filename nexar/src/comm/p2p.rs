@@ -16,6 +16,7 @@ use crate::comm::matcher::{Held, Key, Refusal};
 use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::transport::TransportError;
+use crate::transport::bulk::Awaited;
 use crate::transport::framed::{Payload, PayloadError};
 use crate::transport::link::Incoming;
 
@@ -467,7 +468,9 @@ impl NexarClient {
         };
         // Shared memory with a peer of this host is read on this task while it spins.
         let link = self.inner.links.get(key.src as usize);
-        let read_link = || link.and_then(|l| l.bulk_deliver_ready(None));
+        // A message sent whole comes straight back where the link's channel has it whole.
+        let awaited = (key.part == 0).then_some(Awaited::PointToPoint { comm: key.comm, tag: key.tag });
+        let read_link = || link.and_then(|l| l.bulk_deliver_ready(awaited));
         if let Some(held) = super::spin::spin_take(&self.inner.mailbox, key, Some(&self.inner.spin), read_link)
             .await
             .map_err(refused)?

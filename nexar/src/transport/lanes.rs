@@ -134,10 +134,10 @@ impl LaneSenders {
         None
     }
 
-    /// Whether collective messages go straight into a store (the one their receives take
-    /// them from).
-    pub(crate) fn collectives_direct(&self) -> bool {
-        self.direct[Lane::Raw as usize].is_some()
+    /// Whether `msg`'s lane delivers straight into a store (the one its receive takes it
+    /// from).
+    pub(crate) fn delivers_directly(&self, msg: &PeerMsg) -> bool {
+        self.direct[Lane::of(msg) as usize].is_some()
     }
 
     /// Records a sign of life from `from`, as every delivery does.

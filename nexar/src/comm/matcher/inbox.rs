@@ -150,7 +150,8 @@ mod tests {
 
     /// A message a channel hands straight to the receive that waits for it goes to that
     /// receive without ever being held; one handed for the wrong key is delivered as usual,
-    /// and one this store does not take is dropped as delivery drops it.
+    /// and one this store does not take is dropped as delivery drops it. Behind an older
+    /// message for its key it waits its turn, and an aborted collective's is dropped.
     #[tokio::test]
     async fn a_message_handed_to_its_receive_never_enters_the_store() {
         let store = Mailbox::for_collectives(16, 1 << 20, 2);
@@ -160,10 +161,26 @@ mod tests {
         assert_eq!(store.held(), (0, 0), "nothing held, nothing reserved");
         assert!(store.handed(key(1), incoming(coll(2))).is_none(), "another collective's message");
         assert_eq!(store.held(), (1, 4), "delivered into the store, not lost");
-        assert_eq!(store.try_take(key(2)).unwrap().map(|h| h.payload.len()), Some(4));
+        assert!(store.handed(key(2), incoming(coll(2))).is_none(), "an older one is held");
+        assert_eq!(store.held(), (2, 8), "held behind it");
+        for _ in 0..2 {
+            assert_eq!(store.try_take(key(2)).unwrap().map(|h| h.payload.len()), Some(4));
+        }
         let p2p = PeerMsg::P2p { comm: 9, tag: 1, dtype: DType::U8.to_wire(), count: 4 };
         assert!(store.handed(key(1), incoming(p2p)).is_none());
         assert_eq!(store.held(), (0, 0), "not this store's: ignored");
+        store.abort(9, 3, "gone");
+        assert!(store.handed(key(3), incoming(coll(3))).is_none(), "aborted");
+        assert_eq!(store.held(), (0, 0), "a late message is dropped");
+        assert!(matches!(store.try_take(key(3)), Err(Refusal::Aborted(_))));
+        // A point-to-point store: the same for a message sent whole.
+        let p2p_store = Mailbox::with_senders(16, 1 << 20, 2);
+        let p2p = PeerMsg::P2p { comm: 9, tag: 1, dtype: DType::U8.to_wire(), count: 4 };
+        let held = p2p_store.handed(key(1), incoming(p2p.clone())).expect("the awaited message");
+        assert_eq!(held.payload.len(), 4);
+        assert_eq!(p2p_store.held(), (0, 0));
+        assert!(p2p_store.handed(key(1), incoming(coll(1))).is_none(), "a collective is not this store's");
+        assert_eq!(p2p_store.held(), (0, 0));
     }
 
     /// A failed channel's word on what it carried fails only those collectives: one that

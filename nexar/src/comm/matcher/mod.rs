@@ -398,10 +398,12 @@ impl Mailbox {
     }
 
     /// The message a receive for `key` waits for, handed to it straight off its channel
-    /// (see [`BulkChannel::deliver_ready`]): it never enters the store, so it takes no room
-    /// and needs no insertion or removal. `None` if it is not for `key` after all (it is then
-    /// delivered as any message is) or not a message this store takes (dropped, as delivery
-    /// drops it).
+    /// (see [`BulkChannel::deliver_ready`]): it goes to that receive without entering the
+    /// store, so it takes no room there and costs no insertion or removal. Where it cannot go
+    /// straight to the receive (an older message for `key` is held, its collective was
+    /// aborted, the rank is closing, or it is not for `key` after all) it is delivered as any
+    /// message is, and `None` says to take from the store; a message this store does not
+    /// take is dropped, as delivery drops it.
     ///
     /// [`BulkChannel::deliver_ready`]: crate::transport::bulk::BulkChannel::deliver_ready
     pub fn handed(&self, key: Key, incoming: Incoming) -> Option<Held> {
@@ -409,10 +411,26 @@ impl Mailbox {
             Takes::PointToPoint => p2p_entry(incoming),
             Takes::Collectives => coll_entry(incoming),
         }?;
-        if handed == key {
+        let mut st = self.lock();
+        let parked_older = st.overflow.get(&key.src).is_some_and(|(parked, _)| *parked == key);
+        let older = parked_older || st.held.contains_key(&key);
+        if handed == key && !older && !st.closed && !st.aborted.contains_key(&(key.comm, key.tag)) {
             return Some(held);
         }
-        let _ = self.try_deliver(handed, held);
+        if handed == key && older {
+            // Behind the older ones, whatever the limits: the receive takes the oldest at once.
+            if parked_older && let Some((parked, msg)) = st.overflow.remove(&key.src) {
+                st.push_back(parked, msg);
+                self.room.notify_waiters();
+            }
+            st.push_back(key, held);
+            return None;
+        }
+        if let Delivered::Busy(back) = self.deliver_locked(&mut st, handed, held) {
+            // Another message is parked already and this caller cannot wait: held over the
+            // limits rather than lost.
+            st.push_back(handed, back);
+        }
         None
     }
 

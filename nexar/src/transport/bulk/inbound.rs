@@ -150,13 +150,14 @@ impl BulkInbound {
         self.lanes.deliver_now(incoming)
     }
 
-    /// Whether a receive may take a collective message of this peer straight off the channel
-    /// (see [`BulkChannel::deliver_ready`]): where collectives go straight into the rank's
-    /// store, the one that receive would otherwise take it from.
+    /// Whether the receive that waits for `msg` (a message [`peek`](Self::peek) found, so one
+    /// the channel may carry) may take it straight off the channel (see
+    /// [`BulkChannel::deliver_ready`]): where its lane goes straight into the rank's store,
+    /// the one that receive would otherwise take it from.
     ///
     /// [`BulkChannel::deliver_ready`]: super::BulkChannel::deliver_ready
-    pub(crate) fn hands_over(&self) -> bool {
-        self.lanes.collectives_direct()
+    pub(crate) fn hands_over(&self, msg: &PeerMsg) -> bool {
+        self.lanes.delivers_directly(msg)
     }
 
     /// Hands an opened message to the receive that waits for it instead of delivering it:

@@ -57,28 +57,44 @@ pub enum Sent {
     Later(BulkSend),
 }
 
-/// The collective message a receive waits for, named to a channel it reads itself
+/// The message a receive waits for, named to a channel it reads itself
 /// ([`BulkChannel::deliver_ready`]).
 ///
 /// ```
 /// use nexar::backend::Awaited;
-/// let awaited = Awaited { comm: 0, seq: 7, part: 0 };
-/// assert_eq!(awaited.seq, 7);
+/// let awaited = Awaited::Collective { comm: 0, seq: 7, part: 0 };
+/// assert!(matches!(awaited, Awaited::Collective { seq: 7, .. }));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Awaited {
-    /// The communicator's id.
-    pub comm: u64,
-    /// The collective's sequence number on that communicator.
-    pub seq: u64,
-    /// The message's segment of the collective.
-    pub part: u32,
+pub enum Awaited {
+    /// A collective's message.
+    Collective {
+        /// The communicator's id.
+        comm: u64,
+        /// The collective's sequence number on that communicator.
+        seq: u64,
+        /// The message's segment of the collective.
+        part: u32,
+    },
+    /// A point-to-point message sent whole (not in segments).
+    PointToPoint {
+        /// The communicator's id.
+        comm: u64,
+        /// The message's tag.
+        tag: u64,
+    },
 }
 
 impl Awaited {
     /// Whether `msg` is the awaited message (its sender is the channel's peer).
     pub fn is(&self, msg: &PeerMsg) -> bool {
-        matches!(msg, PeerMsg::Coll { comm, seq, part, .. } if (*comm, *seq, *part) == (self.comm, self.seq, self.part))
+        match (*self, msg) {
+            (Awaited::Collective { comm, seq, part }, PeerMsg::Coll { comm: c, seq: s, part: p, .. }) => {
+                (comm, seq, part) == (*c, *s, *p)
+            }
+            (Awaited::PointToPoint { comm, tag }, PeerMsg::P2p { comm: c, tag: t, .. }) => (comm, tag) == (*c, *t),
+            _ => false,
+        }
     }
 }
 

@@ -196,7 +196,6 @@ impl RingReading {
     pub(super) fn deliver_ready(&self, awaited: Option<Awaited>) -> Option<ReadItself> {
         let Ok(mut guard) = self.core.try_lock() else { return None };
         let core = guard.as_mut()?;
-        let awaited = awaited.filter(|_| self.inbound.hands_over());
         let mut delivered = false;
         while core.undelivered.is_none() {
             match self.take_whole_group(core, awaited) {
@@ -254,7 +253,7 @@ impl RingReading {
         }
         // The awaited message goes to its receive, which consumes it at once: it is never
         // held, so it needs no room in the store.
-        let awaited = awaited.is_some_and(|awaited| awaited.is(&msg));
+        let awaited = awaited.is_some_and(|awaited| awaited.is(&msg)) && self.inbound.hands_over(&msg);
         let admitted = if awaited {
             None
         } else {
