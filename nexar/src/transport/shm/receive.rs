@@ -253,8 +253,8 @@ impl RingReading {
         }
         // The awaited message goes to its receive, which consumes it at once: it is never
         // held, so it needs no room in the store.
-        let awaited = awaited.is_some_and(|awaited| awaited.is(&msg)) && self.inbound.hands_over(&msg);
-        let admitted = if awaited {
+        let awaited = awaited.filter(|awaited| awaited.is(&msg) && self.inbound.hands_over(&msg));
+        let admitted = if awaited.is_some() {
             None
         } else {
             match self.inbound.admit_now(&msg, payload_len) {
@@ -297,7 +297,10 @@ impl RingReading {
         }
         reader.release();
         drop(admitted);
-        if awaited {
+        // Checked again on what was opened: a group read anew from the ring may not be the
+        // one peeked at (the peer can write its ring meanwhile). One that is not goes to the
+        // store, which counts it against the peer's room at delivery, as any group.
+        if awaited.is_some_and(|awaited| awaited.is(&incoming.msg)) {
             return WholeGroup::Awaited(self.inbound.hand_over(incoming));
         }
         if let Some(back) = self.inbound.deliver_now(incoming) {
