@@ -25,4 +25,4 @@
 //! ```
 
 pub use crate::comm::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
-pub use crate::transport::bulk::{Awaited, BulkChannel, BulkClosed, BulkInbound, BulkSend, ReadItself, Sent};
+pub use crate::transport::bulk::{Awaited, Awaiting, BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};

@@ -17,6 +17,7 @@ use crate::proto::message::{CollHeader, PeerMsg};
 use crate::proto::schedule::{Schedule, Slot, Span, Step};
 use crate::trace::{OpClass, OpDesc, OpTrace, StalledOp};
 use crate::transport::TransportError;
+use crate::transport::bulk::{Awaited, Awaiting};
 use crate::transport::framed::BlockError;
 use crate::transport::link::SendDone;
 use crate::transport::pool::pooled_gather;
@@ -509,9 +510,11 @@ impl NexarClient {
         let other_transport = link.is_some_and(|l| l.bulk_takes_on_thread(bytes));
         let spin = if other_transport { None } else { Some(&self.inner.spin) };
         // The message itself comes straight back where the link's channel has it whole.
-        let awaited = crate::transport::bulk::Awaited::Collective { comm: key.comm, seq: key.tag, part: key.part };
-        let read_link = || link.and_then(|l| l.bulk_deliver_ready(Some(awaited)));
-        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin, read_link).await.map_err(refused)? {
+        let awaited = Awaited::Collective { comm: key.comm, seq: key.tag, part: key.part };
+        let read_link = |awaiting: Option<Awaiting<'_>>| link.and_then(|l| l.bulk_deliver_ready(awaiting));
+        if let Some(held) =
+            super::spin::spin_take(&self.inner.coll, key, spin, Some(awaited), read_link).await.map_err(refused)?
+        {
             return Ok(held);
         }
         let pending = match self.inner.coll.take_or_wait_for(key, bytes as u64).map_err(refused)? {

@@ -16,7 +16,7 @@ use crate::comm::matcher::{Held, Key, Refusal};
 use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::transport::TransportError;
-use crate::transport::bulk::Awaited;
+use crate::transport::bulk::{Awaited, Awaiting};
 use crate::transport::framed::{Payload, PayloadError};
 use crate::transport::link::Incoming;
 
@@ -470,10 +470,10 @@ impl NexarClient {
         let link = self.inner.links.get(key.src as usize);
         // A message sent whole comes straight back where the link's channel has it whole.
         let awaited = (key.part == 0).then_some(Awaited::PointToPoint { comm: key.comm, tag: key.tag });
-        let read_link = || link.and_then(|l| l.bulk_deliver_ready(awaited));
-        if let Some(held) = super::spin::spin_take(&self.inner.mailbox, key, Some(&self.inner.spin), read_link)
-            .await
-            .map_err(refused)?
+        let read_link = |awaiting: Option<Awaiting<'_>>| link.and_then(|l| l.bulk_deliver_ready(awaiting));
+        let spin = Some(&self.inner.spin);
+        if let Some(held) =
+            super::spin::spin_take(&self.inner.mailbox, key, spin, awaited, read_link).await.map_err(refused)?
         {
             return Ok(held);
         }

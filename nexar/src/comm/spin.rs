@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::comm::host_peers::{GLANCE_READS, HostPeer, HostPeers, THOROUGH_READS};
 use crate::comm::matcher::{Held, Key, Mailbox, Refusal};
-use crate::transport::bulk::ReadItself;
+use crate::transport::bulk::{Awaited, Awaiting};
 
 /// A window this short is not worth a poll: below it the governor stops spinning.
 const MIN_WINDOW_NS: u64 = 4_000;
@@ -182,30 +182,35 @@ const LOOK_FOR_PEER_AFTER: Duration = Duration::from_micros(50);
 /// Polls `mailbox` for `key` for up to the governor's window, yielding between polls so this
 /// runtime keeps driving its I/O (the message we wait for arrives through it). Between polls
 /// that find nothing, `read_link` may deliver what the sender's link holds ready (a channel
-/// read on this task; `Some` if it read the link itself, see
+/// read on this task; `Some(hold)` if it read the link itself, see
 /// [`BulkChannel::deliver_ready`](crate::transport::bulk::BulkChannel::deliver_ready)), or
-/// hand back the message itself, which then never enters the mailbox.
+/// hand the `awaited` message itself to this receive, which then never enters the mailbox
+/// unless an older message of its key is there.
 /// `Ok(None)` when nothing came. `spin` is `None` where spinning is not worth a core at all.
 pub(super) async fn spin_take(
     mailbox: &Mailbox,
     key: Key,
     spin: Option<&SpinGovernor>,
-    read_link: impl Fn() -> Option<ReadItself>,
+    awaited: Option<Awaited>,
+    read_link: impl Fn(Option<Awaiting<'_>>) -> Option<Duration>,
 ) -> Result<Option<Held>, Refusal> {
     match spin {
         Some(governor) => {
-            spin_poll_reading(governor, |read_itself| match mailbox.try_take(key)? {
-                Some(held) => Ok(Some(held)),
-                None => match read_link() {
-                    Some(read) => {
-                        *read_itself = Some(read.hold);
-                        match read.awaited.and_then(|incoming| mailbox.handed(key, incoming)) {
-                            Some(held) => Ok(Some(held)),
-                            None => mailbox.try_take(key),
-                        }
-                    }
+            spin_poll_reading(governor, |read_itself| {
+                if let Some(held) = mailbox.try_take(key)? {
+                    return Ok(Some(held));
+                }
+                let mut handed = None;
+                // Called by the channel under its read lock: nothing it read later can be in
+                // the mailbox before this message is (see `Awaiting::hand`).
+                let mut take = |incoming| handed = mailbox.handed(key, incoming);
+                let hold = read_link(awaited.map(|awaited| Awaiting::new(awaited, &mut take)));
+                *read_itself = hold;
+                match handed {
+                    Some(held) => Ok(Some(held)),
+                    None if hold.is_some() => mailbox.try_take(key),
                     None => Ok(None),
-                },
+                }
             })
             .await
         }

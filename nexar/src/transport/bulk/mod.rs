@@ -98,20 +98,46 @@ impl Awaited {
     }
 }
 
-/// What a receive's own read of a channel did ([`BulkChannel::deliver_ready`]).
+/// A receive that waits for one message and reads its sender's channel itself
+/// ([`BulkChannel::deliver_ready`]): the message it waits for, and where the channel hands
+/// that message when it has it whole.
 ///
 /// ```
-/// use std::time::Duration;
-/// use nexar::backend::ReadItself;
-/// let read = ReadItself { hold: Duration::from_micros(2), awaited: None };
-/// assert!(read.awaited.is_none());
+/// use nexar::backend::{Awaited, Awaiting};
+/// let mut got = None;
+/// let mut take = |incoming| got = Some(incoming);
+/// let awaiting = Awaiting::new(Awaited::PointToPoint { comm: 0, tag: 3 }, &mut take);
+/// assert!(matches!(awaiting.message(), Awaited::PointToPoint { tag: 3, .. }));
 /// ```
-#[derive(Debug)]
-pub struct ReadItself {
-    /// How long a spinning caller may keep its thread from the runtime's other tasks.
-    pub hold: Duration,
-    /// The awaited message, checked and taken off the channel, for the caller alone.
-    pub awaited: Option<Incoming>,
+pub struct Awaiting<'a> {
+    message: Awaited,
+    take: &'a mut dyn FnMut(Incoming),
+}
+
+impl std::fmt::Debug for Awaiting<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Awaiting").field("message", &self.message).finish_non_exhaustive()
+    }
+}
+
+impl<'a> Awaiting<'a> {
+    /// A receive waiting for `message`, which `take` consumes when a channel hands it over.
+    pub fn new(message: Awaited, take: &'a mut dyn FnMut(Incoming)) -> Awaiting<'a> {
+        Awaiting { message, take }
+    }
+
+    /// The message the receive waits for.
+    pub fn message(&self) -> Awaited {
+        self.message
+    }
+
+    /// Hands the awaited message (checked as any group is, and taken off the channel) to its
+    /// receive. A channel calls this before it lets anything it received later be delivered
+    /// (under its read lock): a later message of the same key must not reach the rank's store
+    /// before the receive has taken this one, or the two would be taken in the wrong order.
+    pub fn hand(self, incoming: Incoming) {
+        (self.take)(incoming)
+    }
 }
 
 /// The future of [`BulkChannel::closed`].
@@ -221,18 +247,18 @@ pub trait BulkChannel: Send + Sync + 'static {
     }
 
     /// Delivers, on the calling task, what the channel has received whole and nexar takes at
-    /// once, instead of leaving it to the channel's own reader. `Some` if it read the channel
-    /// itself: it may have delivered something (the caller then looks at its mailbox again),
-    /// and a caller that spins may keep its thread from the runtime's other tasks for up to
-    /// [`ReadItself::hold`] since it last let them run (so only where what is left needs no
+    /// once, instead of leaving it to the channel's own reader. `Some(hold)` if it read the
+    /// channel itself: it may have delivered something (the caller then looks at its mailbox
+    /// again), and a caller that spins may keep its thread from the runtime's other tasks for
+    /// up to `hold` since it last let them run (so return it only where what is left needs no
     /// other task for that long). A receive spinning on its mailbox calls this between its
     /// polls (nothing, by default: `None`). It must never wait.
     ///
-    /// `awaited` names the collective message the caller waits for: a channel may hand it
-    /// straight back ([`ReadItself::awaited`], checked as any group is) when it is the next
-    /// group it has whole, rather than deliver it into the store the caller then takes it from.
-    fn deliver_ready(&self, awaited: Option<Awaited>) -> Option<ReadItself> {
-        let _ = awaited;
+    /// `awaiting` names the message the caller waits for: a channel may hand it straight to
+    /// the caller ([`Awaiting::hand`]) when it is the next group it has whole, rather than
+    /// deliver it into the store the caller then takes it from.
+    fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
+        let _ = awaiting;
         None
     }
 
@@ -463,8 +489,8 @@ impl BulkSlot {
 
     /// Delivers on the calling task what the attached channel received whole
     /// ([`BulkChannel::deliver_ready`]); `Some` if anything may have been.
-    pub fn deliver_ready(&self, awaited: Option<Awaited>) -> Option<ReadItself> {
-        self.channel.get().and_then(|c| c.deliver_ready(awaited))
+    pub fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
+        self.channel.get().and_then(|c| c.deliver_ready(awaiting))
     }
 
     /// Whether a new collective's `len`-byte message would arrive through a thread of the

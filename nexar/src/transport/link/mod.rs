@@ -194,9 +194,9 @@ impl PeerLink {
     /// may have been.
     pub(crate) fn bulk_deliver_ready(
         &self,
-        awaited: Option<crate::transport::bulk::Awaited>,
-    ) -> Option<crate::transport::bulk::ReadItself> {
-        self.bulk.deliver_ready(awaited)
+        awaiting: Option<crate::transport::bulk::Awaiting<'_>>,
+    ) -> Option<std::time::Duration> {
+        self.bulk.deliver_ready(awaiting)
     }
 
     /// Where the peer's QUIC endpoint is, as this link reaches it.

@@ -25,7 +25,7 @@ use super::mapping::SharedMap;
 use super::receive::{ReadLimits, RingReading, spawn_reader};
 use super::ring::{Reader, Writer};
 use crate::transport::TransportError;
-use crate::transport::bulk::{Awaited, BulkChannel, BulkClosed, BulkInbound, BulkSend, ReadItself, Sent};
+use crate::transport::bulk::{Awaiting, BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
 use crate::transport::tcp_lane::RecvPool;
 
 /// The name links report for this transport.
@@ -260,8 +260,8 @@ impl BulkChannel for ShmChannel {
         true
     }
 
-    fn deliver_ready(&self, awaited: Option<Awaited>) -> Option<ReadItself> {
-        self.reading.deliver_ready(awaited)
+    fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
+        self.reading.deliver_ready(awaiting)
     }
 
     fn usable(&self) -> bool {

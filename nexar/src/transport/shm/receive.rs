@@ -21,7 +21,7 @@ use tokio::net::UnixStream;
 
 use super::channel::{GOODBYE, State};
 use super::ring::{Corrupt, Reader};
-use crate::transport::bulk::{Awaited, BulkInbound, ReadItself};
+use crate::transport::bulk::{Awaiting, BulkInbound};
 use crate::transport::framed::LentBytes;
 use crate::transport::inbox::Admitted;
 use crate::transport::incoming::Incoming;
@@ -190,31 +190,36 @@ impl RingReading {
     /// goodbye) is left in the ring for the task. `Some(`[`SELF_READ_HOLD`]`)` if something
     /// was delivered or the ring was read to its end (nothing waits for the task then).
     ///
-    /// A group that carries the `awaited` message is not delivered but handed back
-    /// ([`ReadItself::awaited`]): the receive that waits for it takes it without going through
-    /// the rank's store (no insertion, admission or removal there), and reading stops after it.
-    pub(super) fn deliver_ready(&self, awaited: Option<Awaited>) -> Option<ReadItself> {
+    /// A group that carries the message `awaiting` names is not delivered but handed to that
+    /// receive ([`Awaiting::hand`]), still under the ring's lock so that nothing read after it
+    /// reaches the rank's store first: it takes it without going through the store (no
+    /// insertion, admission or removal there), and reading stops after it.
+    pub(super) fn deliver_ready(&self, mut awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
         let Ok(mut guard) = self.core.try_lock() else { return None };
         let core = guard.as_mut()?;
         let mut delivered = false;
         while core.undelivered.is_none() {
-            match self.take_whole_group(core, awaited) {
+            match self.take_whole_group(core, awaiting.as_ref().map(Awaiting::message)) {
                 WholeGroup::Delivered => delivered = true,
                 WholeGroup::Awaited(incoming) => {
-                    return Some(ReadItself { hold: SELF_READ_HOLD, awaited: Some(incoming) });
+                    match awaiting.take() {
+                        Some(awaiting) => awaiting.hand(incoming),
+                        // Never so (only a named message is handed back), but never lost.
+                        None => core.undelivered = self.inbound.deliver_now(incoming),
+                    }
+                    return Some(SELF_READ_HOLD);
                 }
                 WholeGroup::Left => break,
             }
         }
-        let read = delivered || (core.undelivered.is_none() && core.reader.ready() == Ok(0));
-        read.then_some(ReadItself { hold: SELF_READ_HOLD, awaited: None })
+        (delivered || (core.undelivered.is_none() && core.reader.ready() == Ok(0))).then_some(SELF_READ_HOLD)
     }
 
     /// Reads, checks and delivers (or keeps as undelivered, or hands back if it carries the
     /// `awaited` message) the next group if it lies whole in the ring and its payload is
     /// admitted at once; [`WholeGroup::Left`] leaves the ring as it was. The checks are those
     /// of [`read_group`], made on copies before anything is read.
-    fn take_whole_group(&self, core: &mut ReadCore, awaited: Option<Awaited>) -> WholeGroup {
+    fn take_whole_group(&self, core: &mut ReadCore, awaited: Option<crate::transport::bulk::Awaited>) -> WholeGroup {
         use WholeGroup::Left;
         let mut word = [0u8; 8];
         if !core.reader.peek(0, &mut word).unwrap_or(false) {

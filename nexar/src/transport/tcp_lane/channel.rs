@@ -20,7 +20,7 @@ use super::reader::{ReadLimits, read_groups};
 use super::records::{Sealed, Sealer};
 use super::writer::{Job, Spare, give_back, write_ready, write_records};
 use crate::transport::TransportError;
-use crate::transport::bulk::{Awaited, BulkChannel, BulkClosed, BulkInbound, BulkSend, ReadItself, Sent};
+use crate::transport::bulk::{Awaiting, BulkChannel, BulkClosed, BulkInbound, BulkSend, Sent};
 use crate::transport::drivable::Drivable;
 
 /// The name links report for this transport.
@@ -430,9 +430,8 @@ impl BulkChannel for TcpLane {
         self.reading.is_some()
     }
 
-    fn deliver_ready(&self, _awaited: Option<Awaited>) -> Option<ReadItself> {
-        let read = self.reading.as_ref().is_some_and(|reading| reading.drive());
-        read.then_some(ReadItself { hold: SELF_READ_HOLD, awaited: None })
+    fn deliver_ready(&self, _awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
+        self.reading.as_ref().is_some_and(|reading| reading.drive()).then_some(SELF_READ_HOLD)
     }
 
     #[cfg(feature = "hostile-member")]
