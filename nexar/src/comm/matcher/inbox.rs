@@ -151,7 +151,8 @@ mod tests {
     /// A message a channel hands straight to the receive that waits for it goes to that
     /// receive without ever being held; one handed for the wrong key is delivered as usual,
     /// and one this store does not take is dropped as delivery drops it. Behind an older
-    /// message for its key it waits its turn, and an aborted collective's is dropped.
+    /// message for its key it waits its turn, behind an earlier receive of its key it goes to
+    /// that one, and an aborted collective's is dropped.
     #[tokio::test]
     async fn a_message_handed_to_its_receive_never_enters_the_store() {
         let store = Mailbox::for_collectives(16, 1 << 20, 2);
@@ -180,6 +181,11 @@ mod tests {
         assert_eq!(held.payload.len(), 4);
         assert_eq!(p2p_store.held(), (0, 0));
         assert!(p2p_store.handed(key(1), incoming(coll(1))).is_none(), "a collective is not this store's");
+        assert_eq!(p2p_store.held(), (0, 0));
+        // A receive of the same key posted earlier, and waiting, gets it first.
+        let Err(earlier) = p2p_store.take_or_wait_for(key(1), 1 << 20).unwrap() else { panic!("nothing is held") };
+        assert!(p2p_store.handed(key(1), incoming(p2p)).is_none(), "the earlier receive's");
+        assert_eq!(earlier.wait().await.map(|h| h.payload.len()), Ok(4));
         assert_eq!(p2p_store.held(), (0, 0));
     }
 

@@ -400,10 +400,10 @@ impl Mailbox {
     /// The message a receive for `key` waits for, handed to it straight off its channel
     /// (see [`BulkChannel::deliver_ready`]): it goes to that receive without entering the
     /// store, so it takes no room there and costs no insertion or removal. Where it cannot go
-    /// straight to the receive (an older message for `key` is held, its collective was
-    /// aborted, the rank is closing, or it is not for `key` after all) it is delivered as any
-    /// message is, and `None` says to take from the store; a message this store does not
-    /// take is dropped, as delivery drops it.
+    /// straight to the receive (an older message for `key` is held, an earlier receive of
+    /// `key` waits for it, its collective was aborted, the rank is closing, or it is not for
+    /// `key` after all) it is delivered as any message is, and `None` says to take from the
+    /// store; a message this store does not take is dropped, as delivery drops it.
     ///
     /// [`BulkChannel::deliver_ready`]: crate::transport::bulk::BulkChannel::deliver_ready
     pub fn handed(&self, key: Key, incoming: Incoming) -> Option<Held> {
@@ -414,7 +414,10 @@ impl Mailbox {
         let mut st = self.lock();
         let parked_older = st.overflow.get(&key.src).is_some_and(|(parked, _)| *parked == key);
         let older = parked_older || st.held.contains_key(&key);
-        if handed == key && !older && !st.closed && !st.aborted.contains_key(&(key.comm, key.tag)) {
+        // Receives of one key are served in the order they were posted: one that waits
+        // already comes first.
+        let earlier_receive = st.waiters.contains_key(&key);
+        if handed == key && !older && !earlier_receive && !st.closed && !st.aborted.contains_key(&(key.comm, key.tag)) {
             return Some(held);
         }
         if handed == key && older {
