@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use nexar::prelude::*;
 
-#[path = "../../nexar/tests/common/mod.rs"]
+#[path = "../../nexar/tests/integration/common/mod.rs"]
 mod common;
 use nexar_rdma::{Fabric, RdmaConfig, attach};
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nexar::prelude::*;
 
-#[path = "../../nexar/tests/common/mod.rs"]
+#[path = "../../nexar/tests/integration/common/mod.rs"]
 mod common;
 use nexar_rdma::{Fabric, LinkTransport, RdmaConfig, RdmaError, attach};
 

@@ -1,14 +1,11 @@
-//! Resident memory stays flat across 50,000 small collectives (its own test binary, so no
+//! Resident memory stays flat across 50,000 small collectives (in a process of its own, so no
 //! other test allocates in the same process while it measures).
 
 use std::time::Duration;
 
 use nexar::prelude::*;
 
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
-}
+use crate::common;
 
 async fn run(ranks: Vec<NexarClient>, iters: u64) -> Vec<NexarClient> {
     let tasks: Vec<_> = ranks
@@ -35,14 +32,22 @@ async fn run(ranks: Vec<NexarClient>, iters: u64) -> Vec<NexarClient> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resident_memory_grows_less_than_16_mib_over_50_000_collectives() {
+#[test]
+fn resident_memory_grows_less_than_16_mib_over_50_000_collectives() {
+    common::alone(
+        module_path!(),
+        "resident_memory_grows_less_than_16_mib_over_50_000_collectives",
+        resident_memory_grows_less_than_16_mib_over_50_000_collectives_body,
+    );
+}
+
+async fn resident_memory_grows_less_than_16_mib_over_50_000_collectives_body() {
     tokio::time::timeout(Duration::from_secs(300), async {
         let ranks = NexarClient::bootstrap_local(2).await.unwrap();
         let ranks = run(ranks, 5_000).await; // warm up pools and allocator
-        let before = rss_bytes();
+        let before = common::resident_bytes();
         let ranks = run(ranks, 50_000).await;
-        let growth = rss_bytes().saturating_sub(before);
+        let growth = common::resident_bytes().saturating_sub(before);
         assert!(growth < 16 << 20, "resident memory grew by {} KiB", growth >> 10);
         println!("resident memory growth over 50,000 allreduces and 5,000 barriers: {} KiB", growth >> 10);
         let tasks: Vec<_> = ranks.into_iter().map(|c| tokio::spawn(async move { c.shutdown().await })).collect();

@@ -1,13 +1,12 @@
 //! Every collective over real QUIC at 2, 3, 4 and 5 ranks, against a sequential reference;
 //! disagreements between ranks; long runs on one communicator; split communicators.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{TEST_LIMIT, logs};
 use nexar::prelude::*;
 use nexar::{CollectiveError, bf16};
+
+use crate::common::{TEST_LIMIT, logs};
 
 /// Runs `job` on every rank of a fresh `n`-rank cluster and returns the results by rank.
 async fn on_ranks<F, Fut, R>(n: usize, job: F) -> Vec<R>

@@ -3,11 +3,10 @@
 //! buffer fails with a clear error and nothing panics or hangs.
 #![cfg(feature = "cuda")]
 
-mod common;
-
-use common::{TEST_LIMIT, on_each};
 use nexar::prelude::*;
 use nexar_types::{Cuda, cuda_device_count};
+
+use crate::common::{TEST_LIMIT, on_each};
 
 async fn on_device(comm: NexarClient) {
     let (r, w) = (comm.rank(), comm.world_size());

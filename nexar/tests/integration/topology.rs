@@ -2,11 +2,10 @@
 //! Every collective, send/recv and RPC must give the same results as on a full mesh, and a
 //! relay that dies must be routed around.
 
-mod common;
-
-use common::{TEST_LIMIT, on_each, pattern, same_bytes};
 use nexar::Topology;
 use nexar::prelude::*;
+
+use crate::common::{TEST_LIMIT, on_each, pattern, same_bytes};
 
 #[nexar::rpc]
 fn whoami(x: u32) -> (u32, u32) {

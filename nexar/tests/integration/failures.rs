@@ -2,13 +2,12 @@
 //! pending work of every other rank into prompt errors that name it; what it sent before is
 //! still delivered, and the survivors keep talking to each other.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::TEST_LIMIT;
 use nexar::prelude::*;
 use nexar::{CollectiveError, P2pError};
+
+use crate::common::TEST_LIMIT;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_rank_fails_pending_collectives_and_receives_promptly() {

@@ -4,13 +4,13 @@
 //! network, and a link that breaks mid-operation fails what it carried, never with wrong
 //! results. Typed point-to-point messages take the rings too, in order.
 
-mod common;
-
 use std::time::Duration;
 
-use common::p2p::{self, p2p_value};
 use nexar::prelude::*;
 use nexar::{BulkTransport, CollectiveError};
+
+use crate::common;
+use crate::common::p2p::{self, p2p_value};
 
 const LIMIT: Duration = Duration::from_secs(240);
 

@@ -2,11 +2,10 @@
 //! integers), mixed element types, 1, 2 and 50 buffers, reuse across iterations, and a rank
 //! running another plan is refused on every rank.
 
-mod common;
-
-use common::TEST_LIMIT;
 use nexar::prelude::*;
 use nexar::{BulkTransport, CollectiveError, NexarConfig, bf16};
+
+use crate::common::TEST_LIMIT;
 
 /// Small integers in any element type: sums are exact whatever the order.
 fn data<T: Element>(rank: usize, buf: usize, len: usize) -> Vec<T> {

@@ -2,13 +2,13 @@
 //! tagged messages and RPC must still complete with exactly the right data: nothing lost,
 //! nothing corrupted, nothing duplicated.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{TEST_LIMIT, on_each, pattern, same_bytes};
 use nexar::NetChaos;
 use nexar::prelude::*;
+
+use crate::common;
+use crate::common::{TEST_LIMIT, on_each, pattern, same_bytes};
 
 #[nexar::rpc]
 fn checksum(data: Vec<u8>) -> u64 {

@@ -4,16 +4,15 @@
 //! memory has) is driven so that the copies of neighbouring segments overlap each segment's
 //! network time.
 
-mod common;
-
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{TEST_LIMIT, logs, on_each, value};
 use nexar::prelude::*;
 use nexar::{CollectiveError, DeviceError, HostStage, HostView, NexarConfig, RecvBuf, SegmentStage, SendBuf};
+
+use crate::common::{TEST_LIMIT, logs, on_each, value};
 
 /// A cluster whose collectives split buffers of more than `bytes`.
 async fn cluster(n: usize, bytes: usize) -> Vec<NexarClient> {

@@ -1,15 +1,14 @@
 //! RPC handlers that take the call's context (`RpcContext`: who called, a client to call back
 //! with) and application state each rank provides (`State<T>`), over real QUIC.
 
-mod common;
-
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::{TEST_LIMIT, logs};
 use nexar::RpcError;
 use nexar::prelude::*;
 use nexar::rpc::{RpcContext, State};
+
+use crate::common::{TEST_LIMIT, logs};
 
 /// The caller's rank and the serving rank, from the context taken by reference.
 #[nexar::rpc]

@@ -1,13 +1,12 @@
 //! In-process clusters over real QUIC on 127.0.0.1: typed messages of many dtypes and sizes,
 //! tag matching, and every error case of send/recv.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{TEST_LIMIT, logs, pattern, same_bytes};
 use nexar::prelude::*;
 use nexar::{ClusterError, P2pError, bf16, f16};
+
+use crate::common::{TEST_LIMIT, logs, pattern, same_bytes};
 
 const MIB: usize = 1 << 20;
 

@@ -3,15 +3,15 @@
 //! kind, their values add up, and after 10,000 more operations (every one with a new sequence
 //! number or tag) the set of series is exactly the same.
 //!
-//! One test in this file: the exporter is per process.
-
-mod common;
+//! The exporter is per process, so the test runs in a process of its own (`common::alone`).
 
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use nexar::prelude::*;
+
+use crate::common;
 
 #[nexar::rpc]
 fn plus_one(x: u64) -> u64 {
@@ -72,8 +72,17 @@ async fn round(ranks: &[NexarClient], tag: u64, large: bool) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_metrics_endpoint_serves_bounded_series() {
+#[test]
+fn the_metrics_endpoint_serves_bounded_series() {
+    common::alone(
+        module_path!(),
+        "the_metrics_endpoint_serves_bounded_series",
+        the_metrics_endpoint_serves_bounded_series_body,
+    );
+}
+
+/// In a process of its own: the exporter is installed once per process.
+async fn the_metrics_endpoint_serves_bounded_series_body() {
     common::logs();
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     // The TCP lane's bytes are counted under its name (shared memory, which would take this
@@ -97,7 +106,7 @@ async fn the_metrics_endpoint_serves_bounded_series() {
             "nexar_op_duration_seconds_count{rank=\"1\",op=\"broadcast\",comm=\"0\"}",
             "nexar_ops_total{rank=\"0\",op=\"send\",comm=\"0\",outcome=\"completed\"}",
             "nexar_ops_total{rank=\"1\",op=\"recv\",comm=\"0\",outcome=\"completed\"}",
-            "nexar_ops_total{rank=\"0\",op=\"metrics::plus_one\",comm=\"0\",outcome=\"completed\"}",
+            "nexar_ops_total{rank=\"0\",op=\"integration::metrics::plus_one\",comm=\"0\",outcome=\"completed\"}",
             "nexar_op_bytes_total{rank=\"0\",op=\"all_reduce\"}",
             "nexar_ops_in_flight{rank=\"0\"}",
             "nexar_sent_bytes_total{rank=\"0\",transport=\"quic\"}",

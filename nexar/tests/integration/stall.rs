@@ -3,16 +3,16 @@
 //! timeout error), and the flight-recorder dumps, read back by `nexar trace`, name the first
 //! divergent sequence number and the ranks.
 
-mod common;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::TEST_LIMIT;
 use nexar::prelude::*;
 use nexar::trace::{TraceConfig, TraceDump};
+
+use crate::common;
+use crate::common::TEST_LIMIT;
 
 /// Everything this test process logs.
 static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
@@ -55,8 +55,17 @@ async fn wait_for_dumps(dir: &Path, ranks: usize, ready: impl Fn(&TraceDump) -> 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank() {
+#[test]
+fn different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank() {
+    common::alone(
+        module_path!(),
+        "different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank",
+        different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank_body,
+    );
+}
+
+/// In a process of its own, whose log subscriber is the capture below.
+async fn different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank_body() {
     let _ = tracing_subscriber::fmt().with_writer(|| Capture).with_ansi(false).try_init();
     let dir = trace_dir("diverge");
     let trace = TraceConfig { stall_warn: Duration::from_millis(400), dir: Some(dir.clone()), ..Default::default() };

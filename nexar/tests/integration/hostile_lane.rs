@@ -5,9 +5,6 @@
 //! stays within the configured limits (asserted from `/proc/self/status`, in a process of its
 //! own).
 
-mod common;
-mod hostile_common;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -18,8 +15,8 @@ use bytes::Bytes;
 use nexar::hostile::{HostileMember, LaneTamper, take_collective_payload};
 use nexar::{NetChaos, NexarClient, NexarConfig};
 
-use common::{TEST_LIMIT, alone, alone_in_own_network, on_each, resident_bytes};
-use hostile_common::{carries_on, coll_frames, segments_that_do_not_hold_together_are_refused};
+use crate::common::{TEST_LIMIT, alone, alone_in_own_network, on_each, resident_bytes};
+use crate::hostile_common::{carries_on, coll_frames, segments_that_do_not_hold_together_are_refused};
 
 /// Two ranks whose collectives of any size take the TCP lane: on one host (every core runs a
 /// rank, so their runtimes do all the lane's I/O), or each on a fake host of its own (cores to
@@ -176,6 +173,7 @@ async fn frames_in_a_sealed_record(host: Host) {
 #[test]
 fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
     alone(
+        module_path!(),
         "tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits",
         tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body,
     );
@@ -238,6 +236,7 @@ fn a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline() {
     // Its own network namespace: every listener in the TCP table it polls is its own, and the
     // table stays small on a machine with thousands of other sockets.
     alone_in_own_network(
+        module_path!(),
         "a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline",
         a_slowloris_at_the_lane_listener_is_cut_at_the_handshake_deadline_body,
     );

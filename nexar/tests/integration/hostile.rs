@@ -2,16 +2,15 @@
 //! certificates from another CA or bound to another rank. Each is refused with a clear error
 //! while the real cluster still forms.
 
-mod common;
-
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use common::{TEST_LIMIT, logs};
 use nexar::prelude::*;
 use nexar::transport::endpoint::{bind, server_with_transport, with_transport};
 use nexar::transport::tls::{ClusterCa, mesh_client, mesh_server, rank_server_name, seed_client};
 use nexar::{ClusterError, JoinToken, TransportError};
+
+use crate::common::{TEST_LIMIT, logs};
 
 fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()

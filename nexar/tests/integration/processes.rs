@@ -2,14 +2,13 @@
 //! typed messages; a worker process with a wrong token is refused; a worker process joins the
 //! running cluster and the communicator grows; killed workers are detected and survived.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::TEST_LIMIT;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::common::TEST_LIMIT;
 
 const NEXAR: &str = env!("CARGO_BIN_EXE_nexar");
 

@@ -4,8 +4,6 @@
 //! within the configured limits (asserted from `/proc/self/status`, each such test in a process
 //! of its own).
 
-mod common;
-
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +13,7 @@ use nexar::proto::message::{PeerMsg, encode};
 use nexar::transport::link::Lane;
 use nexar::{NexarClient, NexarConfig};
 
-use common::{alone, resident_bytes};
+use crate::common::{alone, resident_bytes};
 
 fn u32_bytes(values: &[u32]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(values))
@@ -277,9 +275,6 @@ async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
     assert!(second.is_err(), "a second 40 MiB message was read beside the first: over the lane's budget");
 }
 
-/// Runs the test `name` of this module in a process of its own (this test binary again, for
-/// that one test), so that `/proc/self/status` counts only its memory, not that of the tests
-/// running beside it; in that process, runs `body`.
 /// A member sends four 64 MiB messages nobody asked for, on one stream, to a rank whose
 /// unmatched-message limit is 16 MiB. The rank reads the first (an empty store takes any one
 /// message) and leaves the others unread until they are asked for, so its resident memory
@@ -288,6 +283,7 @@ async fn a_members_messages_in_flight_on_a_lane_stay_within_its_budget() {
 #[test]
 fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits() {
     alone(
+        module_path!(),
         "messages_nobody_asked_for_cost_no_more_memory_than_the_limits",
         messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body,
     );
@@ -355,6 +351,7 @@ async fn messages_nobody_asked_for_cost_no_more_memory_than_the_limits_body() {
 #[test]
 fn a_waiting_receive_admits_no_more_than_it_asked_for() {
     alone(
+        module_path!(),
         "a_waiting_receive_admits_no_more_than_it_asked_for",
         a_waiting_receive_admits_no_more_than_it_asked_for_body,
     );

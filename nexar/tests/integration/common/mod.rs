@@ -99,16 +99,28 @@ pub async fn check_every_collective(c: &nexar::NexarClient, counts: &[usize]) {
     }
 }
 
-/// Runs test `name`'s `body` in a process of its own (this test binary, run again for that
-/// test alone), so that what it measures of the process (its memory, its sockets) is its own.
-pub fn alone<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
+/// The name the test harness gives the test `name` of the module `module` (`module_path!()`):
+/// the module's path without the crate's name, then the function's
+/// (`hostile_member::messages_nobody_asked_for_cost_no_more_memory_than_the_limits`).
+pub fn test_path(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_crate, within)) => format!("{within}::{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// Runs the test `name` of the module `module` (`module_path!()`): its `body` in a process of
+/// its own (this test binary, run again for that test alone), so that what it measures of the
+/// process (its memory, its sockets, its threads) is its own and not that of the tests that
+/// run beside it.
+pub fn alone<F: std::future::Future<Output = ()>>(module: &str, name: &str, body: fn() -> F) {
     const ALONE: &str = "NEXAR_TEST_ALONE";
     if std::env::var_os(ALONE).is_some() {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         runtime.block_on(body());
         return;
     }
-    let test = name.to_string();
+    let test = test_path(module, name);
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([test.as_str(), "--exact", "--test-threads=1", "--nocapture"])
         .env(ALONE, "1")
@@ -122,22 +134,23 @@ pub fn alone<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
 /// the test reads of the host's network tables (`/proc/self/net/tcp`) is then its own
 /// sockets, not those of every other process on a busy machine. Needs root (CI runs as
 /// root); without it the test fails and says so.
-pub fn alone_in_own_network<F: std::future::Future<Output = ()>>(name: &str, body: fn() -> F) {
+pub fn alone_in_own_network<F: std::future::Future<Output = ()>>(module: &str, name: &str, body: fn() -> F) {
     const ALONE: &str = "NEXAR_TEST_ALONE";
     if std::env::var_os(ALONE).is_some() {
-        return alone(name, body);
+        return alone(module, name, body);
     }
+    let test = test_path(module, name);
     let out = std::process::Command::new("unshare")
         .args(["--net", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
         .arg(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .args([test.as_str(), "--exact", "--test-threads=1", "--nocapture"])
         .env(ALONE, "1")
         .output()
         .expect("running `unshare` (util-linux) for a network namespace of the test's own");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(
         out.status.success() && stdout.contains("1 passed"),
-        "{name} in its own process and network namespace (this needs root):\n{stdout}\n{stderr}"
+        "{test} in its own process and network namespace (this needs root):\n{stdout}\n{stderr}"
     );
 }
 

@@ -3,11 +3,11 @@
 //! `NEXAR_IDLE_TEST_SECS` (default 8 s, with heartbeats and the QUIC idle timeout shortened so
 //! that it spans many of both); run it with 900 for the 15-minute check.
 
-mod common;
-
 use std::time::Duration;
 
 use nexar::prelude::*;
+
+use crate::common;
 
 #[nexar::rpc]
 fn still_there(x: u64) -> u64 {

@@ -2,10 +2,9 @@
 //! the documented error bound of the exact sum for bf16 and f16, exact extrema, the f16
 //! overflow and the argument errors reported alike on every rank.
 
-mod common;
-
-use common::{TEST_LIMIT, on_each};
 use nexar::{CollectiveError, Compression, Max, NexarClient, Prod, Sum};
+
+use crate::common::{TEST_LIMIT, on_each};
 
 /// Rank `r`'s contribution to element `i`: varied signs and magnitudes over four decades.
 fn value(r: usize, i: usize) -> f32 {

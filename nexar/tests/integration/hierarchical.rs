@@ -8,10 +8,10 @@
 //! then within each host) deliver every block, and reduce-scatters (within each host, then
 //! across) leave each rank its block's sum.
 
-mod common;
-
-use common::{TEST_LIMIT, on_each};
 use nexar::{Algorithm, NexarClient, NexarConfig, Sum};
+
+use crate::common;
+use crate::common::{TEST_LIMIT, on_each};
 
 /// Ranks whose hosts are `hosts[rank]`, the allreduce algorithm pinned where `pinned` says.
 async fn on_hosts(hosts: &[&str], pinned: Option<Algorithm>) -> Vec<NexarClient> {

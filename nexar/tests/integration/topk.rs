@@ -3,10 +3,9 @@
 //! at every step the ranks' results so far plus their residuals add up exactly to what they
 //! contributed. Argument errors are reported alike on every rank.
 
-mod common;
-
-use common::{TEST_LIMIT, on_each};
 use nexar::{ErrorFeedback, Max, NexarClient, NexarConfig, Sum};
+
+use crate::common::{TEST_LIMIT, on_each};
 
 /// Rank `r`'s contribution to element `i` at step `step`: small integers (exact in f32
 /// sums), distinct magnitudes, both signs.

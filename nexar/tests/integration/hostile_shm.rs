@@ -5,17 +5,14 @@
 //! memory than the configured limits (asserted from `/proc/self/status`, in a process of its
 //! own).
 
-mod common;
-mod hostile_common;
-
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nexar::hostile::{HostileMember, take_collective_payload};
 use nexar::{NexarClient, NexarConfig};
 
-use common::{TEST_LIMIT, alone, resident_bytes};
-use hostile_common::{carries_on, coll_frames, segments_that_do_not_hold_together_are_refused};
+use crate::common::{TEST_LIMIT, alone, resident_bytes};
+use crate::hostile_common::{carries_on, coll_frames, segments_that_do_not_hold_together_are_refused};
 
 /// Two ranks of one process (one host) linked through shared memory.
 async fn two_ranks_in_shared_memory(cfg: NexarConfig) -> Vec<NexarClient> {
@@ -89,6 +86,7 @@ async fn a_group_that_announces_more_than_it_holds_is_refused() {
 #[test]
 fn shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits() {
     alone(
+        module_path!(),
         "shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits",
         shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body,
     );

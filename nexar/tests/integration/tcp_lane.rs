@@ -3,13 +3,13 @@
 //! a lane that breaks mid-operation falling back to QUIC without wrong results. Typed
 //! point-to-point messages take the lane too, in order.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::p2p;
 use nexar::prelude::*;
 use nexar::{BulkTransport, CollectiveError, NexarConfigBuilder};
+
+use crate::common;
+use crate::common::p2p;
 
 const LIMIT: Duration = Duration::from_secs(180);
 

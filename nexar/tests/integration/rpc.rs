@@ -1,13 +1,12 @@
 //! `#[nexar::rpc]` over real QUIC: typed calls and typed handler errors, plain and async
 //! functions, self-calls, `call_all`, 10,000 concurrent calls, and every `RpcError` case.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{TEST_LIMIT, logs};
 use nexar::RpcError;
 use nexar::prelude::*;
+
+use crate::common::{TEST_LIMIT, logs};
 
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, Clone, PartialEq)]
 pub enum ShardError {

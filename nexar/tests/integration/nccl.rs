@@ -12,12 +12,12 @@
 //! With two GPUs or more, the two ranks of one host run on NCCL.
 #![cfg(feature = "nccl")]
 
-mod common;
-
-use common::{TEST_LIMIT, on_each};
 use nexar::prelude::*;
 use nexar::{Algorithm, NcclComm, NcclId, NcclState, RecvBuf, SendBuf, nccl_version};
 use nexar_types::{Cuda, cuda_device_count};
+
+use crate::common;
+use crate::common::{TEST_LIMIT, on_each};
 
 fn gpus() -> usize {
     cuda_device_count().unwrap_or(0)

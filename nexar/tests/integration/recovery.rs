@@ -2,14 +2,14 @@
 //! survivors that disagree about who failed converge, and every collective works on the
 //! rebuilt communicator with its dense ranks.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{TEST_LIMIT, on_each};
 use nexar::prelude::*;
 use nexar::{NetChaos, Silence};
 use nexar::{P2pError, RecoveryError};
+
+use crate::common;
+use crate::common::{TEST_LIMIT, on_each};
 
 /// Every collective on a rebuilt communicator gives the right answer.
 async fn exercise(comm: NexarClient) {
