@@ -2,6 +2,9 @@
 
 use super::*;
 use bytes::Bytes;
+use nexar_types::DType;
+
+use crate::transport::framed::Payload;
 
 fn held(n: u8) -> Held {
     Held { dtype: DType::U8, count: 1, payload: Payload::from_bytes(Bytes::from(vec![n])), check: None, segments: None }
