@@ -1,17 +1,24 @@
 //! An RDMA link that fails mid-operation: the operation ends (with a result or an error, on
 //! every rank, within the operation timeout), the links go back to QUIC, and later operations
-//! are correct. Its own test binary: the fault it injects is process-wide.
+//! are correct. In a process of its own (`common::alone`): the fault it injects is process-wide.
 
 use std::time::{Duration, Instant};
 
 use nexar::prelude::*;
-
-#[path = "../../nexar/tests/integration/common/mod.rs"]
-mod common;
 use nexar_rdma::{Fabric, RdmaConfig, attach};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_rdma_link_falls_back_to_quic_for_later_operations() {
+use crate::common;
+
+#[test]
+fn a_failed_rdma_link_falls_back_to_quic_for_later_operations() {
+    common::alone(
+        module_path!(),
+        "a_failed_rdma_link_falls_back_to_quic_for_later_operations",
+        a_failed_rdma_link_falls_back_to_quic_for_later_operations_body,
+    );
+}
+
+async fn a_failed_rdma_link_falls_back_to_quic_for_later_operations_body() {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let run = async {
         // RDMA takes links whose collective payloads are on QUIC (a TCP lane or, between

@@ -6,10 +6,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use nexar::prelude::*;
-
-#[path = "../../nexar/tests/integration/common/mod.rs"]
-mod common;
 use nexar_rdma::{Fabric, LinkTransport, RdmaConfig, RdmaError, attach};
+
+use crate::common;
 
 const LIMIT: Duration = Duration::from_secs(180);
 
