@@ -15,8 +15,10 @@ use bytes::Bytes;
 use nexar::hostile::{HostileMember, LaneTamper, take_collective_payload};
 use nexar::{NetChaos, NexarClient, NexarConfig};
 
-use crate::common::{TEST_LIMIT, alone, alone_in_own_network, on_each, resident_bytes};
-use crate::hostile_common::{carries_on, coll_frames, segments_that_do_not_hold_together_are_refused};
+use crate::common::{TEST_LIMIT, alone, alone_in_own_network, on_each};
+use crate::hostile_common::{
+    carries_on, coll_frames, segments_that_do_not_hold_together_are_refused, unasked_groups_cost_less_than,
+};
 
 /// Two ranks whose collectives of any size take the TCP lane: on one host (every core runs a
 /// rank, so their runtimes do all the lane's I/O), or each on a fake host of its own (cores to
@@ -192,37 +194,9 @@ async fn tcp_lane_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_bo
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
     let lane = HostileMember::new(&ranks[1]).bulk_channel(0).expect("a tcp lane to rank 0");
     assert_eq!(lane.name(), "tcp-tls");
-    let comm = ranks[0].comm_id();
-    let payload = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
-    let group = |seq: u64| vec![coll_frames(comm, seq, len), payload.clone()];
-    let groups: Vec<Vec<Bytes>> = (1000..1008).map(group).collect();
-    let before = resident_bytes();
-    let writer = tokio::spawn(async move {
-        for frames in groups {
-            lane.send(frames).await.unwrap();
-        }
-    });
-    // Watch the peak for a while: the member stalls once the second group waits unread.
-    let mut peak = 0;
-    for _ in 0..60 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        peak = peak.max(resident_bytes().saturating_sub(before));
-    }
-    assert!(!writer.is_finished(), "all eight groups were read though nobody asked for them");
     // This process is both ranks: the member's side holds the group it is writing (sealed).
     // Read whole and queued, the groups took over 200 MiB here.
-    assert!(
-        peak < 4 * len + (16 << 20),
-        "resident memory grew by {} MiB for groups of {} MiB that the limits allow one of",
-        peak >> 20,
-        len >> 20
-    );
-    for seq in 1000..1008u64 {
-        let got = take_collective_payload(&ranks[0], 1, seq, len, Duration::from_secs(60)).await.unwrap();
-        assert!(got.len() as u64 == len && got[..] == payload[..], "group {seq} arrived changed");
-    }
-    tokio::time::timeout(Duration::from_secs(60), writer).await.unwrap().unwrap();
-    carries_on(&ranks).await;
+    unasked_groups_cost_less_than(&ranks, lane, len, 4 * len + (16 << 20)).await;
 }
 
 /// A stranger (any process that can reach the port) opens connections to every lane listener

@@ -11,8 +11,10 @@ use bytes::Bytes;
 use nexar::hostile::{HostileMember, take_collective_payload};
 use nexar::{NexarClient, NexarConfig};
 
-use crate::common::{TEST_LIMIT, alone, resident_bytes};
-use crate::hostile_common::{carries_on, coll_frames, segments_that_do_not_hold_together_are_refused};
+use crate::common::{TEST_LIMIT, alone};
+use crate::hostile_common::{
+    carries_on, coll_frames, segments_that_do_not_hold_together_are_refused, unasked_groups_cost_less_than,
+};
 
 /// Two ranks of one process (one host) linked through shared memory.
 async fn two_ranks_in_shared_memory(cfg: NexarConfig) -> Vec<NexarClient> {
@@ -97,35 +99,9 @@ async fn shm_groups_nobody_asked_for_cost_no_more_memory_than_the_limits_body() 
     let cfg = NexarConfig::builder().max_unmatched_bytes(16 << 20).max_message_bytes(len).build().unwrap();
     let ranks = two_ranks_in_shared_memory(cfg).await;
     let link = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
-    let comm = ranks[0].comm_id();
-    let payload = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
-    let group = |seq: u64| vec![coll_frames(comm, seq, len), payload.clone()];
-    let groups: Vec<Vec<Bytes>> = (1000..1008).map(group).collect();
-    let before = resident_bytes();
-    let writer = tokio::spawn(async move {
-        for frames in groups {
-            link.send(frames).await.unwrap();
-        }
-    });
-    let mut peak = 0;
-    for _ in 0..60 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        peak = peak.max(resident_bytes().saturating_sub(before));
-    }
-    assert!(!writer.is_finished(), "all eight groups were read though nobody asked for them");
-    // This process is both ranks; the rings (2 x 4 MiB each way) were mapped before `before`.
-    assert!(
-        peak < 2 * len + (16 << 20),
-        "resident memory grew by {} MiB for groups of {} MiB that the limits allow one of",
-        peak >> 20,
-        len >> 20
-    );
-    for seq in 1000..1008u64 {
-        let got = take_collective_payload(&ranks[0], 1, seq, len, Duration::from_secs(60)).await.unwrap();
-        assert!(got.len() as u64 == len && got[..] == payload[..], "group {seq} arrived changed");
-    }
-    tokio::time::timeout(Duration::from_secs(60), writer).await.unwrap().unwrap();
-    carries_on(&ranks).await;
+    // This process is both ranks; the rings (2 x 4 MiB each way) were mapped before the
+    // watch starts.
+    unasked_groups_cost_less_than(&ranks, link, len, 2 * len + (16 << 20)).await;
 }
 
 /// The member sends point-to-point messages in segments that do not hold together through
