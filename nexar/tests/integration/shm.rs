@@ -79,10 +79,6 @@ async fn a_rank_far_ahead_is_read_in_order_by_task_and_receives_alike() {
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
 
-/// Large payloads stay in the peer's ring until a receive copies them out (the oldest copied
-/// out early once those held pass half the ring), and a root that runs ahead of its sleeping
-/// peer is never stalled by them: five times a 4 MiB ring in broadcasts of 64 KiB to 1 MiB
-/// arrive in order, each with the bytes that were sent.
 /// A large message that its receive takes straight off the ring is followed at once by a
 /// small one of the same key (an in-place scan's closing confirmation): the receive takes the
 /// large one first every time, however the ring's reading task and the receive interleave.
@@ -109,6 +105,10 @@ async fn a_message_handed_off_the_ring_comes_before_a_later_one_of_its_key() {
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
 
+/// Large payloads stay in the peer's ring until a receive copies them out (the oldest copied
+/// out early once those held pass half the ring), and a root that runs ahead of its sleeping
+/// peer is never stalled by them: five times a 4 MiB ring in broadcasts of 64 KiB to 1 MiB
+/// arrive in order, each with the bytes that were sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_left_in_the_ring_never_hold_a_sender_far_ahead() {
     common::logs();
