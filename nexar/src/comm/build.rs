@@ -16,6 +16,7 @@ use super::client::{Inner, NexarClient, UserHandles};
 use super::control::serve_control;
 use super::health::{Health, monitor, recover_automatically};
 use super::route::forward;
+use super::spin::YIELDING_SPIN;
 use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, LocalMesh, LocalRank, MeshSetup};
 use crate::comm::matcher::Mailbox;
@@ -332,7 +333,7 @@ impl NexarClient {
         // The data and raw lanes go straight into the mailboxes; their queues stay unused.
         let LaneReceivers { rpc_requests, rpc_responses, control } = receivers;
         let world = addrs.len();
-        let spin = super::spin::SpinGovernor::new(cfg.spin.unwrap_or_else(|| default_spin(addrs, rank)));
+        let spin = spin_governor(&cfg, addrs, rank);
         if !cfg.bulk_encryption && cfg.bulk_transport == crate::BulkTransport::Tcp {
             tracing::warn!(
                 rank,
@@ -450,16 +451,24 @@ impl NexarClient {
     }
 }
 
-/// Spin up to 1 ms while this host runs no more ranks than it has cores; spinning ranks that
-/// share cores only steal them from each other.
-fn default_spin(addrs: &[SocketAddr], rank: usize) -> Duration {
+/// The receive spin: up to 1 ms while this host runs no more ranks than it has cores. Where
+/// ranks share cores a spin that held its core would steal it from the rank it waits for, so
+/// there spins yield the core between polls, for up to [`YIELDING_SPIN`] (or, with
+/// `NEXAR_SPIN_YIELD=off`, every wait parks at once). The configuration overrides either.
+fn spin_governor(cfg: &NexarConfig, addrs: &[SocketAddr], rank: usize) -> super::spin::SpinGovernor {
     let here = addrs[rank].ip();
     let same_host = |a: &SocketAddr| a.ip() == here || (a.ip().is_loopback() && here.is_loopback());
     let local_ranks = addrs.iter().filter(|a| same_host(a)).count();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let spin = if local_ranks <= cores { DEFAULT_SPIN } else { Duration::ZERO };
-    tracing::debug!(rank, local_ranks, cores, ?spin, "receive spin");
-    spin
+    let shares_cores = local_ranks > cores;
+    let yields = cfg.spin_yield.unwrap_or(shares_cores);
+    let window = cfg.spin.unwrap_or(match (yields, shares_cores) {
+        (true, _) => YIELDING_SPIN,
+        (false, true) => Duration::ZERO,
+        (false, false) => DEFAULT_SPIN,
+    });
+    tracing::debug!(rank, local_ranks, cores, ?window, yields, "receive spin");
+    super::spin::SpinGovernor::new(window, if yields { local_ranks } else { 0 })
 }
 
 /// The cluster's id in flight-recorder dumps: the start of its CA certificate's fingerprint,

@@ -16,6 +16,15 @@
 //! the spin already. The ranks of the host are known by their process ids: from `SO_PEERCRED`
 //! where shared memory links them, else from the host table (`comm/hosts.rs`). Binding ranks to
 //! cores ([`crate::affinity`]) prevents the placement in the first place.
+//!
+//! Where the host runs more ranks than it has cores, a spin that held its core would keep the
+//! very rank it waits for from running, and a rank that parks pays a wake-up per message
+//! (on a virtual machine, a halted virtual CPU to wake): four ranks on two cores took ~120 µs
+//! per barrier. There a governor *yields*: between polls its thread offers the core to
+//! whatever else is runnable on it (`sched_yield`, as MPI's `mpi_yield_when_idle` does), so
+//! the sender runs at once, and the receive still sees its message without a wake-up. A
+//! yielding spin's window is longer ([`YIELDING_SPIN`]), losing the core on the way is what it
+//! is for (it is not counted against spinning), and it never moves its thread to another core.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -31,6 +40,16 @@ const MIN_WINDOW_NS: u64 = 4_000;
 const FIRST_PROBE_GAP: u64 = 64;
 /// The longest gap between probes: a co-located rank pays one window per this many waits.
 const MAX_PROBE_GAP: u64 = 8_192;
+/// Waits a yielding governor parks at once after its first [`Spun::Outrun`]; doubled after
+/// each further one, up to [`MAX_OUTRUN_GAP`], and halved again by each as long run of waits
+/// without one. A job that shares its cores with other work keeps parking, paying a lost slice
+/// only once per gap; one whose cores come free again yields again.
+const FIRST_OUTRUN_GAP: u64 = 1_024;
+/// The longest a yielding governor parks after an [`Spun::Outrun`], in waits.
+const MAX_OUTRUN_GAP: u64 = 1 << 20;
+/// A yielding governor's first waits never count as [`Spun::Outrun`]: they are the job's own
+/// start, when the seed and the other ranks are still busy setting up, which looks the same.
+const OUTRUN_WARM_UP: u64 = 32;
 
 /// The adaptive spin window of one client: the configured window while messages arrive within
 /// it, halved each time a window expires empty, and restored by the first spin that finds its
@@ -47,10 +66,18 @@ pub(crate) struct SpinGovernor {
     next_probe: AtomicU64,
     /// The current gap between probes.
     probe_gap: AtomicU64,
+    /// A yielding governor parks at once until this wait, after a yield lost the core.
+    outrun_until: AtomicU64,
+    /// Waits it parks after the next [`Spun::Outrun`].
+    outrun_gap: AtomicU64,
+
     /// The processes of the ranks that share this host's cores (their pids: checked with
     /// `SO_PEERCRED` where a shared-memory link was set up, else as the host table gave them),
     /// each with whether a shared-memory link to it is up.
     same_host: HostPeers,
+    /// The ranks on this host where the thread offers its core to other runnable threads
+    /// between polls (the host runs more ranks than it has cores); 0 where it does not.
+    yields_among: usize,
 }
 
 /// How one spin ended.
@@ -60,11 +87,17 @@ pub(crate) enum Spun {
     Found,
     /// The window passed without it.
     Expired,
+    /// A yielding spin gave its core away and got it back only after [`YIELD_LOST`]: work
+    /// other than a rank waiting its turn holds the core (a background job), and each yield
+    /// to it costs its whole time slice, where a parked thread's wake-up would preempt it.
+    Outrun,
 }
 
 impl SpinGovernor {
-    /// A governor whose window never exceeds `max`.
-    pub(crate) fn new(max: Duration) -> SpinGovernor {
+    /// A governor whose window never exceeds `max`. Where `yields_among` (the ranks on this
+    /// host) is not 0, the spinning thread offers its core to other runnable threads between
+    /// polls.
+    pub(crate) fn new(max: Duration, yields_among: usize) -> SpinGovernor {
         let max_ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
         SpinGovernor {
             max_ns,
@@ -72,7 +105,11 @@ impl SpinGovernor {
             waits: AtomicU64::new(0),
             next_probe: AtomicU64::new(0),
             probe_gap: AtomicU64::new(FIRST_PROBE_GAP),
+            outrun_until: AtomicU64::new(0),
+            outrun_gap: AtomicU64::new(FIRST_OUTRUN_GAP),
+
             same_host: HostPeers::default(),
+            yields_among,
         }
     }
 
@@ -96,6 +133,10 @@ impl SpinGovernor {
     /// peers `which` picks, reading at most `reads` threads of each (see
     /// [`HostPeers::one_waits_on`]).
     fn leave_core_if_one_waits_on_it(&self, which: impl Fn(&HostPeer) -> bool, reads: usize, relist: bool) -> bool {
+        if self.yields() {
+            // The peer gets this core at the next poll anyway.
+            return false;
+        }
         let cpu = rustix::thread::sched_getcpu();
         self.same_host.one_waits_on(cpu, which, reads, relist) && crate::affinity::hop_off_current_cpu()
     }
@@ -119,6 +160,17 @@ impl SpinGovernor {
             && self.leave_core_if_one_waits_on_it(networked, GLANCE_READS, false)
     }
 
+    /// Whether spins offer the core to other threads between polls.
+    pub(crate) fn yields(&self) -> bool {
+        self.yields_among > 0
+    }
+
+    /// After a yield kept this thread away for [`YIELD_LOST`]: whether work other than the
+    /// ranks held the core, so that yielding costs whole time slices ([`Spun::Outrun`]).
+    fn outrun(&self) -> bool {
+        self.waits.load(Relaxed) > OUTRUN_WARM_UP && more_runnable_than(self.yields_among)
+    }
+
     /// The configured window.
     pub(crate) fn max(&self) -> Duration {
         Duration::from_nanos(self.max_ns)
@@ -127,11 +179,17 @@ impl SpinGovernor {
     /// How long the next wait spins.
     pub(crate) fn window(&self) -> Duration {
         let n = self.waits.fetch_add(1, Relaxed);
+        if n < self.outrun_until.load(Relaxed) {
+            return Duration::ZERO;
+        }
         let window = self.window_ns.load(Relaxed);
         if window == 0 && self.max_ns > 0 && n >= self.next_probe.load(Relaxed) {
             // A probe. Spins expire when the sender waits for this very core, so leave it
-            // first: the probe then tells whether spinning pays elsewhere.
-            crate::affinity::hop_off_current_cpu();
+            // first: the probe then tells whether spinning pays elsewhere (a yielding spin
+            // lets the sender have the core instead).
+            if !self.yields() {
+                crate::affinity::hop_off_current_cpu();
+            }
             return Duration::from_nanos(self.max_ns);
         }
         Duration::from_nanos(window)
@@ -146,6 +204,12 @@ impl SpinGovernor {
             Spun::Found => {
                 self.window_ns.store(self.max_ns, Relaxed);
                 self.probe_gap.store(FIRST_PROBE_GAP, Relaxed);
+                // A whole gap's worth of waits since the last outrun: the cores are freer.
+                let gap = self.outrun_gap.load(Relaxed);
+                if gap > FIRST_OUTRUN_GAP && self.waits.load(Relaxed) > self.outrun_until.load(Relaxed) + gap {
+                    self.outrun_gap.store(gap / 2, Relaxed);
+                    self.outrun_until.store(self.waits.load(Relaxed), Relaxed);
+                }
             }
             Spun::Expired => {
                 let half = self.window_ns.load(Relaxed) / 2;
@@ -160,12 +224,48 @@ impl SpinGovernor {
                     return;
                 }
                 // A probe that expired: wait longer before the next one.
-                let gap = self.probe_gap.load(Relaxed);
-                self.next_probe.store((self.waits.load(Relaxed) + gap).saturating_sub(1), Relaxed);
-                self.probe_gap.store((gap * 2).min(MAX_PROBE_GAP), Relaxed);
+                self.probe_later();
+            }
+            Spun::Outrun => {
+                let gap = self.outrun_gap.load(Relaxed);
+                tracing::debug!(waits = gap, "receive spin: a yield lost the core to other work; parking at once");
+                self.outrun_until.store(self.waits.load(Relaxed) + gap, Relaxed);
+                self.outrun_gap.store((gap * 2).min(MAX_OUTRUN_GAP), Relaxed);
             }
         }
     }
+
+    /// Schedules the next probe the current gap from now, and doubles the gap.
+    fn probe_later(&self) {
+        let gap = self.probe_gap.load(Relaxed);
+        self.next_probe.store((self.waits.load(Relaxed) + gap).saturating_sub(1), Relaxed);
+        self.probe_gap.store((gap * 2).min(MAX_PROBE_GAP), Relaxed);
+    }
+}
+
+/// The spin window where ranks share cores and spins yield between polls: long enough that a
+/// wait for a peer which must first get the core (behind one or two others on it) still ends
+/// in the spin. Measured with four ranks on two cores (`nexar-bench --np 4`): a 1 ms window
+/// kept expiring and the governor turned spinning off (a 4 KiB allreduce 94 µs); 10 ms held it
+/// (40 µs); 50 ms was no better.
+pub(crate) const YIELDING_SPIN: Duration = Duration::from_millis(10);
+
+/// A yielding spin whose thread was away this long between two polls gave its core to work
+/// other than the ranks' (their turns between polls take tens of microseconds; a niced
+/// background job, once yielded to, keeps the core for its whole slice, a millisecond or more
+/// here): it parks, so that the message's wake-up preempts that job, and spinning stays off
+/// until a probe pays again. With two niced busy loops on the two cores, four ranks that kept
+/// yielding took 15.7 ms per 1 MiB allreduce, against 1.4–1.5 ms parking.
+const YIELD_LOST: Duration = Duration::from_micros(500);
+
+/// Whether more threads are runnable on this host right now than `ranks` (the count of
+/// runnable threads in `/proc/loadavg`, this one included): while ranks that share cores spin,
+/// each of them is runnable, and anything beyond them is other work. `true` where the count
+/// cannot be read, so that a spin that lost its core parks.
+fn more_runnable_than(ranks: usize) -> bool {
+    let Ok(load) = std::fs::read_to_string("/proc/loadavg") else { return true };
+    let runnable = load.split_whitespace().nth(3).and_then(|f| f.split('/').next()?.parse::<usize>().ok());
+    runnable.is_none_or(|n| n > ranks)
 }
 
 /// A gap this long between two polls means this thread lost its core meanwhile: whatever the
@@ -221,7 +321,8 @@ pub(super) async fn spin_take(
 /// Calls `poll` until it yields a value, fails, or the governor's window passes (`Ok(None)`),
 /// yielding to the runtime between calls. A spin counts as paying only if it found its value
 /// without losing the core on the way; one that found it only after the thread was preempted
-/// (as when the sender shares this core) counts as expired.
+/// (as when the sender shares this core) counts as expired, unless the governor yields, when
+/// giving the core away is the point.
 pub(crate) async fn spin_poll<T, E>(
     governor: &SpinGovernor,
     mut poll: impl FnMut() -> Result<Option<T>, E>,
@@ -256,7 +357,12 @@ pub(crate) async fn spin_poll_reading<T, E>(
         }
         let now = Instant::now();
         let (until, last, yielded) = clock.get_or_insert((now + window, now, now));
-        preempted |= now.duration_since(*last) > PREEMPTED;
+        let away = now.duration_since(*last);
+        if governor.yields() && away > YIELD_LOST && governor.outrun() {
+            governor.record(window, Spun::Outrun);
+            return Ok(None);
+        }
+        preempted |= !governor.yields() && away > PREEMPTED;
         *last = now;
         if now >= *until {
             governor.record(window, Spun::Expired);
@@ -271,10 +377,14 @@ pub(crate) async fn spin_poll_reading<T, E>(
                 *last = Instant::now();
             }
         }
+        if governor.yields() {
+            // Whatever else is runnable on this core (the sender, perhaps) runs now.
+            std::thread::yield_now();
+        }
         if read_itself.is_none_or(|hold| now.duration_since(*yielded) >= hold) {
             *yielded = now;
             tokio::task::yield_now().await;
-        } else {
+        } else if !governor.yields() {
             std::hint::spin_loop();
         }
     }
@@ -286,7 +396,7 @@ mod tests {
 
     #[test]
     fn expiring_windows_turn_spinning_off_and_probes_back_off() {
-        let g = SpinGovernor::new(Duration::from_millis(1));
+        let g = SpinGovernor::new(Duration::from_millis(1), 0);
         let mut spun = Vec::new();
         for _ in 0..20 {
             let w = g.window();
@@ -315,7 +425,7 @@ mod tests {
 
     #[test]
     fn one_spin_that_finds_its_message_restores_the_window() {
-        let g = SpinGovernor::new(Duration::from_micros(800));
+        let g = SpinGovernor::new(Duration::from_micros(800), 0);
         for _ in 0..12 {
             let w = g.window();
             g.record(w, Spun::Expired);
@@ -325,7 +435,7 @@ mod tests {
         g.record(probe, Spun::Found);
         assert_eq!(g.window(), Duration::from_micros(800));
         // A zero window never changes anything.
-        let never = SpinGovernor::new(Duration::ZERO);
+        let never = SpinGovernor::new(Duration::ZERO, 0);
         assert_eq!(never.window(), Duration::ZERO);
         never.record(Duration::ZERO, Spun::Expired);
         assert_eq!(never.window(), Duration::ZERO);
@@ -333,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_governor_with_no_live_peer_on_this_host_stays_on_its_core() {
-        let g = SpinGovernor::new(Duration::from_millis(1));
+        let g = SpinGovernor::new(Duration::from_millis(1), 0);
         g.add_same_host_peer(u32::MAX - 1, false);
         g.add_same_host_peer(u32::MAX - 2, true);
         // No such processes: nothing waits on this core, so the thread stays where it is.
@@ -341,11 +451,51 @@ mod tests {
         assert!(!g.leave_core_if_a_networked_peer_waits_on_it());
     }
 
+    #[test]
+    fn a_yield_lost_to_other_work_parks_for_a_growing_number_of_waits() {
+        let g = SpinGovernor::new(YIELDING_SPIN, 4);
+        assert!(g.yields());
+        // A yielding thread never hops off its core: the peer gets it at the next poll.
+        g.add_same_host_peer(std::process::id(), true);
+        assert!(!g.leave_core_if_a_peer_waits_on_it());
+        assert_eq!(g.window(), YIELDING_SPIN);
+        // Parked for FIRST_OUTRUN_GAP waits, then spinning again with the whole window.
+        g.record(YIELDING_SPIN, Spun::Outrun);
+        let parked = (0..2 * FIRST_OUTRUN_GAP).take_while(|_| g.window().is_zero()).count() as u64;
+        assert_eq!(parked, FIRST_OUTRUN_GAP);
+        // The window itself was not shrunk by the outrun.
+        assert_eq!(g.window(), YIELDING_SPIN);
+        // A second outrun parks twice as long.
+        g.record(YIELDING_SPIN, Spun::Outrun);
+        let parked = (0..4 * FIRST_OUTRUN_GAP).take_while(|_| g.window().is_zero()).count() as u64;
+        assert_eq!(parked, 2 * FIRST_OUTRUN_GAP);
+        // A whole gap of waits that found their messages halves it again.
+        for _ in 0..=4 * FIRST_OUTRUN_GAP {
+            let w = g.window();
+            g.record(w, Spun::Found);
+        }
+        assert_eq!(g.outrun_gap.load(Relaxed), 2 * FIRST_OUTRUN_GAP);
+    }
+
+    #[test]
+    fn the_start_of_a_job_never_counts_as_an_outrun() {
+        let g = SpinGovernor::new(YIELDING_SPIN, 1);
+        // However busy the host, the first waits are the job's own start.
+        assert!(!g.outrun());
+        for _ in 0..=OUTRUN_WARM_UP {
+            g.window();
+        }
+        // Past them, only the host's runnable count decides: this test's thread is runnable,
+        // so with `ranks` = 0 there is always more.
+        assert!(more_runnable_than(0));
+        assert!(!more_runnable_than(usize::MAX));
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_spin_that_reads_its_link_itself_still_lets_other_tasks_run() {
         use std::sync::Arc;
         use std::sync::atomic::AtomicBool;
-        let g = SpinGovernor::new(Duration::from_secs(5));
+        let g = SpinGovernor::new(Duration::from_secs(5), 0);
         let other_ran = Arc::new(AtomicBool::new(false));
         let flag = other_ran.clone();
         tokio::spawn(async move { flag.store(true, Relaxed) });

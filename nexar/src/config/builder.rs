@@ -136,6 +136,7 @@ setters! {
     some world_size: usize;
     some seed_addr: SocketAddr;
     some spin: Duration;
+    some spin_yield: bool;
     some allreduce_algorithm: Algorithm;
     some broadcast_algorithm: Algorithm;
     some barrier_algorithm: Algorithm;

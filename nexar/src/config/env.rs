@@ -114,6 +114,9 @@ impl NexarConfig {
             }
             c.spin = Some(Duration::from_micros(us));
         }
+        if let Some((var, v)) = get("NEXAR_SPIN_YIELD") {
+            c.spin_yield = Some(on_off(var, &v)?);
+        }
         for (var, slot, allowed) in [
             (
                 "NEXAR_ALLREDUCE_ALGORITHM",

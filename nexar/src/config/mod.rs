@@ -118,10 +118,22 @@ pub struct NexarConfig {
     pub socket_buffer_bytes: usize,
     /// How long a waiting receive or collective step keeps polling before it parks its thread
     /// (`NEXAR_SPIN_US`, microseconds; 0 never spins). `None` (the default) spins up to 1 ms
-    /// when this host runs no more ranks than it has cores, and never when ranks oversubscribe
-    /// the cores. Waking a parked thread costs tens of microseconds, more than a small message
-    /// takes.
+    /// when this host runs no more ranks than it has cores, and up to 10 ms, yielding the core
+    /// between polls ([`spin_yield`](Self::spin_yield)), when ranks oversubscribe the cores.
+    /// Waking a parked thread costs tens of microseconds, more than a small message takes.
     pub spin: Option<Duration>,
+    /// Whether a spinning receive offers its core to other runnable threads between polls
+    /// (`NEXAR_SPIN_YIELD`: `on` or `off`), as MPI's `mpi_yield_when_idle` does: the rank it
+    /// waits for may be waiting for that very core. `None` (the default) yields where this
+    /// host runs more ranks than it has cores; `Some(false)` there parks at once unless
+    /// [`spin`](Self::spin) says otherwise.
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_SPIN_YIELD").then(|| "off".into())).unwrap();
+    /// assert_eq!(cfg.spin_yield, Some(false));
+    /// assert_eq!(nexar::NexarConfig::default().spin_yield, None);
+    /// ```
+    pub spin_yield: Option<bool>,
     /// Pins the allreduce algorithm (`NEXAR_ALLREDUCE_ALGORITHM`: `ring`, `pipelined_ring`,
     /// `halving_doubling`, `recursive_doubling`, `hierarchical` — the two-level one, where the
     /// hosts allow it); `None` lets the size table choose.
@@ -314,6 +326,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("max_rpc_bytes", &self.max_rpc_bytes)
             .field("socket_buffer_bytes", &self.socket_buffer_bytes)
             .field("spin", &self.spin)
+            .field("spin_yield", &self.spin_yield)
             .field("allreduce_algorithm", &self.allreduce_algorithm)
             .field("broadcast_algorithm", &self.broadcast_algorithm)
             .field("barrier_algorithm", &self.barrier_algorithm)
@@ -425,6 +438,7 @@ impl Default for NexarConfig {
             max_rpc_bytes: 256 << 20,
             socket_buffer_bytes: 8 << 20,
             spin: None,
+            spin_yield: None,
             allreduce_algorithm: None,
             broadcast_algorithm: None,
             barrier_algorithm: None,
