@@ -382,6 +382,11 @@ impl Mailbox {
             self.made_room(&mut st);
             return Ok(Some(msg));
         }
+        // As in `take_or_wait_for`: this rank shutting down says more than a peer being gone
+        // (a spinning receive asks here first, and must fail as a parked one would).
+        if st.closed {
+            return Err(Refusal::Closed);
+        }
         if let Some(aborted) = st.aborted.get(&(key.comm, key.tag)) {
             return Err(refusal(aborted));
         }

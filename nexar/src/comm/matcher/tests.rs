@@ -171,6 +171,18 @@ async fn a_gone_source_fails_its_receives_but_keeps_what_it_sent() {
 }
 
 #[tokio::test]
+async fn a_closed_rank_refuses_as_closed_whether_the_receive_spins_or_waits() {
+    let mb = Mailbox::new(8, 1 << 20);
+    mb.deliver_held(key(1), held(11)).await;
+    mb.source_gone(1, "connection lost");
+    mb.close();
+    // A spinning receive (`try_take`) and a parked one (`take_or_wait`) get the same answer:
+    // the rank's own shutdown, not the peer that went first.
+    assert_eq!(mb.try_take(key(2)).unwrap_err(), Refusal::Closed);
+    assert!(matches!(mb.take_or_wait(key(2)), Err(Refusal::Closed)));
+}
+
+#[tokio::test]
 async fn a_cancelled_receive_gives_its_message_back() {
     let mb = Mailbox::new(8, 1 << 20);
     let pending = match mb.take_or_wait(key(5)) {
