@@ -453,15 +453,17 @@ impl NexarClient {
 
 /// The receive spin: up to 1 ms while this host runs no more ranks than it has cores. Where
 /// ranks share cores a spin that held its core would steal it from the rank it waits for, so
-/// there spins yield the core between polls, for up to [`YIELDING_SPIN`] (or, with
-/// `NEXAR_SPIN_YIELD=off`, every wait parks at once). The configuration overrides either.
+/// there spins yield the core between polls, for up to [`YIELDING_SPIN`], where the ranks of
+/// the host talk through shared memory (with `NEXAR_SHM=off`, whose TCP lane measured mixed
+/// with yields, every wait parks at once, as it does with `NEXAR_SPIN_YIELD=off`). The
+/// configuration overrides either.
 fn spin_governor(cfg: &NexarConfig, addrs: &[SocketAddr], rank: usize) -> super::spin::SpinGovernor {
     let here = addrs[rank].ip();
     let same_host = |a: &SocketAddr| a.ip() == here || (a.ip().is_loopback() && here.is_loopback());
     let local_ranks = addrs.iter().filter(|a| same_host(a)).count();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let shares_cores = local_ranks > cores;
-    let yields = cfg.spin_yield.unwrap_or(shares_cores);
+    let yields = cfg.spin_yield.unwrap_or(shares_cores && cfg.shared_memory);
     let window = cfg.spin.unwrap_or(match (yields, shares_cores) {
         (true, _) => YIELDING_SPIN,
         (false, true) => Duration::ZERO,

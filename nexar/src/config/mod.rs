@@ -118,15 +118,19 @@ pub struct NexarConfig {
     pub socket_buffer_bytes: usize,
     /// How long a waiting receive or collective step keeps polling before it parks its thread
     /// (`NEXAR_SPIN_US`, microseconds; 0 never spins). `None` (the default) spins up to 1 ms
-    /// when this host runs no more ranks than it has cores, and up to 10 ms, yielding the core
-    /// between polls ([`spin_yield`](Self::spin_yield)), when ranks oversubscribe the cores.
+    /// when this host runs no more ranks than it has cores; where ranks oversubscribe the
+    /// cores, up to 10 ms yielding the core between polls ([`spin_yield`](Self::spin_yield)),
+    /// or not at all where spins do not yield.
     /// Waking a parked thread costs tens of microseconds, more than a small message takes.
     pub spin: Option<Duration>,
     /// Whether a spinning receive offers its core to other runnable threads between polls
     /// (`NEXAR_SPIN_YIELD`: `on` or `off`), as MPI's `mpi_yield_when_idle` does: the rank it
     /// waits for may be waiting for that very core. `None` (the default) yields where this
-    /// host runs more ranks than it has cores; `Some(false)` there parks at once unless
-    /// [`spin`](Self::spin) says otherwise.
+    /// host runs more ranks than it has cores and [`shared_memory`](Self::shared_memory) is on;
+    /// `Some(false)` there parks at once unless [`spin`](Self::spin) says otherwise. A yield
+    /// that loses the core to other work for long (a niced build, say) parks the rank for a
+    /// growing number of waits; on hosts whose cores are busy with other jobs, `off` keeps the
+    /// tail latency lower.
     ///
     /// ```
     /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_SPIN_YIELD").then(|| "off".into())).unwrap();
