@@ -41,8 +41,8 @@ const FIRST_PROBE_GAP: u64 = 64;
 /// The longest gap between probes: a co-located rank pays one window per this many waits.
 const MAX_PROBE_GAP: u64 = 8_192;
 /// Waits a yielding governor parks at once after its first [`Spun::Outrun`]; doubled after
-/// each further one, up to [`MAX_OUTRUN_GAP`], and halved again by each as long run of waits
-/// without one. A job that shares its cores with other work keeps parking, paying a lost slice
+/// each further one, up to [`MAX_OUTRUN_GAP`], and halved again after each run of that many
+/// waits without one. A job that shares its cores with other work keeps parking, paying a lost slice
 /// only once per gap; one whose cores come free again yields again.
 const FIRST_OUTRUN_GAP: u64 = 1_024;
 /// The longest a yielding governor parks after an [`Spun::Outrun`], in waits.
@@ -70,7 +70,6 @@ pub(crate) struct SpinGovernor {
     outrun_until: AtomicU64,
     /// Waits it parks after the next [`Spun::Outrun`].
     outrun_gap: AtomicU64,
-
     /// The processes of the ranks that share this host's cores (their pids: checked with
     /// `SO_PEERCRED` where a shared-memory link was set up, else as the host table gave them),
     /// each with whether a shared-memory link to it is up.
@@ -107,7 +106,6 @@ impl SpinGovernor {
             probe_gap: AtomicU64::new(FIRST_PROBE_GAP),
             outrun_until: AtomicU64::new(0),
             outrun_gap: AtomicU64::new(FIRST_OUTRUN_GAP),
-
             same_host: HostPeers::default(),
             yields_among,
         }
