@@ -25,6 +25,8 @@
 //! the sender runs at once, and the receive still sees its message without a wake-up. A
 //! yielding spin's window is longer ([`YIELDING_SPIN`]), losing the core on the way is what it
 //! is for (it is not counted against spinning), and it never moves its thread to another core.
+//! A yield that loses the core to other work for long (a background job) makes the governor
+//! park every wait for a growing number of waits instead ([`Spun::Outrun`]).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -251,8 +253,8 @@ pub(crate) const YIELDING_SPIN: Duration = Duration::from_millis(10);
 /// A yielding spin whose thread was away this long between two polls gave its core to work
 /// other than the ranks' (their turns between polls take tens of microseconds; a niced
 /// background job, once yielded to, keeps the core for its whole slice, a millisecond or more
-/// here): it parks, so that the message's wake-up preempts that job, and spinning stays off
-/// until a probe pays again. With two niced busy loops on the two cores, four ranks that kept
+/// here): it parks, so that the message's wake-up preempts that job, and the governor parks
+/// every wait for a while ([`Spun::Outrun`], [`FIRST_OUTRUN_GAP`]). With two niced busy loops on the two cores, four ranks that kept
 /// yielding took 15.7 ms per 1 MiB allreduce, against 1.4–1.5 ms parking.
 const YIELD_LOST: Duration = Duration::from_micros(500);
 
