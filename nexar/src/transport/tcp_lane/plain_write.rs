@@ -14,7 +14,7 @@ use std::io::{self, IoSlice};
 use std::net::TcpStream;
 
 use super::records::{GroupHead, HEAD, HEADER, RECORD, Sealed, TAG};
-use super::sealed::{NextRecord, Parts};
+use super::sealed::{Cut, NextRecord, Parts};
 
 /// The tag of a plaintext record.
 const ZERO_TAG: [u8; TAG] = [0; TAG];
@@ -49,7 +49,7 @@ impl<'p> PlainGroup<'p> {
         let mut left = len;
         while left > 0 {
             let start = group.bodies.len();
-            let n = match parts.next_record(left.min(RECORD)) {
+            let n = match parts.next_record(left.min(RECORD), Cut::of(false, left == len)) {
                 NextRecord::Direct(here) => {
                     group.bodies.push(here);
                     here.len()
@@ -162,6 +162,8 @@ mod tests {
             vec![&payload[..RECORD]],
             vec![&payload[..100], &payload[100..200], &payload[200..20_000], &payload[20_000..]],
             (0..40).map(|i| &payload[i * 1000..(i + 1) * 1000]).collect(),
+            // A bucket of long buffers: records run across them.
+            std::iter::once(&b"frames"[..]).chain((0..12).map(|i| &payload[i * 40_000..(i + 1) * 40_000])).collect(),
         ]
     }
 

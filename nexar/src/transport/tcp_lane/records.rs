@@ -25,7 +25,7 @@ use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use rustls::{ClientConnection, ServerConnection};
 
 pub(crate) use super::sealed::Sealed;
-use super::sealed::{Chunk, NextRecord, Parts};
+use super::sealed::{Chunk, Cut, NextRecord, Parts};
 
 /// Largest plaintext of one record.
 pub(crate) const RECORD: usize = 256 << 10;
@@ -244,12 +244,13 @@ impl Sealer {
         let mut out = Chunk::new(buffer());
         self.seal_from(&mut out, &GroupHead { len: len as u64, lead }.encode())?;
         let mut parts = Parts { parts, part: 0, offset: 0 };
+        let encrypts = self.encrypts();
         let mut left = len;
         while left > 0 {
             if out.used >= CHUNK && !emit(std::mem::replace(&mut out, Chunk::new(buffer())).finish(), false) {
                 return Ok(false);
             }
-            let n = match parts.next_record(left.min(RECORD)) {
+            let n = match parts.next_record(left.min(RECORD), Cut::of(encrypts, left == len)) {
                 NextRecord::Direct(here) => {
                     self.seal_from(&mut out, here)?;
                     here.len()
@@ -320,10 +321,11 @@ pub(crate) fn lead_of(parts: &[&[u8]]) -> usize {
     parts[..largest].iter().map(|p| p.len()).sum()
 }
 
-/// A part at least this long gets records of its own, ending where it ends, rather than
+/// A part at least this long gets sealed records of its own, ending where it ends, rather than
 /// sharing a gathered record with the next part. At [`DEFER_MIN`], so that a payload made of
 /// several buffers (a plan's bucket) is sealed straight from each, and its receiver, whose
-/// buffers end at the same places, decrypts each record straight into its own buffer.
+/// buffers end at the same places, decrypts each record straight into its own buffer
+/// (plaintext records run across parts: [`Cut`](super::sealed::Cut)).
 pub(super) const DIRECT_MIN: usize = DEFER_MIN;
 
 /// Bytes on the wire for a group of `len` bytes in one part.

@@ -389,6 +389,46 @@ proptest::proptest! {
     }
 }
 
+/// The plaintext lengths of the records of one group on `wire`, its header record first.
+fn record_lengths(wire: &[u8]) -> Vec<usize> {
+    let mut at = 0;
+    let mut lengths = Vec::new();
+    while at < wire.len() {
+        let n = u32::from_le_bytes(wire[at..at + HEADER].try_into().unwrap()) as usize;
+        lengths.push(n);
+        at += HEADER + n + TAG;
+    }
+    assert_eq!(at, wire.len(), "records end with the wire");
+    lengths
+}
+
+#[test]
+fn plaintext_records_run_across_a_buckets_buffers_and_sealed_ones_end_with_each() {
+    let piece: Vec<u8> = (0..40_000).map(|i| (i % 241) as u8).collect();
+    let mut parts: Vec<&[u8]> = vec![b"frames"];
+    parts.extend(std::iter::repeat_n(&piece[..], 10));
+    let wire_of = |sealer: &mut Sealer| {
+        let mut wire = Vec::new();
+        sealer
+            .seal_group(&parts, Vec::new, |c, _| {
+                wire.extend_from_slice(&c);
+                true
+            })
+            .unwrap();
+        wire
+    };
+    // Sealed: the frames alone, then one record per buffer, each opened into its own.
+    let (mut sealer, mut opener) = pair(KEY_LIMIT);
+    let wire = wire_of(&mut sealer);
+    assert_eq!(record_lengths(&wire), [&[HEAD, 6][..], &[40_000; 10]].concat());
+    assert_eq!(receive(&mut opener, &mut &wire[..]).unwrap().unwrap(), parts.concat());
+    // Plaintext: the frames alone, then records of the largest size across the buffers.
+    let (mut sealer, mut opener) = (Sealer { keys: Protection::Plain }, Opener { keys: Protection::Plain });
+    let wire = wire_of(&mut sealer);
+    assert_eq!(record_lengths(&wire), [HEAD, 6, RECORD, 400_000 - RECORD]);
+    assert_eq!(receive(&mut opener, &mut &wire[..]).unwrap().unwrap(), parts.concat());
+}
+
 #[test]
 fn reused_buffers_and_mixed_parts_round_trip() {
     let (mut sealer, mut opener) = pair(KEY_LIMIT);
