@@ -251,13 +251,7 @@ fn frames_are_parsed_only_from_opened_records_whatever_the_senders_placement_hin
     // An honest sender's parts; then a hostile one's: one part, so its hint says that the
     // payload starts at byte 0 and the record holding the frames is left sealed.
     for (parts, hostile) in [(vec![&message[..], &raw[..], &payload[..]], false), (vec![&whole[..]], true)] {
-        let mut wire = Vec::new();
-        sealer
-            .seal_group(&parts, Vec::new, |c, _| {
-                wire.extend_from_slice(&c);
-                true
-            })
-            .unwrap();
+        let wire = sealed_group(&mut sealer, &parts);
         let mut r = &wire[..];
         let head = opener.read_group_head(&mut r).unwrap().unwrap();
         let mut buf = vec![0u8; head.len as usize + TAG];
@@ -389,6 +383,18 @@ proptest::proptest! {
     }
 }
 
+/// The wire bytes of one group of `parts`.
+fn sealed_group(sealer: &mut Sealer, parts: &[&[u8]]) -> Vec<u8> {
+    let mut wire = Vec::new();
+    sealer
+        .seal_group(parts, Vec::new, |c, _| {
+            wire.extend_from_slice(&c);
+            true
+        })
+        .unwrap();
+    wire
+}
+
 /// The plaintext lengths of the records of one group on `wire`, its header record first.
 fn record_lengths(wire: &[u8]) -> Vec<usize> {
     let mut at = 0;
@@ -407,24 +413,14 @@ fn plaintext_records_run_across_a_buckets_buffers_and_sealed_ones_end_with_each(
     let piece: Vec<u8> = (0..40_000).map(|i| (i % 241) as u8).collect();
     let mut parts: Vec<&[u8]> = vec![b"frames"];
     parts.extend(std::iter::repeat_n(&piece[..], 10));
-    let wire_of = |sealer: &mut Sealer| {
-        let mut wire = Vec::new();
-        sealer
-            .seal_group(&parts, Vec::new, |c, _| {
-                wire.extend_from_slice(&c);
-                true
-            })
-            .unwrap();
-        wire
-    };
     // Sealed: the frames alone, then one record per buffer, each opened into its own.
     let (mut sealer, mut opener) = pair(KEY_LIMIT);
-    let wire = wire_of(&mut sealer);
+    let wire = sealed_group(&mut sealer, &parts);
     assert_eq!(record_lengths(&wire), [&[HEAD, 6][..], &[40_000; 10]].concat());
     assert_eq!(receive(&mut opener, &mut &wire[..]).unwrap().unwrap(), parts.concat());
     // Plaintext: the frames alone, then records of the largest size across the buffers.
     let (mut sealer, mut opener) = (Sealer { keys: Protection::Plain }, Opener { keys: Protection::Plain });
-    let wire = wire_of(&mut sealer);
+    let wire = sealed_group(&mut sealer, &parts);
     assert_eq!(record_lengths(&wire), [HEAD, 6, RECORD, 400_000 - RECORD]);
     assert_eq!(receive(&mut opener, &mut &wire[..]).unwrap().unwrap(), parts.concat());
 }
