@@ -49,6 +49,7 @@ ROWS = [
     ("allreduce 1 MiB", "allreduce 1MiB", ["-b", "1M", "-e", "1M", "-n", "50", "-w", "5"], 1 << 20, "GB/s"),
     ("allreduce 16 MiB", "allreduce 16MiB", ["-b", "16M", "-e", "16M", "-n", "20", "-w", "5"], 16 << 20, "GB/s"),
     ("allreduce 64 MiB", "allreduce 64MiB", ["-b", "64M", "-e", "64M", "-n", "10", "-w", "3"], 64 << 20, "GB/s"),
+    ("broadcast 1 MiB", "bcast 1MiB", ["--op", "broadcast", "-b", "1M", "-e", "1M", "-n", "50", "-w", "5"], 1 << 20, "GB/s"),
     ("broadcast 64 MiB", "bcast 64MiB", ["--op", "broadcast", "-b", "64M", "-e", "64M", "-n", "10", "-w", "3"], 64 << 20, "GB/s"),
     ("barrier", "barrier -", ["--op", "barrier", "-n", "2000", "-w", "50"], 0, "us"),
 ]
