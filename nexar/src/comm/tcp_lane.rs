@@ -196,7 +196,8 @@ impl NexarClient {
         let mode = self.lane_mode();
         let threads = mode == LaneMode::Threads;
         let min_bytes = cfg.bulk_min_bytes.unwrap_or(if threads { MIN_BYTES_THREADS } else { MIN_BYTES_ON_RUNTIME });
-        tracing::debug!(rank = self.rank(), peer, ?mode, min_bytes, "tcp lane");
+        let congestion = conns.set_congestion(&cfg.lane_congestion);
+        tracing::debug!(rank = self.rank(), peer, ?mode, min_bytes, congestion, "tcp lane");
         let io = LaneIo {
             encrypt: cfg.bulk_encryption,
             on_runtime: !threads,

@@ -128,6 +128,7 @@ setters! {
     plain topology: Topology;
     plain bulk_transport: BulkTransport;
     plain bulk_encryption: bool;
+    plain lane_congestion: super::LaneCongestion;
     plain shared_memory: bool;
     plain bind_core: bool;
     plain nccl: bool;

@@ -157,6 +157,9 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_LANE_THREADS") {
             c.lane_threads = Some(on_off(var, &v)?);
         }
+        if let Some((var, v)) = get("NEXAR_LANE_CONGESTION") {
+            c.lane_congestion = parse(var, &v)?;
+        }
         if let Some((var, v)) = get("NEXAR_SHM") {
             c.shared_memory = on_off(var, &v)?;
         }

@@ -13,9 +13,11 @@ use crate::transport::chaos::NetChaos;
 
 mod builder;
 mod env;
+mod lane_congestion;
 mod trace_config;
 
 pub use builder::NexarConfigBuilder;
+pub use lane_congestion::LaneCongestion;
 pub use trace_config::TraceConfig;
 
 pub(crate) use env::{invalid, parse};
@@ -226,6 +228,14 @@ pub struct NexarConfig {
     /// assert_eq!(nexar::NexarConfig::default().lane_threads, None);
     /// ```
     pub lane_threads: Option<bool>,
+    /// Which TCP congestion control the TCP lane's connections run (`NEXAR_LANE_CONGESTION`:
+    /// a kernel name such as `cubic`, the default, or `system`); see [`LaneCongestion`].
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_LANE_CONGESTION").then(|| "reno".into())).unwrap();
+    /// assert_eq!(cfg.lane_congestion.name(), Some("reno"));
+    /// ```
+    pub lane_congestion: LaneCongestion,
     /// Whether ranks on the same host carry collective payloads through shared memory
     /// (`NEXAR_SHM`: `on`, the default, or `off`). Two ranks that find they share a host (the
     /// same machine, boot, network namespace and user; `NEXAR_HOST_ID` overrides the host's
@@ -344,6 +354,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_min_bytes", &self.bulk_min_bytes)
             .field("bulk_encryption", &self.bulk_encryption)
             .field("lane_threads", &self.lane_threads)
+            .field("lane_congestion", &self.lane_congestion)
             .field("shared_memory", &self.shared_memory)
             .field("bind_core", &self.bind_core)
             .field("nccl", &self.nccl)
@@ -457,6 +468,7 @@ impl Default for NexarConfig {
             bulk_min_bytes: None,
             bulk_encryption: true,
             lane_threads: None,
+            lane_congestion: LaneCongestion::default(),
             shared_memory: true,
             bind_core: false,
             nccl: true,

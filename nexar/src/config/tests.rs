@@ -25,6 +25,7 @@ fn every_variable_is_read() {
         ("NEXAR_MIN_WORLD_SIZE", "2"),
         ("NEXAR_MAX_WORLD_SIZE", "16"),
         ("NEXAR_SEGMENT_BYTES", "4M"),
+        ("NEXAR_LANE_CONGESTION", "Reno"),
     ])
     .unwrap();
     assert_eq!(c.heartbeat_timeout, Duration::from_millis(700));
@@ -39,6 +40,7 @@ fn every_variable_is_read() {
     assert_eq!(c.max_unmatched_bytes, 1 << 30);
     assert_eq!(c.lane_capacity, 3);
     assert_eq!(c.segment_bytes, 4 << 20);
+    assert_eq!(c.lane_congestion, LaneCongestion::Named("reno".into()));
 }
 
 #[test]
@@ -70,6 +72,8 @@ fn invalid_values_name_their_variable() {
         ("NEXAR_CHAOS_LOSS", "1.5"),
         ("NEXAR_TOPOLOGY", "k_regular:x"),
         ("NEXAR_BIND", "socket"),
+        ("NEXAR_LANE_CONGESTION", "cubic; reno"),
+        ("NEXAR_LANE_CONGESTION", "a-name-far-too-long-for-the-kernel"),
     ] {
         let err = with(&[(var, val)]).unwrap_err();
         assert!(err.to_string().contains(var), "{var}={val}: {err}");
@@ -84,6 +88,7 @@ fn the_builder_sets_what_it_names_and_checks_like_the_environment() {
         .op_timeout(Duration::from_secs(7))
         .bulk_encryption(false)
         .host_id("node-3")
+        .lane_congestion(LaneCongestion::System)
         .build()
         .unwrap();
     let assigned = NexarConfig {
@@ -92,6 +97,7 @@ fn the_builder_sets_what_it_names_and_checks_like_the_environment() {
         op_timeout: Duration::from_secs(7),
         bulk_encryption: false,
         host_id: Some("node-3".into()),
+        lane_congestion: LaneCongestion::System,
         ..NexarConfig::default()
     };
     assert!(built == assigned);

@@ -22,6 +22,7 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
             bulk_min_bytes,
             bulk_encryption,
             lane_threads,
+            lane_congestion,
             ..
         } => {
             let io = match lane_threads {
@@ -36,7 +37,12 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
             };
             let from = format!("{sizes}, {io}");
             let lanes = if bulk_encryption { "TLS/TCP lanes" } else { "TCP lanes UNENCRYPTED" };
-            format!("QUIC + TLS, collective messages ({from}) on {lanes}")
+            let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control");
+            let congestion = match lane_congestion.name() {
+                Some(name) => name.to_string(),
+                None => format!("the host's {}", host.as_deref().map(str::trim).unwrap_or("default")),
+            };
+            format!("QUIC + TLS, collective messages ({from}) on {lanes} ({congestion} congestion control)")
         }
         _ => "QUIC + TLS".to_string(),
     };

@@ -43,6 +43,19 @@ pub(super) struct Parts {
 }
 
 impl Connected {
+    /// Sets the congestion control of the link's connections (see [`super::congestion`]) and
+    /// returns the algorithm they run (that of the connection this rank writes to).
+    pub(crate) fn set_congestion(&self, want: &crate::config::LaneCongestion) -> String {
+        match self {
+            Connected::Dialled(stream) => super::congestion::apply(&stream.sock, want),
+            Connected::Answered(stream) => super::congestion::apply(&stream.sock, want),
+            Connected::Pair(pair) => {
+                super::congestion::apply(&pair.incoming.sock, want);
+                super::congestion::apply(&pair.outgoing.sock, want)
+            }
+        }
+    }
+
     /// The sealer and opener (encrypting when `encrypt`) and the sockets.
     pub(super) fn into_parts(self, encrypt: bool) -> io::Result<Parts> {
         let one = |session: Session, sock: TcpStream, outgoing: Direction| {

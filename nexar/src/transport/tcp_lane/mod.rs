@@ -16,8 +16,10 @@
 //! writing thread never take turns at one socket's lock. Both sides present certificates from
 //! the cluster CA bound to their ranks, and the dialler proves which link a connection belongs
 //! to with a token the peer sent it over the (already authenticated) QUIC link. See [`crate::NexarConfig::bulk_transport`].
+//! The connections run the congestion control [`crate::NexarConfig::lane_congestion`] names.
 
 mod channel;
+mod congestion;
 mod connections;
 mod handshake;
 mod large_reads;
