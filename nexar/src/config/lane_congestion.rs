@@ -14,8 +14,10 @@ const MAX_NAME: usize = 15;
 /// The default is CUBIC, the default of most Linux distributions, whatever the host's own
 /// default. Some hosts default to BBR (`net.ipv4.tcp_congestion_control = bbr`, as on the
 /// virtual machines nexar is benchmarked on), which is built for paths across the internet;
-/// between two ranks there it kept the window small, and the sealed lane's bursts (a record
-/// sealed, then written) moved 10–25 % less at 16–64 MiB and in broadcasts than under CUBIC.
+/// between two ranks there the sealed lane, whose writes come in bursts (a buffer sealed,
+/// then written), moved 3–25 % less at 16–64 MiB and in broadcasts than under CUBIC (two
+/// sittings, see the README's Performance section), and OpenMPI's TCP transport a third less
+/// in a 64 MiB broadcast.
 /// Where the kernel refuses the algorithm (not built, or not in
 /// `net.ipv4.tcp_allowed_congestion_control` for a process without `CAP_NET_ADMIN`), the
 /// connection keeps the host's default: the default choice says so in a debug line, a named
