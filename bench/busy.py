@@ -31,7 +31,6 @@ an equal.
 """
 
 import argparse
-import atexit
 import json
 import os
 import shutil
@@ -42,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from compare_mpi import MPI_RUN, ROOT
+from compare_mpi import MPI_RUN, ROOT, compile_mpi
 
 BUILD_TARGET = "/tmp/nexar-busy-target"
 
@@ -149,10 +148,7 @@ def main():
     a = p.parse_args()
     if not os.path.exists(a.nexar):
         sys.exit(f"{a.nexar} is missing (cargo build --release -p nexar --features cli --bin nexar-bench)")
-    scratch = tempfile.mkdtemp()
-    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-    mpi = os.path.join(scratch, "mpi_latency")
-    subprocess.run(["mpicc", "-O3", "-o", mpi, os.path.join(ROOT, "bench", "mpi_latency.c")], check=True)
+    mpi = compile_mpi("mpi_latency")
     keys = {"mpi": "OpenMPI-TCP", **{key: name for key, name, *_ in NEXAR_SIDES}}
     unknown = [k for k in a.sides.split(",") if k not in keys]
     if unknown:

@@ -42,6 +42,15 @@ def mpi_run(btl):
 # OpenMPI over TCP (what bench/busy.py runs).
 MPI_RUN = mpi_run("tcp")
 
+
+def compile_mpi(source):
+    """`bench/<source>.c` compiled with mpicc into a scratch directory removed at exit: the path."""
+    scratch = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    binary = os.path.join(scratch, source)
+    subprocess.run(["mpicc", "-O3", "-o", binary, os.path.join(ROOT, "bench", f"{source}.c")], check=True)
+    return binary
+
 # (row name, MPI output label, nexar-bench arguments, bytes of the nexar row, unit)
 ROWS = [
     ("allreduce 4 KiB", "allreduce 4KiB", ["-b", "4K", "-e", "4K", "-n", "500", "-w", "50"], 4096, "us"),

@@ -17,18 +17,16 @@ Needs `target/release/nexar-bench` (`cargo build --release -p nexar --features c
 nexar-bench`) and OpenMPI (`mpicc`, `mpirun`); the script compiles `bench/mpi_fusion.c` itself.
 """
 import argparse
-import atexit
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_mpi import ROOT, mpi_run  # noqa: E402
+from compare_mpi import ROOT, compile_mpi, mpi_run  # noqa: E402
 
 NEXAR_SIDES = [
     ("nexar, TCP lane (`NEXAR_SHM=off`)", {"NEXAR_SHM": "off"}),
@@ -74,10 +72,7 @@ def main():
     a = p.parse_args()
     if not os.path.exists(a.nexar):
         sys.exit(f"{a.nexar} is missing (see this script's help)")
-    scratch = tempfile.mkdtemp()
-    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-    mpi = os.path.join(scratch, "mpi_fusion")
-    subprocess.run(["mpicc", "-O3", "-o", mpi, os.path.join(ROOT, "bench", "mpi_fusion.c")], check=True)
+    mpi = compile_mpi("mpi_fusion")
     sides = [("OpenMPI TCP", ("mpi", "tcp"))]
     if a.vader:
         sides.append(("OpenMPI vader", ("mpi", "vader")))
