@@ -16,7 +16,7 @@ const MAX_NAME: usize = 15;
 /// virtual machines nexar is benchmarked on), which is built for paths across the internet;
 /// between two ranks there the sealed lane, whose writes come in bursts (a buffer sealed,
 /// then written), moved 3–25 % less at 16–64 MiB and in broadcasts than under CUBIC (two
-/// sittings, see the README's Performance section), and OpenMPI's TCP transport a third less
+/// sittings, see the README's Performance section), and OpenMPI's TCP transport 35–45 % less
 /// in a 64 MiB broadcast.
 /// Where the kernel refuses the algorithm (not built, or not in
 /// `net.ipv4.tcp_allowed_congestion_control` for a process without `CAP_NET_ADMIN`), the
