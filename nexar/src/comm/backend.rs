@@ -285,6 +285,22 @@ impl NexarClient {
         self.inner.links.get(world).map(|l| l.bulk_transport())
     }
 
+    /// What the channel carrying collective payloads to `peer` says of itself: for the TCP
+    /// lane, whether its records are sealed and which congestion control its connection runs
+    /// (`"sealed, cubic congestion control"`); `None` over QUIC or without a direct link.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// if let Some(details) = comm.bulk_transport_details(1) {
+    ///     println!("to rank 1 over {:?} ({details})", comm.bulk_transport(1));
+    /// }
+    /// # }
+    /// ```
+    pub fn bulk_transport_details(&self, peer: usize) -> Option<String> {
+        let world = *self.comm.members.get(peer)?;
+        self.inner.links.get(world)?.bulk_details()
+    }
+
     /// The channel attached to the link to `peer`, working or failed; `None` when there is
     /// none (or no direct link). A link takes one channel in its life.
     ///

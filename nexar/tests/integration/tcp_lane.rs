@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use nexar::prelude::*;
-use nexar::{BulkTransport, CollectiveError, NexarConfigBuilder};
+use nexar::{BulkTransport, CollectiveError, LaneCongestion, NexarConfigBuilder};
 
 use crate::common;
 use crate::common::p2p;
@@ -166,6 +166,59 @@ async fn a_rank_without_the_lane_keeps_its_links_on_quic() {
         common::on_each(&ranks, |c| async move {
             common::check_every_collective(&c, &[5, 200_003]).await;
             c.shutdown().await;
+        })
+        .await;
+    };
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}
+
+/// The host's default congestion control for new connections.
+fn host_congestion() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap().trim().to_string()
+}
+
+/// Whether this process may set CUBIC on its sockets (root may choose any algorithm the
+/// kernel has; others those in `tcp_allowed_congestion_control`).
+fn may_choose_cubic() -> bool {
+    let listed = |file: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv4/{file}")).unwrap().split_whitespace().any(|a| a == "cubic")
+    };
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    listed("tcp_available_congestion_control") && (root || listed("tcp_allowed_congestion_control"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rank_runs_the_congestion_control_it_asks_for_on_its_lanes() {
+    common::logs();
+    let run = async {
+        // Rank 0 names reno (every process may choose it), rank 1 keeps the host's default,
+        // rank 2 takes nexar's default (CUBIC, where this process may choose it).
+        let mut cfgs = vec![tcp(0); 3];
+        cfgs[0].lane_congestion = LaneCongestion::Named("reno".into());
+        cfgs[1].lane_congestion = LaneCongestion::System;
+        let default = if may_choose_cubic() {
+            "cubic".to_string()
+        } else {
+            eprintln!("this process may not choose cubic here: nexar's default keeps the host's");
+            host_congestion()
+        };
+        let want = [String::from("reno"), host_congestion(), default];
+        let ranks = NexarClient::bootstrap_local_each(cfgs).await.unwrap();
+        common::on_each(&ranks, move |c| {
+            let want = want.clone();
+            async move {
+                for p in (0..3).filter(|p| *p != c.rank()) {
+                    assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
+                    let details = c.bulk_transport_details(p).expect("a lane describes itself");
+                    let expected = format!("sealed, {} congestion control", want[c.rank()]);
+                    assert_eq!(details, expected, "rank {} to {p}", c.rank());
+                }
+                common::check_every_collective(&c, &[1000, 1 << 20]).await;
+                c.shutdown().await;
+            }
         })
         .await;
     };

@@ -356,7 +356,10 @@ fn print_links(comm: &NexarClient) {
     let peers: Vec<String> = (0..comm.world_size())
         .filter(|p| *p != comm.rank())
         // No direct link (a sparse topology): the peer's messages are relayed.
-        .map(|p| format!("{p} {}", comm.bulk_transport(p).unwrap_or("relayed")))
+        .map(|p| match comm.bulk_transport_details(p) {
+            Some(details) => format!("{p} {} ({details})", comm.bulk_transport(p).unwrap_or("relayed")),
+            None => format!("{p} {}", comm.bulk_transport(p).unwrap_or("relayed")),
+        })
         .collect();
     let layout = match comm.host_layout() {
         Some(l) => {

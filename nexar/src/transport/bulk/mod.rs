@@ -139,6 +139,14 @@ pub trait BulkChannel: Send + Sync + 'static {
         true
     }
 
+    /// What else a log or [`NexarClient::bulk_transport_details`] should say about the
+    /// channel (how it protects and paces its bytes, say); `None` (the default) for nothing.
+    ///
+    /// [`NexarClient::bulk_transport_details`]: crate::NexarClient::bulk_transport_details
+    fn describe(&self) -> Option<String> {
+        None
+    }
+
     /// Resolves when the channel stops working (never, by default), so that collectives
     /// waiting on messages it lost fail at once instead of at their timeout.
     fn closed(&self) -> BulkClosed {
@@ -359,8 +367,8 @@ impl BulkSlot {
         }
     }
 
-    /// The attached channel (tests that send through it as a peer would).
-    #[cfg(feature = "hostile-member")]
+    /// The attached channel (what it says of itself; tests that send through it as a peer
+    /// would).
     pub(crate) fn channel(&self) -> Option<Arc<dyn BulkChannel>> {
         self.channel.get().cloned()
     }

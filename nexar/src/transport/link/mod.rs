@@ -165,6 +165,11 @@ impl PeerLink {
         }
     }
 
+    /// What the working bulk channel says of itself ([`BulkChannel::describe`]).
+    pub fn bulk_details(&self) -> Option<String> {
+        self.bulk.channel().filter(|_| self.bulk.working()).and_then(|c| c.describe())
+    }
+
     /// The bulk channel attached to this link (tests that send through it as a peer would).
     #[cfg(feature = "hostile-member")]
     pub(crate) fn bulk_channel(&self) -> Option<std::sync::Arc<dyn BulkChannel>> {

@@ -164,6 +164,8 @@ pub(crate) struct TcpLane {
     sending: Mutex<Option<Sending>>,
     spare: Spare,
     min_bytes: usize,
+    /// Whether records are encrypted (not with `NEXAR_BULK_ENCRYPTION=off`).
+    encrypts: bool,
     write_inline: bool,
     /// Groups this long or longer are never written inline (see [`LaneIo::large_on_threads`]).
     inline_below: usize,
@@ -230,6 +232,7 @@ impl TcpLane {
             sending: Mutex::new(Some(Sending { sealer, jobs })),
             spare,
             min_bytes,
+            encrypts: encrypt,
             write_inline,
             inline_below: if large_on_threads { super::large_reads::LARGE_GROUP } else { usize::MAX },
             reading,
@@ -398,6 +401,11 @@ impl BulkChannel for TcpLane {
 
     fn usable(&self) -> bool {
         !self.state.failed.load(Ordering::SeqCst)
+    }
+
+    fn describe(&self) -> Option<String> {
+        let protection = if self.encrypts { "sealed" } else { "plaintext" };
+        Some(format!("{protection}, {} congestion control", super::congestion::in_use(&self.state.socket)))
     }
 
     fn closed(&self) -> BulkClosed {

@@ -31,6 +31,11 @@ pub(crate) fn apply(sock: &TcpStream, want: &LaneCongestion) -> String {
             );
         }
     }
+    in_use(sock)
+}
+
+/// The congestion control `sock` runs (`unknown` if the kernel will not say).
+pub(crate) fn in_use(sock: &TcpStream) -> String {
     current(sock).unwrap_or_else(|_| "unknown".into())
 }
 
