@@ -339,7 +339,8 @@ struct Args {
     survive: bool,
     /// Each rank prints, before the run, its host layout and which transport carries its
     /// collective payloads to each peer (`shm`, `tcp-tls`, `quic`, or `relayed` where the
-    /// topology gives no direct link).
+    /// topology gives no direct link), with what a TCP lane says of itself (sealed or
+    /// plaintext, its congestion control).
     #[arg(long)]
     links: bool,
     /// (internal) run as a worker of a multi-process benchmark: joins `--seed` with the
