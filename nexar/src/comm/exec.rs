@@ -379,7 +379,17 @@ impl NexarClient {
                 Step::Recv { from, dst, reduce } => {
                     let key =
                         Key { comm: self.comm.id, src: self.comm.members[from] as u32, tag: seq, part: call.part };
-                    let held = self.take_coll(key, from, dst.len * size_of::<C::Wire>(), op, watch).await?;
+                    let out_of_bounds = || internal("receive span out of bounds");
+                    let mut out = match (dst.slot, &mut *data) {
+                        (Slot::Data, Data::Pieces(p)) => Parts::Many(p.write(dst).ok_or_else(out_of_bounds)?),
+                        (_, data) => Parts::One([view_mut(dst, data.flat_mut(), scratch).ok_or_else(out_of_bounds)?]),
+                    };
+                    // A payload copied as it is may be read straight into its place.
+                    let into = match &mut out {
+                        Parts::One([out]) if !reduce && C::AS_IS => Some(bytemuck::cast_slice_mut::<T, u8>(out)),
+                        _ => None,
+                    };
+                    let held = self.take_coll(key, from, dst.len * size_of::<C::Wire>(), op, watch, into).await?;
                     let theirs = held.check.ok_or_else(|| internal("collective message without a header"))?;
                     if theirs != header {
                         return Err(CollectiveError::Mismatch {
@@ -400,11 +410,6 @@ impl NexarClient {
                             ),
                         });
                     }
-                    let out_of_bounds = || internal("receive span out of bounds");
-                    let mut out = match (dst.slot, &mut *data) {
-                        (Slot::Data, Data::Pieces(p)) => Parts::Many(p.write(dst).ok_or_else(out_of_bounds)?),
-                        (_, data) => Parts::One([view_mut(dst, data.flat_mut(), scratch).ok_or_else(out_of_bounds)?]),
-                    };
                     let unreadable = |error| CollectiveError::Transport {
                         rank,
                         op,
@@ -492,6 +497,7 @@ impl NexarClient {
         bytes: usize,
         op: &'static str,
         watch: &Watch<'_, '_>,
+        into: Option<&mut [u8]>,
     ) -> Result<crate::comm::matcher::Held, CollectiveError> {
         let rank = self.rank();
         let refused = |r: Refusal| match r {
@@ -512,8 +518,9 @@ impl NexarClient {
         // The message itself comes straight back where the link's channel has it whole.
         let awaited = Awaited::Collective { comm: key.comm, seq: key.tag, part: key.part };
         let read_link = |awaiting: Option<Awaiting<'_>>| link.and_then(|l| l.bulk_deliver_ready(awaiting));
-        if let Some(held) =
-            super::spin::spin_take(&self.inner.coll, key, spin, Some(awaited), read_link).await.map_err(refused)?
+        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin, Some(awaited), into, read_link)
+            .await
+            .map_err(refused)?
         {
             return Ok(held);
         }

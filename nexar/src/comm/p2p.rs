@@ -473,7 +473,7 @@ impl NexarClient {
         let read_link = |awaiting: Option<Awaiting<'_>>| link.and_then(|l| l.bulk_deliver_ready(awaiting));
         let spin = Some(&self.inner.spin);
         if let Some(held) =
-            super::spin::spin_take(&self.inner.mailbox, key, spin, awaited, read_link).await.map_err(refused)?
+            super::spin::spin_take(&self.inner.mailbox, key, spin, awaited, None, read_link).await.map_err(refused)?
         {
             return Ok(held);
         }

@@ -292,6 +292,7 @@ pub(super) async fn spin_take(
     key: Key,
     spin: Option<&SpinGovernor>,
     awaited: Option<Awaited>,
+    mut into: Option<&mut [u8]>,
     read_link: impl Fn(Option<Awaiting<'_>>) -> Option<Duration>,
 ) -> Result<Option<Held>, Refusal> {
     match spin {
@@ -304,7 +305,12 @@ pub(super) async fn spin_take(
                 // Called by the channel under its read lock: nothing it read later can be in
                 // the mailbox before this message is (see `Awaiting::hand`).
                 let mut take = |incoming| handed = mailbox.handed(key, incoming);
-                let hold = read_link(awaited.map(|awaited| Awaiting::new(awaited, &mut take)));
+                let ours = || mailbox.next_is_for_spinner(key);
+                let awaiting = awaited.map(|awaited| Awaiting::new(awaited, &mut take));
+                let hold = read_link(match (awaiting, into.as_deref_mut()) {
+                    (Some(awaiting), Some(into)) => Some(awaiting.with_destination(into, &ours)),
+                    (awaiting, _) => awaiting,
+                });
                 *read_itself = hold;
                 match handed {
                     Some(held) => Ok(Some(held)),

@@ -64,10 +64,17 @@ impl Drivable {
     /// polled. Does nothing while its task polls it (on another thread), before its task first
     /// did, or once it has finished. Never waits.
     pub(crate) fn drive(&self) -> bool {
+        self.drive_around(|poll| poll())
+    }
+
+    /// [`drive`](Self::drive), with the poll made by `around` (which may poll it, or not):
+    /// under the future's lock, so nothing else polls it meanwhile.
+    pub(crate) fn drive_around(&self, around: impl FnOnce(&mut dyn FnMut() -> Poll<()>) -> Poll<()>) -> bool {
         let Ok(mut slot) = self.slot.try_lock() else { return false };
         let Some(waker) = slot.waker.clone() else { return false };
         let Some(fut) = slot.fut.as_mut() else { return false };
-        if super::eager_read::driven(|| fut.as_mut().poll(&mut Context::from_waker(&waker))).is_ready() {
+        let mut poll = || super::eager_read::driven(|| fut.as_mut().poll(&mut Context::from_waker(&waker)));
+        if around(&mut poll).is_ready() {
             slot.fut = None;
             drop(slot);
             // Its task finds it finished and ends.

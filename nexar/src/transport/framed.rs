@@ -88,6 +88,13 @@ pub enum PayloadError {
         /// The record's length.
         len: usize,
     },
+    /// The first bytes of the payload were received straight into the buffer of the receive
+    /// that waited for it, which is not the buffer it is now read into.
+    #[error("{bytes} bytes of the payload were received straight into another buffer than this one")]
+    Elsewhere {
+        /// The bytes received there.
+        bytes: usize,
+    },
     /// The destination is not as long as the payload.
     #[error("a {len}-byte payload cannot fill a {dst}-byte destination")]
     Length {
@@ -172,13 +179,25 @@ thread_local! {
 pub struct Payload {
     pieces: Vec<Piece>,
     len: usize,
+    /// The payload's first bytes, already in the receive's destination (its pieces are the
+    /// rest).
+    landed: Option<Landed>,
+}
+
+/// The first bytes of a payload that a TCP lane read straight into the destination its
+/// receive lent ([`crate::transport::lent`]): where that destination starts, and how many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Landed {
+    /// The destination's address (only ever compared, never read through).
+    pub at: usize,
+    pub bytes: usize,
 }
 
 impl Payload {
     /// A payload of one buffer.
     pub fn from_bytes(bytes: Bytes) -> Self {
         let len = bytes.len();
-        Payload { pieces: vec![Piece::Plain(bytes)], len }
+        Payload { pieces: vec![Piece::Plain(bytes)], len, landed: None }
     }
 
     /// The bytes `range` of a TCP lane's `group`, of which the records in `deferred` (in
@@ -209,13 +228,30 @@ impl Payload {
         if at < range.end || pieces.is_empty() {
             pieces.push(Piece::Plain(group.slice(at..range.end)));
         }
-        Ok(Payload { pieces, len: range.len() })
+        Ok(Payload { pieces, len: range.len(), landed: None })
     }
 
     /// A payload whose bytes stay where they arrived until they are copied out.
     pub(crate) fn from_lent(lent: std::sync::Arc<dyn LentBytes>) -> Self {
         let len = lent.len();
-        Payload { pieces: vec![Piece::Lent(lent)], len }
+        Payload { pieces: vec![Piece::Lent(lent)], len, landed: None }
+    }
+
+    /// A `len`-byte payload whose first `landed.bytes` are in its receive's destination
+    /// already, and whose other bytes are `rest`.
+    pub(crate) fn from_landed(landed: Landed, rest: Bytes) -> Self {
+        let len = landed.bytes + rest.len();
+        let pieces = if rest.is_empty() { Vec::new() } else { vec![Piece::Plain(rest)] };
+        Payload { pieces, len, landed: Some(landed) }
+    }
+
+    /// An error if part of the payload was received into a destination (it can only be read
+    /// into that one, with [`copy_to`](Self::copy_to)).
+    fn whole_here(&self) -> Result<(), PayloadError> {
+        match self.landed {
+            Some(Landed { bytes, .. }) if bytes > 0 => Err(PayloadError::Elsewhere { bytes }),
+            _ => Ok(()),
+        }
     }
 
     /// Total length in bytes.
@@ -232,6 +268,7 @@ impl Payload {
     /// The payload as plaintext buffers, in order, for passing it on: bytes as they arrived are
     /// shared, not copied; sealed records are opened into new buffers.
     pub fn to_chunks(&self) -> Result<Vec<Bytes>, PayloadError> {
+        self.whole_here()?;
         self.pieces
             .iter()
             .map(|p| match p {
@@ -256,11 +293,18 @@ impl Payload {
     /// of the bytes as they arrived, or sealed records decrypted straight into `dst`. After a
     /// [`PayloadError::Forged`], each byte of `dst` holds the payload's authenticated byte, its
     /// old value or zero (the record that failed): never a byte the sender did not seal.
+    /// Where the payload's first bytes were received straight into its receive's buffer, `dst`
+    /// must be that buffer ([`PayloadError::Elsewhere`] otherwise), and only the rest is
+    /// written.
     pub fn copy_to(&self, dst: &mut [u8]) -> Result<(), PayloadError> {
         if dst.len() != self.len {
             return Err(PayloadError::Length { len: self.len, dst: dst.len() });
         }
-        let mut at = 0;
+        let mut at = match self.landed {
+            None => 0,
+            Some(landed) if landed.at == dst.as_ptr() as usize => landed.bytes,
+            Some(landed) => return Err(PayloadError::Elsewhere { bytes: landed.bytes }),
+        };
         for p in &self.pieces {
             p.write_to(&mut dst[at..at + p.len()])?;
             at += p.len();
@@ -274,6 +318,7 @@ impl Payload {
     /// first. After an error, as with [`copy_to`](Self::copy_to), no destination holds a byte
     /// that failed authentication.
     pub fn copy_to_parts(&self, dsts: &mut [&mut [u8]]) -> Result<(), PayloadError> {
+        self.whole_here()?;
         let total = dsts.iter().map(|d| d.len()).sum();
         if total != self.len {
             return Err(PayloadError::Length { len: self.len, dst: total });
@@ -308,6 +353,7 @@ impl Payload {
         &self,
         f: impl FnMut(&[T]) -> Result<(), E>,
     ) -> Result<(), BlockError<E>> {
+        self.whole_here().map_err(BlockError::Payload)?;
         let mut blocks = Blocks::<T, _> { stage: [0u64; STAGE_WORDS], filled: 0, f, elem: PhantomData };
         for piece in &self.pieces {
             match piece {
@@ -340,7 +386,7 @@ impl Payload {
                 }
             }
         }
-        Ok(Payload { pieces, len })
+        Ok(Payload { pieces, len, landed: None })
     }
 }
 
@@ -511,7 +557,7 @@ mod tests {
         let bytes: &[u8] = bytemuck::cast_slice(&values);
         // Chunks that split elements in the middle.
         let pieces = bytes.chunks(1001).map(|c| Piece::Plain(Bytes::copy_from_slice(c))).collect();
-        let payload = Payload { len: bytes.len(), pieces };
+        let payload = Payload { len: bytes.len(), pieces, landed: None };
         let mut seen = Vec::new();
         payload
             .for_each_block::<u32, ()>(|b| {
@@ -533,7 +579,7 @@ mod tests {
         // element's width, and a short tail.
         let cuts = [0, 24_000, 24_002, 50_001, 79_990, whole.len()];
         let pieces = cuts.windows(2).map(|w| Piece::Plain(whole.slice(w[0]..w[1]))).collect();
-        let payload = Payload { len: whole.len(), pieces };
+        let payload = Payload { len: whole.len(), pieces, landed: None };
         let (mut seen, mut direct) = (Vec::new(), 0);
         payload
             .for_each_block::<u32, ()>(|b| {

@@ -11,6 +11,7 @@ pub mod framed;
 pub(crate) mod inbox;
 pub mod incoming;
 pub mod lanes;
+pub(crate) mod lent;
 pub mod link;
 pub(crate) mod links;
 pub(crate) mod liveness;

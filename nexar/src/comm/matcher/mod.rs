@@ -375,6 +375,15 @@ impl Mailbox {
         None
     }
 
+    /// Whether the next message for `key` to arrive goes to a receive that spins for it
+    /// without having registered a waiter: none is held (or parked) for `key`, and no
+    /// registered receive waits for one.
+    pub fn next_is_for_spinner(&self, key: Key) -> bool {
+        let st = self.lock();
+        let parked = st.overflow.get(&key.src).is_some_and(|(parked, _)| *parked == key);
+        !parked && !st.held.contains_key(&key) && !st.waiters.contains_key(&key)
+    }
+
     /// Takes the oldest message for `key` if one is there, without registering a waiter.
     pub fn try_take(&self, key: Key) -> Result<Option<Held>, Refusal> {
         let mut st = self.lock();

@@ -64,6 +64,9 @@ impl Awaited {
 pub struct Awaiting<'a> {
     message: Awaited,
     take: &'a mut dyn FnMut(Incoming),
+    /// Where the message's payload goes, for a channel that can read it straight there, and
+    /// whether the next such message the channel delivers is the one this receive takes.
+    destination: Option<(&'a mut [u8], &'a dyn Fn() -> bool)>,
 }
 
 impl std::fmt::Debug for Awaiting<'_> {
@@ -75,7 +78,32 @@ impl std::fmt::Debug for Awaiting<'_> {
 impl<'a> Awaiting<'a> {
     /// A receive waiting for `message`, which `take` consumes when a channel hands it over.
     pub fn new(message: Awaited, take: &'a mut dyn FnMut(Incoming)) -> Awaiting<'a> {
-        Awaiting { message, take }
+        Awaiting { message, take, destination: None }
+    }
+
+    /// The same receive, whose message's payload belongs in `destination` (exactly as long as
+    /// that payload): a channel that reads the message while this receive polls it may read
+    /// the payload straight there (see [`take_destination`](Self::take_destination)), as long
+    /// as `ours` says that the next message of its kind to arrive is the one this receive
+    /// takes (none older is held for it, no earlier receive waits for one).
+    ///
+    /// ```
+    /// use nexar::backend::{Awaited, Awaiting};
+    /// let (mut take, mut buf, ours) = (|_| {}, [0u8; 16], || true);
+    /// let mut awaiting = Awaiting::new(Awaited::Collective { comm: 0, seq: 1, part: 0 }, &mut take)
+    ///     .with_destination(&mut buf, &ours);
+    /// let (dst, ours) = awaiting.take_destination().expect("lent");
+    /// assert_eq!((dst.len(), ours()), (16, true));
+    /// ```
+    pub fn with_destination(self, destination: &'a mut [u8], ours: &'a dyn Fn() -> bool) -> Awaiting<'a> {
+        Awaiting { destination: Some((destination, ours)), ..self }
+    }
+
+    /// The destination the receive lends for its message's payload, if it lends one, and
+    /// whether the next message of its kind is the receive's (ask right before writing there).
+    /// A channel that writes payload bytes there delivers the message saying how many.
+    pub fn take_destination(&mut self) -> Option<(&mut [u8], &dyn Fn() -> bool)> {
+        self.destination.take().map(|(dst, ours)| (dst, ours))
     }
 
     /// The message the receive waits for.

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 
-use super::super::framed::{LentBytes, Payload};
+use super::super::framed::{Landed, LentBytes, Payload};
 use super::super::incoming::Incoming;
 use super::super::lanes::LaneSenders;
 use super::super::tcp_lane::Deferred;
@@ -77,6 +77,36 @@ impl BulkInbound {
         }
         drop(admitted);
         let _ = self.lanes.deliver(Incoming::new(self.peer, msg, payload)).await;
+        Ok(())
+    }
+
+    /// Like [`deliver_admitted`](Self::deliver_admitted), for a TCP lane's `group_len`-byte
+    /// group whose payload's first `landed.bytes` bytes it read straight into the destination
+    /// of the receive that waits for the message: `frames` are the group's bytes before its
+    /// payload, `rest` the payload's other bytes. Checked as a whole group is.
+    pub(crate) async fn deliver_landed(
+        &self,
+        frames: &[u8],
+        group_len: usize,
+        landed: Landed,
+        rest: Bytes,
+        admitted: Option<Admitted<'_>>,
+    ) -> Result<(), FrameError> {
+        let (msg, body_end, expected, limit) = payload_message(frames, self.max_payload, self.carries())?;
+        let payload = raw_payload(frames, body_end, expected, limit, group_len)?;
+        if payload.start != frames.len() || payload.len() != landed.bytes + rest.len() {
+            return Err(FrameError::InvalidMessage(format!(
+                "a payload at bytes {}..{} of a group whose frames end at byte {}",
+                payload.start,
+                payload.end,
+                frames.len()
+            )));
+        }
+        if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
+            slot.received((*comm, *seq));
+        }
+        drop(admitted);
+        let _ = self.lanes.deliver(Incoming::new(self.peer, msg, Payload::from_landed(landed, rest))).await;
         Ok(())
     }
 

@@ -438,8 +438,27 @@ impl BulkChannel for TcpLane {
         self.reading.is_some()
     }
 
-    fn deliver_ready(&self, _awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
-        self.reading.as_ref().is_some_and(|reading| reading.drive()).then_some(SELF_READ_HOLD)
+    /// Polls the lane's reader on the receive's thread; a plaintext lane's reader reads the
+    /// awaited message's payload straight into the buffer the receive lends, if it lends one
+    /// ([`super::landing`]).
+    fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
+        let reading = self.reading.as_ref()?;
+        let driven = match awaiting {
+            Some(mut awaiting) if !self.encrypts => {
+                let awaited = awaiting.message();
+                match awaiting.take_destination() {
+                    // Asked under the reader's lock: only the reader delivers this lane's
+                    // messages, so none can come between the answer and the loan.
+                    Some((dst, ours)) => reading.drive_around(|poll| match ours() {
+                        true => crate::transport::lent::lend(dst, awaited, poll),
+                        false => poll(),
+                    }),
+                    None => reading.drive(),
+                }
+            }
+            _ => reading.drive(),
+        };
+        driven.then_some(SELF_READ_HOLD)
     }
 
     #[cfg(feature = "hostile-member")]

@@ -22,6 +22,7 @@ mod channel;
 mod congestion;
 mod connections;
 mod handshake;
+mod landing;
 mod large_reads;
 mod plain_write;
 mod reader;

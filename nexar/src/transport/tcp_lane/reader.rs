@@ -308,7 +308,7 @@ impl GroupSink for PooledGroup {
 
 impl PooledGroup {
     /// The group's first `upto` bytes, as far as they have arrived (room was made for them).
-    fn first(&self, upto: usize) -> &[u8] {
+    pub(super) fn first(&self, upto: usize) -> &[u8] {
         let bytes = bytemuck::cast_slice::<u64, u8>(&self.buf);
         bytes.get(self.start..self.start + upto.min(self.len)).unwrap_or_default()
     }

@@ -347,6 +347,11 @@ impl Opener {
         Ok(Opener { keys: Protection::new(session, direction, encrypt)? })
     }
 
+    /// Whether records are decrypted (not with `NEXAR_BULK_ENCRYPTION=off`).
+    pub fn decrypts(&self) -> bool {
+        matches!(self.keys, Protection::Aead(_))
+    }
+
     /// Reads the next group's header record: `None` at a clean end of the stream between
     /// groups; a length of [`GOODBYE`] when the peer said goodbye.
     pub fn read_group_head(&mut self, input: &mut impl Read) -> io::Result<Option<GroupHead>> {

@@ -20,9 +20,11 @@ use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::channel::State;
+use super::landing::{LAND_MIN, read_landing};
 use super::large_reads::{Done, LARGE_GROUP, LargeReads, Rest};
 use super::reader::{PooledGroup, ReadLimits, RecvPool, checked_head, frames_found};
 use super::records::{Deferred, GroupSink, HEAD, HEADER, Opener, TAG, record_len};
+use crate::proto::message::PeerMsg;
 use crate::transport::bulk::BulkInbound;
 use crate::transport::drivable::Drivable;
 use crate::transport::eager_read::EagerRead;
@@ -102,20 +104,53 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
     };
     let admitted = inbound.admit(&msg, payload_len).await;
     let deadline = Instant::now() + limits.group_deadline;
+    if input.may_land(&msg, len, at, payload_len, &deferred)
+        && let Some(landed) = within(deadline, read_landing(&mut input.sock, &mut group, at, &msg)).await?
+    {
+        // One loan, one message: the next of the same kind is another receive's.
+        crate::transport::lent::forfeit_for(&msg);
+        let frames = group.first(at).to_vec();
+        let rest = match at + landed.bytes {
+            end if end < len => Bytes::from_owner(group).slice(end..len),
+            _ => Bytes::new(),
+        };
+        let delivered = inbound.deliver_landed(&frames, len, landed, rest, admitted).await;
+        return delivered.map(|()| true).map_err(|e| broke_protocol(state, e));
+    }
     if input.large.is_some() && len - at >= LARGE_GROUP {
         (group, deferred, at) = input.rest_on_thread(group, deferred, at, defer_from, deadline).await?;
     }
     while at < len {
         at = within(deadline, input.record(&mut group, at, defer_from, &mut deferred)).await?;
     }
-    inbound.deliver_admitted(Bytes::from_owner(group), &deferred, admitted).await.map_err(|e| {
-        tracing::error!(peer = state.peer, error = %e, "rank broke the protocol on its tcp lane; the lane stops");
-        io::Error::new(io::ErrorKind::InvalidData, format!("protocol: {e}"))
-    })?;
+    crate::transport::lent::forfeit_for(&msg);
+    inbound
+        .deliver_admitted(Bytes::from_owner(group), &deferred, admitted)
+        .await
+        .map_err(|e| broke_protocol(state, e))?;
     Ok(true)
 }
 
+/// A group that broke the protocol: the lane stops.
+fn broke_protocol(state: &State, e: crate::proto::frame::FrameError) -> io::Error {
+    tracing::error!(peer = state.peer, error = %e, "rank broke the protocol on its tcp lane; the lane stops");
+    io::Error::new(io::ErrorKind::InvalidData, format!("protocol: {e}"))
+}
+
 impl Input {
+    /// Whether the payload of a `len`-byte group read up to byte `at`, where its
+    /// `payload_len`-byte payload starts, may go straight into a buffer its receive lends
+    /// ([`super::landing`]): plaintext, a collective message, all of it still to read, long
+    /// enough, and no thread of the lane's own to read it instead.
+    fn may_land(&self, msg: &PeerMsg, len: usize, at: usize, payload_len: u64, deferred: &[Deferred]) -> bool {
+        let plaintext = self.opener.as_ref().is_some_and(|o| !o.decrypts()) && deferred.is_empty();
+        plaintext
+            && self.large.is_none()
+            && matches!(msg, PeerMsg::Coll { .. })
+            && payload_len >= LAND_MIN as u64
+            && len.checked_sub(at) == Some(payload_len as usize)
+    }
+
     fn opener(&mut self) -> io::Result<&mut Opener> {
         self.opener.as_mut().ok_or_else(|| io::Error::other("the lane's opener was lost with a large group's read"))
     }
