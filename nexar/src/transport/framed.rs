@@ -519,6 +519,27 @@ impl<T: bytemuck::Pod, E, F: FnMut(&[T]) -> Result<(), E>> Blocks<T, F> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_payload_partly_received_into_a_buffer_is_read_only_into_that_one() {
+        let mut dst = vec![0u8; 10];
+        dst[..4].copy_from_slice(b"abcd");
+        let landed = Landed { at: dst.as_ptr() as usize, bytes: 4 };
+        let payload = Payload::from_landed(landed, Bytes::from_static(b"efghij"));
+        assert_eq!(payload.len(), 10);
+        payload.copy_to(&mut dst).unwrap();
+        assert_eq!(&dst, b"abcdefghij");
+        // Anywhere else its first bytes are missing: an error, never a copy without them.
+        let elsewhere = PayloadError::Elsewhere { bytes: 4 };
+        assert_eq!(payload.to_vec(), Err(elsewhere.clone()));
+        assert_eq!(payload.copy_to_parts(&mut [&mut [0u8; 10][..]]), Err(elsewhere.clone()));
+        assert_eq!(payload.to_chunks(), Err(elsewhere));
+        assert!(matches!(payload.for_each_block::<u8, ()>(|_| Ok(())), Err(BlockError::Payload(_))));
+        // All of it landed: nothing left to copy.
+        let whole = Payload::from_landed(Landed { at: dst.as_ptr() as usize, bytes: 10 }, Bytes::new());
+        whole.copy_to(&mut dst).unwrap();
+        assert_eq!(&dst, b"abcdefghij");
+    }
     use super::*;
 
     #[test]

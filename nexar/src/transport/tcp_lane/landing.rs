@@ -176,3 +176,156 @@ fn poll_some(cx: &mut Context<'_>, sock: Pin<&mut BufReader<EagerRead>>, buf: &m
         n => Poll::Ready(Ok(n)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::Arc;
+    use std::task::Waker;
+
+    use tokio::net::TcpStream;
+
+    use super::*;
+    use crate::proto::message::CollHeader;
+    use crate::transport::bulk::Awaited;
+    use crate::transport::lent::lend;
+    use crate::transport::tcp_lane::reader::RecvPool;
+    use crate::transport::tcp_lane::records::{Direction, Exporter, Opener, Sealer, Session};
+
+    /// Plaintext records need no keys.
+    struct NoKeys;
+
+    impl Exporter for NoKeys {
+        fn export(&self, _: &mut [u8], _: &[u8]) -> Result<(), rustls::Error> {
+            Err(rustls::Error::General("no keys in this test".into()))
+        }
+    }
+
+    const FRAMES: usize = 100;
+    const AWAITED: Awaited = Awaited::Collective { comm: 0, seq: 1, part: 0 };
+
+    fn msg(len: u64) -> PeerMsg {
+        let header = CollHeader { kind: 1, op: 0, dtype: 1, root: 0, count: len, fingerprint: 0, segment: 0 };
+        PeerMsg::Coll { comm: 0, seq: 1, header, part: 0, len }
+    }
+
+    /// A lane's reading end with a plaintext group of `FRAMES` bytes of frames and `payload`
+    /// read up to its payload, and the wire bytes of its payload's records (not sent yet).
+    struct Setup {
+        sock: BufReader<EagerRead>,
+        peer: std::net::TcpStream,
+        group: PooledGroup,
+        at: usize,
+        payload_wire: Vec<u8>,
+        _pool: Arc<RecvPool>,
+    }
+
+    async fn setup(payload: &[u8]) -> Setup {
+        let session: Session = Arc::new(NoKeys);
+        let mut sealer = Sealer::new(&session, Direction::FromDialler, false).unwrap();
+        let mut wire = Vec::new();
+        let frames = [7u8; FRAMES];
+        sealer
+            .seal_group(&[&frames, payload], Vec::new, |chunk, _| {
+                wire.extend_from_slice(&chunk);
+                true
+            })
+            .unwrap();
+        let mut opener = Opener::new(&session, Direction::FromDialler, false).unwrap();
+        let mut rest = &wire[..];
+        let head = opener.read_group_head(&mut rest).unwrap().unwrap();
+        let pool = Arc::new(RecvPool::default());
+        let mut group = RecvPool::take(&pool, head.len as usize, head.lead);
+        let at = opener.read_records(&mut rest, &mut group, 0, 1, usize::MAX, &mut Vec::new()).unwrap();
+        assert_eq!(at, FRAMES, "the frames come alone in the first record");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let sock = BufReader::with_capacity(16 << 10, EagerRead(TcpStream::from_std(ours).unwrap()));
+        Setup { sock, peer, group, at, payload_wire: rest.to_vec(), _pool: pool }
+    }
+
+    fn payload(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    /// Polls `fut` once, lending `dst` for `awaited` if given.
+    fn poll_once<F: Future + Unpin>(fut: &mut F, lent: Option<(&mut [u8], Awaited)>) -> Poll<F::Output> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match lent {
+            Some((dst, awaited)) => lend(dst, awaited, || Pin::new(&mut *fut).poll(&mut cx)),
+            None => Pin::new(fut).poll(&mut cx),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_payload_read_while_its_receive_lends_a_buffer_lands_there_whole() {
+        let want = payload(700_001);
+        let mut s = setup(&want).await;
+        s.peer.write_all(&s.payload_wire).unwrap();
+        let msg = msg(want.len() as u64);
+        let mut dst = vec![0u8; want.len()];
+        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg));
+        let landed = loop {
+            if let Poll::Ready(done) = poll_once(&mut reading, Some((&mut dst, AWAITED))) {
+                break done.unwrap().expect("landed");
+            }
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        };
+        assert_eq!(landed, Landed { at: dst.as_ptr() as usize, bytes: want.len() });
+        assert!(dst == want, "the payload landed altered");
+        drop(reading);
+        assert_eq!(s.group.first(FRAMES), &[7u8; FRAMES][..], "the frames stay in the group");
+    }
+
+    #[tokio::test]
+    async fn a_receive_that_stops_lending_leaves_the_rest_to_the_pooled_buffer() {
+        let want = payload(600_000);
+        let mut s = setup(&want).await;
+        let (first, second) = s.payload_wire.split_at(200_000);
+        s.peer.write_all(first).unwrap();
+        let msg = msg(want.len() as u64);
+        let mut dst = vec![0u8; want.len()];
+        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg));
+        // Lent while the first bytes come, then never again.
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_millis(50) {
+            assert!(poll_once(&mut reading, Some((&mut dst, AWAITED))).is_pending());
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        s.peer.write_all(second).unwrap();
+        let landed = loop {
+            if let Poll::Ready(done) = poll_once(&mut reading, None) {
+                break done.unwrap().expect("landed in part");
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        };
+        drop(reading);
+        let n = landed.bytes;
+        assert!(n > 0 && n < 200_000, "{n} bytes landed");
+        assert!(dst[..n] == want[..n], "the landed part altered");
+        assert!(dst[n..].iter().all(|b| *b == 0), "nothing written after the loan ended");
+        let group = s.group.as_ref();
+        assert!(group[FRAMES + n..] == want[n..], "the rest went to the pooled group");
+    }
+
+    #[tokio::test]
+    async fn no_loan_for_the_message_reads_nothing() {
+        let want = payload(100_000);
+        let mut s = setup(&want).await;
+        s.peer.write_all(&s.payload_wire).unwrap();
+        let msg = msg(want.len() as u64);
+        let other = Awaited::Collective { comm: 0, seq: 2, part: 0 };
+        let (mut short, mut dst) = (vec![0u8; want.len() - 1], vec![0u8; want.len()]);
+        for lent in [None, Some((&mut dst[..], other)), Some((&mut short[..], AWAITED))] {
+            let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg));
+            assert!(matches!(poll_once(&mut reading, lent), Poll::Ready(Ok(None))));
+        }
+        assert!(s.sock.buffer().is_empty(), "nothing was read");
+        // The group's records are all still there to read the usual way.
+        let mut wire = vec![0u8; s.payload_wire.len()];
+        tokio::io::AsyncReadExt::read_exact(&mut s.sock, &mut wire).await.unwrap();
+        assert_eq!(wire, s.payload_wire);
+    }
+}
