@@ -103,7 +103,7 @@ impl<'a> Awaiting<'a> {
     /// whether the next message of its kind is the receive's (ask right before writing there).
     /// A channel that writes payload bytes there delivers the message saying how many.
     pub fn take_destination(&mut self) -> Option<(&mut [u8], &dyn Fn() -> bool)> {
-        self.destination.take().map(|(dst, ours)| (dst, ours))
+        self.destination.take()
     }
 
     /// The message the receive waits for.
