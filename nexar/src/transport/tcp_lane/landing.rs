@@ -190,16 +190,7 @@ mod tests {
     use crate::transport::bulk::Awaited;
     use crate::transport::lent::lend;
     use crate::transport::tcp_lane::reader::RecvPool;
-    use crate::transport::tcp_lane::records::{Direction, Exporter, Opener, Sealer, Session};
-
-    /// Plaintext records need no keys.
-    struct NoKeys;
-
-    impl Exporter for NoKeys {
-        fn export(&self, _: &mut [u8], _: &[u8]) -> Result<(), rustls::Error> {
-            Err(rustls::Error::General("no keys in this test".into()))
-        }
-    }
+    use crate::transport::tcp_lane::records::{Direction, NoKeys, Opener, Sealer, Session};
 
     const FRAMES: usize = 100;
     const AWAITED: Awaited = Awaited::Collective { comm: 0, seq: 1, part: 0 };

@@ -145,16 +145,7 @@ mod tests {
 
     use super::*;
     use crate::transport::tcp_lane::reader::RecvPool;
-    use crate::transport::tcp_lane::records::{Direction, Exporter, GroupHead, GroupSink, Sealer, Session};
-
-    /// Plaintext records need no keys.
-    struct NoKeys;
-
-    impl Exporter for NoKeys {
-        fn export(&self, _: &mut [u8], _: &[u8]) -> Result<(), rustls::Error> {
-            Err(rustls::Error::General("no keys in this test".into()))
-        }
-    }
+    use crate::transport::tcp_lane::records::{Direction, GroupHead, GroupSink, NoKeys, Sealer, Session};
 
     /// A large group in plaintext records: its head, and the wire bytes of its records.
     fn group(payload: &[u8]) -> (GroupHead, Vec<u8>, Opener) {
