@@ -190,7 +190,7 @@ mod tests {
     use crate::transport::bulk::Awaited;
     use crate::transport::lent::lend;
     use crate::transport::tcp_lane::reader::RecvPool;
-    use crate::transport::tcp_lane::records::{Direction, NoKeys, Opener, Sealer, Session};
+    use crate::transport::tcp_lane::records::plain_group;
 
     const FRAMES: usize = 100;
     const AWAITED: Awaited = Awaited::Collective { comm: 0, seq: 1, part: 0 };
@@ -212,19 +212,8 @@ mod tests {
     }
 
     async fn setup(payload: &[u8]) -> Setup {
-        let session: Session = Arc::new(NoKeys);
-        let mut sealer = Sealer::new(&session, Direction::FromDialler, false).unwrap();
-        let mut wire = Vec::new();
-        let frames = [7u8; FRAMES];
-        sealer
-            .seal_group(&[&frames, payload], Vec::new, |chunk, _| {
-                wire.extend_from_slice(&chunk);
-                true
-            })
-            .unwrap();
-        let mut opener = Opener::new(&session, Direction::FromDialler, false).unwrap();
+        let (head, wire, mut opener) = plain_group(&[&[7u8; FRAMES], payload]);
         let mut rest = &wire[..];
-        let head = opener.read_group_head(&mut rest).unwrap().unwrap();
         let pool = Arc::new(RecvPool::default());
         let mut group = RecvPool::take(&pool, head.len as usize, head.lead);
         let at = opener.read_records(&mut rest, &mut group, 0, 1, usize::MAX, &mut Vec::new()).unwrap();

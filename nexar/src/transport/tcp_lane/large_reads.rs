@@ -145,24 +145,11 @@ mod tests {
 
     use super::*;
     use crate::transport::tcp_lane::reader::RecvPool;
-    use crate::transport::tcp_lane::records::{Direction, GroupHead, GroupSink, NoKeys, Sealer, Session};
+    use crate::transport::tcp_lane::records::{GroupHead, GroupSink, plain_group};
 
     /// A large group in plaintext records: its head, and the wire bytes of its records.
     fn group(payload: &[u8]) -> (GroupHead, Vec<u8>, Opener) {
-        let session: Session = Arc::new(NoKeys);
-        let mut sealer = Sealer::new(&session, Direction::FromDialler, false).unwrap();
-        let mut wire = Vec::new();
-        sealer
-            .seal_group(&[payload], Vec::new, |chunk, _| {
-                wire.extend_from_slice(&chunk);
-                true
-            })
-            .unwrap();
-        let mut opener = Opener::new(&session, Direction::FromDialler, false).unwrap();
-        let mut rest = &wire[..];
-        let head = opener.read_group_head(&mut rest).unwrap().unwrap();
-        let rest = rest.to_vec();
-        (head, rest, opener)
+        plain_group(&[payload])
     }
 
     /// A connected pair: the lane's side (non-blocking, as a runtime reader leaves it) and

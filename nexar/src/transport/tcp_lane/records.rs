@@ -102,6 +102,25 @@ impl Exporter for NoKeys {
     }
 }
 
+/// A group of `parts` in plaintext records, for tests: its head, the wire bytes of its
+/// records, and an opener to read them with.
+#[cfg(test)]
+pub(crate) fn plain_group(parts: &[&[u8]]) -> (GroupHead, Vec<u8>, Opener) {
+    let session: Session = Arc::new(NoKeys);
+    let mut sealer = Sealer::new(&session, Direction::FromDialler, false).unwrap();
+    let mut wire = Vec::new();
+    sealer
+        .seal_group(parts, Vec::new, |chunk, _| {
+            wire.extend_from_slice(&chunk);
+            true
+        })
+        .unwrap();
+    let mut opener = Opener::new(&session, Direction::FromDialler, false).unwrap();
+    let mut rest = &wire[..];
+    let head = opener.read_group_head(&mut rest).unwrap().unwrap();
+    (head, rest.to_vec(), opener)
+}
+
 /// Which way records travel on a lane's connection: each way has keys of its own, so no
 /// nonce is ever used by both ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
