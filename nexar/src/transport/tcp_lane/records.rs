@@ -102,19 +102,26 @@ impl Exporter for NoKeys {
     }
 }
 
+/// The wire bytes of one group of `parts`, for tests.
+#[cfg(test)]
+pub(crate) fn sealed_group(sealer: &mut Sealer, parts: &[&[u8]]) -> Vec<u8> {
+    let mut wire = Vec::new();
+    sealer
+        .seal_group(parts, Vec::new, |c, _| {
+            wire.extend_from_slice(&c);
+            true
+        })
+        .unwrap();
+    wire
+}
+
 /// A group of `parts` in plaintext records, for tests: its head, the wire bytes of its
 /// records, and an opener to read them with.
 #[cfg(test)]
 pub(crate) fn plain_group(parts: &[&[u8]]) -> (GroupHead, Vec<u8>, Opener) {
     let session: Session = Arc::new(NoKeys);
     let mut sealer = Sealer::new(&session, Direction::FromDialler, false).unwrap();
-    let mut wire = Vec::new();
-    sealer
-        .seal_group(parts, Vec::new, |chunk, _| {
-            wire.extend_from_slice(&chunk);
-            true
-        })
-        .unwrap();
+    let wire = sealed_group(&mut sealer, parts);
     let mut opener = Opener::new(&session, Direction::FromDialler, false).unwrap();
     let mut rest = &wire[..];
     let head = opener.read_group_head(&mut rest).unwrap().unwrap();

@@ -383,18 +383,6 @@ proptest::proptest! {
     }
 }
 
-/// The wire bytes of one group of `parts`.
-fn sealed_group(sealer: &mut Sealer, parts: &[&[u8]]) -> Vec<u8> {
-    let mut wire = Vec::new();
-    sealer
-        .seal_group(parts, Vec::new, |c, _| {
-            wire.extend_from_slice(&c);
-            true
-        })
-        .unwrap();
-    wire
-}
-
 /// The plaintext lengths of the records of one group on `wire`, its header record first.
 fn record_lengths(wire: &[u8]) -> Vec<usize> {
     let mut at = 0;
