@@ -378,9 +378,11 @@ impl BulkSlot {
         self.channel.get().map(|c| c.name())
     }
 
-    /// Whether the channel is attached and its failure (if any) not yet handled.
+    /// Whether the channel is attached, has not stopped, and no failure of it was handled.
+    /// A channel that stopped is not working even while its settle hook still runs, so a
+    /// send that failed on it is never followed by a report that it still carries the link.
     pub fn working(&self) -> bool {
-        self.channel.get().is_some() && !crate::sync::lock(&self.carried).failed
+        self.channel.get().is_some_and(|c| c.usable()) && !crate::sync::lock(&self.carried).failed
     }
 
     /// Makes the attached channel stop as if its network failed (for fault tests).
@@ -410,7 +412,7 @@ impl BulkSlot {
 
     /// Whether a new collective's `len`-byte message would take the channel.
     pub fn takes(&self, len: usize) -> bool {
-        self.working() && self.channel.get().is_some_and(|c| c.usable() && len >= c.min_bytes())
+        self.working() && self.channel.get().is_some_and(|c| len >= c.min_bytes())
     }
 
     /// Delivers on the calling task what the attached channel received whole

@@ -108,6 +108,7 @@ async fn a_collective_never_spans_two_transports() {
     assert!(slot.route(after, 0).is_ok(), "a new collective takes the channel");
     slot.received(received);
     channel.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(!slot.working(), "a channel that stopped is not working before its failure is handled");
     // The channel failed: what it carried (either way) is not sent at all, the rest goes
     // over QUIC.
     assert_eq!(slot.route(after, 0).err(), Some(true));
