@@ -448,8 +448,8 @@ impl BulkChannel for TcpLane {
     }
 
     /// Polls the lane's reader on the receive's thread; a plaintext lane's reader reads the
-    /// awaited message's payload straight into the buffer the receive lends, if it lends one
-    /// ([`super::landing`]).
+    /// awaited message's payload straight into the buffer the receive lends, if it lends one,
+    /// and otherwise stops waiting for a loan ([`super::landing`]).
     fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
         let reading = self.reading.as_ref()?;
         let driven = match awaiting {
@@ -462,7 +462,9 @@ impl BulkChannel for TcpLane {
                         true => crate::transport::lent::lend(dst, awaited, poll),
                         false => poll(),
                     }),
-                    None => reading.drive(),
+                    // A receive that will not take the payload as it is (it reduces it) lends
+                    // nothing, so that the reader does not wait for it to.
+                    None => reading.drive_around(|poll| crate::transport::lent::lend(&mut [], awaited, poll)),
                 }
             }
             _ => reading.drive(),
