@@ -59,6 +59,8 @@ pub(super) struct State {
     /// Set when the lane says goodbye: the writer gives up on a peer that does not read by
     /// then.
     pub(super) write_deadline: std::sync::OnceLock<std::time::Instant>,
+    /// When a receive last polled the lane's reader itself ([`super::landing::Spun`]).
+    pub(super) spun: super::landing::Spun,
 }
 
 pub(super) use crate::transport::reading::Stop;
@@ -124,6 +126,7 @@ impl State {
             socket,
             incoming: None,
             write_deadline: std::sync::OnceLock::new(),
+            spun: super::landing::Spun::default(),
         }
     }
 
@@ -209,6 +212,7 @@ impl TcpLane {
             socket: out_sock.try_clone()?,
             incoming: if one_connection { None } else { Some(in_sock.try_clone()?) },
             write_deadline: std::sync::OnceLock::new(),
+            spun: super::landing::Spun::default(),
         });
         let on_runtime = write_inline && tokio::runtime::Handle::try_current().is_ok();
         let (jobs, queue) = std_mpsc::channel::<Job>();
@@ -452,6 +456,7 @@ impl BulkChannel for TcpLane {
     /// and otherwise stops waiting for a loan ([`super::landing`]).
     fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
         let reading = self.reading.as_ref()?;
+        self.state.spun.now();
         let driven = match awaiting {
             Some(mut awaiting) if !self.encrypts => {
                 let awaited = awaiting.message();

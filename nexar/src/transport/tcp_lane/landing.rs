@@ -16,12 +16,16 @@
 //! socket for up to [`LEND_WAIT`]: its rank is often still busy with the step or message
 //! before (a pipelined broadcast's next segment arrives while the last is being taken), and
 //! reading it into the pooled buffer at once would cost the copy this module saves (the
-//! 16 and 64 MiB broadcasts 40 % faster with the wait). A receive that spins for the message
-//! but will reduce it, not take it as it is, lends an empty buffer, which ends the wait.
+//! 16 and 64 MiB broadcasts 40 % faster with the wait). It waits only while receives spin on
+//! the lane ([`Spun`]): one that parked is woken by the message itself, so waiting for it
+//! would only delay it (the 1 MiB allreduce with `NEXAR_SPIN_US=0` took 480 µs instead of
+//! 280 before this check). A receive that spins for the message but will reduce it, not take
+//! it as it is, lends an empty buffer, which ends the wait.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -41,8 +45,45 @@ pub(super) const LAND_MIN: usize = 64 << 10;
 /// every few tens of microseconds.
 const LENT_GRACE: Duration = Duration::from_millis(1);
 /// How long the reader waits, once it has admitted a message, for its receive to lend a
-/// buffer before it reads the payload into the pooled buffer.
+/// buffer before it reads the payload into the pooled buffer; it waits only where some
+/// receive has polled the lane's reader itself within [`SPUN_RECENTLY`] ([`Spun`]).
 const LEND_WAIT: Duration = Duration::from_micros(100);
+
+/// How recently a receive must have polled the lane's reader itself for the reader to wait
+/// for a loan: receives of a rank whose receives spin do so at least every few hundred
+/// microseconds of a collective (100 µs gave up the wait in pipelined broadcasts, whose
+/// receives often find their segment ready and do not spin).
+const SPUN_RECENTLY: Duration = Duration::from_millis(2);
+
+/// When a receive last polled the lane's reader on its own thread (it spins on the lane):
+/// the reader waits for a loan only where receives spin, never for one that parked
+/// (`NEXAR_SPIN_US=0`, or a spin given up on a busy machine), which would only be woken by
+/// the message it waits for.
+#[derive(Debug)]
+pub(super) struct Spun {
+    born: Instant,
+    /// Microseconds from `born`.
+    at: AtomicU64,
+}
+
+impl Default for Spun {
+    fn default() -> Self {
+        Spun { born: Instant::now(), at: AtomicU64::new(0) }
+    }
+}
+
+impl Spun {
+    /// A receive polls the reader now.
+    pub fn now(&self) {
+        self.at.store(self.born.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether a receive polled the reader within `window` of now.
+    fn within(&self, window: Duration) -> bool {
+        let now = self.born.elapsed().as_micros() as u64;
+        now.saturating_sub(self.at.load(Ordering::Relaxed)) <= window.as_micros() as u64
+    }
+}
 
 /// What the socket's next bytes are.
 #[derive(Clone, Copy)]
@@ -54,6 +95,7 @@ enum Next {
 
 /// A group whose payload is being read into a lent buffer.
 struct Landing<'g> {
+    spun: &'g Spun,
     group: &'g mut PooledGroup,
     msg: &'g PeerMsg,
     /// Where the payload starts in the group.
@@ -79,8 +121,10 @@ pub(super) async fn read_landing(
     group: &mut PooledGroup,
     at: usize,
     msg: &PeerMsg,
+    spun: &Spun,
 ) -> io::Result<Option<Landed>> {
     let mut landing = Landing {
+        spun,
         group,
         msg,
         payload_at: at,
@@ -110,7 +154,7 @@ impl Landing<'_> {
         let dst = match (dst, self.lent_at) {
             // No loan yet: the receive may be about to spin for it (its rank still busy with
             // the step before, or the previous message); the payload waits in the socket.
-            (None, None) if !declined && self.last_lent.elapsed() < LEND_WAIT => {
+            (None, None) if !declined && self.last_lent.elapsed() < LEND_WAIT && self.spun.within(SPUN_RECENTLY) => {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -228,6 +272,8 @@ mod tests {
         at: usize,
         payload_wire: Vec<u8>,
         _pool: Arc<RecvPool>,
+        /// Receives polling the lane (renewed by the tests that need them to be recent).
+        spun: Spun,
     }
 
     async fn setup(payload: &[u8]) -> Setup {
@@ -242,7 +288,7 @@ mod tests {
         let (ours, _) = listener.accept().unwrap();
         ours.set_nonblocking(true).unwrap();
         let sock = BufReader::with_capacity(16 << 10, EagerRead(TcpStream::from_std(ours).unwrap()));
-        Setup { sock, peer, group, at, payload_wire: rest.to_vec(), _pool: pool }
+        Setup { sock, peer, group, at, payload_wire: rest.to_vec(), _pool: pool, spun: Spun::default() }
     }
 
     fn payload(len: usize) -> Vec<u8> {
@@ -265,7 +311,7 @@ mod tests {
         s.peer.write_all(&s.payload_wire).unwrap();
         let msg = msg(want.len() as u64);
         let mut dst = vec![0u8; want.len()];
-        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg));
+        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &s.spun));
         let landed = loop {
             if let Poll::Ready(done) = poll_once(&mut reading, Some((&mut dst, AWAITED))) {
                 break done.unwrap().expect("landed");
@@ -286,7 +332,7 @@ mod tests {
         s.peer.write_all(first).unwrap();
         let msg = msg(want.len() as u64);
         let mut dst = vec![0u8; want.len()];
-        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg));
+        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &s.spun));
         // Lent while the first bytes come, then never again.
         let began = Instant::now();
         while began.elapsed() < Duration::from_millis(50) {
@@ -320,7 +366,7 @@ mod tests {
         // No loan, a loan for another message, one of another length: the reader waits a
         // little for the receive to lend its buffer, then gives up.
         for case in 0..3 {
-            let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg));
+            let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &s.spun));
             let began = Instant::now();
             let done = loop {
                 let lent = match case {
@@ -328,6 +374,8 @@ mod tests {
                     1 => Some((&mut dst[..], other)),
                     _ => Some((&mut short[..], AWAITED)),
                 };
+                // Some receive spins on the lane meanwhile.
+                s.spun.now();
                 match poll_once(&mut reading, lent) {
                     Poll::Ready(done) => break done,
                     Poll::Pending => std::thread::yield_now(),
@@ -338,8 +386,14 @@ mod tests {
         }
         // A receive that spins for the message with nothing to lend (it reduces the payload):
         // at once.
-        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg));
+        s.spun.now();
+        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &s.spun));
         assert!(matches!(poll_once(&mut reading, Some((&mut [][..], AWAITED))), Poll::Ready(Ok(None))));
+        drop(reading);
+        // No receive has polled the lane for longer than the wait (they park): at once.
+        let parked = Spun { born: Instant::now() - Duration::from_secs(1), at: AtomicU64::new(0) };
+        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &parked));
+        assert!(matches!(poll_once(&mut reading, None), Poll::Ready(Ok(None))));
         drop(reading);
         assert!(s.sock.buffer().is_empty(), "nothing was read");
         // The group's records are all still there to read the usual way.

@@ -105,7 +105,7 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
     let admitted = inbound.admit(&msg, payload_len).await;
     let deadline = Instant::now() + limits.group_deadline;
     if input.may_land(&msg, len, at, payload_len, &deferred)
-        && let Some(landed) = within(deadline, read_landing(&mut input.sock, &mut group, at, &msg)).await?
+        && let Some(landed) = within(deadline, read_landing(&mut input.sock, &mut group, at, &msg, &state.spun)).await?
     {
         // One loan, one message: the next of the same kind is another receive's.
         crate::transport::lent::forfeit_for(&msg);
