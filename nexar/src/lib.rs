@@ -54,7 +54,9 @@ pub use comm::{
     BackendError, CollectiveError, CollectiveHandle, Compression, ErrorFeedback, ExchangeHandle, FailureWatch,
     LinkStats, MAX_SETUP_BODY, NexarClient, P2pError, PeerFailure, RecoveryError,
 };
-pub use config::{BulkTransport, ConfigError, LaneCongestion, NexarConfig, NexarConfigBuilder, RecoveryPolicy};
+pub use config::{
+    BulkTransport, ConfigError, LaneAes, LaneCongestion, NexarConfig, NexarConfigBuilder, RecoveryPolicy,
+};
 pub use error::NexarError;
 pub use nexar_macros::{collective_plan, rpc};
 pub use nexar_types::{

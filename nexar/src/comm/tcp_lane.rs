@@ -199,7 +199,7 @@ impl NexarClient {
         let congestion = conns.set_congestion(&cfg.lane_congestion);
         tracing::debug!(rank = self.rank(), peer, ?mode, min_bytes, congestion, "tcp lane");
         let io = LaneIo {
-            encrypt: cfg.bulk_encryption,
+            encrypt: cfg.bulk_encryption.then_some(cfg.lane_aes),
             on_runtime: !threads,
             large_on_threads: mode == LaneMode::RuntimeLargeOnThread,
         };

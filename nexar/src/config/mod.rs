@@ -13,10 +13,12 @@ use crate::transport::chaos::NetChaos;
 
 mod builder;
 mod env;
+mod lane_aes;
 mod lane_congestion;
 mod trace_config;
 
 pub use builder::NexarConfigBuilder;
+pub use lane_aes::LaneAes;
 pub use lane_congestion::LaneCongestion;
 pub use trace_config::TraceConfig;
 
@@ -236,6 +238,14 @@ pub struct NexarConfig {
     /// assert_eq!(cfg.lane_congestion.name(), Some("reno"));
     /// ```
     pub lane_congestion: LaneCongestion,
+    /// Which implementation of AES-128-GCM seals the TCP lane's records (`NEXAR_LANE_AES`:
+    /// `auto`, the default, `aws-lc` or `ring`); see [`LaneAes`].
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_LANE_AES").then(|| "aws-lc".into())).unwrap();
+    /// assert_eq!(cfg.lane_aes, nexar::LaneAes::AwsLc);
+    /// ```
+    pub lane_aes: LaneAes,
     /// Whether ranks on the same host carry collective payloads through shared memory
     /// (`NEXAR_SHM`: `on`, the default, or `off`). Two ranks that find they share a host (the
     /// same machine, boot, network namespace and user; `NEXAR_HOST_ID` overrides the host's
@@ -355,6 +365,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_encryption", &self.bulk_encryption)
             .field("lane_threads", &self.lane_threads)
             .field("lane_congestion", &self.lane_congestion)
+            .field("lane_aes", &self.lane_aes)
             .field("shared_memory", &self.shared_memory)
             .field("bind_core", &self.bind_core)
             .field("nccl", &self.nccl)
@@ -469,6 +480,7 @@ impl Default for NexarConfig {
             bulk_encryption: true,
             lane_threads: None,
             lane_congestion: LaneCongestion::default(),
+            lane_aes: LaneAes::Auto,
             shared_memory: true,
             bind_core: false,
             nccl: true,

@@ -26,6 +26,7 @@ fn every_variable_is_read() {
         ("NEXAR_MAX_WORLD_SIZE", "16"),
         ("NEXAR_SEGMENT_BYTES", "4M"),
         ("NEXAR_LANE_CONGESTION", "Reno"),
+        ("NEXAR_LANE_AES", "Ring"),
     ])
     .unwrap();
     assert_eq!(c.heartbeat_timeout, Duration::from_millis(700));
@@ -41,6 +42,7 @@ fn every_variable_is_read() {
     assert_eq!(c.lane_capacity, 3);
     assert_eq!(c.segment_bytes, 4 << 20);
     assert_eq!(c.lane_congestion, LaneCongestion::Named("reno".into()));
+    assert_eq!(c.lane_aes, crate::LaneAes::Ring);
 }
 
 #[test]
@@ -74,6 +76,7 @@ fn invalid_values_name_their_variable() {
         ("NEXAR_BIND", "socket"),
         ("NEXAR_LANE_CONGESTION", "cubic; reno"),
         ("NEXAR_LANE_CONGESTION", "a-name-far-too-long-for-the-kernel"),
+        ("NEXAR_LANE_AES", "openssl"),
     ] {
         let err = with(&[(var, val)]).unwrap_err();
         assert!(err.to_string().contains(var), "{var}={val}: {err}");

@@ -154,7 +154,7 @@ impl Piece {
     /// leaves `out` zeroed, never holding bytes that an attacker chose.
     fn write_to(&self, out: &mut [u8]) -> Result<(), PayloadError> {
         match self {
-            Piece::Plain(b) => out.copy_from_slice(b),
+            Piece::Plain(b) => crate::transport::copy::copy_bytes(out, b),
             Piece::Lent(lent) => lent.copy_out(0, out),
             Piece::Sealed(cipher, record) => {
                 if record.open_into(cipher, out).is_err() {
@@ -464,7 +464,7 @@ impl Spread<'_, '_> {
             self.skip_full();
             let Some(dst) = self.dsts.get_mut(self.part) else { return };
             let n = (dst.len() - self.offset).min(bytes.len());
-            dst[self.offset..self.offset + n].copy_from_slice(&bytes[..n]);
+            crate::transport::copy::copy_bytes(&mut dst[self.offset..self.offset + n], &bytes[..n]);
             self.offset += n;
             bytes = &bytes[n..];
         }

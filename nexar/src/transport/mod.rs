@@ -4,6 +4,7 @@
 pub mod bulk;
 pub(crate) mod byte_budget;
 pub mod chaos;
+pub(crate) mod copy;
 pub(crate) mod drivable;
 pub(crate) mod eager_read;
 pub mod endpoint;

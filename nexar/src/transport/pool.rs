@@ -116,7 +116,10 @@ pub fn pooled_gather(pool: &Arc<BufferPool>, parts: &[&[u8]]) -> Bytes {
     let mut buf = pool.take(len);
     let mut at = 0;
     for part in parts {
-        bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[at..at + part.len()].copy_from_slice(part);
+        crate::transport::copy::copy_bytes(
+            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[at..at + part.len()],
+            part,
+        );
         at += part.len();
     }
     Bytes::from_owner(PooledBytes { buf, len, pool: pool.clone() })

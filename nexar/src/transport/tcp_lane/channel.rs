@@ -151,8 +151,9 @@ struct Sending {
 /// How a lane protects its records and who does its I/O.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaneIo {
-    /// Records are encrypted (unless `NEXAR_BULK_ENCRYPTION=off`).
-    pub encrypt: bool,
+    /// Records are encrypted, with this implementation of AES-GCM (`None` with
+    /// `NEXAR_BULK_ENCRYPTION=off`).
+    pub encrypt: Option<crate::config::LaneAes>,
     /// The rank's runtime does the I/O: a sender writes its records to the socket itself
     /// while the writer thread is idle, instead of waking it, and a task reads the peer's
     /// groups ([`super::runtime_reader`]). For hosts whose every core runs a rank, where a
@@ -240,7 +241,7 @@ impl TcpLane {
             sending: Mutex::new(Some(Sending { sealer, jobs })),
             spare,
             min_bytes,
-            encrypts: encrypt,
+            encrypts: encrypt.is_some(),
             write_inline,
             inline_below: if large_on_threads { super::large_reads::LARGE_GROUP } else { usize::MAX },
             reading,

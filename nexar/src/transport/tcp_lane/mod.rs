@@ -19,6 +19,7 @@
 //! The connections run the congestion control [`crate::NexarConfig::lane_congestion`] names.
 
 mod channel;
+mod cipher;
 mod congestion;
 mod connections;
 mod handshake;

@@ -21,7 +21,8 @@
 use std::io::{self, Read};
 use std::sync::Arc;
 
-use aws_lc_rs::aead::{AES_128_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use super::cipher::{Engine, KEY_LEN, LaneKey, NONCE_LEN};
+use crate::config::LaneAes;
 use rustls::{ClientConnection, ServerConnection};
 
 pub(crate) use super::sealed::Sealed;
@@ -120,9 +121,9 @@ pub(crate) fn sealed_group(sealer: &mut Sealer, parts: &[&[u8]]) -> Vec<u8> {
 #[cfg(test)]
 pub(crate) fn plain_group(parts: &[&[u8]]) -> (GroupHead, Vec<u8>, Opener) {
     let session: Session = Arc::new(NoKeys);
-    let mut sealer = Sealer::new(&session, Direction::FromDialler, false).unwrap();
+    let mut sealer = Sealer::new(&session, Direction::FromDialler, None).unwrap();
     let wire = sealed_group(&mut sealer, parts);
-    let mut opener = Opener::new(&session, Direction::FromDialler, false).unwrap();
+    let mut opener = Opener::new(&session, Direction::FromDialler, None).unwrap();
     let mut rest = &wire[..];
     let head = opener.read_group_head(&mut rest).unwrap().unwrap();
     (head, rest.to_vec(), opener)
@@ -164,7 +165,8 @@ fn crypto_err(what: impl std::fmt::Display) -> io::Error {
 struct Keys {
     session: Session,
     direction: Direction,
-    key: Arc<LessSafeKey>,
+    engine: Engine,
+    key: Arc<LaneKey>,
     iv: [u8; NONCE_LEN],
     records: u64,
     bytes: u64,
@@ -173,9 +175,9 @@ struct Keys {
 }
 
 impl Keys {
-    fn new(session: Session, direction: Direction, limit: u64) -> io::Result<Keys> {
-        let (key, iv) = derive(&*session, direction, 0)?;
-        Ok(Keys { session, direction, key, iv, records: 0, bytes: 0, epoch: 0, limit })
+    fn new(session: Session, direction: Direction, engine: Engine, limit: u64) -> io::Result<Keys> {
+        let (key, iv) = derive(&*session, direction, engine, 0)?;
+        Ok(Keys { session, direction, engine, key, iv, records: 0, bytes: 0, epoch: 0, limit })
     }
 
     /// The nonce of the next record of `len` bytes, moving to the next key first when this
@@ -183,7 +185,7 @@ impl Keys {
     fn next(&mut self, len: usize) -> io::Result<[u8; NONCE_LEN]> {
         if self.bytes + len as u64 > self.limit {
             self.epoch += 1;
-            (self.key, self.iv) = derive(&*self.session, self.direction, self.epoch)?;
+            (self.key, self.iv) = derive(&*self.session, self.direction, self.engine, self.epoch)?;
             (self.records, self.bytes) = (0, 0);
         }
         let mut nonce = self.iv;
@@ -196,16 +198,20 @@ impl Keys {
     }
 }
 
-fn derive(session: &dyn Exporter, direction: Direction, epoch: u64) -> io::Result<(Arc<LessSafeKey>, [u8; NONCE_LEN])> {
-    let mut material = [0u8; 16 + NONCE_LEN];
+fn derive(
+    session: &dyn Exporter,
+    direction: Direction,
+    engine: Engine,
+    epoch: u64,
+) -> io::Result<(Arc<LaneKey>, [u8; NONCE_LEN])> {
+    let mut material = [0u8; KEY_LEN + NONCE_LEN];
     let mut context = [0u8; 9];
     context[..8].copy_from_slice(&epoch.to_le_bytes());
     context[8] = direction.context_byte();
     session.export(&mut material, &context).map_err(crypto_err)?;
-    let key = UnboundKey::new(&AES_128_GCM, &material[..16]).map_err(crypto_err)?;
-    let mut iv = [0u8; NONCE_LEN];
-    iv.copy_from_slice(&material[16..]);
-    Ok((Arc::new(LessSafeKey::new(key)), iv))
+    let (key, iv) = material.split_at(KEY_LEN);
+    let key = LaneKey::new(engine, key.try_into().map_err(crypto_err)?).map_err(crypto_err)?;
+    Ok((Arc::new(key), iv.try_into().map_err(crypto_err)?))
 }
 
 /// How a lane's records are protected.
@@ -219,11 +225,10 @@ enum Protection {
 }
 
 impl Protection {
-    fn new(session: &Session, direction: Direction, encrypt: bool) -> io::Result<Protection> {
-        Ok(if encrypt {
-            Protection::Aead(Keys::new(session.clone(), direction, KEY_LIMIT)?)
-        } else {
-            Protection::Plain
+    fn new(session: &Session, direction: Direction, encrypt: Option<LaneAes>) -> io::Result<Protection> {
+        Ok(match encrypt {
+            Some(aes) => Protection::Aead(Keys::new(session.clone(), direction, Engine::of(aes), KEY_LIMIT)?),
+            None => Protection::Plain,
         })
     }
 }
@@ -234,9 +239,10 @@ pub(crate) struct Sealer {
 }
 
 impl Sealer {
-    /// Seals records going `direction` with keys exported from `session`, or, when `encrypt`
-    /// is false, frames records without encrypting them.
-    pub fn new(session: &Session, direction: Direction, encrypt: bool) -> io::Result<Sealer> {
+    /// Seals records going `direction` with keys exported from `session` (AES-GCM from the
+    /// implementation `encrypt` names), or, when `encrypt` is `None`, frames records without
+    /// encrypting them.
+    pub fn new(session: &Session, direction: Direction, encrypt: Option<LaneAes>) -> io::Result<Sealer> {
         Ok(Sealer { keys: Protection::new(session, direction, encrypt)? })
     }
 
@@ -322,8 +328,8 @@ impl Sealer {
         head.copy_from_slice(&header);
         match &mut self.keys {
             Protection::Aead(keys) => {
-                let nonce = Nonce::assume_unique_for_key(keys.next(plain.len())?);
-                keys.key.seal_out_of_place_scatter(nonce, Aad::from(header), plain, body, &[], tag).map_err(crypto_err)
+                let nonce = keys.next(plain.len())?;
+                keys.key.seal_into(nonce, &header, plain, body, tag).map_err(crypto_err)
             }
             Protection::Plain => {
                 body.copy_from_slice(plain);
@@ -341,9 +347,8 @@ impl Sealer {
         parts.copy_into(body);
         match &mut self.keys {
             Protection::Aead(keys) => {
-                let nonce = Nonce::assume_unique_for_key(keys.next(n)?);
-                let sealed = keys.key.seal_in_place_separate_tag(nonce, Aad::from(header), body).map_err(crypto_err)?;
-                tag.copy_from_slice(sealed.as_ref());
+                let nonce = keys.next(n)?;
+                tag.copy_from_slice(&keys.key.seal_in_place(nonce, &header, body).map_err(crypto_err)?);
             }
             Protection::Plain => tag.fill(0),
         }
@@ -379,8 +384,8 @@ pub(crate) struct Opener {
 
 impl Opener {
     /// Opens records coming `direction` with keys exported from `session` (the other end's
-    /// session of the same connection), or, when `encrypt` is false, reads records as they are.
-    pub fn new(session: &Session, direction: Direction, encrypt: bool) -> io::Result<Opener> {
+    /// session of the same connection), or, when `encrypt` is `None`, reads records as they are.
+    pub fn new(session: &Session, direction: Direction, encrypt: Option<LaneAes>) -> io::Result<Opener> {
         Ok(Opener { keys: Protection::new(session, direction, encrypt)? })
     }
 
@@ -488,10 +493,10 @@ impl Opener {
         let len = record.len() - TAG;
         match &mut self.keys {
             Protection::Aead(keys) => {
-                let nonce = Nonce::assume_unique_for_key(keys.next(len)?);
+                let nonce = keys.next(len)?;
                 let plain = keys
                     .key
-                    .open_in_place(nonce, Aad::from(header), record)
+                    .open_in_place(nonce, &header, record)
                     .map_err(|_| crypto_err("a record failed authentication"))?;
                 Ok(plain)
             }
@@ -565,7 +570,7 @@ pub(crate) struct SealedRecord {
     header: [u8; HEADER],
     nonce: [u8; NONCE_LEN],
     tag: [u8; TAG],
-    key: Arc<LessSafeKey>,
+    key: Arc<LaneKey>,
 }
 
 /// A record that failed authentication: its bytes were altered after they were sealed.
@@ -576,8 +581,7 @@ impl SealedRecord {
     /// Authenticates `cipher` (this record's ciphertext) and decrypts it into `out`, which
     /// must be as long.
     pub fn open_into(&self, cipher: &[u8], out: &mut [u8]) -> Result<(), Forged> {
-        let nonce = Nonce::assume_unique_for_key(self.nonce);
-        self.key.open_separate_gather(nonce, Aad::from(self.header), cipher, &self.tag, out).map_err(|_| Forged)
+        self.key.open_into(self.nonce, &self.header, cipher, &self.tag, out).map_err(|_| Forged)
     }
 }
 
