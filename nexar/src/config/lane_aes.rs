@@ -13,7 +13,7 @@ use std::str::FromStr;
 /// but no AVX-512 have (AMD Zen 3, Intel client cores). On such a CPU, a Zen 3 at 2.45 GHz,
 /// ring sealed 16 KiB records at 6.0 GB/s and aws-lc at 2.7. `auto` takes aws-lc where the
 /// CPU has its AVX-512 path, ring where it has VAES and AVX2 without it, and aws-lc
-/// elsewhere. The choice is a rank's own, logged once at debug level.
+/// elsewhere ([`resolve`](LaneAes::resolve) says which). The choice is a rank's own.
 ///
 /// ```
 /// use nexar::LaneAes;
@@ -31,6 +31,40 @@ pub enum LaneAes {
     AwsLc,
     /// ring's AES-GCM.
     Ring,
+}
+
+impl LaneAes {
+    /// The implementation this choice runs on this CPU: itself, or for [`LaneAes::Auto`]
+    /// aws-lc where the CPU has AVX-512 with VAES (the same test as aws-lc's own dispatch),
+    /// ring where it has VAES and AVX2 without it, and aws-lc elsewhere.
+    ///
+    /// ```
+    /// use nexar::LaneAes;
+    /// assert_ne!(LaneAes::Auto.resolve(), LaneAes::Auto);
+    /// assert_eq!(LaneAes::Ring.resolve(), LaneAes::Ring);
+    /// ```
+    pub fn resolve(self) -> LaneAes {
+        match self {
+            LaneAes::Auto => fastest_here(),
+            named => named,
+        }
+    }
+}
+
+/// See [`LaneAes::resolve`].
+fn fastest_here() -> LaneAes {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vaes = std::arch::is_x86_feature_detected!("vaes") && std::arch::is_x86_feature_detected!("vpclmulqdq");
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl");
+        if vaes && !avx512 && std::arch::is_x86_feature_detected!("avx2") {
+            return LaneAes::Ring;
+        }
+    }
+    LaneAes::AwsLc
 }
 
 impl FromStr for LaneAes {

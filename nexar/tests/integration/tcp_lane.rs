@@ -213,7 +213,8 @@ async fn each_rank_runs_the_congestion_control_it_asks_for_on_its_lanes() {
                 for p in (0..3).filter(|p| *p != c.rank()) {
                     assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
                     let details = c.bulk_transport_details(p).expect("a lane describes itself");
-                    let expected = format!("sealed, {} congestion control", want[c.rank()]);
+                    let aes = nexar::LaneAes::Auto.resolve();
+                    let expected = format!("sealed, AES-GCM from {aes}, {} congestion control", want[c.rank()]);
                     assert_eq!(details, expected, "rank {} to {p}", c.rank());
                 }
                 common::check_every_collective(&c, &[1000, 1 << 20]).await;

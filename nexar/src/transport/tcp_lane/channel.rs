@@ -172,8 +172,9 @@ pub(crate) struct TcpLane {
     sending: Mutex<Option<Sending>>,
     spare: Spare,
     min_bytes: usize,
-    /// Whether records are encrypted (not with `NEXAR_BULK_ENCRYPTION=off`).
-    encrypts: bool,
+    /// The AES-GCM that seals records (`None` with `NEXAR_BULK_ENCRYPTION=off`), resolved
+    /// for this CPU.
+    sealed_by: Option<crate::config::LaneAes>,
     write_inline: bool,
     /// Groups this long or longer are never written inline (see [`LaneIo::large_on_threads`]).
     inline_below: usize,
@@ -241,7 +242,7 @@ impl TcpLane {
             sending: Mutex::new(Some(Sending { sealer, jobs })),
             spare,
             min_bytes,
-            encrypts: encrypt.is_some(),
+            sealed_by: encrypt.map(crate::config::LaneAes::resolve),
             write_inline,
             inline_below: if large_on_threads { super::large_reads::LARGE_GROUP } else { usize::MAX },
             reading,
@@ -418,7 +419,10 @@ impl BulkChannel for TcpLane {
     }
 
     fn describe(&self) -> Option<String> {
-        let protection = if self.encrypts { "sealed" } else { "plaintext" };
+        let protection = match self.sealed_by {
+            Some(aes) => format!("sealed, AES-GCM from {aes}"),
+            None => "plaintext".into(),
+        };
         Some(format!("{protection}, {} congestion control", super::congestion::in_use(&self.state.socket)))
     }
 
@@ -459,7 +463,7 @@ impl BulkChannel for TcpLane {
         let reading = self.reading.as_ref()?;
         self.state.spun.now();
         let driven = match awaiting {
-            Some(mut awaiting) if !self.encrypts => {
+            Some(mut awaiting) if self.sealed_by.is_none() => {
                 let awaited = awaiting.message();
                 match awaiting.take_destination() {
                     // Asked under the reader's lock: only the reader delivers this lane's

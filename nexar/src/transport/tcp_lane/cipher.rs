@@ -32,38 +32,25 @@ pub(crate) enum Engine {
 }
 
 impl Engine {
-    /// The engine `choice` names; for [`LaneAes::Auto`], the faster one on this CPU.
+    /// The engine `choice` names; for [`LaneAes::Auto`], the faster one on this CPU
+    /// ([`LaneAes::resolve`]).
     pub fn of(choice: LaneAes) -> Engine {
-        match choice {
-            LaneAes::AwsLc => Engine::AwsLc,
-            LaneAes::Ring => Engine::Ring,
+        let resolved = match choice {
             LaneAes::Auto => *AUTO.get_or_init(|| {
-                let engine = Engine::fastest_here();
-                tracing::debug!(?engine, "tcp lane: AES-GCM implementation for this CPU");
-                engine
+                let resolved = LaneAes::Auto.resolve();
+                tracing::debug!(aes = %resolved, "tcp lane: AES-GCM implementation for this CPU");
+                resolved
             }),
+            named => named,
+        };
+        match resolved {
+            LaneAes::Ring => Engine::Ring,
+            _ => Engine::AwsLc,
         }
-    }
-
-    /// aws-lc where it has its AVX-512 AES-GCM (the same test as aws-lc's own dispatch), ring
-    /// where the CPU has VAES and AVX2 only (ring's 256-bit VAES path), aws-lc elsewhere.
-    fn fastest_here() -> Engine {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let vaes = std::arch::is_x86_feature_detected!("vaes") && std::arch::is_x86_feature_detected!("vpclmulqdq");
-            let avx512 = std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-                && std::arch::is_x86_feature_detected!("avx512vl");
-            if vaes && !avx512 && std::arch::is_x86_feature_detected!("avx2") {
-                return Engine::Ring;
-            }
-        }
-        Engine::AwsLc
     }
 }
 
-static AUTO: OnceLock<Engine> = OnceLock::new();
+static AUTO: OnceLock<LaneAes> = OnceLock::new();
 
 /// An AES-128-GCM key of one engine (ring's holds its expanded key and GHASH tables inline,
 /// about 550 bytes, so it is boxed).
