@@ -8,7 +8,7 @@ use quinn::{ReadExactError, RecvStream, SendStream};
 
 use crate::proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, message_frame};
 use crate::proto::message;
-use crate::transport::tcp_lane::{Deferred, SealedRecord};
+use crate::transport::tcp_lane::{Deferred, Kept, SealedRecord};
 
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -133,12 +133,14 @@ const LENT_STAGE: usize = 64 << 10;
 
 /// One piece of a payload: bytes as they arrived, a record of a TCP lane that its reader
 /// left sealed so that it is decrypted once, straight where the bytes are wanted, or bytes
-/// still in a same-host peer's ring.
+/// still in a same-host peer's ring; or a record that failed authentication as it arrived
+/// (its length), which fails whoever reads it.
 #[derive(Clone, Debug)]
 enum Piece {
     Plain(Bytes),
     Sealed(Bytes, SealedRecord),
     Lent(std::sync::Arc<dyn LentBytes>),
+    Forged(usize),
 }
 
 impl Piece {
@@ -146,6 +148,7 @@ impl Piece {
         match self {
             Piece::Plain(b) | Piece::Sealed(b, _) => b.len(),
             Piece::Lent(lent) => lent.len(),
+            Piece::Forged(len) => *len,
         }
     }
 
@@ -156,6 +159,10 @@ impl Piece {
         match self {
             Piece::Plain(b) => crate::transport::copy::copy_bytes(out, b),
             Piece::Lent(lent) => lent.copy_out(0, out),
+            Piece::Forged(len) => {
+                out.fill(0);
+                return Err(PayloadError::Forged { len: *len });
+            }
             Piece::Sealed(cipher, record) => {
                 if record.open_into(cipher, out).is_err() {
                     out.fill(0);
@@ -201,7 +208,8 @@ impl Payload {
     }
 
     /// The bytes `range` of a TCP lane's `group`, of which the records in `deferred` (in
-    /// order) are still sealed. Every such record must lie inside `range`.
+    /// order) are still sealed or failed authentication as they arrived ([`Kept`]). Every
+    /// record listed must lie inside `range`.
     pub(crate) fn from_group(
         group: &Bytes,
         range: std::ops::Range<usize>,
@@ -219,10 +227,16 @@ impl Payload {
                     range.end
                 )));
             }
+            let piece = match &d.kept {
+                Kept::Sealed(sealed) => Piece::Sealed(group.slice(d.at..d.at + d.len), sealed.clone()),
+                Kept::Forged => Piece::Forged(d.len),
+                // Opened where it arrived: plaintext like the bytes around it.
+                Kept::Opened => continue,
+            };
             if d.at > at {
                 pieces.push(Piece::Plain(group.slice(at..d.at)));
             }
-            pieces.push(Piece::Sealed(group.slice(d.at..d.at + d.len), d.sealed.clone()));
+            pieces.push(piece);
             at = d.at + d.len;
         }
         if at < range.end || pieces.is_empty() {
@@ -273,7 +287,7 @@ impl Payload {
             .iter()
             .map(|p| match p {
                 Piece::Plain(b) => Ok(b.clone()),
-                Piece::Sealed(..) | Piece::Lent(_) => {
+                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) => {
                     let mut out = vec![0u8; p.len()];
                     p.write_to(&mut out)?;
                     Ok(Bytes::from(out))
@@ -331,7 +345,7 @@ impl Payload {
             }
             match piece {
                 Piece::Plain(b) => out.write(b),
-                Piece::Sealed(..) | Piece::Lent(_) => with_opened(piece, |plain| {
+                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) => with_opened(piece, |plain| {
                     out.write(plain);
                     Ok::<(), std::convert::Infallible>(())
                 })
@@ -358,7 +372,7 @@ impl Payload {
         for piece in &self.pieces {
             match piece {
                 Piece::Plain(b) => blocks.feed(b).map_err(BlockError::Visit)?,
-                Piece::Sealed(..) | Piece::Lent(_) => {
+                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) => {
                     with_opened(piece, |plain| blocks.feed(plain).map_err(BlockError::Visit)).map_err(|e| match e {
                         Opened::Payload(e) => BlockError::Payload(e),
                         Opened::Visit(e) => e,

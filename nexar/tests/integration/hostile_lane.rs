@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nexar::hostile::{HostileMember, LaneTamper, take_collective_payload};
-use nexar::{NetChaos, NexarClient, NexarConfig};
+use nexar::{LaneAes, NetChaos, NexarClient, NexarConfig};
 
 use crate::common::{TEST_LIMIT, alone, alone_in_own_network, on_each};
 use crate::hostile_common::{
@@ -22,7 +22,8 @@ use crate::hostile_common::{
 
 /// Two ranks whose collectives of any size take the TCP lane: on one host (every core runs a
 /// rank, so their runtimes do all the lane's I/O), or each on a fake host of its own (cores to
-/// spare, so a thread of the lane reads large groups' records).
+/// spare, so a thread of the lane reads large groups' records), rank 0 with aws-lc's AES-GCM on
+/// one host and ring's on the other.
 async fn two_ranks_on_tcp_lanes(host: Host) -> Vec<NexarClient> {
     let cfg = NexarConfig::builder()
         .bulk_transport(nexar::BulkTransport::Tcp)
@@ -30,10 +31,20 @@ async fn two_ranks_on_tcp_lanes(host: Host) -> Vec<NexarClient> {
         .shared_memory(false)
         .build()
         .unwrap();
+    // The two AES-GCM implementations read a payload differently (aws-lc leaves its records
+    // sealed for the receive to open into its buffer, ring opens them as they arrive), and the
+    // ranks need not agree: rank 0, the receiver in these tests, uses each in one of the hosts.
+    let aes = match host {
+        Host::Shared => [LaneAes::AwsLc, LaneAes::Ring],
+        Host::OwnEach => [LaneAes::Ring, LaneAes::AwsLc],
+    };
     let configs = (0..2)
-        .map(|rank| match host {
-            Host::Shared => cfg.clone(),
-            Host::OwnEach => cfg.clone().into_builder().host_id(format!("hostile-lane-host-{rank}")).build().unwrap(),
+        .map(|rank| {
+            let cfg = cfg.clone().into_builder().lane_aes(aes[rank]);
+            match host {
+                Host::Shared => cfg.build().unwrap(),
+                Host::OwnEach => cfg.host_id(format!("hostile-lane-host-{rank}")).build().unwrap(),
+            }
         })
         .collect();
     let ranks = NexarClient::bootstrap_local_each(configs).await.unwrap();
@@ -77,8 +88,8 @@ async fn point_to_point_segments_that_do_not_hold_together_are_refused() {
 
 /// The member (rank 1, the root of a 4 MiB broadcast) flips one bit of the payload's
 /// ciphertext on its TCP lane, which it holds the keys of. AES-GCM decrypts before it checks
-/// the tag, and the payload's records are opened straight into rank 0's buffer: the
-/// broadcast fails there (and at the root, which rank 0 tells) naming the altered record, and
+/// the tag, and the payload's records are opened straight into rank 0's buffer (aws-lc) or as
+/// they arrive, a forged one zeroed (ring): the broadcast fails there (and at the root, which rank 0 tells) naming the altered record, and
 /// each byte of the buffer holds its old
 /// value, the root's byte or zero, never the altered byte. The next broadcast, untampered,
 /// arrives exactly, and the cluster carries on.

@@ -72,6 +72,12 @@ impl LaneKey {
         })
     }
 
+    /// Whether [`open_into`](Self::open_into) decrypts straight from one buffer into
+    /// another (aws-lc), rather than copying the ciphertext over first (ring).
+    pub fn opens_out_of_place(&self) -> bool {
+        matches!(self, LaneKey::AwsLc(_))
+    }
+
     /// Encrypts `plain` into `body` (as long) and writes the tag into `tag`.
     pub fn seal_into(
         &self,

@@ -38,5 +38,5 @@ mod writer;
 pub(crate) use channel::{Connected, LaneIo, Pair, TcpLane};
 pub(crate) use handshake::{LaneTls, answer, dial};
 pub(crate) use reader::{PooledGroup, ReadLimits, RecvPool};
-pub(crate) use records::{Deferred, GroupSink, SealedRecord};
+pub(crate) use records::{Deferred, GroupSink, Kept, SealedRecord};
 pub(crate) use setup::{LaneOffer, TOKEN_LEN};

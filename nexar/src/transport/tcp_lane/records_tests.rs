@@ -39,7 +39,8 @@ fn receive(opener: &mut Opener, wire: &mut &[u8]) -> io::Result<Option<Vec<u8>>>
             for d in deferred {
                 assert!(d.at >= lead as usize && d.len >= DEFER_MIN);
                 let mut plain = vec![0u8; d.len];
-                d.sealed.open_into(&buf[d.at..d.at + d.len], &mut plain).map_err(|_| crypto_err("forged"))?;
+                let Kept::Sealed(sealed) = &d.kept else { continue };
+                sealed.open_into(&buf[d.at..d.at + d.len], &mut plain).map_err(|_| crypto_err("forged"))?;
                 buf[d.at..d.at + d.len].copy_from_slice(&plain);
             }
             Ok(Some(buf))
@@ -95,15 +96,68 @@ fn records_left_sealed_open_only_unaltered_and_at_their_place() {
     let places: Vec<(usize, usize)> = deferred.iter().map(|d| (d.at, d.len)).collect();
     assert_eq!(places, [(6, RECORD), (6 + RECORD, DEFER_MIN)]);
     let d = &deferred[1];
+    let Kept::Sealed(sealed) = &d.kept else { panic!("aws-lc leaves records sealed") };
     let mut plain = vec![0u8; d.len];
-    d.sealed.open_into(&buf[d.at..d.at + d.len], &mut plain).unwrap();
+    sealed.open_into(&buf[d.at..d.at + d.len], &mut plain).unwrap();
     assert_eq!(plain, payload[RECORD..]);
     // Altered ciphertext, or another record's bytes, fail to open.
     let mut altered = buf[d.at..d.at + d.len].to_vec();
     altered[100] ^= 1;
-    assert_eq!(d.sealed.open_into(&altered, &mut plain), Err(Forged));
-    let first = &deferred[0];
-    assert_eq!(first.sealed.open_into(&buf[d.at..d.at + d.len], &mut plain), Err(Forged));
+    assert_eq!(sealed.open_into(&altered, &mut plain), Err(Forged));
+    let Kept::Sealed(first) = &deferred[0].kept else { panic!("left sealed") };
+    assert_eq!(first.open_into(&buf[d.at..d.at + d.len], &mut plain), Err(Forged));
+}
+
+/// ring opens in place only: the records aws-lc would leave sealed it opens where they land,
+/// listing them as opened, so the group's frames must still lie before the first.
+#[test]
+fn an_opener_that_works_in_place_opens_the_payload_as_it_arrives() {
+    let (mut sealer, _) = pair(KEY_LIMIT);
+    let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, Engine::Ring, KEY_LIMIT).unwrap();
+    let mut opener = Opener { keys: Protection::Aead(keys) };
+    let payload: Vec<u8> = (0..RECORD + DEFER_MIN).map(|i| (i % 239) as u8).collect();
+    let mut wire = Vec::new();
+    sealer
+        .seal_group(&[b"frames", &payload], Vec::new, |c, _| {
+            wire.extend_from_slice(&c);
+            true
+        })
+        .unwrap();
+    let mut r = &wire[..];
+    let GroupHead { len, lead } = opener.read_group_head(&mut r).unwrap().unwrap();
+    let mut buf = vec![0u8; len as usize + TAG];
+    let mut deferred = Vec::new();
+    opener.read_group(&mut r, &mut buf, lead as usize, &mut deferred).unwrap();
+    let places: Vec<(usize, usize, bool)> =
+        deferred.iter().map(|d| (d.at, d.len, matches!(d.kept, Kept::Opened))).collect();
+    assert_eq!(places, [(6, RECORD, true), (6 + RECORD, DEFER_MIN, true)]);
+    assert_eq!(&buf[..6], b"frames");
+    assert!(buf[6..6 + payload.len()] == payload[..], "opened where it landed");
+    // A payload is its plaintext, in one piece.
+    let group = bytes::Bytes::from(buf[..len as usize].to_vec());
+    let read = crate::transport::framed::Payload::from_group(&group, 6..len as usize, &deferred).unwrap();
+    assert!(read.to_vec().unwrap() == payload);
+
+    // An altered record fails as it arrives: it is zeroed and listed as forged, the records
+    // after it still open (the lane carries on), and whoever reads the payload fails.
+    let mut altered = wire.clone();
+    altered[wire.len() - DEFER_MIN - TAG - HEADER - 100] ^= 1;
+    let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, Engine::Ring, KEY_LIMIT).unwrap();
+    let mut opener = Opener { keys: Protection::Aead(keys) };
+    let mut r = &altered[..];
+    opener.read_group_head(&mut r).unwrap().unwrap();
+    let mut deferred = Vec::new();
+    opener.read_group(&mut r, &mut buf, lead as usize, &mut deferred).unwrap();
+    let kept: Vec<bool> = deferred.iter().map(|d| matches!(d.kept, Kept::Forged)).collect();
+    assert_eq!(kept, [true, false], "the first payload record was altered");
+    assert!(buf[6..6 + RECORD].iter().all(|&b| b == 0), "a forged record is zeros");
+    assert!(buf[6 + RECORD..6 + payload.len()] == payload[RECORD..], "the next record opened");
+    let group = bytes::Bytes::from(buf[..len as usize].to_vec());
+    let read = crate::transport::framed::Payload::from_group(&group, 6..len as usize, &deferred).unwrap();
+    assert!(read.to_vec().is_err(), "reading a forged record fails");
+    let mut out = vec![7u8; payload.len()];
+    assert!(read.copy_to(&mut out).is_err());
+    assert!(out[..RECORD].iter().all(|&b| b == 0), "and leaves zeros where it goes");
 }
 
 #[test]
