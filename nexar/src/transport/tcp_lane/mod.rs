@@ -25,6 +25,7 @@ mod connections;
 mod handshake;
 mod landing;
 mod large_reads;
+mod payload_records;
 mod plain_write;
 mod reader;
 mod records;

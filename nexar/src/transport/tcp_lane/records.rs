@@ -29,6 +29,7 @@ use super::cipher::{Engine, KEY_LEN, LaneKey, NONCE_LEN};
 use crate::config::LaneAes;
 use rustls::{ClientConnection, ServerConnection};
 
+pub(crate) use super::payload_records::{DEFER_MIN, Deferred, Kept, SealedRecord};
 pub(crate) use super::sealed::Sealed;
 use super::sealed::{Chunk, Cut, NextRecord, Parts};
 
@@ -564,64 +565,6 @@ impl GroupSink for Vec<u8> {
 
     fn room(&mut self, upto: usize) -> &mut [u8] {
         self.as_mut_slice().room(upto)
-    }
-}
-
-/// The shortest record [`Opener::read_group`] leaves sealed: it bounds the bookkeeping per
-/// group to a few bytes per [`DEFER_MIN`] bytes, whatever the sender's record sizes.
-pub(crate) const DEFER_MIN: usize = 16 << 10;
-
-/// A record of a group from its lead part on that [`Opener::read_group`] left sealed, or opened
-/// where it arrived, at byte `at` of the group. The group's frames lie before the first.
-#[derive(Clone, Debug)]
-pub(crate) struct Deferred {
-    /// Where the record's ciphertext starts in the group (where its plaintext belongs).
-    pub at: usize,
-    /// Its length in bytes.
-    pub len: usize,
-    /// Whether it is still sealed, and what opening it takes.
-    pub kept: Kept,
-}
-
-/// What became of a record of a group's payload ([`Deferred`]).
-#[derive(Clone, Debug)]
-pub(crate) enum Kept {
-    /// Left sealed, for the reader of the payload to open into its destination: what that
-    /// takes besides the ciphertext.
-    Sealed(SealedRecord),
-    /// Opened where it arrived (the opener's AES-GCM works in place only).
-    Opened,
-    /// It failed authentication where it arrived: its bytes are zeros, and the operation that
-    /// reads it fails ([`crate::transport::framed::PayloadError::Forged`]).
-    Forged,
-}
-
-/// What opening a record that was left sealed needs besides its ciphertext: its header (the
-/// associated data), nonce, tag and key. Opening it twice is harmless; a record that fails
-/// authentication yields [`Forged`] and no bytes anyone should trust.
-#[derive(Clone)]
-pub(crate) struct SealedRecord {
-    header: [u8; HEADER],
-    nonce: [u8; NONCE_LEN],
-    tag: [u8; TAG],
-    key: Arc<LaneKey>,
-}
-
-/// A record that failed authentication: its bytes were altered after they were sealed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Forged;
-
-impl SealedRecord {
-    /// Authenticates `cipher` (this record's ciphertext) and decrypts it into `out`, which
-    /// must be as long.
-    pub fn open_into(&self, cipher: &[u8], out: &mut [u8]) -> Result<(), Forged> {
-        self.key.open_into(self.nonce, &self.header, cipher, &self.tag, out).map_err(|_| Forged)
-    }
-}
-
-impl std::fmt::Debug for SealedRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SealedRecord({} bytes)", u32::from_le_bytes(self.header))
     }
 }
 

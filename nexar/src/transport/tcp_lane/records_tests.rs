@@ -2,6 +2,7 @@
 //! changes and refused alterations.
 
 use super::*;
+use crate::transport::tcp_lane::payload_records::Forged;
 
 /// Both ends of a session export the same material; a fake one derives it from the context.
 struct Fake(u8);
@@ -79,13 +80,7 @@ fn each_direction_has_keys_of_its_own() {
 fn records_left_sealed_open_only_unaltered_and_at_their_place() {
     let (mut sealer, mut opener) = pair(KEY_LIMIT);
     let payload: Vec<u8> = (0..RECORD + DEFER_MIN).map(|i| (i % 241) as u8).collect();
-    let mut wire = Vec::new();
-    sealer
-        .seal_group(&[b"frames", &payload], Vec::new, |c, _| {
-            wire.extend_from_slice(&c);
-            true
-        })
-        .unwrap();
+    let wire = sealed_group(&mut sealer, &[b"frames", &payload]);
     let mut r = &wire[..];
     let GroupHead { len, lead } = opener.read_group_head(&mut r).unwrap().unwrap();
     assert_eq!(lead, 6, "the payload leads");
@@ -116,13 +111,7 @@ fn an_opener_that_works_in_place_opens_the_payload_as_it_arrives() {
     let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, Engine::Ring, KEY_LIMIT).unwrap();
     let mut opener = Opener { keys: Protection::Aead(keys) };
     let payload: Vec<u8> = (0..RECORD + DEFER_MIN).map(|i| (i % 239) as u8).collect();
-    let mut wire = Vec::new();
-    sealer
-        .seal_group(&[b"frames", &payload], Vec::new, |c, _| {
-            wire.extend_from_slice(&c);
-            true
-        })
-        .unwrap();
+    let wire = sealed_group(&mut sealer, &[b"frames", &payload]);
     let mut r = &wire[..];
     let GroupHead { len, lead } = opener.read_group_head(&mut r).unwrap().unwrap();
     let mut buf = vec![0u8; len as usize + TAG];
