@@ -6,8 +6,6 @@
 //! so its out-of-place calls copy first ([`copy_bytes`]; a record is at most 256 KiB, so the
 //! copy stays in the core's L2 cache and the in-place pass reads it from there).
 
-use std::sync::OnceLock;
-
 use crate::config::LaneAes;
 use crate::transport::copy::copy_bytes;
 
@@ -24,35 +22,7 @@ const TAG_LEN: usize = 16;
 #[error("AES-GCM refused the record")]
 pub(crate) struct Refused;
 
-/// Which implementation a key uses: [`LaneAes`] with `auto` resolved for this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Engine {
-    AwsLc,
-    Ring,
-}
-
-impl Engine {
-    /// The engine `choice` names; for [`LaneAes::Auto`], the faster one on this CPU
-    /// ([`LaneAes::resolve`]).
-    pub fn of(choice: LaneAes) -> Engine {
-        let resolved = match choice {
-            LaneAes::Auto => *AUTO.get_or_init(|| {
-                let resolved = LaneAes::Auto.resolve();
-                tracing::debug!(aes = %resolved, "tcp lane: AES-GCM implementation for this CPU");
-                resolved
-            }),
-            named => named,
-        };
-        match resolved {
-            LaneAes::Ring => Engine::Ring,
-            _ => Engine::AwsLc,
-        }
-    }
-}
-
-static AUTO: OnceLock<LaneAes> = OnceLock::new();
-
-/// An AES-128-GCM key of one engine (ring's holds its expanded key and GHASH tables inline,
+/// An AES-128-GCM key of one implementation (ring's holds its expanded key and GHASH tables inline,
 /// about 550 bytes, so it is boxed).
 pub(crate) enum LaneKey {
     AwsLc(aws_lc_rs::aead::LessSafeKey),
@@ -60,13 +30,14 @@ pub(crate) enum LaneKey {
 }
 
 impl LaneKey {
-    /// The key `bytes` for `engine`.
-    pub fn new(engine: Engine, bytes: &[u8; KEY_LEN]) -> Result<LaneKey, Refused> {
-        Ok(match engine {
-            Engine::AwsLc => LaneKey::AwsLc(aws_lc_rs::aead::LessSafeKey::new(
+    /// The key `bytes` for the implementation `aes` resolves to on this CPU
+    /// ([`LaneAes::resolve`]).
+    pub fn new(aes: LaneAes, bytes: &[u8; KEY_LEN]) -> Result<LaneKey, Refused> {
+        Ok(match aes.resolve() {
+            LaneAes::Auto | LaneAes::AwsLc => LaneKey::AwsLc(aws_lc_rs::aead::LessSafeKey::new(
                 aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_128_GCM, bytes).map_err(|_| Refused)?,
             )),
-            Engine::Ring => LaneKey::Ring(Box::new(ring::aead::LessSafeKey::new(
+            LaneAes::Ring => LaneKey::Ring(Box::new(ring::aead::LessSafeKey::new(
                 ring::aead::UnboundKey::new(&ring::aead::AES_128_GCM, bytes).map_err(|_| Refused)?,
             ))),
         })
@@ -187,7 +158,7 @@ mod tests {
     const NONCE: [u8; NONCE_LEN] = [3; NONCE_LEN];
 
     fn keys() -> [LaneKey; 2] {
-        [LaneKey::new(Engine::AwsLc, &KEY).unwrap(), LaneKey::new(Engine::Ring, &KEY).unwrap()]
+        [LaneKey::new(LaneAes::AwsLc, &KEY).unwrap(), LaneKey::new(LaneAes::Ring, &KEY).unwrap()]
     }
 
     #[test]
@@ -217,12 +188,5 @@ mod tests {
             let mut record = [forged.as_slice(), tag.as_slice()].concat();
             assert_eq!(opener.open_in_place(NONCE, b"head", &mut record), Err(Refused));
         }
-    }
-
-    #[test]
-    fn auto_resolves_to_one_engine_and_the_named_ones_to_themselves() {
-        assert_eq!(Engine::of(LaneAes::AwsLc), Engine::AwsLc);
-        assert_eq!(Engine::of(LaneAes::Ring), Engine::Ring);
-        assert_eq!(Engine::of(LaneAes::Auto), Engine::of(LaneAes::Auto));
     }
 }

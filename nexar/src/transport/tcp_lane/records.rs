@@ -25,7 +25,7 @@
 use std::io::{self, Read};
 use std::sync::Arc;
 
-use super::cipher::{Engine, KEY_LEN, LaneKey, NONCE_LEN};
+use super::cipher::{KEY_LEN, LaneKey, NONCE_LEN};
 use crate::config::LaneAes;
 use rustls::{ClientConnection, ServerConnection};
 
@@ -170,7 +170,7 @@ fn crypto_err(what: impl std::fmt::Display) -> io::Error {
 struct Keys {
     session: Session,
     direction: Direction,
-    engine: Engine,
+    aes: LaneAes,
     key: Arc<LaneKey>,
     iv: [u8; NONCE_LEN],
     records: u64,
@@ -180,9 +180,9 @@ struct Keys {
 }
 
 impl Keys {
-    fn new(session: Session, direction: Direction, engine: Engine, limit: u64) -> io::Result<Keys> {
-        let (key, iv) = derive(&*session, direction, engine, 0)?;
-        Ok(Keys { session, direction, engine, key, iv, records: 0, bytes: 0, epoch: 0, limit })
+    fn new(session: Session, direction: Direction, aes: LaneAes, limit: u64) -> io::Result<Keys> {
+        let (key, iv) = derive(&*session, direction, aes, 0)?;
+        Ok(Keys { session, direction, aes, key, iv, records: 0, bytes: 0, epoch: 0, limit })
     }
 
     /// The nonce of the next record of `len` bytes, moving to the next key first when this
@@ -190,7 +190,7 @@ impl Keys {
     fn next(&mut self, len: usize) -> io::Result<[u8; NONCE_LEN]> {
         if self.bytes + len as u64 > self.limit {
             self.epoch += 1;
-            (self.key, self.iv) = derive(&*self.session, self.direction, self.engine, self.epoch)?;
+            (self.key, self.iv) = derive(&*self.session, self.direction, self.aes, self.epoch)?;
             (self.records, self.bytes) = (0, 0);
         }
         let mut nonce = self.iv;
@@ -206,7 +206,7 @@ impl Keys {
 fn derive(
     session: &dyn Exporter,
     direction: Direction,
-    engine: Engine,
+    aes: LaneAes,
     epoch: u64,
 ) -> io::Result<(Arc<LaneKey>, [u8; NONCE_LEN])> {
     let mut material = [0u8; KEY_LEN + NONCE_LEN];
@@ -215,7 +215,7 @@ fn derive(
     context[8] = direction.context_byte();
     session.export(&mut material, &context).map_err(crypto_err)?;
     let (key, iv) = material.split_at(KEY_LEN);
-    let key = LaneKey::new(engine, key.try_into().map_err(crypto_err)?).map_err(crypto_err)?;
+    let key = LaneKey::new(aes, key.try_into().map_err(crypto_err)?).map_err(crypto_err)?;
     Ok((Arc::new(key), iv.try_into().map_err(crypto_err)?))
 }
 
@@ -232,7 +232,7 @@ enum Protection {
 impl Protection {
     fn new(session: &Session, direction: Direction, encrypt: Option<LaneAes>) -> io::Result<Protection> {
         Ok(match encrypt {
-            Some(aes) => Protection::Aead(Keys::new(session.clone(), direction, Engine::of(aes), KEY_LIMIT)?),
+            Some(aes) => Protection::Aead(Keys::new(session.clone(), direction, aes, KEY_LIMIT)?),
             None => Protection::Plain,
         })
     }

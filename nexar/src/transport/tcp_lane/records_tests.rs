@@ -21,8 +21,8 @@ impl Exporter for Fake {
 /// the opener aws-lc's, as two ranks whose CPUs differ may (the records are the same).
 fn pair(limit: u64) -> (Sealer, Opener) {
     let keys = |session: Session, engine| Keys::new(session, Direction::FromDialler, engine, limit).unwrap();
-    let sealer = Sealer { keys: Protection::Aead(keys(Arc::new(Fake(7)), Engine::Ring)) };
-    let opener = Opener { keys: Protection::Aead(keys(Arc::new(Fake(7)), Engine::AwsLc)) };
+    let sealer = Sealer { keys: Protection::Aead(keys(Arc::new(Fake(7)), LaneAes::Ring)) };
+    let opener = Opener { keys: Protection::Aead(keys(Arc::new(Fake(7)), LaneAes::AwsLc)) };
     (sealer, opener)
 }
 
@@ -108,7 +108,7 @@ fn records_left_sealed_open_only_unaltered_and_at_their_place() {
 #[test]
 fn an_opener_that_works_in_place_opens_the_payload_as_it_arrives() {
     let (mut sealer, _) = pair(KEY_LIMIT);
-    let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, Engine::Ring, KEY_LIMIT).unwrap();
+    let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, LaneAes::Ring, KEY_LIMIT).unwrap();
     let mut opener = Opener { keys: Protection::Aead(keys) };
     let payload: Vec<u8> = (0..RECORD + DEFER_MIN).map(|i| (i % 239) as u8).collect();
     let wire = sealed_group(&mut sealer, &[b"frames", &payload]);
@@ -131,7 +131,7 @@ fn an_opener_that_works_in_place_opens_the_payload_as_it_arrives() {
     // after it still open (the lane carries on), and whoever reads the payload fails.
     let mut altered = wire.clone();
     altered[wire.len() - DEFER_MIN - TAG - HEADER - 100] ^= 1;
-    let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, Engine::Ring, KEY_LIMIT).unwrap();
+    let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, LaneAes::Ring, KEY_LIMIT).unwrap();
     let mut opener = Opener { keys: Protection::Aead(keys) };
     let mut r = &altered[..];
     opener.read_group_head(&mut r).unwrap().unwrap();
