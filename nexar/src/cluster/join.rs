@@ -220,6 +220,8 @@ async fn wait_for_table(
                 tracing::debug!(joined = j, world, refused = ?r, "waiting for the other workers");
                 (joined, refused) = (j, r);
             }
+            // A seed that closes says why before it goes (rank 0, which hosts it, gave up).
+            Some(SeedResponse::Reject { reason }) => return Err(lost(reason)),
             Some(other) => return Err(proto(format!("expected the peer table, got {other:?}"))),
             None => return Err(lost("it closed the join stream".into())),
         }

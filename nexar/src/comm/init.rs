@@ -109,7 +109,15 @@ impl NexarClient {
             Some(seed) => Target::Local(loopback(seed.local_addr())),
             None => Target::Remote(&env),
         };
-        let joined = join_with_retry(&endpoint, target, &credentials, &claim, &config).await?;
+        let joined = match join_with_retry(&endpoint, target, &credentials, &claim, &config).await {
+            Ok(joined) => joined,
+            Err(e) => {
+                if let Some(seed) = &seed {
+                    seed.close(&seed_host_gave_up(&e)).await;
+                }
+                return Err(e.into());
+            }
+        };
         let client = NexarClient::from_joined(endpoint, joined, config).await?;
         if bind_core {
             bind_to_core(client.rank(), env.local_rank, env.local_world_size);
@@ -215,6 +223,18 @@ fn claim_of(env: &LaunchEnv) -> RankClaim {
         world_size: env.world_size.and_then(|w| u32::try_from(w).ok()),
         world_var: var(Field::WorldSize),
         generation: env.generation.clone(),
+    }
+}
+
+/// What the other ranks are told when rank 0, which hosts the seed, fails to join its own
+/// cluster: its verdict on formation (they hear who joined and who was refused with it).
+fn seed_host_gave_up(e: &ClusterError) -> String {
+    match e {
+        ClusterError::JoinIncomplete { after, .. } => format!(
+            "rank 0, which hosts the seed, gave up waiting for the cluster to form after {after:?} \
+             (NEXAR_JOIN_TIMEOUT_MS)"
+        ),
+        other => format!("rank 0, which hosts the seed, could not join: {other}"),
     }
 }
 

@@ -346,9 +346,43 @@ fn a_wrong_secret_is_refused_on_both_sides_and_the_others_say_so() {
     for (r, out) in outputs.iter().enumerate().take(3) {
         let err = text(&out.stderr);
         assert!(!out.status.success(), "rank {r} should not have formed a cluster");
-        // Rank 0 hosts the seed: it times out first, and the others then see the seed go away.
+        // Rank 0 hosts the seed: it times out first, and the seed's last words tell the others.
         assert!(err.contains("3 of 4 ranks had joined"), "rank {r}: {err}");
         assert!(err.contains("holds a different secret"), "rank {r}: {err}");
+        if r > 0 {
+            assert!(err.contains("rank 0, which hosts the seed, gave up waiting"), "rank {r}: {err}");
+        }
+    }
+}
+
+/// A seed that closes while workers wait tells each of them who had joined and why it closes,
+/// and does not leave before they have it (dropping it would cut them off mid-note).
+#[tokio::test]
+async fn a_closing_seed_tells_the_waiting_workers_who_joined_and_why() {
+    use nexar::{ClusterError, NexarClient, NexarConfig, NexarError, SeedNode};
+    let cfg = NexarConfig::builder().world_size(3).join_timeout(Duration::from_secs(120)).build().unwrap();
+    let seed = SeedNode::bind("127.0.0.1:0".parse().unwrap(), cfg.clone()).await.unwrap();
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, token, cfg) = (seed.local_addr(), seed.token().to_string(), cfg.clone());
+            tokio::spawn(async move { NexarClient::connect(addr, &token, cfg).await.map(|_| ()) })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seed.joined() < 2 {
+        assert!(Instant::now() < deadline, "two workers did not join within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    seed.close("the job gave up on its third worker").await;
+    drop(seed);
+    for worker in workers {
+        match worker.await.unwrap() {
+            Err(NexarError::Cluster(ClusterError::SeedLost { reason, joined, world, .. })) => {
+                assert_eq!((joined, world), (2, 3));
+                assert_eq!(reason, "the job gave up on its third worker");
+            }
+            other => panic!("expected the seed's last words, got {other:?}"),
+        }
     }
 }
 

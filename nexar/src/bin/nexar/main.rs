@@ -127,7 +127,14 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             println!("listening: {}", seed.local_addr());
             println!("token: {}", seed.token());
             println!("workers join with: NEXAR_TOKEN={} nexar check --seed {}", seed.token(), seed.local_addr());
-            let table = seed.wait_formed().await?;
+            let table = tokio::select! {
+                table = seed.wait_formed() => table?,
+                _ = tokio::signal::ctrl_c() => {
+                    // The waiting workers hear who had joined, and why they will not form.
+                    seed.close("the seed was stopped (Ctrl-C) before the cluster formed").await;
+                    return Err("stopped before the cluster formed".into());
+                }
+            };
             println!("formed: {} ranks", table.len());
             for (rank, addr) in table.iter().enumerate() {
                 println!("  rank {rank}: {addr}");

@@ -20,7 +20,10 @@ use crate::transport::relay_seal::RelayPublicKey;
 use crate::transport::tls::{ClusterCa, SEED_SERVER_NAME, key_pin_of_request, seed_server};
 use crate::transport::{TransportError, endpoint};
 
+mod member;
 mod slots;
+
+use member::serve_member;
 
 use slots::{MemberKeys, Slots, claim_slot, release_slot};
 
@@ -64,6 +67,9 @@ struct Shared {
     progress: watch::Sender<Progress>,
     /// The launcher generation of the first worker that named one: every later one must match.
     generation: Mutex<Option<String>>,
+    /// Why the seed is closing, once [`SeedNode::close`] was called: each waiting worker gets a
+    /// last progress note and this reason before its connection closes.
+    closing: watch::Sender<Option<String>>,
 }
 
 /// What waiting workers are told while the cluster forms.
@@ -80,6 +86,10 @@ const MAX_REFUSALS_SHOWN: usize = 4;
 /// The least time between two progress notes to one waiting worker: notes coalesce, so a large
 /// cluster forming does not cost each waiting worker one note per join.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How long [`SeedNode::close`] waits for the workers to have its last words, and then for
+/// the connections to close.
+const CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl SeedNode {
     /// Binds the seed to `addr` and starts accepting workers. `config.world_size` says how many
@@ -152,6 +162,7 @@ impl SeedNode {
             bulk_encryption: Mutex::new(None),
             generation: Mutex::new(None),
             progress: watch::channel(Progress::default()).0,
+            closing: watch::channel(None).0,
         });
         let local = endpoint.local_addr().map_err(|e| TransportError::Bind { addr, reason: e.to_string() })?;
         tracing::info!(%local, world, "seed listening");
@@ -175,6 +186,19 @@ impl SeedNode {
         self.shared.world
     }
 
+    /// How many workers hold a rank while the cluster forms (one that leaves before then frees
+    /// its rank): what waiting workers are told. Once the cluster has formed it stays at the
+    /// world size.
+    ///
+    /// ```no_run
+    /// # fn run(seed: nexar::SeedNode) {
+    /// println!("{} of {} workers have joined", seed.joined(), seed.world_size());
+    /// # }
+    /// ```
+    pub fn joined(&self) -> usize {
+        self.shared.progress.borrow().joined
+    }
+
     /// Waits until every worker has joined, then returns the peer table (listening address
     /// per rank). Waits as long as it takes; wrap it in a timeout if needed.
     pub async fn wait_formed(&self) -> Result<Vec<SocketAddr>, ClusterError> {
@@ -194,7 +218,30 @@ impl SeedNode {
         Ok(())
     }
 
-    /// Stops accepting and closes every connection.
+    /// Closes the seed so that every worker learns why: each waiting worker gets a last note of
+    /// who has joined and who was refused, then `reason`, before its connection closes. Waits
+    /// at most a few seconds for the workers to have it. Dropping the seed instead closes the
+    /// connections at once, and a note still on its way may be lost.
+    ///
+    /// ```no_run
+    /// # async fn run(seed: nexar::SeedNode) {
+    /// if tokio::time::timeout(std::time::Duration::from_secs(60), seed.wait_formed()).await.is_err() {
+    ///     seed.close("the job gave up after 60 s waiting for its workers").await;
+    /// }
+    /// # }
+    /// ```
+    pub async fn close(&self, reason: &str) {
+        self.accept.abort();
+        tracing::info!(%reason, "the seed is closing");
+        self.shared.closing.send_replace(Some(reason.to_string()));
+        let mut members = self.shared.members.subscribe();
+        let _ = tokio::time::timeout(CLOSE_WITHIN, members.wait_for(|n| *n == 0)).await;
+        self.endpoint.close(CloseCode::Shutdown.value().into(), reason.as_bytes());
+        let _ = tokio::time::timeout(CLOSE_WITHIN, self.endpoint.wait_idle()).await;
+    }
+
+    /// Stops accepting and closes every connection at once; [`close`](Self::close) tells the
+    /// waiting workers why first.
     pub fn shutdown(&self) {
         self.accept.abort();
         self.endpoint.close(CloseCode::Shutdown.value().into(), b"seed shutting down");
@@ -444,58 +491,6 @@ fn agree_on_encryption(shared: &Shared, theirs: bool) -> Result<(), String> {
             word(cluster)
         )),
     }
-}
-
-/// After the welcome: publish the table when it is complete, then stay connected until the
-/// worker leaves. A worker that leaves before the cluster forms frees its rank.
-async fn serve_member(shared: &Shared, conn: &Connection, send: &mut SendStream, rank: usize) -> Result<(), String> {
-    let mut table = shared.table.subscribe();
-    let mut progress = shared.progress.subscribe();
-    progress.mark_changed();
-    let addrs = loop {
-        let note = tokio::select! {
-            formed = table.wait_for(|t| t.is_some()) => {
-                if formed.is_err() {
-                    return Err("seed stopping".to_string());
-                }
-                None
-            }
-            changed = progress.changed() => {
-                if changed.is_err() {
-                    return Err("seed stopping".to_string());
-                }
-                let p = progress.borrow_and_update();
-                Some(SeedResponse::Progress {
-                    joined: p.joined as u32,
-                    world_size: shared.world as u32,
-                    refused: p.refused.clone(),
-                })
-            }
-            reason = conn.closed() => {
-                release_slot(shared, rank);
-                return Err(format!("rank {rank} left before the cluster formed ({reason}); its rank is free again"));
-            }
-        };
-        let Some(note) = note else {
-            // A worker that joins the running cluster gets the table as it is now.
-            break crate::sync::lock(&shared.slots).table();
-        };
-        write_message(send, &note).await.map_err(|e| format!("rank {rank} lost while waiting: {e}"))?;
-        // Coalesce notes, but not at the table's expense.
-        let _ = tokio::time::timeout(PROGRESS_EVERY, async { table.wait_for(|t| t.is_some()).await.is_ok() }).await;
-    };
-    let (keys, relay_keys) = crate::sync::lock(&shared.slots).keys(addrs.len());
-    let msg = SeedResponse::PeerTable {
-        cluster_id: shared.cluster_id,
-        addrs: addrs.iter().map(|a| a.to_string()).collect(),
-        keys,
-        relay_keys,
-    };
-    write_message(send, &msg).await.map_err(|e| format!("rank {rank} lost before the peer table: {e}"))?;
-    conn.closed().await;
-    tracing::debug!(rank, "worker disconnected from the seed");
-    release_slot(shared, rank);
-    Ok(())
 }
 
 /// Tells the worker why it was refused, gives the answer a moment to arrive, and closes.
