@@ -288,6 +288,8 @@ impl NexarClient {
             dtype: C::Wire::DTYPE,
             deadline: began + self.config().op_timeout,
         };
+        // Dropped here, the guard aborts the collective for every rank, as anywhere in it.
+        crate::sync::take_a_turn().await;
         let result = self.run_steps::<T, C>(&watch, schedule, data, input).instrument(span).await;
         guard.client = None;
         trace.end(&result);

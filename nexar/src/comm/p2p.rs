@@ -223,6 +223,7 @@ impl NexarClient {
     }
 
     async fn send_untraced<B: SendBuf + ?Sized>(&self, data: &B, dest: usize, tag: u64) -> Result<(), P2pError> {
+        crate::sync::take_a_turn().await;
         self.check_peer("send", dest)?;
         let view = data.host_view().map_err(|source| P2pError::Device { rank: self.rank(), op: "send", source })?;
         let elements: &[B::Elem] = &view;
@@ -452,6 +453,7 @@ impl NexarClient {
     /// Takes the message for `key`, a payload of at most `max_len` bytes (a larger one is not
     /// read for this receive while the unmatched-message limits have no room for it).
     pub(super) async fn take(&self, key: Key, src: usize, op: &'static str, max_len: u64) -> Result<Held, P2pError> {
+        crate::sync::take_a_turn().await;
         let rank = self.rank();
         let tag = key.tag;
         let refused = |r: Refusal| match r {

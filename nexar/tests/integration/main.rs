@@ -14,6 +14,7 @@ mod hostile_common;
 mod chaos;
 mod collectives;
 mod compressed;
+mod cooperation;
 mod device;
 mod failures;
 mod hierarchical;
