@@ -65,7 +65,7 @@ impl CollCall {
 pub(crate) const AGREEMENT: u64 = 0x6e63_636c_2061_736b;
 
 /// Describes how `theirs` differs from `ours`, field by field, in the words of the user's call.
-fn disagreement(ours: &CollHeader, theirs: &CollHeader, me: usize, peer: usize) -> String {
+pub(super) fn disagreement(ours: &CollHeader, theirs: &CollHeader, me: usize, peer: usize) -> String {
     let op_name = |c: u8| ReduceOp::from_wire(c).map_or("none", ReduceOp::name);
     let dtype_name = |c: u8| nexar_types::DType::from_wire(c).map_or("unknown", |d| d.name());
     if (ours.fingerprint == AGREEMENT) != (theirs.fingerprint == AGREEMENT) {
@@ -179,15 +179,15 @@ impl<T: Element> Accumulator<'_, '_, T> {
     }
 }
 
-/// What a wait inside one collective needs: its flight-recorder entry, its deadline, and
-/// what the stall inspector says of it.
-struct Watch<'t, 'r> {
-    trace: &'t OpTrace<'r>,
-    comm: u64,
-    seq: u64,
-    call: CollCall,
-    dtype: nexar_types::DType,
-    deadline: Instant,
+/// What a wait inside one collective needs: its flight-recorder entry (none for the
+/// confirmations `shutdown` collects), its deadline, and what the stall inspector says of it.
+pub(super) struct Watch<'t, 'r> {
+    pub trace: Option<&'t OpTrace<'r>>,
+    pub comm: u64,
+    pub seq: u64,
+    pub call: CollCall,
+    pub dtype: nexar_types::DType,
+    pub deadline: Instant,
 }
 
 impl Watch<'_, '_> {
@@ -220,10 +220,10 @@ pub(crate) async fn broadcast_abort(client: &NexarClient, seq: u64, reason: &str
 /// rank that has gone.
 /// (It borrows the client, and clones it only for the abort: a collective that finishes pays
 /// no reference count.)
-struct AbortOnDrop<'c> {
-    client: Option<&'c NexarClient>,
-    seq: u64,
-    op: &'static str,
+pub(super) struct AbortOnDrop<'c> {
+    pub client: Option<&'c NexarClient>,
+    pub seq: u64,
+    pub op: &'static str,
 }
 
 impl Drop for AbortOnDrop<'_> {
@@ -281,7 +281,7 @@ impl NexarClient {
             part = call.part,
         );
         let watch = Watch {
-            trace: &trace,
+            trace: Some(&trace),
             comm: self.comm.id,
             seq,
             call,
@@ -290,7 +290,22 @@ impl NexarClient {
         };
         // Dropped here, the guard aborts the collective for every rank, as anywhere in it.
         crate::sync::take_a_turn().await;
-        let result = self.run_steps::<T, C>(&watch, schedule, data, input).instrument(span).await;
+        self.advance_confirmations().await;
+        let mut result = self.run_steps::<T, C>(&watch, schedule, data, input).instrument(span.clone()).await;
+        // A rooted collective is confirmed behind it (`comm/confirm.rs`): its first
+        // confirmations go now, the rest of the round at the next call.
+        let mut own = None;
+        if result.is_ok() && call.kind.needs_confirmation() {
+            match self.begin_confirmation(seq, call, call.header::<C::Wire>(), C::Wire::DTYPE).await {
+                Ok(round) => own = round,
+                Err(e) => result = Err(e),
+            }
+        }
+        // This call's work is done: the rooted collectives before it are confirmed now (a
+        // failure among them is kept for the user's call to report).
+        if result.is_ok() {
+            self.settle_confirmations(Some(&trace), own).instrument(span).await;
+        }
         guard.client = None;
         trace.end(&result);
         if let Err(e) = &result
@@ -327,7 +342,7 @@ impl NexarClient {
         data: &mut Data<'_, T>,
         input: &[T],
     ) -> Result<(), CollectiveError> {
-        let (seq, call, trace, deadline) = (watch.seq, watch.call, watch.trace, watch.deadline);
+        let (seq, call) = (watch.seq, watch.call);
         let (rank, op) = (self.rank(), call.kind.name());
         let header = call.header::<C::Wire>();
         let reduction = call.op.unwrap_or(ReduceOp::Sum);
@@ -473,10 +488,7 @@ impl NexarClient {
             let world_peer = self.comm.members[peer];
             let sent = match done {
                 SendDone::Now(result) => Ok(Ok(result)),
-                SendDone::Later(done) => {
-                    self.wait_on_peer(done, world_peer, trace, deadline, |waited| watch.stalled(world_peer, waited))
-                        .await
-                }
+                SendDone::Later(done) => self.wait_in(done, world_peer, watch).await,
             };
             match sent {
                 Ok(Ok(Ok(()))) => {}
@@ -492,17 +504,10 @@ impl NexarClient {
         Ok(())
     }
 
-    async fn take_coll(
-        &self,
-        key: Key,
-        from: usize,
-        bytes: usize,
-        op: &'static str,
-        watch: &Watch<'_, '_>,
-        into: Option<&mut [u8]>,
-    ) -> Result<crate::comm::matcher::Held, CollectiveError> {
+    /// Why the mailbox refused a receive of `op` from `from`, as the collective's error.
+    pub(super) fn refused(&self, refusal: Refusal, op: &'static str, from: usize) -> CollectiveError {
         let rank = self.rank();
-        let refused = |r: Refusal| match r {
+        match refusal {
             Refusal::Aborted(reason) => CollectiveError::Aborted { rank, op, reason },
             Refusal::SourceGone(reason) => CollectiveError::PeerGone { rank, op, peer: from, reason },
             Refusal::LinkFailed(reason) => CollectiveError::LinkFailed { rank, op, reason },
@@ -512,7 +517,30 @@ impl NexarClient {
                 op,
                 what: format!("{held} collective messages are held unread; a peer is running away"),
             },
-        };
+        }
+    }
+
+    /// Waits for `fut`, a step of the collective `watch` describes that rank `peer` (of the
+    /// world) must make possible: in its flight-recorder entry, until its deadline.
+    async fn wait_in<F: Future>(&self, fut: F, peer: usize, watch: &Watch<'_, '_>) -> Result<F::Output, String> {
+        let stalled = |waited| watch.stalled(peer, waited);
+        match watch.trace {
+            Some(trace) => self.wait_on_peer(fut, peer, trace, watch.deadline, stalled).await,
+            None => self.wait_watched(fut, watch.deadline, stalled).await,
+        }
+    }
+
+    pub(super) async fn take_coll(
+        &self,
+        key: Key,
+        from: usize,
+        bytes: usize,
+        op: &'static str,
+        watch: &Watch<'_, '_>,
+        into: Option<&mut [u8]>,
+    ) -> Result<crate::comm::matcher::Held, CollectiveError> {
+        let rank = self.rank();
+        let refused = |r: Refusal| self.refused(r, op, from);
         // A message that comes through another transport's threads is not worth a core.
         let link = self.inner.links.get(key.src as usize);
         let other_transport = link.is_some_and(|l| l.bulk_takes_on_thread(bytes));
@@ -531,11 +559,7 @@ impl NexarClient {
             Err(pending) => pending,
         };
         let world_peer = key.src as usize;
-        let waited = self
-            .wait_on_peer(pending.wait(), world_peer, watch.trace, watch.deadline, |waited| {
-                watch.stalled(world_peer, waited)
-            })
-            .await;
+        let waited = self.wait_in(pending.wait(), world_peer, watch).await;
         match waited {
             Ok(Ok(held)) => Ok(held),
             Ok(Err(r)) => Err(refused(r)),

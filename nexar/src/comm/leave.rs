@@ -36,6 +36,8 @@ impl NexarClient {
     /// then closes the connections. Every rank calls it before its process exits. Other clones
     /// of this client stop working too.
     pub async fn shutdown(&self) {
+        // The last rooted collectives' confirmations, which the peers collect here too.
+        self.settle_before_leaving(FLUSH_LIMIT).await;
         let inner = &self.inner;
         inner.health.begin_shutdown();
         // Goodbyes first, to everyone, so no peer takes the quiet that follows for a failure;

@@ -4,6 +4,7 @@ mod backend;
 mod build;
 mod client;
 mod collective;
+mod confirm;
 mod control;
 mod exec;
 mod failure_watch;

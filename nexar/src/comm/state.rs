@@ -25,6 +25,8 @@ pub(crate) struct CommState {
     /// Schedules of the calls made on this communicator, so that a call repeated (as a
     /// training loop repeats them) is not planned again.
     pub schedules: crate::comm::ScheduleCache,
+    /// Its rooted collectives that are not yet confirmed by every member (`comm/confirm.rs`).
+    pub unconfirmed: crate::comm::confirm::Unconfirmed,
     /// This communicator's NCCL member for device collectives, once made.
     #[cfg(feature = "nccl")]
     pub nccl: super::nccl_slot::NcclSlot,
@@ -45,6 +47,7 @@ impl CommState {
             setups: AtomicU64::new(0),
             layout: std::sync::OnceLock::new(),
             schedules: crate::comm::ScheduleCache::new(),
+            unconfirmed: Default::default(),
             #[cfg(feature = "nccl")]
             nccl: Default::default(),
         }

@@ -170,8 +170,12 @@ impl<'a> PlanRun<'a> {
             for seq in 0..units {
                 crate::comm::broadcast_abort(&run, seq, &reason).await;
             }
+            return result;
         }
-        result
+        // The run's communicator ends here: its rooted collectives are confirmed before it
+        // does (every rank's run ends the same way), and a failure among them is the run's.
+        run.confirm_all().await;
+        comm.reported("plan", run.reported("plan", result))
     }
 
     async fn run_layout(self, comm: &NexarClient, layout: &Layout) -> Result<(), CollectiveError> {

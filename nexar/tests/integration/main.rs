@@ -40,6 +40,7 @@ mod plan;
 #[cfg(feature = "cli")]
 mod processes;
 mod recovery;
+mod rooted;
 mod rpc;
 mod rpc_context;
 mod segments;

@@ -102,7 +102,8 @@ impl NexarClient {
                 self.reduce_as::<f16>(&mut stage, op, compression).await?
             }
         }
-        stage.commit().map_err(|source| CollectiveError::Device { rank, op: OP, source })
+        let done = stage.commit().map_err(|source| CollectiveError::Device { rank, op: OP, source });
+        self.reported(OP, done)
     }
 
     /// Every rank's buffer has `len` elements (the f16 path's segments are allreduces of their
@@ -111,7 +112,7 @@ impl NexarClient {
     /// complement, whose maxima tell the largest and the smallest length.
     async fn lengths_agree(&self, len: usize) -> Result<(), CollectiveError> {
         let mut lens = [len as u64, !(len as u64)];
-        self.all_reduce(&mut lens[..], nexar_types::Max).await?;
+        self.staged(Collective::AllReduce, Some(ReduceOp::Max), &mut lens[..]).await?;
         let (largest, smallest) = (lens[0], !lens[1]);
         if largest != smallest {
             return Err(CollectiveError::InvalidArgument {
@@ -181,7 +182,7 @@ impl NexarClient {
         let wire: &mut [W] = wire_loan.slice_mut(n);
         for (from, to) in data.chunks(segment).zip(wire.chunks_mut(segment)) {
             W::encode(from, to);
-            self.all_reduce(&mut *to, op).await?;
+            self.staged(Collective::AllReduce, Some(op), &mut *to).await?;
         }
         if compression == Compression::F16
             && let Some(i) = wire[..n].iter().position(|w| !w.is_finite())

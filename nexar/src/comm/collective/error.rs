@@ -136,6 +136,39 @@ pub enum CollectiveError {
         /// Which element, and what to do.
         what: String,
     },
+    /// A rooted collective this rank had already returned from failed on another rank. A
+    /// broadcast, reduce, gather, scatter or scan returns as soon as this rank's part is done;
+    /// its confirmation, that every rank finished it too, is collected by the next collective
+    /// on the communicator. That call did its own work (its results are valid, and it was
+    /// not stopped on the other ranks) and reports the earlier failure: each rank gets one
+    /// error for one failure, at the call or at the next. `barrier()` collects every such
+    /// confirmation.
+    ///
+    /// ```no_run
+    /// # async fn run(comm: nexar::NexarClient) -> Result<(), nexar::NexarError> {
+    /// let mut weights = vec![0f32; 1024];
+    /// comm.broadcast(&mut weights, 0).await?; // on the root: returns once it has sent
+    /// match comm.barrier().await {
+    ///     Err(nexar::CollectiveError::EarlierFailed { earlier, seq, source, .. }) => {
+    ///         eprintln!("{earlier} #{seq} failed elsewhere: {source}");
+    ///     }
+    ///     other => other?,
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[error("rank {rank} {op}: completed, but the earlier {earlier} (#{seq}) failed: {source}")]
+    EarlierFailed {
+        /// The rank reporting.
+        rank: usize,
+        /// The operation that reports it (it completed).
+        op: &'static str,
+        /// The earlier rooted collective that failed.
+        earlier: &'static str,
+        /// Its sequence number on the communicator (as in the flight recorder).
+        seq: u64,
+        /// Why it failed, as this rank learnt it (another rank's abort, quoted).
+        source: Box<CollectiveError>,
+    },
     /// This rank is shutting down.
     #[error("rank {rank} {op}: the client is shut down")]
     Closed {
@@ -160,7 +193,10 @@ impl CollectiveError {
     /// Whether this rank found the problem itself (and so must tell the others), as opposed
     /// to having been told by an abort.
     pub(crate) fn is_local_origin(&self) -> bool {
-        !matches!(self, CollectiveError::Aborted { .. } | CollectiveError::Closed { .. })
+        !matches!(
+            self,
+            CollectiveError::Aborted { .. } | CollectiveError::Closed { .. } | CollectiveError::EarlierFailed { .. }
+        )
     }
 
     /// Whether the flight recorder is dumped for this failure: a timeout, or a failure that
@@ -174,6 +210,7 @@ impl CollectiveError {
                 | CollectiveError::PeerGone { .. }
                 | CollectiveError::Transport { .. }
                 | CollectiveError::LinkFailed { .. }
+                | CollectiveError::EarlierFailed { .. }
         )
     }
 }

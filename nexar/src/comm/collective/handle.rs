@@ -206,13 +206,14 @@ impl NexarClient {
         let (rank, op) = (self.rank(), call.kind.name());
         let segment = self.segment_len::<T>(call.kind, buf.len());
         let task = tokio::spawn(async move {
-            if let Some(segment) = segment {
-                return client.run_segmented(seq, call.kind, call.op, &mut buf, segment).await.map(|()| buf);
-            }
-            if let Some(reason) = client.bad_call::<T>(&call) {
-                return Err(client.fail_seq(seq, call, reason).await);
-            }
-            client.run_collective(seq, call, buf.as_mut_slice(), &[]).await.map(|()| buf)
+            let done = if let Some(segment) = segment {
+                client.run_segmented(seq, call.kind, call.op, &mut buf, segment).await
+            } else if let Some(reason) = client.bad_call::<T>(&call) {
+                Err(client.fail_seq(seq, call, reason).await)
+            } else {
+                client.run_collective(seq, call, buf.as_mut_slice(), &[]).await
+            };
+            client.reported(op, done).map(|()| buf)
         });
         CollectiveHandle { task, rank, op, _elem: std::marker::PhantomData }
     }
@@ -227,7 +228,8 @@ impl NexarClient {
             if let Some(reason) = bad.or_else(|| client.bad_call::<T>(&call)) {
                 return Err(client.fail_seq(seq, call, reason).await);
             }
-            client.run_collective(seq, call, recv.as_mut_slice(), send.as_slice()).await.map(|()| (send, recv))
+            let done = client.run_collective(seq, call, recv.as_mut_slice(), send.as_slice()).await;
+            client.reported(op, done).map(|()| (send, recv))
         });
         CollectiveHandle { task, rank, op, _elem: std::marker::PhantomData }
     }

@@ -219,7 +219,8 @@ impl NexarClient {
     /// ```
     pub async fn barrier(&self) -> Result<(), CollectiveError> {
         let call = Self::call(Collective::Barrier, None, 0);
-        self.collective::<u8>(call, &mut [], &[]).await
+        let done = self.collective::<u8>(call, &mut [], &[]).await;
+        self.reported(call.kind.name(), done)
     }
 
     /// Splits this communicator: ranks that pass the same `color` form a new communicator,
@@ -239,7 +240,8 @@ impl NexarClient {
         let mut all = vec![0u64; 2 * world];
         let seq = self.comm.next_seq();
         let call = Self::call(Collective::AllGather, None, 2);
-        self.run_collective(seq, call, &mut all, &mine).await?;
+        let gathered = self.run_collective(seq, call, &mut all, &mine).await;
+        self.reported("split", gathered)?;
         let Some(color) = color else { return Ok(None) };
         let mut group: Vec<(u64, usize)> =
             (0..world).filter(|r| all[2 * r] == u64::from(color)).map(|r| (all[2 * r + 1], r)).collect();

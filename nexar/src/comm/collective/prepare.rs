@@ -242,9 +242,10 @@ impl NexarClient {
     ) -> Result<(), CollectiveError> {
         #[cfg(feature = "nccl")]
         if let Some(done) = self.try_nccl(kind, op, buf).await {
-            return done;
+            return self.reported(kind.name(), done);
         }
-        self.staged(kind, op, buf).await
+        let done = self.staged(kind, op, buf).await;
+        self.reported(kind.name(), done)
     }
 
     /// [`collective_staged`](Self::collective_staged) on nexar's own links, never NCCL.
@@ -270,6 +271,18 @@ impl NexarClient {
 
     /// A two-buffer collective; see [`collective_staged`](Self::collective_staged).
     pub(super) async fn exchange_staged<S, R>(&self, x: Exchange, send: &S, recv: &mut R) -> Result<(), CollectiveError>
+    where
+        S: SendBuf + ?Sized,
+        R: RecvBuf<Elem = S::Elem> + ?Sized,
+    {
+        let op = self.plan_exchange(x, 0, 0).0.kind.name();
+        let done = self.exchange_routed(x, send, recv).await;
+        self.reported(op, done)
+    }
+
+    /// [`exchange_staged`](Self::exchange_staged) on NCCL where it takes the call, else on
+    /// nexar's own links.
+    async fn exchange_routed<S, R>(&self, x: Exchange, send: &S, recv: &mut R) -> Result<(), CollectiveError>
     where
         S: SendBuf + ?Sized,
         R: RecvBuf<Elem = S::Elem> + ?Sized,

@@ -10,8 +10,9 @@
 
 use nexar_types::{RecvBuf, ReduceOp, Reduction};
 
-use super::CollectiveError;
+use super::{CollectiveError, Exchange};
 use crate::NexarClient;
+use crate::proto::algo::Collective;
 
 const OP: &str = "all_reduce_topk";
 
@@ -121,12 +122,13 @@ impl NexarClient {
         }
         self.shapes_agree(len, k).await?;
         if len == 0 {
-            return stage.commit().map_err(|source| CollectiveError::Device { rank, op: OP, source });
+            let done = stage.commit().map_err(|source| CollectiveError::Device { rank, op: OP, source });
+            return self.reported(OP, done);
         }
         feedback.residual.resize(len, 0.0);
         let pairs = take_largest(&mut stage, &mut feedback.residual, k);
         let mut all = vec![0u32; 2 * k * self.world_size()];
-        if let Err(e) = self.all_gather(&pairs[..], &mut all[..]).await {
+        if let Err(e) = self.exchange_host(Exchange::AllGather, &pairs[..], &mut all[..]).await {
             // Nothing of this call is lost: what it was to send goes back to the residual.
             for pair in pairs.chunks_exact(2) {
                 feedback.residual[pair[0] as usize] += f32::from_bits(pair[1]);
@@ -139,14 +141,15 @@ impl NexarClient {
             peer,
             what,
         })?;
-        stage.commit().map_err(|source| CollectiveError::Device { rank, op: OP, source })
+        let done = stage.commit().map_err(|source| CollectiveError::Device { rank, op: OP, source });
+        self.reported(OP, done)
     }
 
     /// Every rank has the same length and `k`: one small allreduce of both and their
     /// complements, whose maxima give the largest and the smallest of each.
     async fn shapes_agree(&self, len: usize, k: usize) -> Result<(), CollectiveError> {
         let mut v = [len as u64, !(len as u64), k as u64, !(k as u64)];
-        self.all_reduce(&mut v[..], nexar_types::Max).await?;
+        self.staged(Collective::AllReduce, Some(ReduceOp::Max), &mut v[..]).await?;
         if v[0] != !v[1] || v[2] != !v[3] {
             return Err(CollectiveError::InvalidArgument {
                 rank: self.rank(),

@@ -88,8 +88,10 @@ impl Collective {
     }
 
     /// Whether some rank can finish this operation without hearing (even indirectly) from
-    /// every other rank. Such operations end with a dissemination round so that a rank which
-    /// detects a disagreement stops every rank, not only those downstream of it.
+    /// every other rank. Such operations are confirmed by a dissemination round
+    /// ([`barrier::append_dissemination`]), so that a rank which detects a disagreement stops
+    /// every rank, not only those downstream of it; the executor runs that round behind the
+    /// call (`comm/confirm.rs`), not in its schedule.
     pub fn needs_confirmation(self) -> bool {
         !matches!(
             self,
@@ -317,8 +319,8 @@ pub struct Unsupported {
 }
 
 /// The schedule of `rank` of `world` for `op` on `count` elements (per-rank block size for
-/// block operations) of `elem_size` bytes, with `algorithm`. Rooted operations end with a
-/// confirmation round (see [`Collective::needs_confirmation`]).
+/// block operations) of `elem_size` bytes, with `algorithm`. The confirmation round of the
+/// rooted operations is not part of it (see [`Collective::needs_confirmation`]).
 #[cfg_attr(not(any(test, feature = "unstable-internals")), allow(dead_code))]
 pub fn generate(
     op: Collective,
@@ -345,7 +347,7 @@ pub fn generate_on(
 ) -> Result<Schedule, Unsupported> {
     let seg = |bytes: usize| (bytes / elem_size.max(1)).max(1);
     let unsupported = || Unsupported { algorithm, op: op.name() };
-    let mut s = match (op, algorithm) {
+    let s = match (op, algorithm) {
         (Collective::AllReduce, Algorithm::Ring) => allreduce::ring(rank, world, count, usize::MAX),
         (Collective::AllReduce, Algorithm::PipelinedRing { segment_bytes }) => {
             allreduce::ring(rank, world, count, seg(segment_bytes))
@@ -409,8 +411,5 @@ pub fn generate_on(
             .ok_or_else(unsupported)?,
         _ => return Err(unsupported()),
     };
-    if op.needs_confirmation() {
-        barrier::append_dissemination(&mut s, rank, world);
-    }
     Ok(s)
 }
