@@ -60,6 +60,15 @@ impl UserHandles {
     }
 }
 
+impl NexarClient {
+    /// A handle for a task of nexar's own that may outlive the program's handles (a
+    /// confirmation round): it does not keep this rank from leaving when the last of them goes.
+    pub(crate) fn for_own_task(&self) -> NexarClient {
+        let detached = Arc::new(UserHandles { inner: Weak::new() });
+        NexarClient { user: detached, inner: self.inner.clone(), comm: self.comm.clone() }
+    }
+}
+
 impl Drop for UserHandles {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.upgrade() {

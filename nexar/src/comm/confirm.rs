@@ -9,10 +9,13 @@
 //! That round used to end the call, so a root could not start its next call before its
 //! receivers had finished this one, and the two sides worked in turn: half of a small
 //! broadcast's time (docs/PERFORMANCE.md, "A rooted collective's confirmation round"). Now a
-//! rank sends its first confirmations as soon as the call's work is done here and returns;
-//! the rest of the round runs when its next collective on the communicator has done its own
-//! work (and, without waiting, as that call starts). A rank is so at most one collective ahead
-//! of the others, and the confirmations in flight are bounded. A failure of the earlier call
+//! rank sends its first confirmations as soon as the call's work is done here and returns.
+//! Where all that is left of the round is to receive (two ranks), its next collective on the
+//! communicator receives them once its own work is done; where the rank has more to send once
+//! it has heard from others (more ranks), a task of its own makes the rest as the messages
+//! arrive, so that no rank waits for another's next call, and the next call waits for the
+//! task. Either way a rank is at most one collective ahead of the others, and the
+//! confirmations in flight are bounded. A failure of the earlier call
 //! elsewhere (another rank's abort, a rank gone) is kept, and the user's call that collected
 //! it returns [`CollectiveError::EarlierFailed`] once its own work is done: one error per rank
 //! for one failure, at the call or at the next. `barrier()` collects every confirmation, and
@@ -51,9 +54,26 @@ pub(super) struct Confirmation {
     dtype: DType,
     /// The round's steps not yet made.
     left: VecDeque<Round>,
-    /// A failure found while the round was advanced without waiting, reported when it is
-    /// collected.
-    failed: Option<CollectiveError>,
+}
+
+/// The rest of a rooted collective's round, still open.
+#[derive(Debug)]
+pub(super) enum Open {
+    /// Only receives are left: the next call makes them.
+    Here(Confirmation),
+    /// Sends follow receives: a task makes them as the messages arrive.
+    Task { seq: u64, earlier: &'static str, task: tokio::task::JoinHandle<Result<(), CollectiveError>> },
+}
+
+/// How [`NexarClient::advance`] waits for a confirmation that is not here yet.
+#[derive(Clone, Copy)]
+enum Wait<'w, 't, 'r> {
+    /// It does not: it stops there.
+    No,
+    /// As a collective's receive does (spinning first, then parked): in a call.
+    Spun(&'w Watch<'t, 'r>),
+    /// Parked at once: in a task of its own, which must not hold a core.
+    Parked(&'w Watch<'t, 'r>),
 }
 
 /// A failure of an earlier call, kept until the user's next collective call reports it.
@@ -70,7 +90,7 @@ struct Failed {
 pub(crate) struct Unconfirmed {
     /// Held across the waits of a round (an async lock): a call that collects waits for one
     /// that is collecting, and so returns only once everything before it is confirmed.
-    open: tokio::sync::Mutex<VecDeque<Confirmation>>,
+    open: tokio::sync::Mutex<VecDeque<Open>>,
     failed: std::sync::Mutex<Option<Failed>>,
 }
 
@@ -102,7 +122,7 @@ impl NexarClient {
         call: CollCall,
         header: CollHeader,
         dtype: DType,
-    ) -> Result<Option<Confirmation>, CollectiveError> {
+    ) -> Result<Option<Open>, CollectiveError> {
         let mut round = Schedule::new();
         append_dissemination(&mut round, self.rank(), self.world_size());
         let left = round
@@ -114,57 +134,83 @@ impl NexarClient {
                 _ => None,
             })
             .collect();
-        let mut confirmation = Confirmation { seq, call, header, dtype, left, failed: None };
-        self.advance(&mut confirmation, None).await?;
-        Ok((!confirmation.left.is_empty()).then_some(confirmation))
-    }
-
-    /// Makes the steps of the open rounds that need no waiting: sends, and receives whose
-    /// message is here. Skipped while another call of this rank is collecting them.
-    pub(super) async fn advance_confirmations(&self) {
-        let Ok(mut open) = self.comm.unconfirmed.open.try_lock() else { return };
-        for confirmation in open.iter_mut().filter(|c| c.failed.is_none()) {
-            if let Err(e) = self.advance(confirmation, None).await {
-                confirmation.failed = Some(e);
-            }
+        let mut confirmation = Confirmation { seq, call, header, dtype, left };
+        self.advance(&mut confirmation, Wait::No).await?;
+        if confirmation.left.is_empty() {
+            return Ok(None);
         }
+        if !confirmation.left.iter().any(|step| matches!(step, Round::Send(_))) {
+            return Ok(Some(Open::Here(confirmation)));
+        }
+        let client = self.for_own_task();
+        let task = tokio::spawn(async move {
+            let watch = client.confirmation_watch(&confirmation, None);
+            let done = client.advance(&mut confirmation, Wait::Parked(&watch)).await;
+            if let Err(e) = &done
+                && e.is_local_origin()
+            {
+                broadcast_abort(&client, seq, &e.to_string()).await;
+            }
+            done
+        });
+        Ok(Some(Open::Task { seq, earlier: call.kind.name(), task }))
     }
 
-    /// Collects the open rounds, oldest first, waiting as a collective step waits (the
-    /// deadline is `op_timeout`, the stall inspector reports), then keeps `own` (the calling
-    /// collective's round) open for the next call. A round that fails is kept for the user's
-    /// call to report ([`reported`](Self::reported)), and the rest stay open. `trace` is the
-    /// collecting call's flight-recorder entry.
-    pub(super) async fn settle_confirmations(&self, trace: Option<&OpTrace<'_>>, own: Option<Confirmation>) {
+    /// Collects the open rounds, oldest first, then keeps `own` (the calling collective's
+    /// round) open for the next call. A round made here waits as a collective step waits (the
+    /// deadline is `op_timeout`, the stall inspector reports, in the flight-recorder entry
+    /// `trace` of the collecting call). A round that fails is kept for the user's call to
+    /// report ([`reported`](Self::reported)), and the rest stay open.
+    pub(super) async fn settle_confirmations(&self, trace: Option<&OpTrace<'_>>, own: Option<Open>) {
         let mut open = self.comm.unconfirmed.open.lock().await;
         let older = open.len();
         open.extend(own);
         for _ in 0..older {
-            let Some(mut confirmation) = open.pop_front() else { break };
-            let (seq, call) = (confirmation.seq, confirmation.call);
-            // Dropped while it waits, this rank would never send the rest of the round.
-            let mut guard = AbortOnDrop { client: Some(self), seq, op: call.kind.name() };
-            let watch = Watch {
-                trace,
-                comm: self.comm.id,
-                seq,
-                call,
-                dtype: confirmation.dtype,
-                deadline: Instant::now() + self.config().op_timeout,
-            };
-            let done = match confirmation.failed.take() {
-                Some(e) => Err(e),
-                None => self.advance(&mut confirmation, Some(&watch)).await,
-            };
-            guard.client = None;
-            if let Err(source) = done {
-                tracing::debug!(rank = self.rank(), seq, op = call.kind.name(), error = %source, "confirmation failed");
-                if source.is_local_origin() {
-                    broadcast_abort(self, seq, &source.to_string()).await;
+            let Some(round) = open.pop_front() else { break };
+            let (seq, earlier, done) = match round {
+                Open::Here(mut confirmation) => {
+                    let (seq, op) = (confirmation.seq, confirmation.call.kind.name());
+                    // Dropped while it waits, this rank would leave the others waiting.
+                    let mut guard = AbortOnDrop { client: Some(self), seq, op };
+                    let watch = self.confirmation_watch(&confirmation, trace);
+                    let done = self.advance(&mut confirmation, Wait::Spun(&watch)).await;
+                    guard.client = None;
+                    if let Err(e) = &done
+                        && e.is_local_origin()
+                    {
+                        broadcast_abort(self, seq, &e.to_string()).await;
+                    }
+                    (seq, op, done)
                 }
-                self.comm.unconfirmed.keep(Failed { earlier: call.kind.name(), seq, source });
+                // Dropped while it waits, the task goes on.
+                Open::Task { seq, earlier, task } => {
+                    let done = task.await.unwrap_or_else(|e| {
+                        Err(CollectiveError::Internal {
+                            rank: self.rank(),
+                            op: earlier,
+                            what: format!("confirmation task failed: {e}"),
+                        })
+                    });
+                    (seq, earlier, done)
+                }
+            };
+            if let Err(source) = done {
+                tracing::debug!(rank = self.rank(), seq, op = earlier, error = %source, "confirmation failed");
+                self.comm.unconfirmed.keep(Failed { earlier, seq, source });
                 return;
             }
+        }
+    }
+
+    /// How the waits of `confirmation`'s round are watched.
+    fn confirmation_watch<'t, 'r>(&self, confirmation: &Confirmation, trace: Option<&'t OpTrace<'r>>) -> Watch<'t, 'r> {
+        Watch {
+            trace,
+            comm: self.comm.id,
+            seq: confirmation.seq,
+            call: confirmation.call,
+            dtype: confirmation.dtype,
+            deadline: Instant::now() + self.config().op_timeout,
         }
     }
 
@@ -207,31 +253,16 @@ impl NexarClient {
         }
     }
 
-    /// Makes `confirmation`'s next steps: all of them, waiting as `watch` says, or without
-    /// `watch` only those that need no waiting.
-    async fn advance(
-        &self,
-        confirmation: &mut Confirmation,
-        watch: Option<&Watch<'_, '_>>,
-    ) -> Result<(), CollectiveError> {
+    /// Makes `confirmation`'s next steps: all of them, waiting as `wait` says, or with
+    /// [`Wait::No`] only those that need no waiting.
+    async fn advance(&self, confirmation: &mut Confirmation, wait: Wait<'_, '_, '_>) -> Result<(), CollectiveError> {
         while let Some(&step) = confirmation.left.front() {
             match step {
                 Round::Send(to) => self.send_confirmation(confirmation, to).await?,
                 Round::Recv(from) => {
-                    let key = Key {
-                        comm: self.comm.id,
-                        src: self.comm.members[from] as u32,
-                        tag: confirmation.seq,
-                        part: confirmation.call.part,
-                    };
-                    let op = confirmation.call.kind.name();
-                    let held = match watch {
-                        Some(watch) => self.take_coll(key, from, 0, op, watch, None).await?,
-                        None => match self.inner.coll.try_take(key) {
-                            Ok(Some(held)) => held,
-                            Ok(None) => return Ok(()),
-                            Err(refusal) => return Err(self.refused(refusal, op, from)),
-                        },
+                    let held = match self.take_confirmation(confirmation, from, wait).await? {
+                        Some(held) => held,
+                        None => return Ok(()),
                     };
                     self.check_confirmation(confirmation, from, &held)?;
                 }
@@ -239,6 +270,43 @@ impl NexarClient {
             confirmation.left.pop_front();
         }
         Ok(())
+    }
+
+    /// The confirmation of `confirmation` from `from`, when it is here or, waiting as `wait`
+    /// says, once it is.
+    async fn take_confirmation(
+        &self,
+        confirmation: &Confirmation,
+        from: usize,
+        wait: Wait<'_, '_, '_>,
+    ) -> Result<Option<Held>, CollectiveError> {
+        let key = Key {
+            comm: self.comm.id,
+            src: self.comm.members[from] as u32,
+            tag: confirmation.seq,
+            part: confirmation.call.part,
+        };
+        let op = confirmation.call.kind.name();
+        let refused = |refusal| self.refused(refusal, op, from);
+        let watch = match wait {
+            Wait::No => return self.inner.coll.try_take(key).map_err(refused),
+            Wait::Spun(watch) => return self.take_coll(key, from, 0, op, watch, None).await.map(Some),
+            Wait::Parked(watch) => watch,
+        };
+        let pending = match self.inner.coll.take_or_wait_for(key, 0).map_err(refused)? {
+            Ok(held) => return Ok(Some(held)),
+            Err(pending) => pending,
+        };
+        match self.wait_in(pending.wait(), key.src as usize, watch).await {
+            Ok(got) => got.map(Some).map_err(refused),
+            Err(report) => Err(CollectiveError::Timeout {
+                rank: self.rank(),
+                op,
+                peer: from,
+                after: self.config().op_timeout,
+                report,
+            }),
+        }
     }
 
     /// An empty message of collective `confirmation` to `to`, sent as the executor sends (so

@@ -290,7 +290,6 @@ impl NexarClient {
         };
         // Dropped here, the guard aborts the collective for every rank, as anywhere in it.
         crate::sync::take_a_turn().await;
-        self.advance_confirmations().await;
         let mut result = self.run_steps::<T, C>(&watch, schedule, data, input).instrument(span.clone()).await;
         // A rooted collective is confirmed behind it (`comm/confirm.rs`): its first
         // confirmations go now, the rest of the round at the next call.
@@ -522,7 +521,12 @@ impl NexarClient {
 
     /// Waits for `fut`, a step of the collective `watch` describes that rank `peer` (of the
     /// world) must make possible: in its flight-recorder entry, until its deadline.
-    async fn wait_in<F: Future>(&self, fut: F, peer: usize, watch: &Watch<'_, '_>) -> Result<F::Output, String> {
+    pub(super) async fn wait_in<F: Future>(
+        &self,
+        fut: F,
+        peer: usize,
+        watch: &Watch<'_, '_>,
+    ) -> Result<F::Output, String> {
         let stalled = |waited| watch.stalled(peer, waited);
         match watch.trace {
             Some(trace) => self.wait_on_peer(fut, peer, trace, watch.deadline, stalled).await,

@@ -56,55 +56,62 @@ async fn rooted_round(c: &NexarClient, i: usize) {
 /// The root's broadcast returns while no other rank has called it yet (they wait for it to
 /// return); its second broadcast cannot return before the others have received the first.
 /// Then rounds of every rooted collective with the root moving, as background handles too,
-/// and a barrier that collects the last confirmations.
+/// and a barrier that collects the last confirmations. At two ranks (the next call receives
+/// the confirmations) and at three (a task runs the rest of each round).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_returns_once_it_has_sent_and_runs_at_most_one_call_ahead() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
-        let ranks = NexarClient::bootstrap_local(3).await.unwrap();
-        let (first_done, first_seen) = tokio::sync::watch::channel(false);
-        let others_called = Arc::new(AtomicBool::new(false));
-        let out = on_cluster(ranks, move |c| {
-            let (first_done, mut first_seen) = (first_done.clone(), first_seen.clone());
-            let others_called = others_called.clone();
-            async move {
-                if c.rank() == 0 {
-                    c.broadcast(&mut vec![7u32; 1000], 0).await.unwrap();
-                    assert!(!others_called.load(Ordering::SeqCst));
-                    first_done.send(true).unwrap();
-                    c.broadcast(&mut vec![9u32; 1000], 0).await.unwrap();
-                    assert!(
-                        others_called.load(Ordering::SeqCst),
-                        "the root's second broadcast returned before any other rank had received the first"
-                    );
-                } else {
-                    first_seen.wait_for(|done| *done).await.unwrap();
-                    others_called.store(true, Ordering::SeqCst);
-                    for want in [7u32, 9] {
-                        let mut b = vec![0u32; 1000];
-                        c.broadcast(&mut b, 0).await.unwrap();
-                        assert!(b.iter().all(|v| *v == want));
-                    }
-                }
-                for i in 0..60 {
-                    rooted_round(&c, i).await;
-                }
-                // Background handles: started in order, awaited in reverse.
-                let w = c.world_size();
-                let b = c.broadcast_start(Buf::from_vec(vec![c.rank() as u8; 8]), w - 1);
-                let red = c.reduce_start(Buf::from_vec(vec![1i32; 8]), Sum, 1);
-                let red = red.await.unwrap();
-                assert!(c.rank() != 1 || red.as_slice().iter().all(|v| *v == w as i32));
-                assert!(b.await.unwrap().as_slice().iter().all(|v| *v as usize == w - 1));
-                c.barrier().await.unwrap();
-                c
-            }
-        })
-        .await;
-        on_cluster(out, |c| async move { c.shutdown().await }).await;
+        for n in [2, 3] {
+            one_call_ahead(n).await;
+        }
     })
     .await
     .expect("test timed out");
+}
+
+async fn one_call_ahead(n: usize) {
+    let ranks = NexarClient::bootstrap_local(n).await.unwrap();
+    let (first_done, first_seen) = tokio::sync::watch::channel(false);
+    let others_called = Arc::new(AtomicBool::new(false));
+    let out = on_cluster(ranks, move |c| {
+        let (first_done, mut first_seen) = (first_done.clone(), first_seen.clone());
+        let others_called = others_called.clone();
+        async move {
+            if c.rank() == 0 {
+                c.broadcast(&mut vec![7u32; 1000], 0).await.unwrap();
+                assert!(!others_called.load(Ordering::SeqCst));
+                first_done.send(true).unwrap();
+                c.broadcast(&mut vec![9u32; 1000], 0).await.unwrap();
+                assert!(
+                    others_called.load(Ordering::SeqCst),
+                    "the root's second broadcast returned before any other rank had received the first"
+                );
+            } else {
+                first_seen.wait_for(|done| *done).await.unwrap();
+                others_called.store(true, Ordering::SeqCst);
+                for want in [7u32, 9] {
+                    let mut b = vec![0u32; 1000];
+                    c.broadcast(&mut b, 0).await.unwrap();
+                    assert!(b.iter().all(|v| *v == want));
+                }
+            }
+            for i in 0..60 {
+                rooted_round(&c, i).await;
+            }
+            // Background handles: started in order, awaited in reverse.
+            let w = c.world_size();
+            let b = c.broadcast_start(Buf::from_vec(vec![c.rank() as u8; 8]), w - 1);
+            let red = c.reduce_start(Buf::from_vec(vec![1i32; 8]), Sum, 1);
+            let red = red.await.unwrap();
+            assert!(c.rank() != 1 || red.as_slice().iter().all(|v| *v == w as i32));
+            assert!(b.await.unwrap().as_slice().iter().all(|v| *v as usize == w - 1));
+            c.barrier().await.unwrap();
+            c
+        }
+    })
+    .await;
+    on_cluster(out, |c| async move { c.shutdown().await }).await;
 }
 
 /// Rank 2 passes a broadcast one element more than the others: it fails there at once. The

@@ -2,7 +2,10 @@
 //!
 //! All ranks of a communicator must call its collectives in the same order (as in MPI). Every
 //! call carries a header; ranks that disagree on operation, count, type, reduction or root get
-//! a clear error on every rank, and the communicator stays usable for the next call.
+//! a clear error on every rank, and the communicator stays usable for the next call. A rooted
+//! collective returns on a rank once its part is done there; a failure elsewhere that the rank
+//! had not seen is reported by its next collective ([`CollectiveError::EarlierFailed`], see
+//! `comm/confirm.rs`).
 //!
 //! The blocking operations are here; `prepare` checks a call and plans and runs its schedule,
 //! `handle` has the background (`_start`) forms and their handles, `cache` the schedules
