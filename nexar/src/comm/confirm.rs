@@ -113,18 +113,33 @@ impl Unconfirmed {
 }
 
 impl NexarClient {
-    /// Rooted collective `seq`, whose work is done here: sends this rank's first
+    /// Rooted collective `seq`, whose work (`body`) is done here: sends this rank's first
     /// confirmations now, and returns the rest of the round (if any) for
     /// [`settle_confirmations`](Self::settle_confirmations) to keep open.
+    ///
+    /// Between two ranks the round is one message each way, and half of it says nothing: a
+    /// rank whose part only sent checked nothing (the other checked the headers it sent), so
+    /// it has nothing to confirm, and the other, whose part only received, has nothing to wait
+    /// for. So there a broadcast's receiver tells the root, a reduce's root tells the sender,
+    /// and not the other way. A rank whose part did nothing at all (no elements) still sends
+    /// and waits: its confirmation is the only message that carries its call's header.
     pub(super) async fn begin_confirmation(
         &self,
         seq: u64,
         call: CollCall,
         header: CollHeader,
         dtype: DType,
+        body: &Schedule,
     ) -> Result<Option<Open>, CollectiveError> {
         let mut round = Schedule::new();
         append_dissemination(&mut round, self.rank(), self.world_size());
+        let sent = body.steps.iter().any(|step| matches!(step, Step::Send { .. }));
+        let received = body.steps.iter().any(|step| matches!(step, Step::Recv { .. }));
+        let says_something = |step: &Round| match step {
+            _ if self.world_size() != 2 => true,
+            Round::Send(_) => !(sent && !received),
+            Round::Recv(_) => !(received && !sent),
+        };
         let left = round
             .steps
             .iter()
@@ -133,6 +148,7 @@ impl NexarClient {
                 Step::Recv { from, .. } => Some(Round::Recv(from)),
                 _ => None,
             })
+            .filter(says_something)
             .collect();
         let mut confirmation = Confirmation { seq, call, header, dtype, left };
         self.advance(&mut confirmation, Wait::No).await?;

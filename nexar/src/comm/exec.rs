@@ -179,8 +179,9 @@ impl<T: Element> Accumulator<'_, '_, T> {
     }
 }
 
-/// What a wait inside one collective needs: its flight-recorder entry (none for the
-/// confirmations `shutdown` collects), its deadline, and what the stall inspector says of it.
+/// What a wait inside one collective needs: its flight-recorder entry (none for a
+/// confirmation round made outside a call: by a task, a plan's end, `shutdown`), its deadline,
+/// and what the stall inspector says of it.
 pub(super) struct Watch<'t, 'r> {
     pub trace: Option<&'t OpTrace<'r>>,
     pub comm: u64,
@@ -295,7 +296,7 @@ impl NexarClient {
         // confirmations go now, the rest of the round at the next call.
         let mut own = None;
         if result.is_ok() && call.kind.needs_confirmation() {
-            match self.begin_confirmation(seq, call, call.header::<C::Wire>(), C::Wire::DTYPE).await {
+            match self.begin_confirmation(seq, call, call.header::<C::Wire>(), C::Wire::DTYPE, schedule).await {
                 Ok(round) => own = round,
                 Err(e) => result = Err(e),
             }

@@ -8,21 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nexar::prelude::*;
 use nexar::{CollectiveError, ReduceOp};
 
-use crate::common::{TEST_LIMIT, logs};
-
-async fn on_cluster<F, Fut, R>(ranks: Vec<NexarClient>, job: F) -> Vec<R>
-where
-    F: Fn(NexarClient) -> Fut,
-    Fut: std::future::Future<Output = R> + Send + 'static,
-    R: Send + 'static,
-{
-    let handles: Vec<_> = ranks.into_iter().map(|c| tokio::spawn(job(c))).collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.expect("rank task panicked"));
-    }
-    out
-}
+use crate::common::{TEST_LIMIT, logs, on_each};
 
 /// Rooted collectives of every kind, with the root moving, checked against the values every
 /// rank can compute.
@@ -74,7 +60,7 @@ async fn one_call_ahead(n: usize) {
     let ranks = NexarClient::bootstrap_local(n).await.unwrap();
     let (first_done, first_seen) = tokio::sync::watch::channel(false);
     let others_called = Arc::new(AtomicBool::new(false));
-    let out = on_cluster(ranks, move |c| {
+    on_each(&ranks, move |c| {
         let (first_done, mut first_seen) = (first_done.clone(), first_seen.clone());
         let others_called = others_called.clone();
         async move {
@@ -107,11 +93,10 @@ async fn one_call_ahead(n: usize) {
             assert!(c.rank() != 1 || red.as_slice().iter().all(|v| *v == w as i32));
             assert!(b.await.unwrap().as_slice().iter().all(|v| *v as usize == w - 1));
             c.barrier().await.unwrap();
-            c
         }
     })
     .await;
-    on_cluster(out, |c| async move { c.shutdown().await }).await;
+    on_each(&ranks, |c| async move { c.shutdown().await }).await;
 }
 
 /// Rank 2 passes a broadcast one element more than the others: it fails there at once. The
@@ -125,7 +110,7 @@ async fn a_failure_the_root_did_not_see_is_reported_by_its_next_call() {
     logs();
     tokio::time::timeout(TEST_LIMIT, async {
         let ranks = NexarClient::bootstrap_local(3).await.unwrap();
-        let out = on_cluster(ranks, |c| async move {
+        on_each(&ranks, |c| async move {
             let odd = c.rank() == 2;
             let first = c.broadcast(&mut vec![1u8; if odd { 5 } else { 4 }], 0).await;
             let second = c.barrier().await;
@@ -163,10 +148,52 @@ async fn a_failure_the_root_did_not_see_is_reported_by_its_next_call() {
             c.all_reduce(&mut after, Sum).await.unwrap();
             assert_eq!(after, [3]);
             c.barrier().await.unwrap();
-            c
         })
         .await;
-        on_cluster(out, |c| async move { c.shutdown().await }).await;
+        on_each(&ranks, |c| async move { c.shutdown().await }).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// Two ranks, where a rank whose part only sends sends no confirmation (the receiver checked
+/// its headers): disagreements in which one side passes no elements are still found by
+/// both, each once, as disagreements, not left to time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_find_a_disagreement_over_an_empty_part() {
+    logs();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let ranks = NexarClient::bootstrap_local(2).await.unwrap();
+        for case in ["broadcast", "gather", "reduce"] {
+            let errors = on_each(&ranks, move |c| async move {
+                let empty = c.rank() == 0;
+                let len = if empty { 0 } else { 4 };
+                let first = match case {
+                    "broadcast" => c.broadcast(&mut vec![1u32; len], 0).await,
+                    "gather" => c.gather(&vec![1u32; len], &mut [][..], 0).await,
+                    _ => c.reduce(&mut vec![1u32; len], Sum, 1).await,
+                };
+                let second = c.barrier().await;
+                match (first, second) {
+                    (Err(e), Ok(())) | (Ok(()), Err(e)) => e,
+                    other => panic!("{case}, rank {}: one error for one disagreement, got {other:?}", c.rank()),
+                }
+            })
+            .await;
+            for (rank, err) in errors.iter().enumerate() {
+                let cause = match err {
+                    CollectiveError::EarlierFailed { source, .. } => &**source,
+                    err => err,
+                };
+                assert!(
+                    matches!(cause, CollectiveError::Mismatch { .. } | CollectiveError::Aborted { .. }),
+                    "{case}, rank {rank}: {err}"
+                );
+                assert!(err.to_string().contains("passed 0") || err.to_string().contains("0 elements"), "{err}");
+            }
+            on_each(&ranks, |c| async move { c.barrier().await.unwrap() }).await;
+        }
+        on_each(&ranks, |c| async move { c.shutdown().await }).await;
     })
     .await
     .expect("test timed out");
