@@ -135,10 +135,11 @@ impl NexarClient {
         append_dissemination(&mut round, self.rank(), self.world_size());
         let sent = body.steps.iter().any(|step| matches!(step, Step::Send { .. }));
         let received = body.steps.iter().any(|step| matches!(step, Step::Recv { .. }));
+        let (only_sent, only_received) = (sent && !received, received && !sent);
         let says_something = |step: &Round| match step {
             _ if self.world_size() != 2 => true,
-            Round::Send(_) => !(sent && !received),
-            Round::Recv(_) => !(received && !sent),
+            Round::Send(_) => !only_sent,
+            Round::Recv(_) => !only_received,
         };
         let left = round
             .steps
