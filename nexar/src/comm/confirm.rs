@@ -10,8 +10,9 @@
 //! receivers had finished this one, and the two sides worked in turn: half of a small
 //! broadcast's time (docs/PERFORMANCE.md, "A rooted collective's confirmation round"). Now a
 //! rank sends its first confirmations as soon as the call's work is done here and returns.
-//! Where all that is left of the round is to receive (two ranks), its next collective on the
-//! communicator receives them once its own work is done; where the rank has more to send once
+//! Where all that is left of the round is to receive (two ranks, where moreover only the side
+//! that received confirms), its next collective on the communicator receives them once its own
+//! work is done; where the rank has more to send once
 //! it has heard from others (more ranks), a task of its own makes the rest as the messages
 //! arrive, so that no rank waits for another's next call, and the next call waits for the
 //! task. Either way a rank is at most one collective ahead of the others, and the
