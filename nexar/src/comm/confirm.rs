@@ -66,17 +66,6 @@ pub(super) enum Open {
     Task { seq: u64, earlier: &'static str, task: tokio::task::JoinHandle<Result<(), CollectiveError>> },
 }
 
-/// How [`NexarClient::advance`] waits for a confirmation that is not here yet.
-#[derive(Clone, Copy)]
-enum Wait<'w, 't, 'r> {
-    /// It does not: it stops there.
-    No,
-    /// As a collective's receive does (spinning first, then parked): in a call.
-    Spun(&'w Watch<'t, 'r>),
-    /// Parked at once: in a task of its own, which must not hold a core.
-    Parked(&'w Watch<'t, 'r>),
-}
-
 /// A failure of an earlier call, kept until the user's next collective call reports it.
 #[derive(Debug)]
 struct Failed {
@@ -153,7 +142,7 @@ impl NexarClient {
             .filter(says_something)
             .collect();
         let mut confirmation = Confirmation { seq, call, header, dtype, left };
-        self.advance(&mut confirmation, Wait::No).await?;
+        self.advance(&mut confirmation, None).await?;
         if confirmation.left.is_empty() {
             return Ok(None);
         }
@@ -162,8 +151,9 @@ impl NexarClient {
         }
         let client = self.for_own_task();
         let task = tokio::spawn(async move {
-            let watch = client.confirmation_watch(&confirmation, None);
-            let done = client.advance(&mut confirmation, Wait::Parked(&watch)).await;
+            // Parked at once: a task of nexar's own must not hold a core.
+            let watch = Watch { spin: false, ..client.confirmation_watch(&confirmation, None) };
+            let done = client.advance(&mut confirmation, Some(&watch)).await;
             if let Err(e) = &done
                 && e.is_local_origin()
             {
@@ -191,7 +181,7 @@ impl NexarClient {
                     // Dropped while it waits, this rank would leave the others waiting.
                     let mut guard = AbortOnDrop { client: Some(self), seq, op };
                     let watch = self.confirmation_watch(&confirmation, trace);
-                    let done = self.advance(&mut confirmation, Wait::Spun(&watch)).await;
+                    let done = self.advance(&mut confirmation, Some(&watch)).await;
                     guard.client = None;
                     if let Err(e) = &done
                         && e.is_local_origin()
@@ -229,6 +219,7 @@ impl NexarClient {
             call: confirmation.call,
             dtype: confirmation.dtype,
             deadline: Instant::now() + self.config().op_timeout,
+            spin: true,
         }
     }
 
@@ -271,16 +262,30 @@ impl NexarClient {
         }
     }
 
-    /// Makes `confirmation`'s next steps: all of them, waiting as `wait` says, or with
-    /// [`Wait::No`] only those that need no waiting.
-    async fn advance(&self, confirmation: &mut Confirmation, wait: Wait<'_, '_, '_>) -> Result<(), CollectiveError> {
+    /// Makes `confirmation`'s next steps: all of them, waiting as `watch` says, or without
+    /// one only those that need no waiting.
+    async fn advance(
+        &self,
+        confirmation: &mut Confirmation,
+        watch: Option<&Watch<'_, '_>>,
+    ) -> Result<(), CollectiveError> {
         while let Some(&step) = confirmation.left.front() {
             match step {
                 Round::Send(to) => self.send_confirmation(confirmation, to).await?,
                 Round::Recv(from) => {
-                    let held = match self.take_confirmation(confirmation, from, wait).await? {
-                        Some(held) => held,
-                        None => return Ok(()),
+                    let key = Key {
+                        comm: self.comm.id,
+                        src: self.comm.members[from] as u32,
+                        tag: confirmation.seq,
+                        part: confirmation.call.part,
+                    };
+                    let op = confirmation.call.kind.name();
+                    let held = match watch {
+                        Some(watch) => self.take_coll(key, from, 0, op, watch, None).await?,
+                        None => match self.inner.coll.try_take(key).map_err(|r| self.refused(r, op, from))? {
+                            Some(held) => held,
+                            None => return Ok(()),
+                        },
                     };
                     self.check_confirmation(confirmation, from, &held)?;
                 }
@@ -288,43 +293,6 @@ impl NexarClient {
             confirmation.left.pop_front();
         }
         Ok(())
-    }
-
-    /// The confirmation of `confirmation` from `from`, when it is here or, waiting as `wait`
-    /// says, once it is.
-    async fn take_confirmation(
-        &self,
-        confirmation: &Confirmation,
-        from: usize,
-        wait: Wait<'_, '_, '_>,
-    ) -> Result<Option<Held>, CollectiveError> {
-        let key = Key {
-            comm: self.comm.id,
-            src: self.comm.members[from] as u32,
-            tag: confirmation.seq,
-            part: confirmation.call.part,
-        };
-        let op = confirmation.call.kind.name();
-        let refused = |refusal| self.refused(refusal, op, from);
-        let watch = match wait {
-            Wait::No => return self.inner.coll.try_take(key).map_err(refused),
-            Wait::Spun(watch) => return self.take_coll(key, from, 0, op, watch, None).await.map(Some),
-            Wait::Parked(watch) => watch,
-        };
-        let pending = match self.inner.coll.take_or_wait_for(key, 0).map_err(refused)? {
-            Ok(held) => return Ok(Some(held)),
-            Err(pending) => pending,
-        };
-        match self.wait_in(pending.wait(), key.src as usize, watch).await {
-            Ok(got) => got.map(Some).map_err(refused),
-            Err(report) => Err(CollectiveError::Timeout {
-                rank: self.rank(),
-                op,
-                peer: from,
-                after: self.config().op_timeout,
-                report,
-            }),
-        }
     }
 
     /// An empty message of collective `confirmation` to `to`, sent as the executor sends (so

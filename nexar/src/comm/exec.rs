@@ -189,6 +189,8 @@ pub(super) struct Watch<'t, 'r> {
     pub call: CollCall,
     pub dtype: nexar_types::DType,
     pub deadline: Instant,
+    /// Whether a receive may spin before it parks (not in a task of nexar's own).
+    pub spin: bool,
 }
 
 impl Watch<'_, '_> {
@@ -288,6 +290,7 @@ impl NexarClient {
             call,
             dtype: C::Wire::DTYPE,
             deadline: began + self.config().op_timeout,
+            spin: true,
         };
         // Dropped here, the guard aborts the collective for every rank, as anywhere in it.
         crate::sync::take_a_turn().await;
@@ -522,12 +525,7 @@ impl NexarClient {
 
     /// Waits for `fut`, a step of the collective `watch` describes that rank `peer` (of the
     /// world) must make possible: in its flight-recorder entry, until its deadline.
-    pub(super) async fn wait_in<F: Future>(
-        &self,
-        fut: F,
-        peer: usize,
-        watch: &Watch<'_, '_>,
-    ) -> Result<F::Output, String> {
+    async fn wait_in<F: Future>(&self, fut: F, peer: usize, watch: &Watch<'_, '_>) -> Result<F::Output, String> {
         let stalled = |waited| watch.stalled(peer, waited);
         match watch.trace {
             Some(trace) => self.wait_on_peer(fut, peer, trace, watch.deadline, stalled).await,
@@ -549,7 +547,7 @@ impl NexarClient {
         // A message that comes through another transport's threads is not worth a core.
         let link = self.inner.links.get(key.src as usize);
         let other_transport = link.is_some_and(|l| l.bulk_takes_on_thread(bytes));
-        let spin = if other_transport { None } else { Some(&self.inner.spin) };
+        let spin = if other_transport || !watch.spin { None } else { Some(&self.inner.spin) };
         // The message itself comes straight back where the link's channel has it whole.
         let awaited = Awaited::Collective { comm: key.comm, seq: key.tag, part: key.part };
         let read_link = |awaiting: Option<Awaiting<'_>>| link.and_then(|l| l.bulk_deliver_ready(awaiting));
