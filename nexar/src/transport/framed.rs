@@ -141,12 +141,19 @@ enum Piece {
     Sealed(Bytes, SealedRecord),
     Lent(std::sync::Arc<dyn LentBytes>),
     Forged(usize),
+    /// The rest of a sealed record whose first `in_dst` bytes of ciphertext lie in the
+    /// payload's destination already, just before where this piece's bytes go ([`Landed`]).
+    Straddled {
+        in_dst: usize,
+        rest: Bytes,
+        record: SealedRecord,
+    },
 }
 
 impl Piece {
     fn len(&self) -> usize {
         match self {
-            Piece::Plain(b) | Piece::Sealed(b, _) => b.len(),
+            Piece::Plain(b) | Piece::Sealed(b, _) | Piece::Straddled { rest: b, .. } => b.len(),
             Piece::Lent(lent) => lent.len(),
             Piece::Forged(len) => *len,
         }
@@ -163,6 +170,8 @@ impl Piece {
                 out.fill(0);
                 return Err(PayloadError::Forged { len: *len });
             }
+            // Only its destination holds its first bytes ([`Payload::copy_to`]).
+            Piece::Straddled { in_dst, .. } => return Err(PayloadError::Elsewhere { bytes: *in_dst }),
             Piece::Sealed(cipher, record) => {
                 if record.open_into(cipher, out).is_err() {
                     out.fill(0);
@@ -197,7 +206,11 @@ pub struct Payload {
 pub(crate) struct Landed {
     /// The destination's address (only ever compared, never read through).
     pub at: usize,
+    /// Bytes written there: opened records, and the first bytes of a record still sealed
+    /// whose rest is the payload's first piece ([`Piece::Straddled`]).
     pub bytes: usize,
+    /// A record opened there that failed authentication (its length; its bytes are zeros).
+    pub forged: Option<usize>,
 }
 
 impl Payload {
@@ -251,12 +264,19 @@ impl Payload {
         Payload { pieces: vec![Piece::Lent(lent)], len, landed: None }
     }
 
-    /// A `len`-byte payload whose first `landed.bytes` are in its receive's destination
-    /// already, and whose other bytes are `rest`.
-    pub(crate) fn from_landed(landed: Landed, rest: Bytes) -> Self {
-        let len = landed.bytes + rest.len();
-        let pieces = if rest.is_empty() { Vec::new() } else { vec![Piece::Plain(rest)] };
-        Payload { pieces, len, landed: Some(landed) }
+    /// A payload whose first `landed.bytes` are in its receive's destination already, and
+    /// whose other bytes are `rest`'s.
+    pub(crate) fn from_landed(landed: Landed, rest: Payload) -> Self {
+        Payload { pieces: rest.pieces, len: landed.bytes + rest.len, landed: Some(landed) }
+    }
+
+    /// This payload after the `rest` of a sealed `record` whose first `in_dst` bytes of
+    /// ciphertext are in the destination already (the payload is then
+    /// [`from_landed`](Self::from_landed) with those bytes counted as landed).
+    pub(crate) fn after_straddled(mut self, in_dst: usize, rest: Bytes, record: SealedRecord) -> Self {
+        self.len += rest.len();
+        self.pieces.insert(0, Piece::Straddled { in_dst, rest, record });
+        self
     }
 
     /// An error if part of the payload was received into a destination (it can only be read
@@ -287,7 +307,7 @@ impl Payload {
             .iter()
             .map(|p| match p {
                 Piece::Plain(b) => Ok(b.clone()),
-                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) => {
+                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) | Piece::Straddled { .. } => {
                     let mut out = vec![0u8; p.len()];
                     p.write_to(&mut out)?;
                     Ok(Bytes::from(out))
@@ -316,11 +336,20 @@ impl Payload {
         }
         let mut at = match self.landed {
             None => 0,
+            Some(Landed { forged: Some(len), .. }) => return Err(PayloadError::Forged { len }),
             Some(landed) if landed.at == dst.as_ptr() as usize => landed.bytes,
             Some(landed) => return Err(PayloadError::Elsewhere { bytes: landed.bytes }),
         };
         for p in &self.pieces {
-            p.write_to(&mut dst[at..at + p.len()])?;
+            match p {
+                Piece::Straddled { in_dst, rest, record } => {
+                    let start = at.checked_sub(*in_dst).ok_or(PayloadError::Elsewhere { bytes: *in_dst })?;
+                    let body = &mut dst[start..at + rest.len()];
+                    crate::transport::copy::copy_bytes(&mut body[*in_dst..], rest);
+                    record.open_in_place(body).map_err(|_| PayloadError::Forged { len: body.len() })?;
+                }
+                _ => p.write_to(&mut dst[at..at + p.len()])?,
+            }
             at += p.len();
         }
         Ok(())
@@ -345,14 +374,16 @@ impl Payload {
             }
             match piece {
                 Piece::Plain(b) => out.write(b),
-                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) => with_opened(piece, |plain| {
-                    out.write(plain);
-                    Ok::<(), std::convert::Infallible>(())
-                })
-                .map_err(|e| match e {
-                    Opened::Payload(e) => e,
-                    Opened::Visit(never) => match never {},
-                })?,
+                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) | Piece::Straddled { .. } => {
+                    with_opened(piece, |plain| {
+                        out.write(plain);
+                        Ok::<(), std::convert::Infallible>(())
+                    })
+                    .map_err(|e| match e {
+                        Opened::Payload(e) => e,
+                        Opened::Visit(never) => match never {},
+                    })?
+                }
             }
         }
         Ok(())
@@ -372,7 +403,7 @@ impl Payload {
         for piece in &self.pieces {
             match piece {
                 Piece::Plain(b) => blocks.feed(b).map_err(BlockError::Visit)?,
-                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) => {
+                Piece::Sealed(..) | Piece::Lent(_) | Piece::Forged(_) | Piece::Straddled { .. } => {
                     with_opened(piece, |plain| blocks.feed(plain).map_err(BlockError::Visit)).map_err(|e| match e {
                         Opened::Payload(e) => BlockError::Payload(e),
                         Opened::Visit(e) => e,

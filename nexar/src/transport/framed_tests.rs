@@ -6,8 +6,8 @@ use super::*;
 fn a_payload_partly_received_into_a_buffer_is_read_only_into_that_one() {
     let mut dst = vec![0u8; 10];
     dst[..4].copy_from_slice(b"abcd");
-    let landed = Landed { at: dst.as_ptr() as usize, bytes: 4 };
-    let payload = Payload::from_landed(landed, Bytes::from_static(b"efghij"));
+    let landed = Landed { at: dst.as_ptr() as usize, bytes: 4, forged: None };
+    let payload = Payload::from_landed(landed, Payload::from_bytes(Bytes::from_static(b"efghij")));
     assert_eq!(payload.len(), 10);
     payload.copy_to(&mut dst).unwrap();
     assert_eq!(&dst, b"abcdefghij");
@@ -18,9 +18,13 @@ fn a_payload_partly_received_into_a_buffer_is_read_only_into_that_one() {
     assert_eq!(payload.to_chunks(), Err(elsewhere));
     assert!(matches!(payload.for_each_block::<u8, ()>(|_| Ok(())), Err(BlockError::Payload(_))));
     // All of it landed: nothing left to copy.
-    let whole = Payload::from_landed(Landed { at: dst.as_ptr() as usize, bytes: 10 }, Bytes::new());
+    let whole = Payload::from_landed(Landed { at: dst.as_ptr() as usize, bytes: 10, forged: None }, Payload::default());
     whole.copy_to(&mut dst).unwrap();
     assert_eq!(&dst, b"abcdefghij");
+    // A record that failed authentication where it landed fails the copy.
+    let forged =
+        Payload::from_landed(Landed { at: dst.as_ptr() as usize, bytes: 10, forged: Some(6) }, Payload::default());
+    assert_eq!(forged.copy_to(&mut dst), Err(PayloadError::Forged { len: 6 }));
 }
 
 #[test]

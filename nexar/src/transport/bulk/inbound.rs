@@ -89,7 +89,7 @@ impl BulkInbound {
         frames: &[u8],
         group_len: usize,
         landed: Landed,
-        rest: Bytes,
+        rest: Payload,
         admitted: Option<Admitted<'_>>,
     ) -> Result<(), FrameError> {
         let (msg, body_end, expected, limit) = payload_message(frames, self.max_payload, self.carries())?;

@@ -31,11 +31,14 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, BufReader, ReadBuf};
 
+use bytes::Bytes;
+
 use super::reader::PooledGroup;
-use super::records::{GroupSink, HEADER, TAG, record_len};
+use super::records::{Deferred, GroupSink, HEADER, Opener, SealedRecord, TAG, record_len};
+use crate::proto::frame::FrameError;
 use crate::proto::message::PeerMsg;
 use crate::transport::eager_read::EagerRead;
-use crate::transport::framed::Landed;
+use crate::transport::framed::{Landed, Payload};
 use crate::transport::lent::{Lent, with_lent};
 
 /// The shortest payload read into a lent buffer (shorter ones cost little to copy).
@@ -85,17 +88,62 @@ impl Spun {
     }
 }
 
+/// The record being read: where it starts and ends in the group, its header, and how many of
+/// its first bytes went into the lent buffer.
+#[derive(Clone, Copy)]
+struct Record {
+    start: usize,
+    end: usize,
+    header: [u8; HEADER],
+    in_dst: usize,
+}
+
 /// What the socket's next bytes are.
 #[derive(Clone, Copy)]
 enum Next {
     Header { got: usize, bytes: [u8; HEADER] },
-    Body { end: usize },
-    Tag { got: usize },
+    Body(Record),
+    Tag { record: Record, got: usize, tag: [u8; TAG] },
+}
+
+/// A sealed record whose first `in_dst` bytes of ciphertext went into the lent buffer before
+/// the receive stopped lending it, and whose other bytes, `at..end` of the group, into the
+/// pooled group: the receive opens it once it has the rest ([`Payload::copy_to`]).
+pub(super) struct Straddle {
+    pub at: usize,
+    pub end: usize,
+    pub in_dst: usize,
+    pub sealed: SealedRecord,
+}
+
+/// A group whose payload was read, wholly or in part, into the buffer its receive lent.
+pub(super) struct LandedGroup {
+    /// Where the payload's first bytes went, how many, and whether one of its records that
+    /// was opened there failed authentication.
+    pub landed: Landed,
+    /// The record that lies partly there and partly in the pooled group, if any.
+    pub straddle: Option<Straddle>,
+    /// The records read into the pooled group after the receive stopped lending.
+    pub deferred: Vec<Deferred>,
+}
+
+impl LandedGroup {
+    /// The payload's bytes that are not in the lent buffer, from `group` (the pooled group,
+    /// `len` bytes, whose payload starts at `payload_at`).
+    pub fn rest(&self, group: &Bytes, payload_at: usize, len: usize) -> Result<Payload, FrameError> {
+        let from = self.straddle.as_ref().map_or(payload_at + self.landed.bytes, |s| s.end);
+        let rest = Payload::from_group(group, from..len, &self.deferred)?;
+        Ok(match &self.straddle {
+            Some(s) => rest.after_straddled(s.in_dst, group.slice(s.at..s.end), s.sealed.clone()),
+            None => rest,
+        })
+    }
 }
 
 /// A group whose payload is being read into a lent buffer.
 struct Landing<'g> {
     spun: &'g Spun,
+    opener: &'g mut Opener,
     group: &'g mut PooledGroup,
     msg: &'g PeerMsg,
     /// Where the payload starts in the group.
@@ -110,21 +158,28 @@ struct Landing<'g> {
     pooled: bool,
     last_lent: Instant,
     grace: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A record opened in the lent buffer that failed authentication (its length).
+    forged: Option<usize>,
+    straddle: Option<Straddle>,
+    deferred: Vec<Deferred>,
 }
 
 /// Reads the rest of `group` (its bytes from `at`, where its `payload_len`-byte payload starts:
-/// whole records of plaintext) from `sock` into the buffer the receive that waits for `msg`
-/// lends in this poll, and on into `group` should it stop lending. `None`, having read
-/// nothing, when no receive lends a buffer for `msg` now.
+/// whole records) from `sock` into the buffer the receive that waits for `msg` lends in this
+/// poll, and on into `group` should it stop lending; `opener` takes the records (sealed ones
+/// are opened where they lie). `None`, having read nothing, when no receive lends a buffer
+/// for `msg` now.
 pub(super) async fn read_landing(
     sock: &mut BufReader<EagerRead>,
+    opener: &mut Opener,
     group: &mut PooledGroup,
     at: usize,
     msg: &PeerMsg,
     spun: &Spun,
-) -> io::Result<Option<Landed>> {
+) -> io::Result<Option<LandedGroup>> {
     let mut landing = Landing {
         spun,
+        opener,
         group,
         msg,
         payload_at: at,
@@ -135,6 +190,9 @@ pub(super) async fn read_landing(
         pooled: false,
         last_lent: Instant::now(),
         grace: None,
+        forged: None,
+        straddle: None,
+        deferred: Vec::new(),
     };
     std::future::poll_fn(|cx| with_lent(|lent| landing.poll(cx, Pin::new(&mut *sock), lent))).await
 }
@@ -145,7 +203,7 @@ impl Landing<'_> {
         cx: &mut Context<'_>,
         sock: Pin<&mut BufReader<EagerRead>>,
         lent: Option<Lent<'_>>,
-    ) -> Poll<io::Result<Option<Landed>>> {
+    ) -> Poll<io::Result<Option<LandedGroup>>> {
         let payload_len = self.group.group_len() - self.payload_at;
         let ours = lent.filter(|l| l.awaited.is(self.msg));
         // Its receive spins without a buffer to lend (it reduces the payload).
@@ -180,7 +238,12 @@ impl Landing<'_> {
             tracing::trace!(landed = self.landed, "the receive stopped lending its buffer; the rest is pooled");
             self.pooled = true;
         }
-        self.read(cx, sock, dst).map_ok(|()| self.lent_at.map(|at| Landed { at, bytes: self.landed }))
+        ready!(self.read(cx, sock, dst))?;
+        Poll::Ready(Ok(self.lent_at.map(|at| LandedGroup {
+            landed: Landed { at, bytes: self.landed, forged: self.forged },
+            straddle: self.straddle.take(),
+            deferred: std::mem::take(&mut self.deferred),
+        })))
     }
 
     /// Reads records until the group is whole: payload bytes into `dst` while it is lent,
@@ -198,35 +261,67 @@ impl Landing<'_> {
                 Next::Header { got, mut bytes } => {
                     let n = ready!(poll_some(cx, sock.as_mut(), &mut bytes[got..]))?;
                     self.next = match got + n {
-                        HEADER => Next::Body { end: self.at + record_len(bytes, len, self.at)? },
+                        HEADER => {
+                            let end = self.at + record_len(bytes, len, self.at)?;
+                            Next::Body(Record { start: self.at, end, header: bytes, in_dst: 0 })
+                        }
                         got => Next::Header { got, bytes },
                     };
                 }
-                Next::Body { end } => {
+                Next::Body(mut record) => {
+                    let (from, to) = (self.at - self.payload_at, record.end - self.payload_at);
                     let into = match dst.as_deref_mut() {
-                        Some(dst) if !self.pooled => &mut dst[self.at - self.payload_at..end - self.payload_at],
-                        _ => &mut self.group.room(end + TAG)[self.at..end],
+                        Some(dst) if !self.pooled => &mut dst[from..to],
+                        _ => &mut self.group.room(record.end + TAG)[self.at..record.end],
                     };
                     let n = ready!(poll_some(cx, sock.as_mut(), into))?;
                     self.at += n;
                     if !self.pooled {
+                        record.in_dst += n;
                         self.landed = self.at - self.payload_at;
                     }
-                    if self.at == end {
-                        self.next = Next::Tag { got: 0 };
-                    }
-                }
-                Next::Tag { got } => {
-                    // A plaintext record's tag is zeros, and nothing checks it.
-                    let mut tag = [0u8; TAG];
-                    let n = ready!(poll_some(cx, sock.as_mut(), &mut tag[got..]))?;
-                    self.next = match got + n {
-                        TAG => Next::Header { got: 0, bytes: [0; HEADER] },
-                        got => Next::Tag { got },
+                    self.next = match self.at == record.end {
+                        true => Next::Tag { record, got: 0, tag: [0; TAG] },
+                        false => Next::Body(record),
                     };
+                }
+                Next::Tag { record, got, mut tag } => {
+                    let n = ready!(poll_some(cx, sock.as_mut(), &mut tag[got..]))?;
+                    if got + n < TAG {
+                        self.next = Next::Tag { record, got: got + n, tag };
+                        continue;
+                    }
+                    self.take(record, tag, dst.as_deref_mut())?;
+                    self.next = Next::Header { got: 0, bytes: [0; HEADER] };
                 }
             }
         }
+    }
+
+    /// Takes a record read whole: opened where it lies (in `dst`, or in the pooled group as
+    /// the reader takes every record there), or, when its bytes lie in both, kept sealed for
+    /// the receive to open.
+    fn take(&mut self, record: Record, tag: [u8; TAG], dst: Option<&mut [u8]>) -> io::Result<()> {
+        let Record { start, end, header, in_dst } = record;
+        if in_dst == 0 {
+            let bytes = &mut self.group.room(end + TAG)[start..];
+            bytes[end - start..].copy_from_slice(&tag);
+            return self.opener.take_record(header, bytes, start, self.payload_at, &mut self.deferred);
+        }
+        match dst {
+            Some(dst) if in_dst == end - start && !self.pooled => {
+                let body = &mut dst[start - self.payload_at..end - self.payload_at];
+                if self.opener.open_landed(header, body, &tag)?.is_err() {
+                    self.forged.get_or_insert(end - start);
+                }
+            }
+            _ => {
+                if let Some(sealed) = self.opener.keep_sealed(header, end - start, tag)? {
+                    self.straddle = Some(Straddle { at: start + in_dst, end, in_dst, sealed });
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -249,25 +344,30 @@ mod tests {
     use tokio::net::TcpStream;
 
     use super::*;
+    use crate::config::LaneAes;
     use crate::proto::message::CollHeader;
     use crate::transport::bulk::Awaited;
+    use crate::transport::framed::PayloadError;
     use crate::transport::lent::lend;
     use crate::transport::tcp_lane::reader::RecvPool;
-    use crate::transport::tcp_lane::records::plain_group;
+    use crate::transport::tcp_lane::records::{RECORD, test_group};
 
     const FRAMES: usize = 100;
     const AWAITED: Awaited = Awaited::Collective { comm: 0, seq: 1, part: 0 };
+    /// Plaintext records, and records sealed by ring's AES-GCM (which opens in place).
+    const PROTECTIONS: [Option<LaneAes>; 2] = [None, Some(LaneAes::Ring)];
 
     fn msg(len: u64) -> PeerMsg {
         let header = CollHeader { kind: 1, op: 0, dtype: 1, root: 0, count: len, fingerprint: 0, segment: 0 };
         PeerMsg::Coll { comm: 0, seq: 1, header, part: 0, len }
     }
 
-    /// A lane's reading end with a plaintext group of `FRAMES` bytes of frames and `payload`
-    /// read up to its payload, and the wire bytes of its payload's records (not sent yet).
+    /// A lane's reading end with a group of `FRAMES` bytes of frames and `payload` read up to
+    /// its payload, and the wire bytes of its payload's records (not sent yet).
     struct Setup {
         sock: BufReader<EagerRead>,
         peer: std::net::TcpStream,
+        opener: Opener,
         group: PooledGroup,
         at: usize,
         payload_wire: Vec<u8>,
@@ -276,8 +376,8 @@ mod tests {
         spun: Spun,
     }
 
-    async fn setup(payload: &[u8]) -> Setup {
-        let (head, wire, mut opener) = plain_group(&[&[7u8; FRAMES], payload]);
+    async fn setup(payload: &[u8], encrypt: Option<LaneAes>) -> Setup {
+        let (head, wire, mut opener) = test_group(&[&[7u8; FRAMES], payload], encrypt);
         let mut rest = &wire[..];
         let pool = Arc::new(RecvPool::default());
         let mut group = RecvPool::take(&pool, head.len as usize, head.lead);
@@ -288,7 +388,20 @@ mod tests {
         let (ours, _) = listener.accept().unwrap();
         ours.set_nonblocking(true).unwrap();
         let sock = BufReader::with_capacity(16 << 10, EagerRead(TcpStream::from_std(ours).unwrap()));
-        Setup { sock, peer, group, at, payload_wire: rest.to_vec(), _pool: pool, spun: Spun::default() }
+        Setup { sock, peer, opener, group, at, payload_wire: rest.to_vec(), _pool: pool, spun: Spun::default() }
+    }
+
+    impl Setup {
+        fn read<'s>(&'s mut self, msg: &'s PeerMsg) -> impl Future<Output = io::Result<Option<LandedGroup>>> + 's {
+            Box::pin(read_landing(&mut self.sock, &mut self.opener, &mut self.group, self.at, msg, &self.spun))
+        }
+
+        /// The payload as its receive sees it, once `landing` is done with the group.
+        fn payload(self, landing: &LandedGroup) -> Payload {
+            let len = self.group.group_len();
+            let group = Bytes::from_owner(self.group);
+            Payload::from_landed(landing.landed, landing.rest(&group, self.at, len).unwrap())
+        }
     }
 
     fn payload(len: usize) -> Vec<u8> {
@@ -304,61 +417,125 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_payload_read_while_its_receive_lends_a_buffer_lands_there_whole() {
-        let want = payload(700_001);
-        let mut s = setup(&want).await;
-        s.peer.write_all(&s.payload_wire).unwrap();
-        let msg = msg(want.len() as u64);
-        let mut dst = vec![0u8; want.len()];
-        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &s.spun));
-        let landed = loop {
-            if let Poll::Ready(done) = poll_once(&mut reading, Some((&mut dst, AWAITED))) {
-                break done.unwrap().expect("landed");
+    /// Polls `reading` (lending `dst` each time, if given) until it is done.
+    async fn finish<F: Future<Output = io::Result<Option<LandedGroup>>> + Unpin>(
+        reading: &mut F,
+        mut dst: Option<&mut [u8]>,
+    ) -> LandedGroup {
+        loop {
+            let lent = dst.as_deref_mut().map(|d| (d, AWAITED));
+            if let Poll::Ready(done) = poll_once(reading, lent) {
+                return done.unwrap().expect("landed");
             }
             tokio::time::sleep(Duration::from_micros(100)).await;
-        };
-        assert_eq!(landed, Landed { at: dst.as_ptr() as usize, bytes: want.len() });
-        assert!(dst == want, "the payload landed altered");
-        drop(reading);
-        assert_eq!(s.group.first(FRAMES), &[7u8; FRAMES][..], "the frames stay in the group");
+        }
     }
 
     #[tokio::test]
-    async fn a_receive_that_stops_lending_leaves_the_rest_to_the_pooled_buffer() {
-        let want = payload(600_000);
-        let mut s = setup(&want).await;
-        let (first, second) = s.payload_wire.split_at(200_000);
-        s.peer.write_all(first).unwrap();
-        let msg = msg(want.len() as u64);
-        let mut dst = vec![0u8; want.len()];
-        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &s.spun));
-        // Lent while the first bytes come, then never again.
-        let began = Instant::now();
-        while began.elapsed() < Duration::from_millis(50) {
-            assert!(poll_once(&mut reading, Some((&mut dst, AWAITED))).is_pending());
-            tokio::time::sleep(Duration::from_micros(200)).await;
+    async fn a_payload_read_while_its_receive_lends_a_buffer_lands_there_whole() {
+        for encrypt in PROTECTIONS {
+            let want = payload(700_001);
+            let mut s = setup(&want, encrypt).await;
+            s.peer.write_all(&s.payload_wire).unwrap();
+            let msg = msg(want.len() as u64);
+            let mut dst = vec![0u8; want.len()];
+            let mut reading = s.read(&msg);
+            let landing = finish(&mut reading, Some(&mut dst)).await;
+            drop(reading);
+            assert_eq!(landing.landed, Landed { at: dst.as_ptr() as usize, bytes: want.len(), forged: None });
+            assert!(landing.straddle.is_none() && landing.deferred.is_empty(), "{encrypt:?}");
+            assert!(dst == want, "{encrypt:?}: the payload landed altered");
+            assert_eq!(s.group.first(FRAMES), &[7u8; FRAMES][..], "the frames stay in the group");
+            s.payload(&landing).copy_to(&mut dst).unwrap();
+            assert!(dst == want, "{encrypt:?}: nothing left to copy alters it");
         }
-        s.peer.write_all(second).unwrap();
-        let landed = loop {
-            if let Poll::Ready(done) = poll_once(&mut reading, None) {
-                break done.unwrap().expect("landed in part");
+    }
+
+    /// The receive lends its buffer while the wire's first `cut` bytes come, then stops; the
+    /// rest goes into the pooled group, and the receive's copy completes the payload (a sealed
+    /// record cut by the end of the loan is opened there once its rest is in).
+    #[tokio::test]
+    async fn a_receive_that_stops_lending_leaves_the_rest_to_the_pooled_buffer() {
+        let len = 600_000;
+        // Inside the first record; after its body, before its tag; after it; inside the second.
+        let between = HEADER + RECORD + TAG;
+        for cut in [200_000, HEADER + RECORD, between, between + HEADER + 1_000] {
+            for encrypt in PROTECTIONS {
+                let want = payload(len);
+                let mut s = setup(&want, encrypt).await;
+                let wire = std::mem::take(&mut s.payload_wire);
+                let (first, second) = wire.split_at(cut);
+                let mut peer = s.peer.try_clone().unwrap();
+                peer.write_all(first).unwrap();
+                let msg = msg(want.len() as u64);
+                let mut dst = vec![0u8; want.len()];
+                let mut reading = s.read(&msg);
+                // Lent while the first bytes come, then never again.
+                let began = Instant::now();
+                while began.elapsed() < Duration::from_millis(50) {
+                    assert!(poll_once(&mut reading, Some((&mut dst, AWAITED))).is_pending());
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                peer.write_all(second).unwrap();
+                let landing = finish(&mut reading, None).await;
+                drop(reading);
+                let n = landing.landed.bytes;
+                let case = format!("{encrypt:?}, cut at {cut}: {n} bytes landed");
+                assert!(n > 0 && n < len, "{case}");
+                assert!(dst[n..].iter().all(|b| *b == 0), "{case}: nothing written after the loan ended");
+                match encrypt {
+                    None => assert!(dst[..n] == want[..n], "{case}: the landed part altered"),
+                    // A record the loan ended inside (or before its tag) is left to the receive.
+                    Some(_) => assert_eq!(landing.straddle.is_some(), cut != between, "{case}"),
+                }
+                let payload = s.payload(&landing);
+                assert_eq!(payload.to_vec(), Err(PayloadError::Elsewhere { bytes: n }), "{case}");
+                payload.copy_to(&mut dst).unwrap();
+                assert!(dst == want, "{case}: the payload read back altered");
             }
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        };
-        drop(reading);
-        let n = landed.bytes;
-        assert!(n > 0 && n < 200_000, "{n} bytes landed");
-        assert!(dst[..n] == want[..n], "the landed part altered");
-        assert!(dst[n..].iter().all(|b| *b == 0), "nothing written after the loan ended");
-        let group = s.group.as_ref();
-        assert!(group[FRAMES + n..] == want[n..], "the rest went to the pooled group");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sealed_record_altered_on_the_way_fails_its_receive_and_leaves_zeros() {
+        let want = payload(600_000);
+        // The second record is altered: in the lent buffer; then with the loan ended before it.
+        for lent_throughout in [true, false] {
+            let mut s = setup(&want, Some(LaneAes::Ring)).await;
+            let mut wire = std::mem::take(&mut s.payload_wire);
+            let second = HEADER + RECORD + TAG + HEADER;
+            wire[second + 77] ^= 1;
+            let mut peer = s.peer.try_clone().unwrap();
+            let msg = msg(want.len() as u64);
+            let mut dst = vec![0u8; want.len()];
+            let mut reading = s.read(&msg);
+            let landing = if lent_throughout {
+                peer.write_all(&wire).unwrap();
+                finish(&mut reading, Some(&mut dst)).await
+            } else {
+                peer.write_all(&wire[..second - HEADER]).unwrap();
+                let began = Instant::now();
+                while began.elapsed() < Duration::from_millis(50) {
+                    assert!(poll_once(&mut reading, Some((&mut dst, AWAITED))).is_pending());
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                peer.write_all(&wire[second - HEADER..]).unwrap();
+                finish(&mut reading, None).await
+            };
+            drop(reading);
+            let case = format!("lent throughout: {lent_throughout}");
+            assert_eq!(landing.landed.forged.is_some(), lent_throughout, "{case}");
+            let payload = s.payload(&landing);
+            assert_eq!(payload.copy_to(&mut dst), Err(PayloadError::Forged { len: RECORD }), "{case}");
+            assert!(dst[..RECORD] == want[..RECORD], "{case}: the authentic record is whole");
+            assert!(dst[RECORD..2 * RECORD].iter().all(|b| *b == 0), "{case}: the altered one is zeros");
+        }
     }
 
     #[tokio::test]
     async fn without_a_loan_for_the_message_nothing_is_read() {
         let want = payload(100_000);
-        let mut s = setup(&want).await;
+        let mut s = setup(&want, None).await;
         s.peer.write_all(&s.payload_wire).unwrap();
         let msg = msg(want.len() as u64);
         let other = Awaited::Collective { comm: 0, seq: 2, part: 0 };
@@ -366,7 +543,7 @@ mod tests {
         // No loan, a loan for another message, one of another length: the reader waits a
         // little for the receive to lend its buffer, then gives up.
         for case in 0..3 {
-            let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &s.spun));
+            let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.opener, &mut s.group, s.at, &msg, &s.spun));
             let began = Instant::now();
             let done = loop {
                 let lent = match case {
@@ -387,12 +564,12 @@ mod tests {
         // A receive that spins for the message with nothing to lend (it reduces the payload):
         // at once.
         s.spun.now();
-        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &s.spun));
+        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.opener, &mut s.group, s.at, &msg, &s.spun));
         assert!(matches!(poll_once(&mut reading, Some((&mut [][..], AWAITED))), Poll::Ready(Ok(None))));
         drop(reading);
         // No receive has polled the lane for longer than the wait (they park): at once.
         let parked = Spun { born: Instant::now() - Duration::from_secs(1), at: AtomicU64::new(0) };
-        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.group, s.at, &msg, &parked));
+        let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.opener, &mut s.group, s.at, &msg, &parked));
         assert!(matches!(poll_once(&mut reading, None), Poll::Ready(Ok(None))));
         drop(reading);
         assert!(s.sock.buffer().is_empty(), "nothing was read");

@@ -57,6 +57,12 @@ impl SealedRecord {
     pub fn open_into(&self, cipher: &[u8], out: &mut [u8]) -> Result<(), Forged> {
         self.key.open_into(self.nonce, &self.header, cipher, &self.tag, out).map_err(|_| Forged)
     }
+
+    /// Authenticates and decrypts, in place, `body`: this record's ciphertext, already where
+    /// its plaintext belongs. After [`Forged`] `body` is zeroed.
+    pub fn open_in_place(&self, body: &mut [u8]) -> Result<(), Forged> {
+        self.key.open_in_place_tagged(self.nonce, &self.header, &self.tag, body).map_err(|_| Forged)
+    }
 }
 
 impl std::fmt::Debug for SealedRecord {

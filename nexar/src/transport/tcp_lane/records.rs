@@ -125,10 +125,34 @@ pub(crate) fn sealed_group(sealer: &mut Sealer, parts: &[&[u8]]) -> Vec<u8> {
 /// records, and an opener to read them with.
 #[cfg(test)]
 pub(crate) fn plain_group(parts: &[&[u8]]) -> (GroupHead, Vec<u8>, Opener) {
-    let session: Session = Arc::new(NoKeys);
-    let mut sealer = Sealer::new(&session, Direction::FromDialler, None).unwrap();
+    test_group(parts, None)
+}
+
+/// A session whose two ends export the same keys, for tests.
+#[cfg(test)]
+struct SameKeys;
+
+#[cfg(test)]
+impl Exporter for SameKeys {
+    fn export(&self, out: &mut [u8], context: &[u8]) -> Result<(), rustls::Error> {
+        let mixed = context.iter().fold(5u8, |h, c| h.wrapping_mul(31).wrapping_add(*c));
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = mixed ^ (i as u8).wrapping_mul(13);
+        }
+        Ok(())
+    }
+}
+
+/// As [`plain_group`], with the records sealed by AES-GCM from `encrypt` (`None`: plaintext).
+#[cfg(test)]
+pub(crate) fn test_group(parts: &[&[u8]], encrypt: Option<LaneAes>) -> (GroupHead, Vec<u8>, Opener) {
+    let session: Session = match encrypt {
+        Some(_) => Arc::new(SameKeys),
+        None => Arc::new(NoKeys),
+    };
+    let mut sealer = Sealer::new(&session, Direction::FromDialler, encrypt).unwrap();
     let wire = sealed_group(&mut sealer, parts);
-    let mut opener = Opener::new(&session, Direction::FromDialler, None).unwrap();
+    let mut opener = Opener::new(&session, Direction::FromDialler, encrypt).unwrap();
     let mut rest = &wire[..];
     let head = opener.read_group_head(&mut rest).unwrap().unwrap();
     (head, rest.to_vec(), opener)
@@ -394,9 +418,52 @@ impl Opener {
         Ok(Opener { keys: Protection::new(session, direction, encrypt)? })
     }
 
-    /// Whether records are decrypted (not with `NEXAR_BULK_ENCRYPTION=off`).
-    pub fn decrypts(&self) -> bool {
-        matches!(self.keys, Protection::Aead(_))
+    /// Whether a payload's records may be read straight into the buffer a receive lends
+    /// ([`super::landing`]): plaintext ones, and sealed ones where AES-GCM opens in place
+    /// (ring's), so that opening them there costs no copy. aws-lc leaves them sealed and opens
+    /// them straight into that buffer anyway.
+    pub fn lands(&self) -> bool {
+        match &self.keys {
+            Protection::Plain => true,
+            Protection::Aead(keys) => !keys.key.opens_out_of_place(),
+        }
+    }
+
+    /// Takes the next record, whose header is `header` and tag `tag`, read straight into its
+    /// destination `body` ([`super::landing`]): opened there in place; `Err(Forged)`, `body`
+    /// zeroed, when it fails authentication. A plaintext record is already what it holds.
+    pub fn open_landed(
+        &mut self,
+        header: [u8; HEADER],
+        body: &mut [u8],
+        tag: &[u8; TAG],
+    ) -> io::Result<Result<(), super::payload_records::Forged>> {
+        match &mut self.keys {
+            Protection::Aead(keys) => {
+                let nonce = keys.next(body.len())?;
+                let opened = keys.key.open_in_place_tagged(nonce, &header, tag, body);
+                Ok(opened.map_err(|_| super::payload_records::Forged))
+            }
+            Protection::Plain => Ok(Ok(())),
+        }
+    }
+
+    /// Takes the next record, of `len` bytes, whose header is `header` and tag `tag`, without
+    /// opening it: what opening it later takes (its ciphertext lies in two places,
+    /// [`super::landing`]); `None` for a plaintext record, which needs no opening.
+    pub fn keep_sealed(
+        &mut self,
+        header: [u8; HEADER],
+        len: usize,
+        tag: [u8; TAG],
+    ) -> io::Result<Option<SealedRecord>> {
+        match &mut self.keys {
+            Protection::Aead(keys) => {
+                let nonce = keys.next(len)?;
+                Ok(Some(SealedRecord { header, nonce, tag, key: keys.key.clone() }))
+            }
+            Protection::Plain => Ok(None),
+        }
     }
 
     /// Reads the next group's header record: `None` at a clean end of the stream between

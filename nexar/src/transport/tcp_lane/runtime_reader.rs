@@ -20,7 +20,7 @@ use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::channel::State;
-use super::landing::{LAND_MIN, read_landing};
+use super::landing::{LAND_MIN, LandedGroup, read_landing};
 use super::large_reads::{Done, LARGE_GROUP, LargeReads, Rest};
 use super::reader::{PooledGroup, ReadLimits, RecvPool, checked_head, frames_found};
 use super::records::{Deferred, GroupSink, HEAD, HEADER, Opener, TAG, record_len};
@@ -105,16 +105,13 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
     let admitted = inbound.admit(&msg, payload_len).await;
     let deadline = Instant::now() + limits.group_deadline;
     if input.may_land(&msg, len, at, payload_len, &deferred)
-        && let Some(landed) = within(deadline, read_landing(&mut input.sock, &mut group, at, &msg, &state.spun)).await?
+        && let Some(landing) = within(deadline, input.landing(&mut group, at, &msg, &state.spun)).await?
     {
         // One loan, one message: the next of the same kind is another receive's.
         crate::transport::lent::forfeit_for(&msg);
         let frames = group.first(at).to_vec();
-        let rest = match at + landed.bytes {
-            end if end < len => Bytes::from_owner(group).slice(end..len),
-            _ => Bytes::new(),
-        };
-        let delivered = inbound.deliver_landed(&frames, len, landed, rest, admitted).await;
+        let rest = landing.rest(&Bytes::from_owner(group), at, len).map_err(|e| broke_protocol(state, e))?;
+        let delivered = inbound.deliver_landed(&frames, len, landing.landed, rest, admitted).await;
         return delivered.map(|()| true).map_err(|e| broke_protocol(state, e));
     }
     if input.large.is_some() && len - at >= LARGE_GROUP {
@@ -140,15 +137,30 @@ fn broke_protocol(state: &State, e: crate::proto::frame::FrameError) -> io::Erro
 impl Input {
     /// Whether the payload of a `len`-byte group read up to byte `at`, where its
     /// `payload_len`-byte payload starts, may go straight into a buffer its receive lends
-    /// ([`super::landing`]): plaintext, a collective message, all of it still to read, long
-    /// enough, and no thread of the lane's own to read it instead.
+    /// ([`super::landing`]): plaintext or sealed by an AES-GCM that opens in place
+    /// ([`Opener::lands`]), a collective message, all of it still to read, long enough, and
+    /// no thread of the lane's own to read it instead.
     fn may_land(&self, msg: &PeerMsg, len: usize, at: usize, payload_len: u64, deferred: &[Deferred]) -> bool {
-        let plaintext = self.opener.as_ref().is_some_and(|o| !o.decrypts()) && deferred.is_empty();
-        plaintext
+        self.opener.as_ref().is_some_and(Opener::lands)
+            && deferred.is_empty()
             && self.large.is_none()
             && matches!(msg, PeerMsg::Coll { .. })
             && payload_len >= LAND_MIN as u64
             && len.checked_sub(at) == Some(payload_len as usize)
+    }
+
+    /// Reads the rest of `group`, whose payload starts at `at`, into the buffer `msg`'s
+    /// receive lends ([`read_landing`]).
+    async fn landing(
+        &mut self,
+        group: &mut PooledGroup,
+        at: usize,
+        msg: &PeerMsg,
+        spun: &super::landing::Spun,
+    ) -> io::Result<Option<LandedGroup>> {
+        let Input { sock, opener, .. } = self;
+        let opener = opener.as_mut().ok_or_else(|| io::Error::other("the lane's opener is away"))?;
+        read_landing(sock, opener, group, at, msg, spun).await
     }
 
     fn opener(&mut self) -> io::Result<&mut Opener> {
