@@ -551,11 +551,16 @@ impl NexarClient {
         // The message itself comes straight back where the link's channel has it whole.
         let awaited = Awaited::Collective { comm: key.comm, seq: key.tag, part: key.part };
         let read_link = |awaiting: Option<Awaiting<'_>>| link.and_then(|l| l.bulk_deliver_ready(awaiting));
+        let lent = spin.is_some() && into.is_some();
         if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin, Some(awaited), into, read_link)
             .await
             .map_err(refused)?
         {
             return Ok(held);
+        }
+        if lent && let Some(link) = link {
+            // Its payload, if it was arriving into `into`, goes on without it.
+            link.bulk_receive_parks();
         }
         let pending = match self.inner.coll.take_or_wait_for(key, bytes as u64).map_err(refused)? {
             Ok(held) => return Ok(held),

@@ -188,6 +188,12 @@ pub trait BulkChannel: Send + Sync + 'static {
         None
     }
 
+    /// A receive that spun on [`deliver_ready`](Self::deliver_ready), lending its buffer,
+    /// stops and waits to be woken: a channel that reads the awaited payload into that buffer
+    /// only while it is lent goes on without it at once, rather than wait for another loan
+    /// (nothing, by default).
+    fn receive_parks(&self) {}
+
     /// Whether the channel also carries typed point-to-point messages (`send` and `recv`),
     /// `false` by default. Those must keep their order between a pair of ranks, so a channel
     /// that says yes takes every one of them while it works, whatever its size (ignoring
@@ -419,6 +425,13 @@ impl BulkSlot {
     /// ([`BulkChannel::deliver_ready`]); `Some` if anything may have been.
     pub fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
         self.channel.get().and_then(|c| c.deliver_ready(awaiting))
+    }
+
+    /// A receive that lent its buffer stops spinning ([`BulkChannel::receive_parks`]).
+    pub fn receive_parks(&self) {
+        if let Some(c) = self.channel.get() {
+            c.receive_parks();
+        }
     }
 
     /// Whether a new collective's `len`-byte message would arrive through a thread of the

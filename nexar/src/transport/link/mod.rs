@@ -204,6 +204,12 @@ impl PeerLink {
         self.bulk.deliver_ready(awaiting)
     }
 
+    /// A receive that lent its buffer to the link's bulk channel stops spinning (see
+    /// [`BulkChannel::receive_parks`](crate::transport::bulk::BulkChannel::receive_parks)).
+    pub(crate) fn bulk_receive_parks(&self) {
+        self.bulk.receive_parks();
+    }
+
     /// Where the peer's QUIC endpoint is, as this link reaches it.
     pub(crate) fn remote_addr(&self) -> std::net::SocketAddr {
         self.conn.remote_address()

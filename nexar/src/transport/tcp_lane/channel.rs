@@ -456,14 +456,16 @@ impl BulkChannel for TcpLane {
         self.reading.is_some()
     }
 
-    /// Polls the lane's reader on the receive's thread; a plaintext lane's reader reads the
-    /// awaited message's payload straight into the buffer the receive lends, if it lends one,
-    /// and otherwise stops waiting for a loan ([`super::landing`]).
+    /// Polls the lane's reader on the receive's thread; a reader that lands payloads (a
+    /// plaintext lane's, or one whose AES-GCM opens in place) reads the awaited message's
+    /// payload straight into the buffer the receive lends, if it lends one, and otherwise
+    /// stops waiting for a loan ([`super::landing`]).
     fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
         let reading = self.reading.as_ref()?;
         self.state.spun.now();
+        let lands = self.sealed_by.is_none_or(super::cipher::opens_in_place_only);
         let driven = match awaiting {
-            Some(mut awaiting) if self.sealed_by.is_none() => {
+            Some(mut awaiting) if lands => {
                 let awaited = awaiting.message();
                 match awaiting.take_destination() {
                     // Asked under the reader's lock: only the reader delivers this lane's
@@ -480,6 +482,15 @@ impl BulkChannel for TcpLane {
             _ => reading.drive(),
         };
         driven.then_some(SELF_READ_HOLD)
+    }
+
+    /// The reader stops waiting for the parked receive's loan ([`super::landing`]) and reads
+    /// on into its pooled buffer, starting with what the socket holds now.
+    fn receive_parks(&self) {
+        if let Some(reading) = &self.reading {
+            self.state.spun.park();
+            reading.drive();
+        }
     }
 
     #[cfg(feature = "hostile-member")]

@@ -22,6 +22,13 @@ const TAG_LEN: usize = 16;
 #[error("AES-GCM refused the record")]
 pub(crate) struct Refused;
 
+/// Whether the AES-GCM `aes` resolves to on this CPU opens records in place only (ring's), so
+/// that a payload read straight into its destination is opened there at no extra cost
+/// ([`super::landing`]).
+pub(crate) fn opens_in_place_only(aes: LaneAes) -> bool {
+    aes.resolve() == LaneAes::Ring
+}
+
 /// An AES-128-GCM key of one implementation (ring's holds its expanded key and GHASH tables inline,
 /// about 550 bytes, so it is boxed).
 pub(crate) enum LaneKey {

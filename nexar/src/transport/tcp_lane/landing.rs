@@ -8,9 +8,17 @@
 //! that buffer, during those polls only, instead of into a pooled buffer that the receive
 //! would copy out of afterwards: the payload crosses memory once, as with MPI's TCP transport
 //! (a 1 MiB broadcast 20 % faster here). Nothing reads on after the receive stops lending:
-//! when its reader's own task polls it without a loan for [`LENT_GRACE`] (the receive stopped
-//! spinning, or was dropped), the rest of the group goes into the pooled buffer as usual, and
-//! the message tells the receive how many bytes it already has ([`Landed`]).
+//! when its reader's own task polls it without a loan for [`LENT_GRACE`] (the receive was
+//! dropped), or at once when the receive says it stops spinning ([`Spun::park`]), the rest of
+//! the group goes into the pooled buffer as usual, and the message tells the receive how many
+//! bytes it already has ([`Landed`]).
+//!
+//! Sealed records land too where the lane's AES-GCM opens in place (ring's): each is read into
+//! the buffer and opened there once its tag is in, so the receive copies nothing (before, the
+//! reader opened it in its pooled buffer and the receive copied the plaintext out). A record
+//! that fails authentication there is zeroed and fails the receive. A record the loan ended
+//! inside lies partly in the buffer and partly in the pooled group: the receive opens it once
+//! it copies the rest in ([`Straddle`]); any other receive gets an error, never those bytes.
 //!
 //! A message whose receive is not lending yet when the reader has admitted it waits in the
 //! socket for up to [`LEND_WAIT`]: its rank is often still busy with the step or message
@@ -67,11 +75,14 @@ pub(super) struct Spun {
     born: Instant,
     /// Microseconds from `born`.
     at: AtomicU64,
+    /// When a receive that lent its buffer last stopped spinning (microseconds from `born`,
+    /// plus one; zero: never).
+    parked: AtomicU64,
 }
 
 impl Default for Spun {
     fn default() -> Self {
-        Spun { born: Instant::now(), at: AtomicU64::new(0) }
+        Spun { born: Instant::now(), at: AtomicU64::new(0), parked: AtomicU64::new(0) }
     }
 }
 
@@ -81,10 +92,20 @@ impl Spun {
         self.at.store(self.born.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// Whether a receive polled the reader within `window` of now.
+    /// A receive that polled the reader stops spinning, to be woken by its message.
+    pub fn park(&self) {
+        self.parked.store(self.born.elapsed().as_micros() as u64 + 1, Ordering::Relaxed);
+    }
+
+    /// Whether the last receive to poll the reader has stopped spinning since.
+    fn parked(&self) -> bool {
+        self.parked.load(Ordering::Relaxed) > self.at.load(Ordering::Relaxed)
+    }
+
+    /// Whether a receive polled the reader within `window` of now, and spins still.
     fn within(&self, window: Duration) -> bool {
         let now = self.born.elapsed().as_micros() as u64;
-        now.saturating_sub(self.at.load(Ordering::Relaxed)) <= window.as_micros() as u64
+        now.saturating_sub(self.at.load(Ordering::Relaxed)) <= window.as_micros() as u64 && !self.parked()
     }
 }
 
@@ -129,14 +150,28 @@ pub(super) struct LandedGroup {
 
 impl LandedGroup {
     /// The payload's bytes that are not in the lent buffer, from `group` (the pooled group,
-    /// `len` bytes, whose payload starts at `payload_at`).
-    pub fn rest(&self, group: &Bytes, payload_at: usize, len: usize) -> Result<Payload, FrameError> {
-        let from = self.straddle.as_ref().map_or(payload_at + self.landed.bytes, |s| s.end);
-        let rest = Payload::from_group(group, from..len, &self.deferred)?;
-        Ok(match &self.straddle {
-            Some(s) => rest.after_straddled(s.in_dst, group.slice(s.at..s.end), s.sealed.clone()),
-            None => rest,
-        })
+    /// whose payload starts at `payload_at`). Once a byte of the payload went into the pooled
+    /// group, every later one did, so the group then has room for all of it; where none did,
+    /// the group is not used (it may have room for its frames only).
+    pub fn rest(&self, group: PooledGroup, payload_at: usize) -> Result<Payload, FrameError> {
+        let len = group.group_len();
+        let from = self.straddle.as_ref().map_or(payload_at + self.landed.bytes, |s| s.at);
+        if from == len {
+            let rest = Payload::default();
+            return Ok(match &self.straddle {
+                Some(s) => rest.after_straddled(s.in_dst, Bytes::new(), s.sealed.clone()),
+                None => rest,
+            });
+        }
+        let group = Bytes::from_owner(group);
+        match &self.straddle {
+            Some(s) => Ok(Payload::from_group(&group, s.end..len, &self.deferred)?.after_straddled(
+                s.in_dst,
+                group.slice(s.at..s.end),
+                s.sealed.clone(),
+            )),
+            None => Payload::from_group(&group, from..len, &self.deferred),
+        }
     }
 }
 
@@ -229,7 +264,8 @@ impl Landing<'_> {
             self.grace = None;
         } else if !self.pooled {
             let until = self.last_lent + LENT_GRACE;
-            if Instant::now() < until {
+            // A receive that parked lends nothing until its message wakes it.
+            if Instant::now() < until && !self.spun.parked() {
                 let grace = self.grace.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until.into())));
                 if grace.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
@@ -373,7 +409,7 @@ mod tests {
         payload_wire: Vec<u8>,
         _pool: Arc<RecvPool>,
         /// Receives polling the lane (renewed by the tests that need them to be recent).
-        spun: Spun,
+        spun: Arc<Spun>,
     }
 
     async fn setup(payload: &[u8], encrypt: Option<LaneAes>) -> Setup {
@@ -388,7 +424,7 @@ mod tests {
         let (ours, _) = listener.accept().unwrap();
         ours.set_nonblocking(true).unwrap();
         let sock = BufReader::with_capacity(16 << 10, EagerRead(TcpStream::from_std(ours).unwrap()));
-        Setup { sock, peer, opener, group, at, payload_wire: rest.to_vec(), _pool: pool, spun: Spun::default() }
+        Setup { sock, peer, opener, group, at, payload_wire: rest.to_vec(), _pool: pool, spun: Arc::default() }
     }
 
     impl Setup {
@@ -398,9 +434,7 @@ mod tests {
 
         /// The payload as its receive sees it, once `landing` is done with the group.
         fn payload(self, landing: &LandedGroup) -> Payload {
-            let len = self.group.group_len();
-            let group = Bytes::from_owner(self.group);
-            Payload::from_landed(landing.landed, landing.rest(&group, self.at, len).unwrap())
+            Payload::from_landed(landing.landed, landing.rest(self.group, self.at).unwrap())
         }
     }
 
@@ -456,10 +490,11 @@ mod tests {
     /// record cut by the end of the loan is opened there once its rest is in).
     #[tokio::test]
     async fn a_receive_that_stops_lending_leaves_the_rest_to_the_pooled_buffer() {
-        let len = 600_000;
-        // Inside the first record; after its body, before its tag; after it; inside the second.
+        // Inside the first record; after its body, before its tag; after it; inside the second;
+        // after the body of a payload's only record, before its tag.
         let between = HEADER + RECORD + TAG;
-        for cut in [200_000, HEADER + RECORD, between, between + HEADER + 1_000] {
+        let cuts = [(200_000, 600_000), (HEADER + RECORD, 600_000), (between, 600_000)];
+        for (cut, len) in cuts.into_iter().chain([(between + HEADER + 1_000, 600_000), (HEADER + 100_000, 100_000)]) {
             for encrypt in PROTECTIONS {
                 let want = payload(len);
                 let mut s = setup(&want, encrypt).await;
@@ -480,8 +515,8 @@ mod tests {
                 let landing = finish(&mut reading, None).await;
                 drop(reading);
                 let n = landing.landed.bytes;
-                let case = format!("{encrypt:?}, cut at {cut}: {n} bytes landed");
-                assert!(n > 0 && n < len, "{case}");
+                let case = format!("{encrypt:?}, cut at {cut} of {len}: {n} bytes landed");
+                assert!(n > 0 && n <= len, "{case}");
                 assert!(dst[n..].iter().all(|b| *b == 0), "{case}: nothing written after the loan ended");
                 match encrypt {
                     None => assert!(dst[..n] == want[..n], "{case}: the landed part altered"),
@@ -493,6 +528,39 @@ mod tests {
                 payload.copy_to(&mut dst).unwrap();
                 assert!(dst == want, "{case}: the payload read back altered");
             }
+        }
+    }
+
+    /// A receive that stops spinning lends nothing until its message wakes it: the reader
+    /// reads on into the pooled group at once, not after a grace for another loan.
+    #[tokio::test]
+    async fn a_receive_that_parks_leaves_the_rest_to_the_pooled_buffer_at_once() {
+        for encrypt in PROTECTIONS {
+            let want = payload(210_000);
+            let mut s = setup(&want, encrypt).await;
+            let wire = std::mem::take(&mut s.payload_wire);
+            let mut peer = s.peer.try_clone().unwrap();
+            peer.write_all(&wire[..200_000]).unwrap();
+            let (msg, spun) = (msg(want.len() as u64), s.spun.clone());
+            let mut dst = vec![0u8; want.len()];
+            let mut reading = s.read(&msg);
+            let began = Instant::now();
+            while began.elapsed() < Duration::from_millis(30) {
+                assert!(poll_once(&mut reading, Some((&mut dst, AWAITED))).is_pending());
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            // The rest comes (loopback: in the socket once the write returns); soon after its
+            // last loan (within the grace a receive that merely yields gets), the receive parks,
+            // and the reader, polled without a loan (reading the socket itself, as while a
+            // receive drives it), reads it all at once.
+            assert!(poll_once(&mut reading, Some((&mut dst, AWAITED))).is_pending(), "the first bytes are in");
+            peer.write_all(&wire[200_000..]).unwrap();
+            spun.park();
+            let done = crate::transport::eager_read::driven(|| poll_once(&mut reading, None));
+            let Poll::Ready(Ok(Some(landing))) = done else { panic!("{encrypt:?}: the reader waits for a loan") };
+            drop(reading);
+            s.payload(&landing).copy_to(&mut dst).unwrap();
+            assert!(dst == want, "{encrypt:?}: the payload read back altered");
         }
     }
 
@@ -568,7 +636,7 @@ mod tests {
         assert!(matches!(poll_once(&mut reading, Some((&mut [][..], AWAITED))), Poll::Ready(Ok(None))));
         drop(reading);
         // No receive has polled the lane for longer than the wait (they park): at once.
-        let parked = Spun { born: Instant::now() - Duration::from_secs(1), at: AtomicU64::new(0) };
+        let parked = Spun { born: Instant::now() - Duration::from_secs(1), ..Spun::default() };
         let mut reading = Box::pin(read_landing(&mut s.sock, &mut s.opener, &mut s.group, s.at, &msg, &parked));
         assert!(matches!(poll_once(&mut reading, None), Poll::Ready(Ok(None))));
         drop(reading);

@@ -110,7 +110,7 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
         // One loan, one message: the next of the same kind is another receive's.
         crate::transport::lent::forfeit_for(&msg);
         let frames = group.first(at).to_vec();
-        let rest = landing.rest(&Bytes::from_owner(group), at, len).map_err(|e| broke_protocol(state, e))?;
+        let rest = landing.rest(group, at).map_err(|e| broke_protocol(state, e))?;
         let delivered = inbound.deliver_landed(&frames, len, landing.landed, rest, admitted).await;
         return delivered.map(|()| true).map_err(|e| broke_protocol(state, e));
     }
