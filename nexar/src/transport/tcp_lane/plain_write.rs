@@ -49,7 +49,7 @@ impl<'p> PlainGroup<'p> {
         let mut left = len;
         while left > 0 {
             let start = group.bodies.len();
-            let n = match parts.next_record(left.min(RECORD), Cut::of(false, left == len)) {
+            let n = match parts.next_record(left.min(RECORD), Cut::of(left == len)) {
                 NextRecord::Direct(here) => {
                     group.bodies.push(here);
                     here.len()

@@ -291,9 +291,10 @@ impl Sealer {
     /// to `emit` as soon as it is sealed, so the wire starts before the group is all sealed.
     /// Stops when `emit` says no; `Ok(false)` then.
     ///
-    /// A record whose bytes lie in one part is encrypted straight from it into the buffer;
-    /// only records that span small parts (a message's header and the first bytes of its
-    /// payload) are gathered first. Records therefore end where a large part ends.
+    /// The first record ends where a large part starts (a message's frames come alone ahead
+    /// of its payload); after it, records of [`RECORD`] bytes run across parts. A record whose
+    /// bytes lie in one part is encrypted straight from it into the buffer; one that spans
+    /// parts is gathered first.
     pub fn seal_group(
         &mut self,
         parts: &[&[u8]],
@@ -316,13 +317,12 @@ impl Sealer {
         let mut out = Chunk::new(buffer());
         self.seal_from(&mut out, &GroupHead { len: len as u64, lead }.encode())?;
         let mut parts = Parts { parts, part: 0, offset: 0 };
-        let encrypts = self.encrypts();
         let mut left = len;
         while left > 0 {
             if out.used >= CHUNK && !emit(std::mem::replace(&mut out, Chunk::new(buffer())).finish(), false) {
                 return Ok(false);
             }
-            let n = match parts.next_record(left.min(RECORD), Cut::of(encrypts, left == len)) {
+            let n = match parts.next_record(left.min(RECORD), Cut::of(left == len)) {
                 NextRecord::Direct(here) => {
                     self.seal_from(&mut out, here)?;
                     here.len()
@@ -392,11 +392,9 @@ pub(crate) fn lead_of(parts: &[&[u8]]) -> usize {
     parts[..largest].iter().map(|p| p.len()).sum()
 }
 
-/// A part at least this long gets sealed records of its own, ending where it ends, rather than
-/// sharing a gathered record with the next part. At [`DEFER_MIN`], so that a payload made of
-/// several buffers (a plan's bucket) is sealed straight from each, and its receiver, whose
-/// buffers end at the same places, decrypts each record straight into its own buffer
-/// (plaintext records run across parts: [`Cut`](super::sealed::Cut)).
+/// A part at least this long gets records of its own where records end at long parts (a
+/// group's first record, [`Cut`](super::sealed::Cut)), so that a long payload's records
+/// start where it starts: at [`DEFER_MIN`], where the receiver may leave them sealed.
 pub(super) const DIRECT_MIN: usize = DEFER_MIN;
 
 /// Bytes on the wire for a group of `len` bytes in one part.
