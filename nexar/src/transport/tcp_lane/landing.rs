@@ -19,6 +19,9 @@
 //! that fails authentication there is zeroed and fails the receive. A record the loan ended
 //! inside lies partly in the buffer and partly in the pooled group: the receive opens it once
 //! it copies the rest in ([`Straddle`]); any other receive gets an error, never those bytes.
+//! A receive dropped while a sealed record lands leaves that record's ciphertext in its
+//! buffer (as a dropped receive leaves any partly received payload), never unauthenticated
+//! plaintext: a record is opened only once whole, and zeroed if it fails.
 //!
 //! A message whose receive is not lending yet when the reader has admitted it waits in the
 //! socket for up to [`LEND_WAIT`]: its rank is often still busy with the step or message
