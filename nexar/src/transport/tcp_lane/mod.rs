@@ -34,6 +34,8 @@ mod sealed;
 mod setup;
 #[cfg(feature = "hostile-member")]
 mod tamper;
+#[cfg(test)]
+mod test_groups;
 mod writer;
 
 pub(crate) use channel::{Connected, LaneIo, Pair, TcpLane};
