@@ -60,6 +60,13 @@ impl Drivable {
         Poll::Pending
     }
 
+    /// Wakes the future's own task, which polls it on its next turn.
+    pub(crate) fn wake(&self) {
+        if let Some(waker) = crate::sync::lock(&self.slot).waker.clone() {
+            waker.wake();
+        }
+    }
+
     /// Polls the future once on the calling task, with its own task's waker; `true` if it was
     /// polled. Does nothing while its task polls it (on another thread), before its task first
     /// did, or once it has finished. Never waits.

@@ -484,12 +484,14 @@ impl BulkChannel for TcpLane {
         driven.then_some(SELF_READ_HOLD)
     }
 
-    /// The reader stops waiting for the parked receive's loan ([`super::landing`]) and reads
-    /// on into its pooled buffer, starting with what the socket holds now.
+    /// The reader stops waiting for the parked receive's loan ([`super::landing`]): where it
+    /// was reading a payload into that receive's buffer, its task reads on into its pooled
+    /// buffer on its next turn (at once: the receive leaves the thread).
     fn receive_parks(&self) {
-        if let Some(reading) = &self.reading {
-            self.state.spun.park();
-            reading.drive();
+        if let Some(reading) = &self.reading
+            && self.state.spun.park()
+        {
+            reading.wake();
         }
     }
 
