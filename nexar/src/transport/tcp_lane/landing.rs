@@ -36,7 +36,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -81,11 +81,13 @@ pub(super) struct Spun {
     /// When a receive that lent its buffer last stopped spinning (microseconds from `born`,
     /// plus one; zero: never).
     parked: AtomicU64,
+    /// The reader is reading a payload into a lent buffer.
+    landing: AtomicBool,
 }
 
 impl Default for Spun {
     fn default() -> Self {
-        Spun { born: Instant::now(), at: AtomicU64::new(0), parked: AtomicU64::new(0) }
+        Spun { born: Instant::now(), at: AtomicU64::new(0), parked: AtomicU64::new(0), landing: AtomicBool::new(false) }
     }
 }
 
@@ -95,9 +97,11 @@ impl Spun {
         self.at.store(self.born.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// A receive that polled the reader stops spinning, to be woken by its message.
-    pub fn park(&self) {
+    /// A receive that polled the reader stops spinning, to be woken by its message: `true`
+    /// if the reader is reading a payload into a lent buffer (it should then go on without).
+    pub fn park(&self) -> bool {
         self.parked.store(self.born.elapsed().as_micros() as u64 + 1, Ordering::Relaxed);
+        self.landing.load(Ordering::Relaxed)
     }
 
     /// Whether the last receive to poll the reader has stopped spinning since.
@@ -235,6 +239,14 @@ pub(super) async fn read_landing(
     std::future::poll_fn(|cx| with_lent(|lent| landing.poll(cx, Pin::new(&mut *sock), lent))).await
 }
 
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        if self.lent_at.is_some() {
+            self.spun.landing.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Landing<'_> {
     fn poll(
         &mut self,
@@ -257,6 +269,7 @@ impl Landing<'_> {
             (None, None) => return Poll::Ready(Ok(None)),
             (Some(dst), None) => {
                 self.lent_at = Some(dst.as_ptr() as usize);
+                self.spun.landing.store(true, Ordering::Relaxed);
                 Some(dst)
             }
             (Some(dst), Some(at)) if at == dst.as_ptr() as usize && !self.pooled => Some(dst),

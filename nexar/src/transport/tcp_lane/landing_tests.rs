@@ -182,7 +182,7 @@ async fn a_receive_that_parks_leaves_the_rest_to_the_pooled_buffer_at_once() {
         // receive drives it), reads it all at once.
         assert!(poll_once(&mut reading, Some((&mut dst, AWAITED))).is_pending(), "the first bytes are in");
         peer.write_all(&wire[200_000..]).unwrap();
-        spun.park();
+        assert!(spun.park(), "{encrypt:?}: the reader says it was landing a payload");
         let done = crate::transport::eager_read::driven(|| poll_once(&mut reading, None));
         let Poll::Ready(Ok(Some(landing))) = done else { panic!("{encrypt:?}: the reader waits for a loan") };
         drop(reading);
