@@ -151,6 +151,13 @@ impl Keys {
         Ok(Keys { session, direction, aes, key, iv, records: 0, bytes: 0, epoch: 0, limit })
     }
 
+    /// What opening the next record, of `len` bytes, whose header is `header` and tag `tag`,
+    /// later takes.
+    fn sealed(&mut self, header: [u8; HEADER], len: usize, tag: [u8; TAG]) -> io::Result<SealedRecord> {
+        let nonce = self.next(len)?;
+        Ok(SealedRecord { header, nonce, tag, key: self.key.clone() })
+    }
+
     /// The nonce of the next record of `len` bytes, moving to the next key first when this
     /// one has protected enough.
     fn next(&mut self, len: usize) -> io::Result<[u8; NONCE_LEN]> {
@@ -365,7 +372,7 @@ impl Opener {
     pub fn lands(&self) -> bool {
         match &self.keys {
             Protection::Plain => true,
-            Protection::Aead(keys) => !keys.key.opens_out_of_place(),
+            Protection::Aead(keys) => super::cipher::opens_in_place_only(keys.aes),
         }
     }
 
@@ -398,10 +405,7 @@ impl Opener {
         tag: [u8; TAG],
     ) -> io::Result<Option<SealedRecord>> {
         match &mut self.keys {
-            Protection::Aead(keys) => {
-                let nonce = keys.next(len)?;
-                Ok(Some(SealedRecord { header, nonce, tag, key: keys.key.clone() }))
-            }
+            Protection::Aead(keys) => Ok(Some(keys.sealed(header, len, tag)?)),
             Protection::Plain => Ok(None),
         }
     }
@@ -504,11 +508,9 @@ impl Opener {
                 deferred.push(Deferred { at, len: n, kept });
             }
             Protection::Aead(keys) if at >= defer_from && n >= DEFER_MIN => {
-                let nonce = keys.next(n)?;
                 let mut tag = [0u8; TAG];
                 tag.copy_from_slice(&record[n..]);
-                let sealed = SealedRecord { header, nonce, tag, key: keys.key.clone() };
-                deferred.push(Deferred { at, len: n, kept: Kept::Sealed(sealed) });
+                deferred.push(Deferred { at, len: n, kept: Kept::Sealed(keys.sealed(header, n, tag)?) });
             }
             _ => {
                 self.open(header, record)?;
