@@ -102,6 +102,8 @@ def main():
     p.add_argument("--build-mpi", action="store_true", help="run the baseline script once to build the MPI binary")
     p.add_argument("--plaintext", action="store_true",
                    help="also run nexar with NEXAR_BULK_ENCRYPTION=off in each round (trusted fabrics only)")
+    p.add_argument("--aes-gcm", action="store_true",
+                   help="also run nexar with NEXAR_LANE_CIPHER=aes-128-gcm in each round (the default is AEGIS-128X2)")
     p.add_argument("--btl", choices=["tcp", "vader"], default="tcp",
                    help="OpenMPI's transport: tcp (loopback) or vader (shared memory)")
     p.add_argument("--shm-off", action="store_true",
@@ -119,6 +121,8 @@ def main():
     # counterpart of OpenMPI's vader).
     network = {"NEXAR_SHM": "off"} if a.btl == "tcp" else {}
     sides = [("nexar", network)]
+    if a.aes_gcm:
+        sides.append(("nexar aes-gcm", dict(network, NEXAR_LANE_CIPHER="aes-128-gcm")))
     if a.plaintext:
         sides.append(("nexar plaintext", dict(network, NEXAR_BULK_ENCRYPTION="off")))
     if a.shm_off and a.btl == "vader":

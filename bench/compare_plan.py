@@ -5,7 +5,7 @@ Each round runs `bench/mpi_fusion.c` under mpirun (one `MPI_Allreduce` of 1,000,
 then 100 of 10,000, np 2 over loopback; with `--vader` also over OpenMPI's shared memory) and
 then `nexar-bench --op plan` (the same 100 buffers of 10,000 f32 as one fused plan, then as
 100 separate calls) over each of nexar's paths: the TCP lane sealed (`NEXAR_SHM=off`, the
-default between hosts), the TCP lane in plaintext (`NEXAR_BULK_ENCRYPTION=off`, trusted fabrics
+default between hosts; with AEGIS-128X2, the default, and with AES-128-GCM), the TCP lane in plaintext (`NEXAR_BULK_ENCRYPTION=off`, trusted fabrics
 only) and shared memory (the default between ranks of one host). It prints, per side, the
 fused and separate times (median and range over the rounds, µs) and the gain from fusing
 (separate over fused, per round, median and range): the README's "Fused plans" table.
@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_mpi import ROOT, compile_mpi, mpi_run  # noqa: E402
 
 NEXAR_SIDES = [
-    ("nexar, TCP lane (`NEXAR_SHM=off`)", {"NEXAR_SHM": "off"}),
+    ("nexar, TCP lane (`NEXAR_SHM=off`), AEGIS-128X2", {"NEXAR_SHM": "off"}),
+    ("nexar, TCP lane, AES-128-GCM", {"NEXAR_SHM": "off", "NEXAR_LANE_CIPHER": "aes-128-gcm"}),
     ("nexar, TCP lane, plaintext", {"NEXAR_SHM": "off", "NEXAR_BULK_ENCRYPTION": "off"}),
     ("nexar, shared memory (default on one host)", {}),
 ]

@@ -55,7 +55,7 @@ pub use comm::{
     LinkStats, MAX_SETUP_BODY, NexarClient, P2pError, PeerFailure, RecoveryError,
 };
 pub use config::{
-    BulkTransport, ConfigError, LaneAes, LaneCongestion, NexarConfig, NexarConfigBuilder, RecoveryPolicy,
+    BulkTransport, ConfigError, LaneAes, LaneCipher, LaneCongestion, NexarConfig, NexarConfigBuilder, RecoveryPolicy,
 };
 pub use error::NexarError;
 pub use nexar_macros::{collective_plan, rpc};

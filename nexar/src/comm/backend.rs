@@ -286,9 +286,10 @@ impl NexarClient {
     }
 
     /// What the channel carrying collective payloads to `peer` says of itself: for the TCP
-    /// lane, whether its records are sealed (and by which AES-GCM, [`crate::LaneAes`]) and which
-    /// congestion control its connection runs (`"sealed, AES-GCM from ring, cubic congestion
-    /// control"`); `None` over QUIC or without a direct link.
+    /// lane, whether its records are sealed (and with which cipher, [`crate::LaneCipher`], and
+    /// for AES-GCM which implementation, [`crate::LaneAes`]) and which congestion control its
+    /// connection runs (`"sealed, AEGIS-128X2, cubic congestion control"`, `"sealed, AES-GCM
+    /// from ring, cubic congestion control"`); `None` over QUIC or without a direct link.
     ///
     /// ```no_run
     /// # fn run(comm: nexar::NexarClient) {

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use super::client::NexarClient;
 use super::negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
 use crate::transport::tcp_lane::{
-    Connected, LaneIo, LaneOffer, LaneTls, Pair, ReadLimits, TOKEN_LEN, TcpLane, answer, dial,
+    Connected, LaneAead, LaneIo, LaneOffer, LaneTls, Pair, ReadLimits, TOKEN_LEN, TcpLane, answer, dial,
 };
 
 /// Room in a received group for the frames around the largest payload.
@@ -199,7 +199,7 @@ impl NexarClient {
         let congestion = conns.set_congestion(&cfg.lane_congestion);
         tracing::debug!(rank = self.rank(), peer, ?mode, min_bytes, congestion, "tcp lane");
         let io = LaneIo {
-            encrypt: cfg.bulk_encryption.then_some(cfg.lane_aes),
+            encrypt: cfg.bulk_encryption.then(|| LaneAead::new(cfg.lane_cipher, cfg.lane_aes)),
             on_runtime: !threads,
             large_on_threads: mode == LaneMode::RuntimeLargeOnThread,
         };

@@ -129,6 +129,7 @@ setters! {
     plain bulk_transport: BulkTransport;
     plain bulk_encryption: bool;
     plain lane_congestion: super::LaneCongestion;
+    plain lane_cipher: super::LaneCipher;
     plain lane_aes: super::LaneAes;
     plain shared_memory: bool;
     plain bind_core: bool;

@@ -160,6 +160,9 @@ impl NexarConfig {
         if let Some((var, v)) = get("NEXAR_LANE_CONGESTION") {
             c.lane_congestion = parse(var, &v)?;
         }
+        if let Some((var, v)) = get("NEXAR_LANE_CIPHER") {
+            c.lane_cipher = parse(var, &v)?;
+        }
         if let Some((var, v)) = get("NEXAR_LANE_AES") {
             c.lane_aes = parse(var, &v)?;
         }

@@ -14,11 +14,13 @@ use crate::transport::chaos::NetChaos;
 mod builder;
 mod env;
 mod lane_aes;
+mod lane_cipher;
 mod lane_congestion;
 mod trace_config;
 
 pub use builder::NexarConfigBuilder;
 pub use lane_aes::LaneAes;
+pub use lane_cipher::LaneCipher;
 pub use lane_congestion::LaneCongestion;
 pub use trace_config::TraceConfig;
 
@@ -238,7 +240,16 @@ pub struct NexarConfig {
     /// assert_eq!(cfg.lane_congestion.name(), Some("reno"));
     /// ```
     pub lane_congestion: LaneCongestion,
-    /// Which implementation of AES-128-GCM seals the TCP lane's records (`NEXAR_LANE_AES`:
+    /// Which cipher seals the TCP lane's records (`NEXAR_LANE_CIPHER`: `aegis-128x2`, the
+    /// default, or `aes-128-gcm`); every rank must use the same. See [`LaneCipher`].
+    ///
+    /// ```
+    /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_LANE_CIPHER").then(|| "aes-128-gcm".into())).unwrap();
+    /// assert_eq!(cfg.lane_cipher, nexar::LaneCipher::Aes128Gcm);
+    /// ```
+    pub lane_cipher: LaneCipher,
+    /// Which implementation of AES-128-GCM seals the TCP lane's records where
+    /// [`lane_cipher`](Self::lane_cipher) is AES-128-GCM (`NEXAR_LANE_AES`:
     /// `auto`, the default, `aws-lc` or `ring`); see [`LaneAes`].
     ///
     /// ```
@@ -365,6 +376,7 @@ impl std::fmt::Debug for NexarConfig {
             .field("bulk_encryption", &self.bulk_encryption)
             .field("lane_threads", &self.lane_threads)
             .field("lane_congestion", &self.lane_congestion)
+            .field("lane_cipher", &self.lane_cipher)
             .field("lane_aes", &self.lane_aes)
             .field("shared_memory", &self.shared_memory)
             .field("bind_core", &self.bind_core)
@@ -480,6 +492,7 @@ impl Default for NexarConfig {
             bulk_encryption: true,
             lane_threads: None,
             lane_congestion: LaneCongestion::default(),
+            lane_cipher: LaneCipher::Aegis128X2,
             lane_aes: LaneAes::Auto,
             shared_memory: true,
             bind_core: false,

@@ -27,6 +27,7 @@ fn every_variable_is_read() {
         ("NEXAR_SEGMENT_BYTES", "4M"),
         ("NEXAR_LANE_CONGESTION", "Reno"),
         ("NEXAR_LANE_AES", "Ring"),
+        ("NEXAR_LANE_CIPHER", "AES_128_GCM"),
     ])
     .unwrap();
     assert_eq!(c.heartbeat_timeout, Duration::from_millis(700));
@@ -43,6 +44,7 @@ fn every_variable_is_read() {
     assert_eq!(c.segment_bytes, 4 << 20);
     assert_eq!(c.lane_congestion, LaneCongestion::Named("reno".into()));
     assert_eq!(c.lane_aes, crate::LaneAes::Ring);
+    assert_eq!(c.lane_cipher, crate::LaneCipher::Aes128Gcm);
 }
 
 #[test]
@@ -77,6 +79,7 @@ fn invalid_values_name_their_variable() {
         ("NEXAR_LANE_CONGESTION", "cubic; reno"),
         ("NEXAR_LANE_CONGESTION", "a-name-far-too-long-for-the-kernel"),
         ("NEXAR_LANE_AES", "openssl"),
+        ("NEXAR_LANE_CIPHER", "chacha20-poly1305"),
     ] {
         let err = with(&[(var, val)]).unwrap_err();
         assert!(err.to_string().contains(var), "{var}={val}: {err}");

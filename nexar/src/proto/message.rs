@@ -14,7 +14,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::frame::FrameError;
 
 /// Version of the join protocol; a seed refuses workers that speak another.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// What a worker sends the seed on its join stream.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -32,9 +32,9 @@ pub enum SeedRequest {
         /// Where the worker listens for peers; an unspecified IP is replaced by the address
         /// the seed sees the worker connect from.
         listen_addr: String,
-        /// Whether the worker encrypts collective payloads on its TCP lanes
-        /// (`NEXAR_BULK_ENCRYPTION`): every rank of a cluster must agree.
-        bulk_encryption: bool,
+        /// How the worker's TCP lanes protect collective payloads (`NEXAR_BULK_ENCRYPTION`,
+        /// `NEXAR_LANE_CIPHER`): every rank of a cluster must agree.
+        lane_sealing: LaneSealing,
         /// The worker's public relay key (X25519, 32 bytes), with which the ranks it has no
         /// direct link to seal the messages relayed to it.
         relay_key: Vec<u8>,
@@ -45,6 +45,37 @@ pub enum SeedRequest {
         /// HMAC-SHA256 keyed by the secret over the joiner's label and the TLS exporter value.
         proof: Vec<u8>,
     },
+}
+
+/// How a worker's TCP lanes protect collective payloads: the records' cipher, or none.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaneSealing {
+    /// Not encrypted (`NEXAR_BULK_ENCRYPTION=off`).
+    Plain,
+    /// AES-128-GCM (`NEXAR_LANE_CIPHER=aes-128-gcm`).
+    Aes128Gcm,
+    /// AEGIS-128X2 (`NEXAR_LANE_CIPHER=aegis-128x2`, the default).
+    Aegis128X2,
+}
+
+impl LaneSealing {
+    /// What a configuration's lanes do.
+    pub fn of(cfg: &crate::NexarConfig) -> LaneSealing {
+        match (cfg.bulk_encryption, cfg.lane_cipher) {
+            (false, _) => LaneSealing::Plain,
+            (true, crate::LaneCipher::Aes128Gcm) => LaneSealing::Aes128Gcm,
+            (true, crate::LaneCipher::Aegis128X2) => LaneSealing::Aegis128X2,
+        }
+    }
+
+    /// The settings that give it, for an error message.
+    pub fn settings(self) -> &'static str {
+        match self {
+            LaneSealing::Plain => "NEXAR_BULK_ENCRYPTION=off",
+            LaneSealing::Aes128Gcm => "NEXAR_BULK_ENCRYPTION=on with NEXAR_LANE_CIPHER=aes-128-gcm",
+            LaneSealing::Aegis128X2 => "NEXAR_BULK_ENCRYPTION=on with NEXAR_LANE_CIPHER=aegis-128x2",
+        }
+    }
 }
 
 /// How a worker proves it may join.
@@ -454,7 +485,7 @@ mod tests {
             claim: RankClaim { rank: Some(3), rank_var: "RANK".into(), ..Default::default() },
             csr_der: vec![2; 300],
             listen_addr: "127.0.0.1:5000".into(),
-            bulk_encryption: true,
+            lane_sealing: LaneSealing::Aegis128X2,
             relay_key: vec![3; 32],
         };
         assert_eq!(decode::<SeedRequest>(&encode(&m).unwrap()).unwrap(), m);

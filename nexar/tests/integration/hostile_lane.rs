@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nexar::hostile::{HostileMember, LaneTamper, take_collective_payload};
-use nexar::{LaneAes, NetChaos, NexarClient, NexarConfig};
+use nexar::{LaneAes, LaneCipher, NetChaos, NexarClient, NexarConfig};
 
 use crate::common::{TEST_LIMIT, alone, alone_in_own_network, on_each};
 use crate::hostile_common::{
@@ -24,16 +24,18 @@ use crate::hostile_common::{
 /// rank, so their runtimes do all the lane's I/O), or each on a fake host of its own (cores to
 /// spare, so a thread of the lane reads large groups' records), rank 0 with aws-lc's AES-GCM on
 /// one host and ring's on the other.
-async fn two_ranks_on_tcp_lanes(host: Host) -> Vec<NexarClient> {
+async fn two_ranks_on_tcp_lanes(host: Host, cipher: LaneCipher) -> Vec<NexarClient> {
     let cfg = NexarConfig::builder()
         .bulk_transport(nexar::BulkTransport::Tcp)
         .bulk_min_bytes(0)
         .shared_memory(false)
+        .lane_cipher(cipher)
         .build()
         .unwrap();
     // The two AES-GCM implementations read a payload differently (aws-lc leaves its records
     // sealed for the receive to open into its buffer, ring opens them as they arrive), and the
-    // ranks need not agree: rank 0, the receiver in these tests, uses each in one of the hosts.
+    // ranks need not agree: rank 0, the receiver in these tests, uses each in one of the hosts
+    // (where the cipher is AES-128-GCM; AEGIS-128X2 has one implementation).
     let aes = match host {
         Host::Shared => [LaneAes::AwsLc, LaneAes::Ring],
         Host::OwnEach => [LaneAes::Ring, LaneAes::AwsLc],
@@ -51,6 +53,15 @@ async fn two_ranks_on_tcp_lanes(host: Host) -> Vec<NexarClient> {
     assert_eq!(HostileMember::new(&ranks[1]).bulk_channel(0).map(|l| l.name()), Some("tcp-tls"));
     ranks
 }
+
+/// Where the two ranks of [`two_ranks_on_tcp_lanes`] are, and which cipher seals their lanes:
+/// each cipher on each kind of host.
+const CASES: [(Host, LaneCipher); 4] = [
+    (Host::Shared, LaneCipher::Aes128Gcm),
+    (Host::OwnEach, LaneCipher::Aes128Gcm),
+    (Host::Shared, LaneCipher::Aegis128X2),
+    (Host::OwnEach, LaneCipher::Aegis128X2),
+];
 
 /// Where the two ranks of [`two_ranks_on_tcp_lanes`] are.
 #[derive(Clone, Copy, Debug)]
@@ -81,28 +92,28 @@ async fn broadcast_from_1(
 /// [`segments_that_do_not_hold_together_are_refused`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn point_to_point_segments_that_do_not_hold_together_are_refused() {
-    for host in [Host::Shared, Host::OwnEach] {
-        segments_that_do_not_hold_together_are_refused(&two_ranks_on_tcp_lanes(host).await).await;
+    for (host, cipher) in CASES {
+        segments_that_do_not_hold_together_are_refused(&two_ranks_on_tcp_lanes(host, cipher).await).await;
     }
 }
 
 /// The member (rank 1, the root of a 4 MiB broadcast) flips one bit of the payload's
-/// ciphertext on its TCP lane, which it holds the keys of. AES-GCM decrypts before it checks
-/// the tag, and the payload's records are opened straight into rank 0's buffer (aws-lc) or as
-/// they arrive, a forged one zeroed (ring): the broadcast fails there naming the altered
+/// ciphertext on its TCP lane, which it holds the keys of. AES-GCM and AEGIS decrypt before
+/// they check the tag, and the payload's records are opened straight into rank 0's buffer
+/// (aws-lc's AES-GCM, AEGIS) or as they arrive, a forged one zeroed (ring's AES-GCM, AEGIS): the broadcast fails there naming the altered
 /// record (and rank 0 tells the root, whose broadcast or next call says so), and
 /// each byte of the buffer holds its old
 /// value, the root's byte or zero, never the altered byte. The next broadcast, untampered,
 /// arrives exactly, and the cluster carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_payload_never_reaches_the_receivers_buffer() {
-    for host in [Host::Shared, Host::OwnEach] {
-        tampered_payload(host).await;
+    for (host, cipher) in CASES {
+        tampered_payload(host, cipher).await;
     }
 }
 
-async fn tampered_payload(host: Host) {
-    let ranks = two_ranks_on_tcp_lanes(host).await;
+async fn tampered_payload(host: Host, cipher: LaneCipher) {
+    let ranks = two_ranks_on_tcp_lanes(host, cipher).await;
     let sent: Vec<u8> = (0..4usize << 20).map(|i| 0x80 | (i % 113) as u8).collect();
     let old = 0x11;
     let flip = 1000;
@@ -139,19 +150,19 @@ async fn tampered_payload(host: Host) {
 /// records it opened itself, so both broadcasts arrive exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crafted_placement_hint_changes_nothing_the_receiver_trusts() {
-    for host in [Host::Shared, Host::OwnEach] {
-        crafted_placement_hint(host).await;
+    for (host, cipher) in CASES {
+        crafted_placement_hint(host, cipher).await;
     }
 }
 
-async fn crafted_placement_hint(host: Host) {
-    let ranks = two_ranks_on_tcp_lanes(host).await;
+async fn crafted_placement_hint(host: Host, cipher: LaneCipher) {
+    let ranks = two_ranks_on_tcp_lanes(host, cipher).await;
     let sent: Vec<u8> = (0..1usize << 20).map(|i| (i % 241) as u8).collect();
     let member = HostileMember::new(&ranks[1]);
     for lead in [0, 3, u64::MAX] {
         member.tamper_next_group(0, LaneTamper { lead: Some(lead), ..Default::default() }).unwrap();
         let (got, root, buf) = broadcast_from_1(&ranks, &sent, 0).await;
-        got.and(root).unwrap_or_else(|e| panic!("{host:?}, lead {lead}: {e}"));
+        got.and(root).unwrap_or_else(|e| panic!("{host:?}, {cipher}, lead {lead}: {e}"));
         assert!(buf == sent, "lead {lead}: the broadcast arrived changed");
     }
     carries_on(&ranks).await;
@@ -164,13 +175,13 @@ async fn crafted_placement_hint(host: Host) {
 /// delivered; the ranks' later collectives move over QUIC and are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_in_a_record_left_sealed_are_refused_and_the_lane_given_up() {
-    for host in [Host::Shared, Host::OwnEach] {
-        frames_in_a_sealed_record(host).await;
+    for (host, cipher) in CASES {
+        frames_in_a_sealed_record(host, cipher).await;
     }
 }
 
-async fn frames_in_a_sealed_record(host: Host) {
-    let ranks = two_ranks_on_tcp_lanes(host).await;
+async fn frames_in_a_sealed_record(host: Host, cipher: LaneCipher) {
+    let ranks = two_ranks_on_tcp_lanes(host, cipher).await;
     let len: u64 = 1 << 20;
     let comm = ranks[0].comm_id();
     let lane = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();

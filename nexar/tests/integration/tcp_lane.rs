@@ -213,8 +213,7 @@ async fn each_rank_runs_the_congestion_control_it_asks_for_on_its_lanes() {
                 for p in (0..3).filter(|p| *p != c.rank()) {
                     assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
                     let details = c.bulk_transport_details(p).expect("a lane describes itself");
-                    let aes = nexar::LaneAes::Auto.resolve();
-                    let expected = format!("sealed, AES-GCM from {aes}, {} congestion control", want[c.rank()]);
+                    let expected = format!("sealed, AEGIS-128X2, {} congestion control", want[c.rank()]);
                     assert_eq!(details, expected, "rank {} to {p}", c.rank());
                 }
                 common::check_every_collective(&c, &[1000, 1 << 20]).await;
@@ -254,31 +253,55 @@ async fn lanes_with_io_on_the_runtime_or_on_threads_carry_every_collective() {
     common::logs();
     let run = async {
         // The runtime's I/O writes inline only while the writer thread is idle, so large
-        // groups mix both writers; with threads, the writer and the reader are threads.
-        for inline in [true, false] {
-            let cfg = tcp(0).into_builder().lane_threads(!inline).build().unwrap();
-            let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
-            common::on_each(&ranks, move |c| async move {
-                for p in (0..3).filter(|p| *p != c.rank()) {
-                    assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
-                }
-                common::check_every_collective(&c, &[1000, 300_007, 1 << 20]).await;
-                c.shutdown().await;
-            })
-            .await;
+        // groups mix both writers; with threads, the writer and the reader are threads. Each
+        // with either cipher.
+        for cipher in [nexar::LaneCipher::Aegis128X2, nexar::LaneCipher::Aes128Gcm] {
+            for inline in [true, false] {
+                lanes_carry_every_collective(cipher, inline).await;
+            }
         }
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
 
+/// Three ranks whose lanes are sealed with `cipher` and whose lane I/O is on the runtime
+/// (`inline`) or on threads run every collective.
+async fn lanes_carry_every_collective(cipher: nexar::LaneCipher, inline: bool) {
+    let cfg = tcp(0).into_builder().lane_threads(!inline).lane_cipher(cipher).build().unwrap();
+    let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
+    let name = match cipher {
+        nexar::LaneCipher::Aegis128X2 => "sealed, AEGIS-128X2".to_string(),
+        nexar::LaneCipher::Aes128Gcm => format!("sealed, AES-GCM from {}", nexar::LaneAes::Auto.resolve()),
+    };
+    common::on_each(&ranks, move |c| {
+        let name = name.clone();
+        async move {
+            for p in (0..3).filter(|p| *p != c.rank()) {
+                assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
+                let details = c.bulk_transport_details(p).expect("a lane describes itself");
+                assert!(details.starts_with(&name), "rank {} to {p}: {details}", c.rank());
+            }
+            common::check_every_collective(&c, &[1000, 300_007, 1 << 20]).await;
+            c.shutdown().await;
+        }
+    })
+    .await;
+}
+
 /// A link between ranks that both do the lane's I/O on their runtimes has one connection for
 /// both ways; any other link one per direction. Ranks that differ (one with lane threads,
-/// two without) still agree on each link's connections, and every collective runs on them.
+/// two without) still agree on each link's connections, and every collective runs on them;
+/// their lanes' AES-128-GCM comes from aws-lc on rank 0 and ring on the others (the records
+/// are the same).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_whose_lane_io_differs_agree_on_each_links_connections() {
     common::logs();
     let run = async {
-        let (ranks, _seed) = three_ranks_each(|i, cfg| cfg.lane_threads(i == 1)).await;
+        let aes = |i| if i == 0 { nexar::LaneAes::AwsLc } else { nexar::LaneAes::Ring };
+        let (ranks, _seed) = three_ranks_each(|i, cfg| {
+            cfg.lane_threads(i == 1).lane_cipher(nexar::LaneCipher::Aes128Gcm).lane_aes(aes(i))
+        })
+        .await;
         common::on_each(&ranks, |c| async move {
             for p in (0..3).filter(|p| *p != c.rank()) {
                 assert_eq!(c.bulk_transport(p), Some("tcp-tls"), "rank {} to {p}", c.rank());
@@ -355,7 +378,7 @@ fn thread_names() -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_seed_refuses_a_worker_whose_bulk_encryption_differs_and_the_cluster_still_forms() {
+async fn the_seed_refuses_a_worker_whose_lane_sealing_differs_and_the_cluster_still_forms() {
     common::logs();
     let run = async {
         let cfg = tcp(0).into_builder().world_size(2).listen_addr("127.0.0.1:0".parse().unwrap()).build().unwrap();
@@ -368,13 +391,18 @@ async fn the_seed_refuses_a_worker_whose_bulk_encryption_differs_and_the_cluster
         // Let the first worker fix the cluster's setting.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let plain = cfg.clone().into_builder().bulk_encryption(false).build().unwrap();
-        match NexarClient::connect(addr, &token, plain).await {
-            Err(NexarError::Cluster(nexar::ClusterError::JoinRejected { reason, .. })) => {
-                assert!(reason.contains("NEXAR_BULK_ENCRYPTION=off"), "{reason}");
-                assert!(reason.contains("every rank must use the same"), "{reason}");
+        let aes_gcm = cfg.clone().into_builder().lane_cipher(nexar::LaneCipher::Aes128Gcm).build().unwrap();
+        for (other, named) in [(plain, "NEXAR_BULK_ENCRYPTION=off"), (aes_gcm, "NEXAR_LANE_CIPHER=aes-128-gcm")] {
+            match NexarClient::connect(addr, &token, other).await {
+                Err(NexarError::Cluster(nexar::ClusterError::JoinRejected { reason, .. })) => {
+                    assert!(reason.contains(named), "{reason}");
+                    assert!(reason.contains("the cluster's first worker with"), "{reason}");
+                    assert!(reason.contains("NEXAR_LANE_CIPHER=aegis-128x2"), "{reason}");
+                    assert!(reason.contains("every rank must use the same"), "{reason}");
+                }
+                Err(other) => panic!("refused for another reason: {other}"),
+                Ok(_) => panic!("a worker with {named} joined a cluster of another"),
             }
-            Err(other) => panic!("refused for another reason: {other}"),
-            Ok(_) => panic!("a worker with another NEXAR_BULK_ENCRYPTION joined"),
         }
         let second = NexarClient::connect(addr, &token, cfg).await.unwrap();
         let first = first.await.unwrap().unwrap();

@@ -21,8 +21,10 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
             bulk_transport: nexar::BulkTransport::Tcp,
             bulk_min_bytes,
             bulk_encryption,
+            lane_cipher,
             lane_threads,
             lane_congestion,
+            lane_aes,
             ..
         } => {
             let io = match lane_threads {
@@ -36,7 +38,13 @@ pub(crate) fn report(args: &Args, rows: &[Row], peak_kib: u64) -> Result<(), Box
                 (None, _) => "all".into(),
             };
             let from = format!("{sizes}, {io}");
-            let lanes = if bulk_encryption { "TLS/TCP lanes" } else { "TCP lanes UNENCRYPTED" };
+            let lanes = match (bulk_encryption, lane_cipher) {
+                (false, _) => "TCP lanes UNENCRYPTED".to_string(),
+                (true, nexar::LaneCipher::Aegis128X2) => "TLS/TCP lanes sealed with AEGIS-128X2".to_string(),
+                (true, nexar::LaneCipher::Aes128Gcm) => {
+                    format!("TLS/TCP lanes sealed with AES-128-GCM from {}", lane_aes.resolve())
+                }
+            };
             let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control");
             let congestion = match lane_congestion.name() {
                 Some(name) => name.to_string(),

@@ -14,7 +14,7 @@ use super::{ClusterError, JoinToken};
 use crate::config::NexarConfig;
 use crate::proto::close::CloseCode;
 use crate::proto::frame::MAX_JOIN_FRAME;
-use crate::proto::message::{JoinAuth, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
+use crate::proto::message::{JoinAuth, LaneSealing, PROTOCOL_VERSION, RankClaim, SeedRequest, SeedResponse};
 use crate::transport::framed::{read_message, write_message};
 use crate::transport::relay_seal::RelayPublicKey;
 use crate::transport::tls::{ClusterCa, SEED_SERVER_NAME, key_pin_of_request, seed_server};
@@ -61,8 +61,8 @@ struct Shared {
     slots: Mutex<Slots>,
     table: watch::Sender<Option<Vec<SocketAddr>>>,
     members: watch::Sender<usize>,
-    /// `NEXAR_BULK_ENCRYPTION` of the first worker that joined: every later one must match.
-    bulk_encryption: Mutex<Option<bool>>,
+    /// How the first worker that joined seals its lanes: every later one must match.
+    lane_sealing: Mutex<Option<LaneSealing>>,
     /// How many workers have joined, and the last refusals, for the workers still waiting.
     progress: watch::Sender<Progress>,
     /// The launcher generation of the first worker that named one: every later one must match.
@@ -159,7 +159,7 @@ impl SeedNode {
             }),
             table: watch::channel(None).0,
             members: watch::channel(0).0,
-            bulk_encryption: Mutex::new(None),
+            lane_sealing: Mutex::new(None),
             generation: Mutex::new(None),
             progress: watch::channel(Progress::default()).0,
             closing: watch::channel(None).0,
@@ -337,7 +337,7 @@ async fn serve_connection(
         Ok(r) => r?,
         Err(_) => return Err(format!("sent no valid join request within {limit:?}")),
     };
-    let SeedRequest::Join { protocol, auth, claim, csr_der, listen_addr, bulk_encryption, relay_key } = req else {
+    let SeedRequest::Join { protocol, auth, claim, csr_der, listen_addr, lane_sealing, relay_key } = req else {
         return Err(reject(shared, &conn, &mut send, "expected a join request first".into()).await);
     };
     if let Err(reason) = authenticate(shared, &conn, &mut send, &mut recv, auth).await {
@@ -361,8 +361,7 @@ async fn serve_connection(
         )
         .await);
     }
-    if let Err(reason) = agree_on_encryption(shared, bulk_encryption).and_then(|()| agree_on_generation(shared, &claim))
-    {
+    if let Err(reason) = agree_on_sealing(shared, lane_sealing).and_then(|()| agree_on_generation(shared, &claim)) {
         return Err(reject(shared, &conn, &mut send, reason).await);
     }
     let mut listen: SocketAddr = match listen_addr.parse() {
@@ -474,11 +473,11 @@ fn agree_on_generation(shared: &Shared, claim: &RankClaim) -> Result<(), String>
     }
 }
 
-/// The first worker's `NEXAR_BULK_ENCRYPTION` becomes the cluster's; a worker that differs is
-/// refused, since its lanes could not read its peers' records (nor they its).
-fn agree_on_encryption(shared: &Shared, theirs: bool) -> Result<(), String> {
-    let word = |on: bool| if on { "on" } else { "off" };
-    let mut agreed = crate::sync::lock(&shared.bulk_encryption);
+/// The first worker's lane sealing (`NEXAR_BULK_ENCRYPTION`, `NEXAR_LANE_CIPHER`) becomes the
+/// cluster's; a worker that differs is refused, since its lanes could not read its peers'
+/// records (nor they its).
+fn agree_on_sealing(shared: &Shared, theirs: LaneSealing) -> Result<(), String> {
+    let mut agreed = crate::sync::lock(&shared.lane_sealing);
     match *agreed {
         None => {
             *agreed = Some(theirs);
@@ -486,9 +485,9 @@ fn agree_on_encryption(shared: &Shared, theirs: bool) -> Result<(), String> {
         }
         Some(cluster) if cluster == theirs => Ok(()),
         Some(cluster) => Err(format!(
-            "this worker runs with NEXAR_BULK_ENCRYPTION={}, the cluster's first worker with {}: every rank must use the same",
-            word(theirs),
-            word(cluster)
+            "this worker runs with {}, the cluster's first worker with {}: every rank must use the same",
+            theirs.settings(),
+            cluster.settings()
         )),
     }
 }

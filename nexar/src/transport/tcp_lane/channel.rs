@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{Notify, oneshot};
 
+use super::cipher::LaneAead;
 use super::connections::Parts;
 pub(crate) use super::connections::{Connected, Pair};
 use super::reader::{ReadLimits, read_groups};
@@ -151,9 +152,8 @@ struct Sending {
 /// How a lane protects its records and who does its I/O.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaneIo {
-    /// Records are encrypted, with this implementation of AES-GCM (`None` with
-    /// `NEXAR_BULK_ENCRYPTION=off`).
-    pub encrypt: Option<crate::config::LaneAes>,
+    /// Records are encrypted, with this cipher (`None` with `NEXAR_BULK_ENCRYPTION=off`).
+    pub encrypt: Option<LaneAead>,
     /// The rank's runtime does the I/O: a sender writes its records to the socket itself
     /// while the writer thread is idle, instead of waking it, and a task reads the peer's
     /// groups ([`super::runtime_reader`]). For hosts whose every core runs a rank, where a
@@ -172,9 +172,8 @@ pub(crate) struct TcpLane {
     sending: Mutex<Option<Sending>>,
     spare: Spare,
     min_bytes: usize,
-    /// The AES-GCM that seals records (`None` with `NEXAR_BULK_ENCRYPTION=off`), resolved
-    /// for this CPU.
-    sealed_by: Option<crate::config::LaneAes>,
+    /// The cipher that seals records (`None` with `NEXAR_BULK_ENCRYPTION=off`).
+    sealed_by: Option<LaneAead>,
     write_inline: bool,
     /// Groups this long or longer are never written inline (see [`LaneIo::large_on_threads`]).
     inline_below: usize,
@@ -242,7 +241,7 @@ impl TcpLane {
             sending: Mutex::new(Some(Sending { sealer, jobs })),
             spare,
             min_bytes,
-            sealed_by: encrypt.map(crate::config::LaneAes::resolve),
+            sealed_by: encrypt,
             write_inline,
             inline_below: if large_on_threads { super::large_reads::LARGE_GROUP } else { usize::MAX },
             reading,
@@ -420,7 +419,7 @@ impl BulkChannel for TcpLane {
 
     fn describe(&self) -> Option<String> {
         let protection = match self.sealed_by {
-            Some(aes) => format!("sealed, AES-GCM from {aes}"),
+            Some(aead) => format!("sealed, {aead}"),
             None => "plaintext".into(),
         };
         Some(format!("{protection}, {} congestion control", super::congestion::in_use(&self.state.socket)))
@@ -457,13 +456,13 @@ impl BulkChannel for TcpLane {
     }
 
     /// Polls the lane's reader on the receive's thread; a reader that lands payloads (a
-    /// plaintext lane's, or one whose AES-GCM opens in place) reads the awaited message's
+    /// plaintext lane's, or one whose cipher opens in place) reads the awaited message's
     /// payload straight into the buffer the receive lends, if it lends one, and otherwise
     /// stops waiting for a loan ([`super::landing`]).
     fn deliver_ready(&self, awaiting: Option<Awaiting<'_>>) -> Option<Duration> {
         let reading = self.reading.as_ref()?;
         self.state.spun.now();
-        let lands = self.sealed_by.is_none_or(super::cipher::opens_in_place_only);
+        let lands = self.sealed_by.is_none_or(LaneAead::lands);
         let driven = match awaiting {
             Some(mut awaiting) if lands => {
                 let awaited = awaiting.message();

@@ -56,8 +56,8 @@ impl Connected {
         }
     }
 
-    /// The sealer and opener (encrypting with `encrypt`'s AES-GCM, if given) and the sockets.
-    pub(super) fn into_parts(self, encrypt: Option<crate::config::LaneAes>) -> io::Result<Parts> {
+    /// The sealer and opener (encrypting with `encrypt`, if given) and the sockets.
+    pub(super) fn into_parts(self, encrypt: Option<super::cipher::LaneAead>) -> io::Result<Parts> {
         let one = |session: Session, sock: TcpStream, outgoing: Direction| {
             let sealer = Sealer::new(&session, outgoing, encrypt)?;
             let opener = Opener::new(&session, outgoing.reverse(), encrypt)?;

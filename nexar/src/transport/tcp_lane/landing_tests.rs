@@ -12,13 +12,14 @@ use crate::proto::message::CollHeader;
 use crate::transport::bulk::Awaited;
 use crate::transport::framed::PayloadError;
 use crate::transport::lent::lend;
+use crate::transport::tcp_lane::LaneAead;
 use crate::transport::tcp_lane::reader::RecvPool;
 use crate::transport::tcp_lane::records::{RECORD, test_group};
 
 const FRAMES: usize = 100;
 const AWAITED: Awaited = Awaited::Collective { comm: 0, seq: 1, part: 0 };
 /// Plaintext records, and records sealed by ring's AES-GCM (which opens in place).
-const PROTECTIONS: [Option<LaneAes>; 2] = [None, Some(LaneAes::Ring)];
+const PROTECTIONS: [Option<LaneAead>; 3] = [None, Some(LaneAead::AesGcm(LaneAes::Ring)), Some(LaneAead::Aegis128X2)];
 
 fn msg(len: u64) -> PeerMsg {
     let header = CollHeader { kind: 1, op: 0, dtype: 1, root: 0, count: len, fingerprint: 0, segment: 0 };
@@ -39,7 +40,7 @@ struct Setup {
     spun: Arc<Spun>,
 }
 
-async fn setup(payload: &[u8], encrypt: Option<LaneAes>) -> Setup {
+async fn setup(payload: &[u8], encrypt: Option<LaneAead>) -> Setup {
     let (head, wire, mut opener) = test_group(&[&[7u8; FRAMES], payload], encrypt);
     let mut rest = &wire[..];
     let pool = Arc::new(RecvPool::default());
@@ -195,8 +196,9 @@ async fn a_receive_that_parks_leaves_the_rest_to_the_pooled_buffer_at_once() {
 async fn a_sealed_record_altered_on_the_way_fails_its_receive_and_leaves_zeros() {
     let want = payload(600_000);
     // The second record is altered: in the lent buffer; then with the loan ended before it.
-    for lent_throughout in [true, false] {
-        let mut s = setup(&want, Some(LaneAes::Ring)).await;
+    let sealed = PROTECTIONS.into_iter().flatten();
+    for (aead, lent_throughout) in sealed.flat_map(|aead| [(aead, true), (aead, false)]) {
+        let mut s = setup(&want, Some(aead)).await;
         let mut wire = std::mem::take(&mut s.payload_wire);
         let second = HEADER + RECORD + TAG + HEADER;
         wire[second + 77] ^= 1;
@@ -218,7 +220,7 @@ async fn a_sealed_record_altered_on_the_way_fails_its_receive_and_leaves_zeros()
             finish(&mut reading, None).await
         };
         drop(reading);
-        let case = format!("lent throughout: {lent_throughout}");
+        let case = format!("{aead}, lent throughout: {lent_throughout}");
         assert_eq!(landing.landed.forged.is_some(), lent_throughout, "{case}");
         let payload = s.payload(&landing);
         assert_eq!(payload.copy_to(&mut dst), Err(PayloadError::Forged { len: RECORD }), "{case}");

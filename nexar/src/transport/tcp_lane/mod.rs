@@ -39,6 +39,7 @@ mod test_groups;
 mod writer;
 
 pub(crate) use channel::{Connected, LaneIo, Pair, TcpLane};
+pub(crate) use cipher::LaneAead;
 pub(crate) use handshake::{LaneTls, answer, dial};
 pub(crate) use reader::{PooledGroup, ReadLimits, RecvPool};
 pub(crate) use records::{Deferred, GroupSink, Kept, SealedRecord};

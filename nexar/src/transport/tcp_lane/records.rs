@@ -1,4 +1,5 @@
-//! The lane's record protection: AES-128-GCM records with keys exported from the lane's TLS
+//! The lane's record protection: AEGIS-128X2 or AES-128-GCM records ([`LaneAead`]) with keys
+//! exported from the lane's TLS
 //! 1.3 session (RFC 8446 §7.5), so the sender encrypts straight from the caller's buffer into
 //! the buffers the writer sends, and the receiver decrypts a payload straight into the
 //! caller's buffer (or, for a reduction, into a cached block it reduces from), with no copy in
@@ -8,7 +9,7 @@
 //! frames) as they arrive; the payload's records it leaves sealed ([`SealedRecord`]), each
 //! where its plaintext belongs, with its nonce and key. Every record is authenticated before
 //! its bytes are used; a payload record that fails fails the operation that reads it. Where
-//! the AES-GCM in use opens in place only (ring's, [`super::cipher`]), opening into the
+//! the cipher in use opens in place only (ring's AES-GCM, [`super::cipher`]), opening into the
 //! caller's buffer would copy the record first anyway, so the reader opens the payload's
 //! records as they arrive too, while they are in cache, and the receive copies or reduces
 //! plaintext (a 4–16 MiB broadcast 13–24 % faster on a Zen 3).
@@ -18,15 +19,14 @@
 //! bytes in records of at most [`RECORD`] bytes. A record is `len: u32 LE | ciphertext | 16-byte tag`, the length as
 //! associated data. Nonces are the exported IV xor a per-key record counter; a key protects at
 //! most [`KEY_LIMIT`] bytes, after which both sides derive the next one (exporter context =
-//! the key's epoch and the records' [`Direction`]: the lane's one connection carries both
-//! ways, each under keys of its own), far inside AES-GCM's usage limits. A group length of `u64::MAX` is the
+//! the key's epoch, the records' [`Direction`] — the lane's one connection carries both
+//! ways, each under keys of its own — and the cipher), far inside AES-GCM's usage limits. A group length of `u64::MAX` is the
 //! sender's goodbye.
 
 use std::io::{self, Read};
 use std::sync::Arc;
 
-use super::cipher::{KEY_LEN, LaneKey, NONCE_LEN};
-use crate::config::LaneAes;
+use super::cipher::{KEY_LEN, LaneAead, LaneKey, NONCE_LEN};
 use rustls::{ClientConnection, ServerConnection};
 
 pub(crate) use super::payload_records::{DEFER_MIN, Deferred, Kept, SealedRecord};
@@ -136,7 +136,7 @@ fn crypto_err(what: impl std::fmt::Display) -> io::Error {
 struct Keys {
     session: Session,
     direction: Direction,
-    aes: LaneAes,
+    aead: LaneAead,
     key: Arc<LaneKey>,
     iv: [u8; NONCE_LEN],
     records: u64,
@@ -146,9 +146,9 @@ struct Keys {
 }
 
 impl Keys {
-    fn new(session: Session, direction: Direction, aes: LaneAes, limit: u64) -> io::Result<Keys> {
-        let (key, iv) = derive(&*session, direction, aes, 0)?;
-        Ok(Keys { session, direction, aes, key, iv, records: 0, bytes: 0, epoch: 0, limit })
+    fn new(session: Session, direction: Direction, aead: LaneAead, limit: u64) -> io::Result<Keys> {
+        let (key, iv) = derive(&*session, direction, aead, 0)?;
+        Ok(Keys { session, direction, aead, key, iv, records: 0, bytes: 0, epoch: 0, limit })
     }
 
     /// What opening the next record, of `len` bytes, whose header is `header` and tag `tag`,
@@ -163,7 +163,7 @@ impl Keys {
     fn next(&mut self, len: usize) -> io::Result<[u8; NONCE_LEN]> {
         if self.bytes + len as u64 > self.limit {
             self.epoch += 1;
-            (self.key, self.iv) = derive(&*self.session, self.direction, self.aes, self.epoch)?;
+            (self.key, self.iv) = derive(&*self.session, self.direction, self.aead, self.epoch)?;
             (self.records, self.bytes) = (0, 0);
         }
         let mut nonce = self.iv;
@@ -179,22 +179,24 @@ impl Keys {
 fn derive(
     session: &dyn Exporter,
     direction: Direction,
-    aes: LaneAes,
+    aead: LaneAead,
     epoch: u64,
 ) -> io::Result<(Arc<LaneKey>, [u8; NONCE_LEN])> {
     let mut material = [0u8; KEY_LEN + NONCE_LEN];
-    let mut context = [0u8; 9];
+    let mut context = [0u8; 10];
     context[..8].copy_from_slice(&epoch.to_le_bytes());
     context[8] = direction.context_byte();
+    context[9] = aead.context_byte();
     session.export(&mut material, &context).map_err(crypto_err)?;
     let (key, iv) = material.split_at(KEY_LEN);
-    let key = LaneKey::new(aes, key.try_into().map_err(crypto_err)?).map_err(crypto_err)?;
+    let key = LaneKey::new(aead, key.try_into().map_err(crypto_err)?).map_err(crypto_err)?;
     Ok((Arc::new(key), iv.try_into().map_err(crypto_err)?))
 }
 
 /// How a lane's records are protected.
 enum Protection {
-    /// AES-128-GCM with keys exported from the lane's TLS session (the default).
+    /// AEGIS-128X2 or AES-128-GCM with keys exported from the lane's TLS session (the
+    /// default).
     Aead(Keys),
     /// None: records carry their bytes as they are and an all-zero tag
     /// (`NEXAR_BULK_ENCRYPTION=off`, for trusted fabrics only). The connection itself was
@@ -203,9 +205,9 @@ enum Protection {
 }
 
 impl Protection {
-    fn new(session: &Session, direction: Direction, encrypt: Option<LaneAes>) -> io::Result<Protection> {
+    fn new(session: &Session, direction: Direction, encrypt: Option<LaneAead>) -> io::Result<Protection> {
         Ok(match encrypt {
-            Some(aes) => Protection::Aead(Keys::new(session.clone(), direction, aes, KEY_LIMIT)?),
+            Some(aead) => Protection::Aead(Keys::new(session.clone(), direction, aead, KEY_LIMIT)?),
             None => Protection::Plain,
         })
     }
@@ -217,10 +219,10 @@ pub(crate) struct Sealer {
 }
 
 impl Sealer {
-    /// Seals records going `direction` with keys exported from `session` (AES-GCM from the
-    /// implementation `encrypt` names), or, when `encrypt` is `None`, frames records without
+    /// Seals records going `direction` with keys exported from `session` (with the cipher
+    /// `encrypt` names), or, when `encrypt` is `None`, frames records without
     /// encrypting them.
-    pub fn new(session: &Session, direction: Direction, encrypt: Option<LaneAes>) -> io::Result<Sealer> {
+    pub fn new(session: &Session, direction: Direction, encrypt: Option<LaneAead>) -> io::Result<Sealer> {
         Ok(Sealer { keys: Protection::new(session, direction, encrypt)? })
     }
 
@@ -361,18 +363,18 @@ pub(crate) struct Opener {
 impl Opener {
     /// Opens records coming `direction` with keys exported from `session` (the other end's
     /// session of the same connection), or, when `encrypt` is `None`, reads records as they are.
-    pub fn new(session: &Session, direction: Direction, encrypt: Option<LaneAes>) -> io::Result<Opener> {
+    pub fn new(session: &Session, direction: Direction, encrypt: Option<LaneAead>) -> io::Result<Opener> {
         Ok(Opener { keys: Protection::new(session, direction, encrypt)? })
     }
 
     /// Whether a payload's records may be read straight into the buffer a receive lends
-    /// ([`super::landing`]): plaintext ones, and sealed ones where AES-GCM opens in place
-    /// (ring's), so that opening them there costs no copy. aws-lc leaves them sealed and opens
-    /// them straight into that buffer anyway.
+    /// ([`super::landing`]): plaintext ones, and sealed ones where the cipher opens in place
+    /// at no cost (AEGIS-128X2, ring's AES-GCM: [`LaneAead::lands`]). aws-lc's AES-GCM leaves
+    /// them sealed and opens them straight into that buffer anyway.
     pub fn lands(&self) -> bool {
         match &self.keys {
             Protection::Plain => true,
-            Protection::Aead(keys) => super::cipher::opens_in_place_only(keys.aes),
+            Protection::Aead(keys) => keys.aead.lands(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! changes and refused alterations.
 
 use super::*;
+use crate::config::LaneAes;
 use crate::transport::tcp_lane::payload_records::Forged;
 
 /// Both ends of a session export the same material; a fake one derives it from the context.
@@ -20,9 +21,14 @@ impl Exporter for Fake {
 /// A sealer and an opener of one direction's records; the sealer uses ring's AES-GCM and
 /// the opener aws-lc's, as two ranks whose CPUs differ may (the records are the same).
 fn pair(limit: u64) -> (Sealer, Opener) {
+    pair_of(limit, LaneAead::AesGcm(LaneAes::Ring), LaneAead::AesGcm(LaneAes::AwsLc))
+}
+
+/// A sealer with `seal` and an opener with `open` of one direction's records.
+fn pair_of(limit: u64, seal: LaneAead, open: LaneAead) -> (Sealer, Opener) {
     let keys = |session: Session, engine| Keys::new(session, Direction::FromDialler, engine, limit).unwrap();
-    let sealer = Sealer { keys: Protection::Aead(keys(Arc::new(Fake(7)), LaneAes::Ring)) };
-    let opener = Opener { keys: Protection::Aead(keys(Arc::new(Fake(7)), LaneAes::AwsLc)) };
+    let sealer = Sealer { keys: Protection::Aead(keys(Arc::new(Fake(7)), seal)) };
+    let opener = Opener { keys: Protection::Aead(keys(Arc::new(Fake(7)), open)) };
     (sealer, opener)
 }
 
@@ -56,7 +62,7 @@ fn receive(opener: &mut Opener, wire: &mut &[u8]) -> io::Result<Option<Vec<u8>>>
 fn each_direction_has_keys_of_its_own() {
     let session: Session = Arc::new(Fake(7));
     let group = |direction: Direction| {
-        let mut sealer = Sealer::new(&session, direction, Some(LaneAes::AwsLc)).unwrap();
+        let mut sealer = Sealer::new(&session, direction, Some(LaneAead::AesGcm(LaneAes::AwsLc))).unwrap();
         let mut wire = Vec::new();
         sealer
             .seal_group(&[b"a group's bytes"], Vec::new, |c, _| {
@@ -68,9 +74,9 @@ fn each_direction_has_keys_of_its_own() {
     };
     for direction in [Direction::FromDialler, Direction::FromAnswerer] {
         let wire = group(direction);
-        let mut own = Opener::new(&session, direction, Some(LaneAes::Ring)).unwrap();
+        let mut own = Opener::new(&session, direction, Some(LaneAead::AesGcm(LaneAes::Ring))).unwrap();
         assert_eq!(receive(&mut own, &mut &wire[..]).unwrap().unwrap(), b"a group's bytes");
-        let mut reverse = Opener::new(&session, direction.reverse(), Some(LaneAes::Auto)).unwrap();
+        let mut reverse = Opener::new(&session, direction.reverse(), Some(LaneAead::AesGcm(LaneAes::Auto))).unwrap();
         assert!(receive(&mut reverse, &mut &wire[..]).is_err(), "{direction:?} opened with the other way's keys");
     }
     assert_ne!(group(Direction::FromDialler), group(Direction::FromAnswerer));
@@ -78,29 +84,32 @@ fn each_direction_has_keys_of_its_own() {
 
 #[test]
 fn records_left_sealed_open_only_unaltered_and_at_their_place() {
-    let (mut sealer, mut opener) = pair(KEY_LIMIT);
-    let payload: Vec<u8> = (0..RECORD + DEFER_MIN).map(|i| (i % 241) as u8).collect();
-    let wire = sealed_group(&mut sealer, &[b"frames", &payload]);
-    let mut r = &wire[..];
-    let GroupHead { len, lead } = opener.read_group_head(&mut r).unwrap().unwrap();
-    assert_eq!(lead, 6, "the payload leads");
-    let mut buf = vec![0u8; len as usize + TAG];
-    let mut deferred = Vec::new();
-    opener.read_group(&mut r, &mut buf, lead as usize, &mut deferred).unwrap();
-    assert_eq!(&buf[..6], b"frames", "the frames' record was opened");
-    let places: Vec<(usize, usize)> = deferred.iter().map(|d| (d.at, d.len)).collect();
-    assert_eq!(places, [(6, RECORD), (6 + RECORD, DEFER_MIN)]);
-    let d = &deferred[1];
-    let Kept::Sealed(sealed) = &d.kept else { panic!("aws-lc leaves records sealed") };
-    let mut plain = vec![0u8; d.len];
-    sealed.open_into(&buf[d.at..d.at + d.len], &mut plain).unwrap();
-    assert_eq!(plain, payload[RECORD..]);
-    // Altered ciphertext, or another record's bytes, fail to open.
-    let mut altered = buf[d.at..d.at + d.len].to_vec();
-    altered[100] ^= 1;
-    assert_eq!(sealed.open_into(&altered, &mut plain), Err(Forged));
-    let Kept::Sealed(first) = &deferred[0].kept else { panic!("left sealed") };
-    assert_eq!(first.open_into(&buf[d.at..d.at + d.len], &mut plain), Err(Forged));
+    // aws-lc's AES-GCM and AEGIS open out of place: both leave the payload's records sealed.
+    let aegis = LaneAead::Aegis128X2;
+    for (mut sealer, mut opener) in [pair(KEY_LIMIT), pair_of(KEY_LIMIT, aegis, aegis)] {
+        let payload: Vec<u8> = (0..RECORD + DEFER_MIN).map(|i| (i % 241) as u8).collect();
+        let wire = sealed_group(&mut sealer, &[b"frames", &payload]);
+        let mut r = &wire[..];
+        let GroupHead { len, lead } = opener.read_group_head(&mut r).unwrap().unwrap();
+        assert_eq!(lead, 6, "the payload leads");
+        let mut buf = vec![0u8; len as usize + TAG];
+        let mut deferred = Vec::new();
+        opener.read_group(&mut r, &mut buf, lead as usize, &mut deferred).unwrap();
+        assert_eq!(&buf[..6], b"frames", "the frames' record was opened");
+        let places: Vec<(usize, usize)> = deferred.iter().map(|d| (d.at, d.len)).collect();
+        assert_eq!(places, [(6, RECORD), (6 + RECORD, DEFER_MIN)]);
+        let d = &deferred[1];
+        let Kept::Sealed(sealed) = &d.kept else { panic!("aws-lc and AEGIS leave records sealed") };
+        let mut plain = vec![0u8; d.len];
+        sealed.open_into(&buf[d.at..d.at + d.len], &mut plain).unwrap();
+        assert_eq!(plain, payload[RECORD..]);
+        // Altered ciphertext, or another record's bytes, fail to open.
+        let mut altered = buf[d.at..d.at + d.len].to_vec();
+        altered[100] ^= 1;
+        assert_eq!(sealed.open_into(&altered, &mut plain), Err(Forged));
+        let Kept::Sealed(first) = &deferred[0].kept else { panic!("left sealed") };
+        assert_eq!(first.open_into(&buf[d.at..d.at + d.len], &mut plain), Err(Forged));
+    }
 }
 
 /// ring opens in place only: the records aws-lc would leave sealed it opens where they land,
@@ -108,7 +117,8 @@ fn records_left_sealed_open_only_unaltered_and_at_their_place() {
 #[test]
 fn an_opener_that_works_in_place_opens_the_payload_as_it_arrives() {
     let (mut sealer, _) = pair(KEY_LIMIT);
-    let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, LaneAes::Ring, KEY_LIMIT).unwrap();
+    let keys =
+        Keys::new(Arc::new(Fake(7)), Direction::FromDialler, LaneAead::AesGcm(LaneAes::Ring), KEY_LIMIT).unwrap();
     let mut opener = Opener { keys: Protection::Aead(keys) };
     let payload: Vec<u8> = (0..RECORD + DEFER_MIN).map(|i| (i % 239) as u8).collect();
     let wire = sealed_group(&mut sealer, &[b"frames", &payload]);
@@ -131,7 +141,8 @@ fn an_opener_that_works_in_place_opens_the_payload_as_it_arrives() {
     // after it still open (the lane carries on), and whoever reads the payload fails.
     let mut altered = wire.clone();
     altered[wire.len() - DEFER_MIN - TAG - HEADER - 100] ^= 1;
-    let keys = Keys::new(Arc::new(Fake(7)), Direction::FromDialler, LaneAes::Ring, KEY_LIMIT).unwrap();
+    let keys =
+        Keys::new(Arc::new(Fake(7)), Direction::FromDialler, LaneAead::AesGcm(LaneAes::Ring), KEY_LIMIT).unwrap();
     let mut opener = Opener { keys: Protection::Aead(keys) };
     let mut r = &altered[..];
     opener.read_group_head(&mut r).unwrap().unwrap();

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use super::cipher::LaneAead;
 use super::records::{Direction, Exporter, GroupHead, Opener, Sealer, Session};
-use crate::config::LaneAes;
 
 /// A session for plaintext records in tests, which need no keys (exporting fails).
 pub(crate) struct NoKeys;
@@ -46,8 +46,8 @@ impl Exporter for SameKeys {
     }
 }
 
-/// As [`plain_group`], with the records sealed by AES-GCM from `encrypt` (`None`: plaintext).
-pub(crate) fn test_group(parts: &[&[u8]], encrypt: Option<LaneAes>) -> (GroupHead, Vec<u8>, Opener) {
+/// As [`plain_group`], with the records sealed by `encrypt` (`None`: plaintext).
+pub(crate) fn test_group(parts: &[&[u8]], encrypt: Option<LaneAead>) -> (GroupHead, Vec<u8>, Opener) {
     let session: Session = match encrypt {
         Some(_) => Arc::new(SameKeys),
         None => Arc::new(NoKeys),
