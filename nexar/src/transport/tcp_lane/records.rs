@@ -319,20 +319,23 @@ impl Sealer {
         }
     }
 
-    /// Seals the next `n` bytes of `parts` as one record, gathering them into `out` first.
+    /// Seals the next `n` bytes of `parts` as one record: AEGIS encrypts each part's bytes
+    /// straight into `out`; AES-GCM, whose APIs take one input, gathers them there first.
     fn seal_gathered(&mut self, out: &mut Chunk, parts: &mut Parts, n: usize) -> io::Result<()> {
         let header = (n as u32).to_le_bytes();
         let (head, body, tag) = out.record(n);
         head.copy_from_slice(&header);
-        parts.copy_into(body);
         match &mut self.keys {
             Protection::Aead(keys) => {
                 let nonce = keys.next(n)?;
-                tag.copy_from_slice(&keys.key.seal_in_place(nonce, &header, body).map_err(crypto_err)?);
+                keys.key.seal_pieces(nonce, &header, body, tag, |each| parts.take(n, each)).map_err(crypto_err)
             }
-            Protection::Plain => tag.fill(0),
+            Protection::Plain => {
+                parts.copy_into(body);
+                tag.fill(0);
+                Ok(())
+            }
         }
-        Ok(())
     }
 }
 
