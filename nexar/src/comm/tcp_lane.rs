@@ -58,7 +58,15 @@ impl LinkSetup for LaneSetup {
         Box::pin(async move {
             let tls = self.tls.as_ref().map(|(tls, _)| tls.clone()).ok_or("this rank offers no tcp lane")?;
             let offer = LaneOffer::decode(&theirs)?;
-            let one_connection = LaneOffer::decode(&ours)?.one_connection && offer.one_connection;
+            let own = LaneOffer::decode(&ours)?;
+            if own.sealing != offer.sealing {
+                return Err(format!(
+                    "rank {peer} runs its tcp lane with {}, this rank with {}: every rank must use the same",
+                    offer.sealing.settings(),
+                    own.sealing.settings()
+                ));
+            }
+            let one_connection = own.one_connection && offer.one_connection;
             let world = self.comm.comm.members[peer] as u32;
             let dialling = !one_connection || dials(self.comm.world_rank(), world as usize);
             let outgoing = if dialling {
@@ -118,6 +126,7 @@ impl NexarClient {
         let listening = tls.and_then(|tls| self.lane_listener().map(|(l, port)| (tls.clone(), l, port)));
         let expected: Expected = Arc::default();
         let one_connection = self.lane_mode() == LaneMode::Runtime;
+        let sealing = crate::proto::message::LaneSealing::of(self.config());
         let mut incoming = HashMap::new();
         // Peers without a direct link have none to this rank either: nothing to say to them.
         let peers = (0..self.world_size()).filter(|r| *r != self.rank() && self.bulk_transport(*r).is_some());
@@ -131,7 +140,7 @@ impl NexarClient {
                         let (tx, rx) = oneshot::channel();
                         crate::sync::lock(&expected).insert(token, (self.comm.members[rank] as u32, tx));
                         incoming.insert(rank, rx);
-                        Ok(LaneOffer { port: *port, token, one_connection }.encode())
+                        Ok(LaneOffer { port: *port, token, one_connection, sealing }.encode())
                     }
                 };
                 (rank, offer)

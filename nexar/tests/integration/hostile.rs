@@ -293,3 +293,48 @@ async fn a_dialler_refuses_a_listener_whose_certificate_names_another_rank() {
     .await
     .expect("test timed out");
 }
+
+/// Ranks formed without a seed (`connect_static`), which nobody checks for agreement, offer
+/// each other their lanes with how they seal them: a pair whose ciphers differ (AEGIS-128X2
+/// on one, AES-128-GCM on the other), which could read none of each other's records, keeps
+/// its collective payloads on QUIC (each rank logs why) and runs them correctly; a pair that
+/// agrees takes the lane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seedless_ranks_whose_lane_ciphers_differ_keep_quic_and_still_run_collectives() {
+    logs();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let ca = ClusterCa::generate().unwrap();
+        let ca_der = ca.cert_der().to_vec();
+        let base = NexarConfig::builder().mesh_timeout(Duration::from_secs(60)).shared_memory(false).build().unwrap();
+        for (second, transport) in [(nexar::LaneCipher::Aegis128X2, "tcp-tls"), (nexar::LaneCipher::Aes128Gcm, "quic")]
+        {
+            let addrs = free_addrs(2);
+            let ciphers = [nexar::LaneCipher::Aegis128X2, second];
+            let joins: Vec<_> = (0..2)
+                .map(|rank| {
+                    let cfg = base.clone().into_builder().lane_cipher(ciphers[rank]).build().unwrap();
+                    let (addrs, id, ca_der) =
+                        (addrs.clone(), ca.issue(&rank_server_name(rank as u32)).unwrap(), ca_der.clone());
+                    tokio::spawn(async move { NexarClient::connect_static(rank, &addrs, &id, &ca_der, cfg).await })
+                })
+                .collect();
+            let mut set = tokio::task::JoinSet::new();
+            for join in joins {
+                let c = join.await.unwrap().unwrap();
+                set.spawn(async move {
+                    let peer = 1 - c.rank();
+                    assert_eq!(c.bulk_transport(peer), Some(transport), "rank {}", c.rank());
+                    let mut data: Vec<f32> = (0..300_000).map(|i| (i % 97) as f32).collect();
+                    c.all_reduce(&mut data[..], ReduceOp::Sum).await.unwrap();
+                    assert!(data.iter().enumerate().all(|(i, v)| *v == 2.0 * (i % 97) as f32));
+                    c.shutdown().await;
+                });
+            }
+            while let Some(r) = set.join_next().await {
+                r.unwrap();
+            }
+        }
+    })
+    .await
+    .expect("test timed out");
+}
