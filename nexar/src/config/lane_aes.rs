@@ -1,10 +1,12 @@
-//! Which implementation of AES-128-GCM seals the TCP lane's records.
+//! Which implementation of AES-128-GCM seals the TCP lane's records (with
+//! `NEXAR_LANE_CIPHER=aes-128-gcm`).
 
 use std::fmt;
 use std::str::FromStr;
 
-/// Which implementation of AES-128-GCM seals and opens the TCP lane's records
-/// (`NEXAR_LANE_AES`: `auto`, the default, `aws-lc` or `ring`).
+/// Which implementation of AES-128-GCM seals and opens the TCP lane's records where the lane's
+/// cipher is AES-128-GCM ([`LaneCipher::Aes128Gcm`](crate::LaneCipher::Aes128Gcm); the default
+/// is AEGIS-128X2) (`NEXAR_LANE_AES`: `auto`, the default, `aws-lc` or `ring`).
 ///
 /// Both are linked in already (rustls uses aws-lc, quinn ring) and produce the same records,
 /// so ranks need not agree; what differs is the vector code each has for the CPU. aws-lc's
