@@ -4,8 +4,11 @@
 Each round runs the OpenMPI baseline (TCP BTL over loopback, np 2; nexar then runs with
 NEXAR_SHM=off, over the network too) and then the same operations with nexar-bench, so both see
 the same machine load; after all rounds it prints, per
-row, the median and range of each side and the ratio of the medians (above 1 is nexar ahead:
-busbw divided by busbw, or time divided by time for latencies).
+row, the median and range of each side, the ratio of the medians (above 1 is nexar ahead:
+busbw divided by busbw, or time divided by time for latencies) and, in brackets, the median
+and range of the rounds' own ratios (each round's nexar run against the OpenMPI run of the
+same round: paired, so that the machine's drift from round to round cancels, which on a
+shared machine moves both sides by a third or more).
 
     bench/compare_mpi.py --rounds 5
     bench/compare_mpi.py --rounds 5 --btl vader --shm-off   # same-host transports
@@ -138,18 +141,21 @@ def main():
                 t, bw = nexar_row(a.nexar, args, nbytes, env)
                 nexar[side][name].append(t if unit == "us" else bw)
         print(f"# round {r + 1}/{a.rounds} done", file=sys.stderr)
-    print(f"# {a.rounds} alternating rounds, np 2, loopback, OpenMPI {a.btl}; median (min–max); ratio > 1: nexar ahead")
+    print(f"# {a.rounds} alternating rounds, np 2, loopback, OpenMPI {a.btl}; median (min–max); ratio > 1: nexar ahead "
+          "(of the medians; then [the median, min–max of the rounds' own ratios]: each round's nexar run against "
+          "that round's OpenMPI run, so that the machine's drift between rounds cancels)")
     head = "".join(f" {side:<22} |" for side, _ in sides) + f" {'OpenMPI ' + a.btl:<22} |" + "".join(
-        f" ratio{'' if side == 'nexar' else ' (' + side[6:] + ')'} |" for side, _ in sides)
+        f" ratio{'' if side == 'nexar' else ' (' + side[6:] + ')'} [rounds] |" for side, _ in sides)
     print(f"| {'operation':<18} | unit |{head}")
-    print(f"|{'-' * 20}|------|" + f"{'-' * 24}|" * (len(sides) + 1) + "-------|" * len(sides))
+    print(f"|{'-' * 20}|------|" + f"{'-' * 24}|" * (len(sides) + 1) + "-----------------------------|" * len(sides))
     for name, _, _, _, unit in ROWS:
         m = statistics.median(mpi[name])
         cells = "".join(f" {fmt(nexar[side][name], unit):<22} |" for side, _ in sides)
         ratios = ""
         for side, _ in sides:
             n = statistics.median(nexar[side][name])
-            ratios += f" {(m / n if unit == 'us' else n / m):.2f} |"
+            paired = [(mr / nr if unit == "us" else nr / mr) for mr, nr in zip(mpi[name], nexar[side][name])]
+            ratios += f" {(m / n if unit == 'us' else n / m):.2f} [{statistics.median(paired):.2f}, {min(paired):.2f}–{max(paired):.2f}] |"
         print(f"| {name:<18} | {unit:<4} |{cells} {fmt(mpi[name], unit):<22} |{ratios}")
 
 

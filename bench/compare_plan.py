@@ -7,8 +7,11 @@ then `nexar-bench --op plan` (the same 100 buffers of 10,000 f32 as one fused pl
 100 separate calls) over each of nexar's paths: the TCP lane sealed (`NEXAR_SHM=off`, the
 default between hosts; with AEGIS-128X2, the default, and with AES-128-GCM), the TCP lane in plaintext (`NEXAR_BULK_ENCRYPTION=off`, trusted fabrics
 only) and shared memory (the default between ranks of one host). It prints, per side, the
-fused and separate times (median and range over the rounds, µs) and the gain from fusing
-(separate over fused, per round, median and range): the README's "Fused plans" table.
+fused and separate times (median and range over the rounds, µs), the gain from fusing
+(separate over fused, per round, median and range), and, paired round by round with OpenMPI
+TCP's run of the same round (so that the machine's drift between rounds cancels), OpenMPI's
+fused time over the side's and the side's gain over OpenMPI's: the README's "Fused plans"
+table.
 
     bench/compare_plan.py --rounds 3
     bench/compare_plan.py --rounds 5 --vader
@@ -84,15 +87,21 @@ def main():
             runs[name].append(mpi_plan(mpi, how) if kind == "mpi" else nexar_plan(a.nexar, a.iters, how))
         print(f"# round {r + 1}/{a.rounds} done", file=sys.stderr)
     print(f"# {a.rounds} alternating rounds, np 2, loopback; 100 allreduces of 10,000 f32 fused into one and "
-          "separate; median (min–max) over the rounds; gain = separate / fused, per round")
-    print("| | fused | separate | gain |")
-    print("|---|---|---|---|")
+          "separate; median (min–max) over the rounds; gain = separate / fused, per round; the last two columns "
+          "pair each round with OpenMPI TCP's run of that round (drift between rounds cancels): OpenMPI's fused "
+          "time over this side's (above 1: this side faster) and this side's gain over OpenMPI's (at or above 1: "
+          "fusing pays at least as much here)")
+    print("| | fused | separate | gain | fused, paired (OpenMPI / this) | gain, paired (this / OpenMPI) |")
+    print("|---|---|---|---|---|---|")
+    reference = runs["OpenMPI TCP"]
     for name, _ in sides:
         fused = [f for f, _ in runs[name]]
         separate = [s for _, s in runs[name]]
         gains = [s / f for f, s in runs[name]]
-        print(f"| {name} | {spread(fused, unit=' µs')} | {spread(separate, unit=' µs')} | {spread(gains, 2, '×')} |")
-
+        paired_fused = [mf / f for (mf, _), (f, _) in zip(reference, runs[name])]
+        paired_gain = [(s / f) / (ms / mf) for (mf, ms), (f, s) in zip(reference, runs[name])]
+        print(f"| {name} | {spread(fused, unit=' µs')} | {spread(separate, unit=' µs')} | {spread(gains, 2, '×')} "
+              f"| {spread(paired_fused, 2)} | {spread(paired_gain, 2)} |")
 
 if __name__ == "__main__":
     main()
