@@ -20,30 +20,15 @@ NET=198.18.78
 
 # shellcheck source=netns_lib.sh
 . "$(dirname "$0")/netns_lib.sh"
-if ! netns_usable "$PREFIX"; then
-  echo "netns hosts test: not run (needs root and ip netns on this machine)"
-  exit 0
-fi
-cleanup() {
-  netns_remove "$PREFIX" 3
-  [ -n "${LOG:-}" ] && rm -rf "$LOG"
-}
-trap cleanup EXIT
-netns_hosts "$PREFIX" "$NET" 3
-
-LOG=$(mktemp -d)
+netns_setup "$PREFIX" "$NET" 3 "netns hosts test"
 SEED_ADDR="$NET.1:7100"
 failed=0
 
 # One cluster per collective: the seed on host 0, ranks on hosts 1 and 2 (two each).
 run_op() {
   local op=$1 want=$2
-  ip netns exec "${PREFIX}h0" timeout 120 "$BIN" seed --bind "$SEED_ADDR" --world-size 4 --exit-when-done \
-    >"$LOG/seed-$op" 2>&1 &
-  local seed_pid=$!
-  for _ in $(seq 1 100); do grep -q '^token: ' "$LOG/seed-$op" 2>/dev/null && break; sleep 0.1; done
-  local token
-  token=$(sed -n 's/^token: //p' "$LOG/seed-$op")
+  netns_seed "${PREFIX}h0" "$BIN" "$SEED_ADDR" 4 "$LOG/seed-$op"
+  local token=$SEED_TOKEN
   if [ -z "$token" ]; then
     echo "netns hosts test: the seed printed no token for $op"
     cat "$LOG/seed-$op"
@@ -59,10 +44,7 @@ run_op() {
     n=$((n + 1))
   done
   local status=0
-  for p in "${pids[@]}"; do wait "$p" || status=1; done
-  # A seed whose workers failed would wait for them until its timeout.
-  [ $status -eq 0 ] || kill "$seed_pid" 2>/dev/null || true
-  wait "$seed_pid" || status=1
+  netns_wait "${pids[@]}" || status=1
   cat "$LOG"/w*-"$op"
   local out
   out=$(cat "$LOG"/w*-"$op")

@@ -40,3 +40,40 @@ netns_remove() {
   for i in $(seq 0 $((hosts - 1))); do ip netns del "${prefix}h$i" 2>/dev/null || true; done
   ip netns del "${prefix}sw" 2>/dev/null || true
 }
+
+# Starts a seed (BIN seed) in namespace NS, bound to ADDR, for WORLD workers, its output in LOG;
+# sets SEED_PID, and SEED_TOKEN to its join token (empty if it printed none within 10 s).
+netns_seed() {
+  local ns=$1 bin=$2 addr=$3 world=$4 log=$5
+  ip netns exec "$ns" timeout 120 "$bin" seed --bind "$addr" --world-size "$world" --exit-when-done \
+    >"$log" 2>&1 &
+  SEED_PID=$!
+  for _ in $(seq 1 100); do grep -q '^token: ' "$log" 2>/dev/null && break; sleep 0.1; done
+  SEED_TOKEN=$(sed -n 's/^token: //p' "$log")
+}
+
+# Waits for the worker processes PIDS... and then for the seed SEED_PID (killed first if a
+# worker failed: it would wait for that worker until its timeout); 0 if all succeeded.
+netns_wait() {
+  local status=0 p
+  for p in "$@"; do wait "$p" || status=1; done
+  [ $status -eq 0 ] || kill "$SEED_PID" 2>/dev/null || true
+  wait "$SEED_PID" || status=1
+  return $status
+}
+
+# The usual start of a namespace test: exits 0 saying "LABEL: not run" where namespaces cannot
+# be made; otherwise makes N hosts (netns_hosts PREFIX NET N), a log directory LOG, and a trap
+# that removes both on exit.
+netns_setup() {
+  local prefix=$1 net=$2 hosts=$3 label=$4
+  if ! netns_usable "$prefix"; then
+    echo "$label: not run (needs root and ip netns on this machine)"
+    exit 0
+  fi
+  NETNS_SETUP_PREFIX=$prefix
+  NETNS_SETUP_HOSTS=$hosts
+  trap 'netns_remove "$NETNS_SETUP_PREFIX" "$NETNS_SETUP_HOSTS"; [ -n "${LOG:-}" ] && rm -rf "$LOG"' EXIT
+  netns_hosts "$prefix" "$net" "$hosts"
+  LOG=$(mktemp -d)
+}

@@ -25,16 +25,7 @@ MIN_US=2000000
 
 # shellcheck source=netns_lib.sh
 . "$(dirname "$0")/netns_lib.sh"
-if ! netns_usable "$PREFIX"; then
-  echo "slow link test: not run (needs root and ip netns on this machine)"
-  exit 0
-fi
-cleanup() {
-  netns_remove "$PREFIX" 3
-  [ -n "${LOG:-}" ] && rm -rf "$LOG"
-}
-trap cleanup EXIT
-netns_hosts "$PREFIX" "$NET" 3
+netns_setup "$PREFIX" "$NET" 3 "slow link test"
 for host in 1 2; do
   if ! ip netns exec "${PREFIX}h$host" tc qdisc add dev eth0 root tbf rate "$RATE" burst 64kb latency 20ms; then
     echo "slow link test: not run (this kernel cannot limit a link's rate: no tbf queueing discipline)" >&2
@@ -43,18 +34,13 @@ for host in 1 2; do
   fi
 done
 
-LOG=$(mktemp -d)
 SEED_ADDR="$NET.1:7200"
 failed=0
 
 run_op() {
   local op=$1
-  ip netns exec "${PREFIX}h0" timeout 120 "$BIN" seed --bind "$SEED_ADDR" --world-size 2 --exit-when-done \
-    >"$LOG/seed-$op" 2>&1 &
-  local seed_pid=$!
-  for _ in $(seq 1 100); do grep -q '^token: ' "$LOG/seed-$op" 2>/dev/null && break; sleep 0.1; done
-  local token
-  token=$(sed -n 's/^token: //p' "$LOG/seed-$op")
+  netns_seed "${PREFIX}h0" "$BIN" "$SEED_ADDR" 2 "$LOG/seed-$op"
+  local token=$SEED_TOKEN
   if [ -z "$token" ]; then
     echo "slow link test: the seed printed no token for $op"
     cat "$LOG/seed-$op"
@@ -70,9 +56,7 @@ run_op() {
     pids+=($!)
   done
   local status=0
-  for p in "${pids[@]}"; do wait "$p" || status=1; done
-  [ $status -eq 0 ] || kill "$seed_pid" 2>/dev/null || true
-  wait "$seed_pid" || status=1
+  netns_wait "${pids[@]}" || status=1
   local out
   out=$(cat "$LOG"/w*-"$op")
   echo "$out"
