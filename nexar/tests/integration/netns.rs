@@ -38,8 +38,8 @@ fn two_level_collectives_run_between_ranks_on_two_network_namespace_hosts() {
 }
 
 /// Two ranks on two namespace hosts whose links a token-bucket filter holds to 100 Mbit/s: a
-/// 32 MiB broadcast and allreduce each take about 2.7 s, longer than twice the ranks' heartbeat
-/// timeout (1 s) and their QUIC idle timeout (1.5 s), and must finish with every element right
+/// 64 MiB broadcast and allreduce each take about 5.6 s, longer than twice the ranks' heartbeat
+/// timeout and their QUIC idle timeout (2.5 s each), and must finish with every element right
 /// and no peer declared dead (heartbeats and keep-alives queue behind the lane's bytes).
 #[test]
 fn collectives_longer_than_the_failure_timeouts_finish_over_a_slow_link() {

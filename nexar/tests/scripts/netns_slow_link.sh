@@ -4,8 +4,9 @@
 # (and the seed on a third), each host's interface limited to RATE by a token-bucket filter
 # (`tc qdisc ... tbf`), so that the heartbeats and the QUIC keep-alives queue behind the
 # lane's bulk bytes as they would on a busy 1 GbE link. The ranks run with a heartbeat timeout
-# of 1 s and a QUIC idle timeout of 1.5 s; a 32 MiB broadcast and a 32 MiB allreduce at
-# 100 Mbit/s take about 2.7 s each.
+# and a QUIC idle timeout of 2.5 s each (short enough to be outlasted twice, long enough that
+# a CI machine busy with other tests does not starve a rank for that long); a 64 MiB broadcast
+# and a 64 MiB allreduce at 100 Mbit/s take about 5.6 s each.
 #
 #   bash nexar/tests/scripts/netns_slow_link.sh [path/to/nexar] [path/to/nexar-bench]
 #
@@ -18,10 +19,10 @@ BENCH=$(realpath "${2:-target/debug/nexar-bench}")
 PREFIX=nxl$$
 NET=198.18.79
 RATE=${SLOW_LINK_RATE:-100mbit}
-SIZE=${SLOW_LINK_SIZE:-32M}
+SIZE=${SLOW_LINK_SIZE:-64M}
 # Each collective must take at least this long (µs) for the test to mean anything: twice the
 # heartbeat timeout below.
-MIN_US=2000000
+MIN_US=5000000
 
 # shellcheck source=netns_lib.sh
 . "$(dirname "$0")/netns_lib.sh"
@@ -50,7 +51,7 @@ run_op() {
   local pids=()
   for host in 1 2; do
     (cd "$LOG" && NEXAR_TOKEN="$token" NEXAR_LISTEN_ADDR="$NET.$((host + 1)):0" \
-      NEXAR_HEARTBEAT_INTERVAL_MS=250 NEXAR_HEARTBEAT_TIMEOUT_MS=1000 NEXAR_IDLE_TIMEOUT_MS=1500 \
+      NEXAR_HEARTBEAT_INTERVAL_MS=500 NEXAR_HEARTBEAT_TIMEOUT_MS=2500 NEXAR_IDLE_TIMEOUT_MS=2500 \
       ip netns exec "${PREFIX}h$host" timeout 120 "$BENCH" --worker --seed "$SEED_ADDR" --op "$op" \
       -b "$SIZE" -e "$SIZE" -n 1 -w 0 --json "$LOG/$op-$host.json" >"$LOG/w$host-$op" 2>&1) &
     pids+=($!)
