@@ -213,14 +213,23 @@ impl BulkInbound {
         }
     }
 
-    /// The message a group announces, and its payload's length, from the group's
-    /// first bytes (`opened`: authenticated), checked as a whole group is; `Ok(None)` while
-    /// they end inside the message frame.
-    pub(crate) fn peek(&self, opened: &[u8]) -> Result<Option<(PeerMsg, u64)>, FrameError> {
+    /// The message a `group_len`-byte group announces, and its payload's length, from the
+    /// group's first bytes (`opened`: authenticated), checked as a whole group is; `Ok(None)`
+    /// while they end inside the message frame. A group whose length leaves its payload no
+    /// room, or more than [`FRAMES_MAX`] besides it, is refused here, before the mailbox
+    /// admits the payload and before the rest of the group is read: what a peer makes this
+    /// rank hold for a group is what the mailbox admitted, not a length it announced.
+    pub(crate) fn peek(&self, opened: &[u8], group_len: usize) -> Result<Option<(PeerMsg, u64)>, FrameError> {
         if !message_frame_whole(opened)? {
             return Ok(None);
         }
         let (msg, _, payload_len, _) = payload_message(opened, self.max_payload, self.carries())?;
+        let frames = (group_len as u64).checked_sub(payload_len);
+        if frames.is_none_or(|frames| frames > FRAMES_MAX) {
+            return Err(FrameError::InvalidMessage(format!(
+                "a {group_len}-byte group announces a {payload_len}-byte payload"
+            )));
+        }
         Ok(Some((msg, payload_len)))
     }
 
@@ -233,6 +242,10 @@ impl BulkInbound {
         Some(self.lanes.admission(msg, self.peer, len)?.ready().await)
     }
 }
+
+/// How much longer than its payload a group may be: its message frame (a header and a body of
+/// at most [`MAX_CONTROL_FRAME`]) and the payload's raw frame header.
+pub(crate) const FRAMES_MAX: u64 = MAX_CONTROL_FRAME + 2 * HEADER_LEN as u64;
 
 /// Whether `opened` holds a group's whole message frame (its header checked).
 fn message_frame_whole(opened: &[u8]) -> Result<bool, FrameError> {

@@ -3,6 +3,7 @@
 use super::*;
 use crate::proto::frame::{message_frame, raw_header};
 use crate::proto::message::{self, PeerMsg};
+use crate::transport::bulk::inbound::FRAMES_MAX;
 use proptest::prelude::*;
 
 /// A collective message announcing `len` f32 elements (for tests that build groups).
@@ -63,7 +64,7 @@ fn a_group_opened_from_its_peeked_copy_is_checked_as_a_whole_one_is() {
     // Well formed: the same message and payload as the whole group's decoding.
     for payload in [&[][..], &[7u8; 16][..]] {
         let g = group(&coll(payload.len() as u64 / 4), payload.len() as u64, payload);
-        let (msg, len) = inbound.peek(&g).unwrap().unwrap();
+        let (msg, len) = inbound.peek(&g, g.len()).unwrap().unwrap();
         assert_eq!(len, payload.len() as u64);
         let opened = inbound.open_copied(&g, msg).unwrap();
         assert_eq!((opened.from, &opened.msg), (1, &coll(payload.len() as u64 / 4)));
@@ -77,9 +78,28 @@ fn a_group_opened_from_its_peeked_copy_is_checked_as_a_whole_one_is() {
         (group(&coll(4), 16, &[0u8; 17]), "follow the payload"),
     ];
     for (g, want) in cases {
-        let (msg, _) = inbound.peek(&g).unwrap().unwrap();
+        let (msg, _) = inbound.peek(&g, g.len()).unwrap().unwrap();
         let err = inbound.open_copied(&g, msg).unwrap_err().to_string();
         assert!(err.to_lowercase().contains(want), "{err:?} should mention {want:?}");
+    }
+}
+
+#[test]
+fn a_group_far_longer_or_shorter_than_its_payload_is_refused_from_its_first_bytes() {
+    let lanes = super::super::lanes::lanes(4).0;
+    let slot = Arc::new(BulkSlot::new(1, &lanes));
+    let inbound = BulkInbound::new(1, lanes, 1 << 30, &slot);
+    let g = group(&coll(2), 8, &[5u8; 8]);
+    let frames = g.len() - 8;
+    // Its frames and nothing more, or up to FRAMES_MAX of them: found.
+    for len in [g.len(), 8 + FRAMES_MAX as usize] {
+        assert_eq!(inbound.peek(&g[..frames], len).unwrap().unwrap().1, 8, "{len}");
+    }
+    // An 8-byte payload in a group announced at a GiB (what the mailbox would admit is
+    // 8 bytes; the reader would read on to the GiB), or in a group too short for it.
+    for len in [1usize << 30, 9 + FRAMES_MAX as usize, 7] {
+        let err = inbound.peek(&g[..frames], len).unwrap_err().to_string();
+        assert!(err.contains(&format!("a {len}-byte group announces a 8-byte payload")), "{err}");
     }
 }
 

@@ -33,8 +33,6 @@ use crate::transport::tcp_lane::{GroupSink, RecvPool};
 const PEEK: usize = 4096;
 /// The prefix of a group a receive reading the ring first looks for the message frame in.
 const SHORT_PEEK: usize = 256;
-/// How much longer than its payload a group may be (its frames).
-const FRAMES_MAX: u64 = 64 << 10;
 /// The shortest group whose payload is lent out of the ring rather than copied out of it
 /// (shorter ones cost less to copy twice, in cache, than to lend). A lent group is handed over
 /// only once it lies whole in the ring, where a copied one is copied as it arrives; from
@@ -243,7 +241,7 @@ impl RingReading {
             if !reader.peek(8, peeked).unwrap_or(false) {
                 return Left;
             }
-            match self.inbound.peek(peeked) {
+            match self.inbound.peek(peeked, len) {
                 Ok(Some(frame)) => {
                     found = Some(frame);
                     break;
@@ -253,9 +251,6 @@ impl RingReading {
             }
         }
         let Some((msg, payload_len)) = found else { return Left };
-        if payload_len > len as u64 || len as u64 - payload_len > FRAMES_MAX {
-            return Left;
-        }
         // The awaited message goes to its receive, which consumes it at once: it is never
         // held, so it needs no room in the store.
         let awaited = awaited.filter(|awaited| awaited.is(&msg) && self.inbound.hands_over(&msg));
@@ -374,10 +369,8 @@ async fn lend_group(input: &mut RingInput<'_>, len: usize, inbound: &BulkInbound
     if !reader.peek(0, peeked).map_err(corrupt)? {
         return Ok(false);
     }
-    let Ok(Some((msg, payload_len))) = inbound.peek(peeked) else { return Ok(false) };
-    if payload_len > len as u64 || len as u64 - payload_len > FRAMES_MAX {
-        return Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")));
-    }
+    // A group that breaks the protocol is refused where it is read as usual.
+    let Ok(Some((msg, payload_len))) = inbound.peek(peeked, len) else { return Ok(false) };
     let admitted = inbound.admit(&msg, payload_len).await;
     let ReadCore { reader, peeked, .. } = &mut *input.core;
     let incoming = match inbound.open_lent(peeked, len, |payload| lend(reader, 0, payload)) {
@@ -409,12 +402,9 @@ async fn read_group_body(
     let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
     input.read_exact(first, Some(&mut *deadline)).await?;
     let (msg, payload_len) = inbound
-        .peek(first)
+        .peek(first, len)
         .map_err(|e| invalid(format!("protocol: {e}")))?
         .ok_or_else(|| invalid(format!("protocol: the group's message frame is not in its first {PEEK} bytes")))?;
-    if payload_len > len as u64 || len as u64 - payload_len > FRAMES_MAX {
-        return Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")));
-    }
     let admitted: Option<Admitted<'_>> = inbound.admit(&msg, payload_len).await;
     let mut group = RecvPool::take(&input.core.pool, len, len as u64 - payload_len);
     let bytes = group.room(len);

@@ -509,10 +509,8 @@ impl TcpLane {
         if let Some(mut s) = crate::sync::lock(&self.sending).take() {
             let mut out = Vec::new();
             if s.sealer.seal_goodbye(&mut out).is_ok() {
-                // The deadline for a writer that waits in `poll`, the timeout for one blocked
-                // in `write` (a socket in blocking mode).
+                // The writer looks at it at least every `WRITE_SLICE` while it waits for room.
                 let _ = self.state.write_deadline.set(std::time::Instant::now() + GOODBYE_TIMEOUT);
-                let _ = self.state.socket.set_write_timeout(Some(GOODBYE_TIMEOUT));
                 let (done, written) = oneshot::channel();
                 if s.jobs.send((out.into(), done)).is_ok() {
                     told = Some(written);

@@ -221,7 +221,8 @@ pub(super) fn checked_head(head: Option<GroupHead>, max_group: u64) -> io::Resul
 
 /// The group's message and payload length once its first `at` bytes are read (`deferred`
 /// holding the records left sealed), checked: `None` while the message frame has not all
-/// come, an error once it cannot come from opened records or announces more than the group.
+/// come, an error once it cannot come from opened records or announces a payload the group's
+/// length does not fit ([`BulkInbound::peek`]: the rest of the group is then never read).
 pub(super) fn frames_found(
     inbound: &BulkInbound,
     group: &PooledGroup,
@@ -230,10 +231,7 @@ pub(super) fn frames_found(
 ) -> io::Result<Option<(crate::proto::message::PeerMsg, u64)>> {
     let opened = deferred.first().map_or(at, |d| d.at);
     let len = group.group_len();
-    match inbound.peek(group.first(opened)).map_err(|e| invalid(format!("protocol: {e}")))? {
-        Some((_, payload_len)) if payload_len > len as u64 => {
-            Err(invalid(format!("protocol: a {len}-byte group announces a {payload_len}-byte payload")))
-        }
+    match inbound.peek(group.first(opened), len).map_err(|e| invalid(format!("protocol: {e}")))? {
         Some(found) => Ok(Some(found)),
         None if at >= len || !deferred.is_empty() => {
             Err(invalid("protocol: the group's message frame is not in its opened first records".into()))
@@ -387,6 +385,30 @@ mod tests {
         let err = input.read_exact(&mut rest).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
         assert!(err.to_string().contains("did not all arrive within 300ms"), "{err}");
+    }
+
+    #[test]
+    fn a_group_announced_far_longer_than_its_payload_is_refused_before_the_rest_is_read() {
+        use crate::proto::frame::{message_frame, raw_header};
+        let lanes = crate::transport::lanes::lanes(4).0;
+        let slot = Arc::new(crate::transport::bulk::BulkSlot::new(1, &lanes));
+        let inbound = BulkInbound::new(1, lanes, 1 << 30, &slot);
+        // The first record of a group announced at 1 GiB: a message for 8 bytes and its
+        // raw header. Admission would take 8 bytes; the rest of the GiB must not be read.
+        let msg = crate::transport::bulk::tests::coll(2);
+        let mut first = message_frame(&crate::proto::message::encode(&msg).unwrap()).to_vec();
+        first.extend_from_slice(&raw_header(8));
+        let pool = Arc::new(RecvPool::default());
+        let mut group = RecvPool::take(&pool, 1 << 30, first.len() as u64);
+        group.room(first.len())[..first.len()].copy_from_slice(&first);
+        let err = frames_found(&inbound, &group, first.len(), &[]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("a 1073741824-byte group announces a 8-byte payload"), "{err}");
+        // The same record in a group of its own length is found.
+        let mut honest = RecvPool::take(&pool, first.len() + 8, first.len() as u64);
+        honest.room(first.len())[..first.len()].copy_from_slice(&first);
+        let (found, payload_len) = frames_found(&inbound, &honest, first.len(), &[]).unwrap().unwrap();
+        assert_eq!((found, payload_len), (msg, 8));
     }
 
     #[test]
