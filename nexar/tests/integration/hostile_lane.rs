@@ -198,6 +198,50 @@ async fn frames_in_a_sealed_record(host: Host, cipher: LaneCipher) {
     carries_on(&ranks).await;
 }
 
+/// The member sends a group whose message announces an 8-byte payload and whose header
+/// record announces 192 MiB: the payload, then padding. The mailbox admits 8 bytes; the
+/// receiver refuses the group from its first record, gives the lane up and reads none of the
+/// padding (before, it read all 192 MiB into a buffer, then refused the group). Its resident
+/// memory stays far below the padding (the padding is zeros the member never touched, so its
+/// side holds little either), and the cluster carries on over QUIC.
+#[test]
+fn a_group_padded_far_past_its_payload_is_refused_before_its_padding_is_read() {
+    alone(
+        module_path!(),
+        "a_group_padded_far_past_its_payload_is_refused_before_its_padding_is_read",
+        a_group_padded_far_past_its_payload_is_refused_before_its_padding_is_read_body,
+    );
+}
+
+async fn a_group_padded_far_past_its_payload_is_refused_before_its_padding_is_read_body() {
+    let padding = 192usize << 20;
+    let ranks = two_ranks_on_tcp_lanes(Host::Shared, LaneCipher::Aegis128X2).await;
+    let comm = ranks[0].comm_id();
+    let lane = HostileMember::new(&ranks[1]).bulk_channel(0).unwrap();
+    // The peak is counted from here (writing 5 to `clear_refs` resets `VmHWM` to `VmRSS`).
+    std::fs::write("/proc/self/clear_refs", "5").expect("resetting the resident peak");
+    let before = crate::common::resident_bytes();
+    let parts = vec![coll_frames(comm, 1000, 8), Bytes::from(vec![5u8; 8]), Bytes::from(vec![0u8; padding])];
+    let sending = tokio::spawn(async move { lane.send(parts).await });
+    let refused = take_collective_payload(&ranks[0], 1, 1000, 8, Duration::from_secs(3)).await;
+    assert!(refused.is_err(), "the padded group was delivered");
+    let started = Instant::now();
+    while HostileMember::new(&ranks[0]).bulk_channel(1).is_some_and(|l| l.usable()) {
+        assert!(started.elapsed() < TEST_LIMIT, "rank 0 kept the lane");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The member's send fails once the lane is down (or may have been written whole into
+    // the sockets first); either way it ends.
+    let _ = tokio::time::timeout(TEST_LIMIT, sending).await.expect("the member's send ended");
+    let grown = crate::common::peak_resident_bytes().saturating_sub(before);
+    assert!(
+        grown < (padding as u64) / 3,
+        "resident memory grew by {} MiB for a group that announced an 8-byte payload",
+        grown >> 20
+    );
+    carries_on(&ranks).await;
+}
+
 /// The same over the TCP lane: a member sends eight 32 MiB collective groups nobody asked for
 /// to a rank whose collective store holds 32 MiB. The rank reads the first group's frames,
 /// admits it (an empty store takes any one message) and leaves the next unread after its first

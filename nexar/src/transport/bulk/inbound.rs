@@ -92,14 +92,12 @@ impl BulkInbound {
         rest: Payload,
         admitted: Option<Admitted<'_>>,
     ) -> Result<(), FrameError> {
-        let (msg, body_end, expected, limit) = payload_message(frames, self.max_payload, self.carries())?;
-        let payload = raw_payload(frames, body_end, expected, limit, group_len)?;
-        if payload.start != frames.len() || payload.len() != landed.bytes + rest.len() {
+        let (msg, payload) = self.payload_after(frames, group_len)?;
+        if payload.len() != landed.bytes + rest.len() {
             return Err(FrameError::InvalidMessage(format!(
-                "a payload at bytes {}..{} of a group whose frames end at byte {}",
-                payload.start,
-                payload.end,
-                frames.len()
+                "a {}-byte payload delivered with {} bytes",
+                payload.len(),
+                landed.bytes + rest.len()
             )));
         }
         if let (PeerMsg::Coll { comm, seq, .. }, Some(slot)) = (&msg, self.slot.upgrade()) {
@@ -108,6 +106,29 @@ impl BulkInbound {
         drop(admitted);
         let _ = self.lanes.deliver(Incoming::new(self.peer, msg, Payload::from_landed(landed, rest))).await;
         Ok(())
+    }
+
+    /// The message of a `group_len`-byte group and where its payload lies, from `frames`,
+    /// the group's bytes before its payload, checked as a whole group's are: refused unless
+    /// the payload starts right after them and runs to the group's end. A TCP lane checks
+    /// this before it reads a payload straight into a receive's buffer, so that a group it
+    /// would refuse never writes there.
+    pub(crate) fn payload_after(
+        &self,
+        frames: &[u8],
+        group_len: usize,
+    ) -> Result<(PeerMsg, std::ops::Range<usize>), FrameError> {
+        let (msg, body_end, expected, limit) = payload_message(frames, self.max_payload, self.carries())?;
+        let payload = raw_payload(frames, body_end, expected, limit, group_len)?;
+        if payload.start != frames.len() {
+            return Err(FrameError::InvalidMessage(format!(
+                "a payload at bytes {}..{} of a group whose frames end at byte {}",
+                payload.start,
+                payload.end,
+                frames.len()
+            )));
+        }
+        Ok((msg, payload))
     }
 
     /// The admission of `msg`'s `len`-byte payload if the mailbox gives it at once (as

@@ -104,9 +104,12 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
     };
     let admitted = inbound.admit(&msg, payload_len).await;
     let deadline = Instant::now() + limits.group_deadline;
-    if input.may_land(&msg, len, at, payload_len, &deferred)
-        && let Some(landing) = within(deadline, input.landing(&mut group, at, &msg, &state.spun)).await?
-    {
+    let lands = input.may_land(&msg, len, at, payload_len, &deferred);
+    if lands {
+        // Checked whole before any of its payload lands in a receive's buffer.
+        inbound.payload_after(group.first(at), len).map_err(|e| broke_protocol(state, e))?;
+    }
+    if lands && let Some(landing) = within(deadline, input.landing(&mut group, at, &msg, &state.spun)).await? {
         // One loan, one message: the next of the same kind is another receive's.
         crate::transport::lent::forfeit_for(&msg);
         let frames = group.first(at).to_vec();

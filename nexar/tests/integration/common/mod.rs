@@ -156,11 +156,22 @@ pub fn alone_in_own_network<F: std::future::Future<Output = ()>>(module: &str, n
 
 /// This process's resident memory, from `/proc/self/status` (`VmRSS`).
 pub fn resident_bytes() -> u64 {
+    status_bytes("VmRSS:")
+}
+
+/// This process's peak resident memory (`VmHWM`), since it started or since it was last reset
+/// by writing `5` to `/proc/self/clear_refs`.
+pub fn peak_resident_bytes() -> u64 {
+    status_bytes("VmHWM:")
+}
+
+/// A size in `/proc/self/status`, in bytes.
+fn status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"));
     kib << 10
 }
