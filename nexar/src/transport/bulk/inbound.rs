@@ -80,23 +80,22 @@ impl BulkInbound {
         Ok(())
     }
 
-    /// Like [`deliver_admitted`](Self::deliver_admitted), for a TCP lane's `group_len`-byte
-    /// group whose payload's first `landed.bytes` bytes it read straight into the destination
-    /// of the receive that waits for the message: `frames` are the group's bytes before its
-    /// payload, `rest` the payload's other bytes. Checked as a whole group is.
+    /// Like [`deliver_admitted`](Self::deliver_admitted), for a TCP lane's group whose frames
+    /// [`payload_after`](Self::payload_after) checked (finding `msg` and a `payload_len`-byte
+    /// payload) and whose payload's first `landed.bytes` bytes it read straight into the
+    /// destination of the receive that waits for the message; `rest` is the payload's other
+    /// bytes.
     pub(crate) async fn deliver_landed(
         &self,
-        frames: &[u8],
-        group_len: usize,
+        msg: PeerMsg,
+        payload_len: usize,
         landed: Landed,
         rest: Payload,
         admitted: Option<Admitted<'_>>,
     ) -> Result<(), FrameError> {
-        let (msg, payload) = self.payload_after(frames, group_len)?;
-        if payload.len() != landed.bytes + rest.len() {
+        if payload_len != landed.bytes + rest.len() {
             return Err(FrameError::InvalidMessage(format!(
-                "a {}-byte payload delivered with {} bytes",
-                payload.len(),
+                "a {payload_len}-byte payload delivered with {} bytes",
                 landed.bytes + rest.len()
             )));
         }

@@ -104,17 +104,20 @@ async fn read_group(input: &mut Input, limits: ReadLimits, inbound: &BulkInbound
     };
     let admitted = inbound.admit(&msg, payload_len).await;
     let deadline = Instant::now() + limits.group_deadline;
-    let lands = input.may_land(&msg, len, at, payload_len, &deferred);
-    if lands {
-        // Checked whole before any of its payload lands in a receive's buffer.
-        inbound.payload_after(group.first(at), len).map_err(|e| broke_protocol(state, e))?;
-    }
-    if lands && let Some(landing) = within(deadline, input.landing(&mut group, at, &msg, &state.spun)).await? {
+    // A group that may land is checked whole before any of its payload lands in a receive's
+    // buffer.
+    let checked = if input.may_land(&msg, len, at, payload_len, &deferred) {
+        Some(inbound.payload_after(group.first(at), len).map_err(|e| broke_protocol(state, e))?)
+    } else {
+        None
+    };
+    if let Some((checked, payload)) = checked
+        && let Some(landing) = within(deadline, input.landing(&mut group, at, &msg, &state.spun)).await?
+    {
         // One loan, one message: the next of the same kind is another receive's.
         crate::transport::lent::forfeit_for(&msg);
-        let frames = group.first(at).to_vec();
         let rest = landing.rest(group, at).map_err(|e| broke_protocol(state, e))?;
-        let delivered = inbound.deliver_landed(&frames, len, landing.landed, rest, admitted).await;
+        let delivered = inbound.deliver_landed(checked, payload.len(), landing.landed, rest, admitted).await;
         return delivered.map(|()| true).map_err(|e| broke_protocol(state, e));
     }
     if input.large.is_some() && len - at >= LARGE_GROUP {
