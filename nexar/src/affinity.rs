@@ -76,6 +76,39 @@ pub fn core_for(local_rank: usize, local_world: usize) -> Result<Option<usize>, 
     Ok(Some(allowed[local_rank]))
 }
 
+/// The cores of local rank `local_rank` of `local_world` ranks on this host: its share of the
+/// allowed CPUs, `allowed / local_world` of them in one contiguous block (the `local_rank`-th),
+/// so that the ranks of a host never share a core and each rank's compute threads (a
+/// framework's pool) have the rest of its share. `None` when the host has fewer allowed CPUs
+/// than local ranks. With as many ranks as CPUs this is [`core_for`]'s one core.
+///
+/// ```
+/// let n = nexar::affinity::allowed_cpus().unwrap().len();
+/// assert_eq!(nexar::affinity::cores_for(0, 1).unwrap().map(|c| c.len()), Some(n));
+/// assert_eq!(nexar::affinity::cores_for(0, n + 1).unwrap(), None);
+/// ```
+pub fn cores_for(local_rank: usize, local_world: usize) -> Result<Option<Vec<usize>>, AffinityError> {
+    let allowed = allowed_cpus()?;
+    if local_world == 0 || local_world > allowed.len() || local_rank >= local_world {
+        return Ok(None);
+    }
+    let share = allowed.len() / local_world;
+    Ok(Some(allowed[local_rank * share..(local_rank + 1) * share].to_vec()))
+}
+
+/// How many threads a rank's compute (a framework's thread pool: rayon, candle, burn) should
+/// use: the CPUs the calling thread may run on, which after [`NexarClient::init`]'s binding
+/// (`NEXAR_BIND=core`) is the rank's share of the host ([`cores_for`]); at least 1.
+///
+/// ```
+/// assert!(nexar::affinity::compute_threads() >= 1);
+/// ```
+///
+/// [`NexarClient::init`]: crate::NexarClient::init
+pub fn compute_threads() -> usize {
+    allowed_cpus().map_or(1, |c| c.len()).max(1)
+}
+
 /// Binds the calling thread (and the threads it starts later) to `cpu`, leaving the process's
 /// other threads where they are: the thread that runs a rank's receives gets a core of its
 /// own, while helper threads (the TCP lanes' readers and writers) still use every core, even
@@ -86,17 +119,30 @@ pub fn core_for(local_rank: usize, local_world: usize) -> Result<Option<usize>, 
 /// # Ok::<(), nexar::affinity::AffinityError>(())
 /// ```
 pub fn bind_thread(cpu: usize) -> Result<(), AffinityError> {
+    bind_thread_to(&[cpu])
+}
+
+/// Binds the calling thread (and the threads it starts later) to `cpus`, as
+/// [`bind_thread`] does to one.
+///
+/// ```no_run
+/// if let Some(share) = nexar::affinity::cores_for(0, 2)? {
+///     nexar::affinity::bind_thread_to(&share)?;
+/// }
+/// # Ok::<(), nexar::affinity::AffinityError>(())
+/// ```
+pub fn bind_thread_to(cpus: &[usize]) -> Result<(), AffinityError> {
     let allowed = allowed_cpus()?;
-    if !allowed.contains(&cpu) {
+    if let Some(&cpu) = cpus.iter().find(|c| !allowed.contains(c)) {
         return Err(AffinityError::NotAllowed { cpu, allowed });
     }
     // What helper threads started from this thread later get back (see `free_helper_thread`).
     let before = sched_getaffinity(None).map_err(os("read this thread's CPU set"))?;
     HELPER_SET.get_or_init(|| before);
     let mut set = CpuSet::new();
-    set.set(cpu);
+    cpus.iter().for_each(|&c| set.set(c));
     sched_setaffinity(None, &set).map_err(os("bind this thread"))?;
-    tracing::debug!(cpu, "bound this thread");
+    tracing::debug!(?cpus, "bound this thread");
     Ok(())
 }
 
@@ -268,11 +314,34 @@ mod tests {
             assert_eq!(core_for(0, 1).unwrap(), Some(last));
             assert_eq!(core_for(0, 2).unwrap(), None);
             assert_eq!(core_for(1, 1).unwrap(), None);
+            assert_eq!(cores_for(0, 1).unwrap(), Some(vec![last]));
+            assert_eq!(compute_threads(), 1);
         })
         .join()
         .unwrap();
         let outside = allowed.last().unwrap() + 1;
         assert!(matches!(bind_process(&[outside]), Err(AffinityError::NotAllowed { cpu, .. }) if cpu == outside));
+    }
+
+    #[test]
+    fn each_local_rank_gets_a_disjoint_share_of_the_cores() {
+        let allowed = allowed_cpus().unwrap();
+        let n = allowed.len();
+        for world in 1..=n {
+            let shares: Vec<Vec<usize>> = (0..world).map(|r| cores_for(r, world).unwrap().unwrap()).collect();
+            assert!(shares.iter().all(|s| s.len() == n / world), "{world} ranks on {n} cpus: {shares:?}");
+            let mut all = shares.concat();
+            all.sort();
+            all.dedup();
+            assert_eq!(all.len(), (n / world) * world, "shares overlap: {shares:?}");
+        }
+        assert_eq!(cores_for(0, n + 1).unwrap(), None);
+        std::thread::spawn(move || {
+            bind_thread_to(&allowed).unwrap();
+            assert_eq!(compute_threads(), n);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

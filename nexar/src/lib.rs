@@ -29,6 +29,7 @@ pub mod backend;
 pub mod cluster;
 pub mod comm;
 pub mod config;
+pub mod ddp;
 mod error;
 #[cfg(feature = "hostile-member")]
 pub mod hostile;

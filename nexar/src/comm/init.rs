@@ -174,16 +174,20 @@ impl NexarClient {
     }
 }
 
-/// Binds the calling thread to the core of local rank `local` of `local_world` (`NEXAR_BIND=core`);
-/// where that cannot be, says why and leaves the thread as it is.
+/// Binds the calling thread to the share of the host's cores of local rank `local` of
+/// `local_world` (`NEXAR_BIND=core`; [`crate::affinity::cores_for`]: one core when there are as
+/// many ranks as cores, more when there are fewer, so that a framework's compute threads started
+/// from this thread have them); where that cannot be, says why and leaves the thread as it is.
 fn bind_to_core(rank: usize, local: Option<usize>, local_world: Option<usize>) {
     let (Some(local), Some(local_world)) = (local, local_world) else {
         tracing::info!(rank, "NEXAR_BIND=core: the launcher gives no local rank; not binding");
         return;
     };
-    match crate::affinity::core_for(local, local_world) {
-        Ok(Some(cpu)) => match crate::affinity::bind_thread(cpu) {
-            Ok(()) => tracing::info!(rank, cpu, "NEXAR_BIND=core: the rank's thread is bound to cpu {cpu}"),
+    match crate::affinity::cores_for(local, local_world) {
+        Ok(Some(cpus)) => match crate::affinity::bind_thread_to(&cpus) {
+            Ok(()) => {
+                tracing::info!(rank, ?cpus, "NEXAR_BIND=core: the rank's thread is bound to its share of cpus {cpus:?}")
+            }
             Err(e) => tracing::warn!(rank, error = %e, "NEXAR_BIND=core: binding failed; the thread stays unbound"),
         },
         Ok(None) => tracing::info!(

@@ -15,6 +15,7 @@ mod chaos;
 mod collectives;
 mod compressed;
 mod cooperation;
+mod ddp;
 mod device;
 mod failures;
 mod hierarchical;
