@@ -278,7 +278,7 @@ pub struct NexarConfig {
     /// use, as `mpirun` binds ranks (`NEXAR_BIND`: `core`, or `none`, the default; `nexar
     /// launch` sets `core` unless told `--bind-to none`). Nothing is bound where the host runs
     /// more ranks than the process has CPUs, or the launcher gives no local rank. On a host busy
-    /// with other work a bound rank keeps its latency (the guide's Performance chapter, "On a busy machine");
+    /// with other work a bound rank keeps its latency (docs/PERFORMANCE.md, "Latency on a busy machine");
     /// threads the bound thread starts afterwards inherit its core, as under `mpirun`.
     ///
     /// ```
