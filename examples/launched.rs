@@ -40,8 +40,10 @@ async fn main() -> std::process::ExitCode {
 
 async fn run() -> Result<(), NexarError> {
     let len: usize = std::env::var("LAUNCHED_LEN").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 20);
+    // ANCHOR: init
     let comm = NexarClient::init().await?;
     let (me, world) = (comm.rank(), comm.world_size());
+    // ANCHOR_END: init
     if std::env::var("LAUNCHED_FAIL_RANK").ok().and_then(|v| v.parse().ok()) == Some(me) {
         eprintln!("rank {me}: failing on purpose (LAUNCHED_FAIL_RANK)");
         std::process::exit(3);
@@ -66,6 +68,7 @@ async fn run() -> Result<(), NexarError> {
         tokio::time::sleep(std::time::Duration::from_secs(600)).await;
     }
     // Rank r contributes r + 1 in every element: the sum is 1 + 2 + … + world.
+    // ANCHOR: allreduce
     let mut data: Buf<f64> = Buf::from_vec(vec![(me + 1) as f64; len]);
     let started = std::time::Instant::now();
     if let Err(e) = comm.all_reduce(&mut data, Sum).await {
@@ -73,9 +76,11 @@ async fn run() -> Result<(), NexarError> {
         return Err(e.into());
     }
     let took = started.elapsed();
+    // ANCHOR_END: allreduce
     let expected = (world * (world + 1) / 2) as f64;
     let wrong = data.iter().filter(|&&x| x != expected).count();
     comm.barrier().await?;
+    // ANCHOR: local
     let launcher = comm.launcher().map_or("no launcher".to_string(), |l| l.to_string());
     let local = match (comm.local_rank(), comm.local_world_size()) {
         (Some(r), Some(n)) => format!("local rank {r} of {n}"),
@@ -84,6 +89,7 @@ async fn run() -> Result<(), NexarError> {
     };
     // The CPUs this thread (the one that called init) may run on: one under NEXAR_BIND=core.
     let cpus = nexar::affinity::allowed_cpus().map_or_else(|e| e.to_string(), |c| format!("{c:?}"));
+    // ANCHOR_END: local
     println!(
         "rank {me} of {world} ({local}, {launcher}): all_reduce of {len} f64 {} in {took:?}; cpus {cpus}",
         if wrong == 0 { format!("= {expected} everywhere: ok") } else { format!("WRONG in {wrong} elements") }

@@ -7,6 +7,7 @@
 
 use nexar::prelude::*;
 
+// ANCHOR: plan
 /// One step: average two gradient tensors, share the learning rate and step count from rank 0.
 #[nexar::collective_plan]
 async fn step(comm: &NexarClient, w1: &mut Buf<f32>, w2: &mut Buf<f32>, lr: &mut Buf<f32>, steps: &mut Buf<u64>) {
@@ -15,6 +16,7 @@ async fn step(comm: &NexarClient, w1: &mut Buf<f32>, w2: &mut Buf<f32>, lr: &mut
     broadcast(lr, 0);
     all_reduce(steps, Max);
 }
+// ANCHOR_END: plan
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -27,9 +29,11 @@ async fn main() -> anyhow::Result<()> {
             let mut w2 = Buf::from_vec(vec![1.0f32; 2_000]);
             let mut lr = Buf::from_vec(vec![if r == 0 { 0.1f32 } else { 0.0 }]);
             let mut steps = Buf::from_vec(vec![r as u64 * 10]);
+            // ANCHOR: run
             if r == 0 {
                 println!("{}", step::explain(&w1, &w2, &lr, &steps, comm.world_size()));
             }
+            // ANCHOR_END: run
             for _ in 0..3 {
                 step(&comm, &mut w1, &mut w2, &mut lr, &mut steps).await?;
                 // The same result as the separate calls would give, every iteration.

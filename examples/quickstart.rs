@@ -15,14 +15,17 @@ const LEN: usize = 1 << 20;
 async fn main() -> Result<(), NexarError> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let start = std::time::Instant::now();
+    // ANCHOR: form
     let ranks = NexarClient::bootstrap_local(RANKS).await?;
     println!("formed a {RANKS}-rank cluster over QUIC in {:?}", start.elapsed());
+    // ANCHOR_END: form
 
     let mut tasks = tokio::task::JoinSet::new();
     for comm in ranks {
         tasks.spawn(async move {
             let me = comm.rank();
             // Rank r's gradient is r + 1 everywhere; the sum is 1 + 2 + ... + world.
+            // ANCHOR: collectives
             let mut grads: Buf<f32> = Buf::from_vec(vec![(me + 1) as f32; LEN]);
             let t = std::time::Instant::now();
             comm.all_reduce(&mut grads, Sum).await?;
@@ -31,6 +34,7 @@ async fn main() -> Result<(), NexarError> {
             let mut lr = [if me == 0 { 0.01f64 } else { 0.0 }];
             comm.broadcast(&mut lr, 0).await?;
             comm.barrier().await?;
+            // ANCHOR_END: collectives
             let rtt = comm.ping((me + 1) % RANKS).await?;
             comm.shutdown().await;
             Ok::<_, NexarError>((me, grads[0], grads[LEN - 1], lr[0], took, rtt))

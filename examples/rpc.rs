@@ -11,6 +11,7 @@ use std::process::Stdio;
 use nexar::prelude::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+// ANCHOR: define
 /// A handler error that travels to the caller, typed.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Debug, PartialEq)]
 pub enum ShardError {
@@ -29,6 +30,7 @@ async fn load_shard(id: u32, len: u64) -> Result<Vec<u8>, ShardError> {
 fn pid() -> u32 {
     std::process::id()
 }
+// ANCHOR_END: define
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -66,11 +68,13 @@ async fn worker(seed: SocketAddr, token: &str) -> anyhow::Result<()> {
     let comm = NexarClient::connect(seed, token, cfg).await?;
     let (me, world) = (comm.rank(), comm.world_size());
     let next = (me + 1) % world;
+    // ANCHOR: call
     let shard = load_shard::call(&comm, next, me as u32, 4).await?;
     anyhow::ensure!(shard == Ok(vec![me as u8; 4]), "wrong shard from rank {next}");
     let missing = load_shard::call(&comm, next, 500, 0).await?;
     anyhow::ensure!(missing == Err(ShardError::Missing(500)), "expected a typed error");
     let pids: Vec<u32> = pid::call_all(&comm).await.into_iter().collect::<Result<_, _>>()?;
+    // ANCHOR_END: call
     anyhow::ensure!(pids[me] == std::process::id(), "rank {me} is not this process");
     let distinct: std::collections::HashSet<_> = pids.iter().collect();
     anyhow::ensure!(distinct.len() == world, "every rank is its own process");

@@ -62,20 +62,24 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().role.unwrap_or(Role::Demo { workers: 3 }) {
         Role::Seed { bind, world_size } => {
+            // ANCHOR: seed
             let mut cfg = NexarConfig::from_env()?;
             cfg.world_size = Some(world_size);
             let seed = SeedNode::bind(bind, cfg).await?;
             println!("seed listening on {}", seed.local_addr());
             println!("token {}", seed.token());
             seed.wait_done().await?;
+            // ANCHOR_END: seed
             println!("seed: all {world_size} workers came and went");
         }
         Role::Worker { seed, token, listen } => {
+            // ANCHOR: worker
             let mut cfg = NexarConfig::from_env()?;
             cfg.listen_addr = listen;
             let comm = NexarClient::connect(seed, &token, cfg).await?;
             run_job(&comm).await?;
             comm.shutdown().await;
+            // ANCHOR_END: worker
         }
         Role::Demo { workers } => demo(workers).await?,
     }
@@ -85,12 +89,14 @@ async fn main() -> anyhow::Result<()> {
 /// The job each worker runs: send its rank to the next rank, receive from the previous one.
 async fn run_job(comm: &NexarClient) -> anyhow::Result<()> {
     let (me, world) = (comm.rank(), comm.world_size());
+    // ANCHOR: job
     let hello: Vec<u64> = vec![me as u64; 1024];
     let (next, prev) = ((me + 1) % world, (me + world - 1) % world);
     let mut got = vec![0u64; 1024];
     let (s, r) = tokio::join!(comm.send(&hello, next, 1), comm.recv(&mut got, prev, 1));
     s?;
     r?;
+    // ANCHOR_END: job
     anyhow::ensure!(got.iter().all(|v| *v == prev as u64), "rank {me}: corrupted message from rank {prev}");
     println!("worker rank {me}/{world}: got rank {prev}'s message; rtt to rank {next}: {:?}", comm.ping(next).await?);
     Ok(())

@@ -15,18 +15,23 @@ async fn main() -> Result<(), NexarError> {
     let (alice, bob) = (ranks[0].clone(), ranks[1].clone());
 
     // Any element type, from any buffer-like value: Vec, slice, array or Buf.
+    // ANCHOR: send
     alice.send(&vec![1.0f64, 2.0, 3.0], 1, 10).await?;
     alice.send(&[7u8; 5], 1, 20).await?;
     alice.send(&Buf::from_vec(vec![bf16::from_f32(0.5); 4]), 1, 30).await?;
+    // ANCHOR_END: send
 
     // Received in another order than sent: each message waits for the recv with its tag.
+    // ANCHOR: recv
     let mut halves = [bf16::ZERO; 4];
     bob.recv(&mut halves, 0, 30).await?;
     let bytes: Vec<u8> = bob.recv_vec(0, 20).await?;
+    // ANCHOR_END: recv
     println!("bob got tag 30: {halves:?}");
     println!("bob got tag 20: {bytes:?}");
 
     // Asking for the wrong type is an error that says what was expected; nothing is lost.
+    // ANCHOR: mismatch
     let mut wrong = [0f32; 3];
     match bob.recv(&mut wrong, 0, 10).await {
         Err(e @ P2pError::DTypeMismatch { .. }) => println!("as expected: {e}"),
@@ -34,6 +39,7 @@ async fn main() -> Result<(), NexarError> {
     }
     let mut right = [0f64; 3];
     bob.recv(&mut right, 0, 10).await?;
+    // ANCHOR_END: mismatch
     println!("bob got tag 10: {right:?}");
 
     // A reply, and a round trip on the control lane.

@@ -1,10 +1,12 @@
-//! Procedural macros of nexar: `#[nexar::rpc]` (and, later, `#[nexar::collective_plan]`).
+//! Procedural macros of nexar: `#[nexar::rpc]` and `#[nexar::collective_plan]`.
 //!
 //! Generated code names the runtime through `::nexar::__private` (override with
 //! `#[nexar::rpc(crate = "path::to::nexar")]`). On a mistake the macro re-emits the user's item
 //! together with one spanned error, so the rest of the crate still type-checks (tokio's habit).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`, nightly) marks each item that needs a feature with that feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use proc_macro::TokenStream;
 

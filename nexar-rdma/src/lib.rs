@@ -23,6 +23,8 @@
 //! RDMA hardware.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`, nightly) marks each item that needs a feature with that feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod attach;
 mod emulated;

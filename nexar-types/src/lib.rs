@@ -26,6 +26,8 @@
 // libnccl (`nccl.rs`, feature `nccl`).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`, nightly) marks each item that needs a feature with that feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod adapter;
 mod bf16_wire;

@@ -15,6 +15,25 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Where to start, by the job at hand (the user guide in `docs/book` has a chapter for each):
+//!
+//! - **Start ranks and join them**: [`NexarClient::init`] under `nexar launch`, srun, mpirun,
+//!   torchrun or a Kubernetes JobSet; [`NexarClient::bootstrap_local`] for ranks in one
+//!   process; [`SeedNode`] and [`NexarClient::connect`] for a seed started by hand.
+//! - **Move data**: the methods of [`NexarClient`]: `send` and `recv` on [`Buf`], `Vec`,
+//!   slices and arrays of any [`Element`]; the collectives (`all_reduce` with [`Sum`] and the
+//!   other reduction types, or a [`ReduceOp`] chosen at run time); their `_start` forms, which
+//!   return a [`CollectiveHandle`].
+//! - **Call functions on other ranks**: [`macro@rpc`], with [`rpc::RpcContext`] and
+//!   [`rpc::State`] for handlers.
+//! - **Fuse a training step's collectives**: [`macro@collective_plan`], explained by [`plan`].
+//! - **Survive a failure**: [`NexarClient::failure_watch`], [`NexarClient::recover`] and
+//!   [`RecoveryPolicy`].
+//! - **Configure**: [`NexarConfig`], from `NEXAR_*` variables or its builder.
+//! - **Find out why a job stalls**: [`trace`] (the flight recorder) and [`telemetry`]
+//!   (metrics).
+//! - **Add a transport**: [`backend`], as `nexar-rdma` does.
+//!
 //! Layers, from the bottom up: `proto` (sans-IO framing and messages), `transport` (QUIC,
 //! TLS, links and lanes), [`cluster`] (seed node, joining, mesh formation), and the
 //! communicator the user holds, [`NexarClient`]. `proto` and `transport` are internal; the
@@ -23,6 +42,8 @@
 //! [`backend`].
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`, nightly) marks each item that needs a feature with that feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod affinity;
 pub mod backend;

@@ -8,7 +8,7 @@
 //!
 //! That round used to end the call, so a root could not start its next call before its
 //! receivers had finished this one, and the two sides worked in turn: half of a small
-//! broadcast's time (docs/PERFORMANCE.md, "A rooted collective's confirmation round"). Now a
+//! broadcast's time (measured in docs/PERFORMANCE.md's log, now in git history). Now a
 //! rank sends its first confirmations as soon as the call's work is done here and returns.
 //! Where all that is left of the round is to receive (two ranks, where moreover only the side
 //! that received confirms), its next collective on the communicator receives them once its own

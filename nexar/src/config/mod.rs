@@ -508,4 +508,6 @@ impl Default for NexarConfig {
 }
 
 #[cfg(test)]
+mod reference_tests;
+#[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 // Handlers may take the call's context and application state, anywhere among their
 // arguments; callers pass only the arguments. A user argument named `ctx` is its own.
+// ANCHOR: context
 use nexar::rpc::{RpcContext, State};
 
 pub struct Config {
@@ -10,6 +11,7 @@ pub struct Config {
 async fn scaled(ctx: &RpcContext, cfg: State<Config>, x: u64) -> (u64, usize) {
     (cfg.scale * x, ctx.caller())
 }
+// ANCHOR_END: context
 
 #[nexar::rpc]
 fn named_ctx(ctx: u64, context: nexar::rpc::RpcContext) -> u64 {
