@@ -50,3 +50,4 @@ pub use nccl::NcclState;
 pub use negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
 pub use p2p::P2pError;
 pub use recovery::RecoveryError;
+pub(crate) use state::CommState;

@@ -457,6 +457,12 @@ impl Ddp {
         Ok(self.blocking_runtime()?.block_on(future))
     }
 
+    /// The tokio runtime the layer runs its collectives on (the one it was built or last
+    /// rebuilt on).
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
     fn blocking_runtime(&self) -> Result<tokio::runtime::Handle, DdpError> {
         if tokio::runtime::Handle::try_current().is_ok() {
             return Err(self.usage("a blocking call inside an async task: use the async form (`.await`)"));

@@ -123,6 +123,10 @@ fn describe_single(st: &Statement, shapes: &[Shape], pick: &dyn Fn(Collective, u
     }
 }
 
+/// One rank's handle on a communicator, held weakly (an entry of a communicator that is gone
+/// is dropped).
+type RankOfComm = std::sync::Weak<crate::comm::CommState>;
+
 /// The layout a plan computed for the last shapes it ran with, and the schedules of its
 /// collectives (one per plan function), so a plan run again plans nothing.
 #[derive(Debug, Default)]
@@ -132,6 +136,8 @@ pub struct PlanCache {
     pub(crate) schedules: crate::comm::ScheduleCache,
     /// The error feedback of each top-k bucket (by its buffers), carried from run to run.
     pub(crate) feedback: Mutex<Vec<(Vec<usize>, crate::ErrorFeedback)>>,
+    /// The shapes each (communicator, rank) last ran the plan with, checked across the ranks.
+    checked: Mutex<Vec<(RankOfComm, Vec<Shape>)>>,
 }
 
 impl PlanCache {
@@ -141,9 +147,11 @@ impl PlanCache {
             last: Mutex::new(None),
             schedules: crate::comm::ScheduleCache::new(),
             feedback: Mutex::new(Vec::new()),
+            checked: Mutex::new(Vec::new()),
         }
     }
 
+    /// The layout for `shapes`.
     pub(crate) fn layout(&self, spec: &PlanSpec, shapes: &[Shape]) -> Arc<Layout> {
         let mut last = crate::sync::lock(&self.last);
         if let Some((s, layout)) = last.as_ref()
@@ -154,6 +162,35 @@ impl PlanCache {
         let layout = Arc::new(spec.layout(shapes));
         *last = Some((shapes.to_vec(), layout.clone()));
         layout
+    }
+
+    /// Whether this rank runs the plan on `comm` with other shapes than last time (or for the
+    /// first time): such a run checks its buffers' lengths against the other ranks first. Kept
+    /// per rank's communicator state, so that ranks with the same history on a communicator
+    /// agree, also when several ranks (or several clusters, one after the other) share this
+    /// process and so this cache.
+    pub(crate) fn shapes_changed(&self, comm: &Arc<crate::comm::CommState>, shapes: &[Shape]) -> bool {
+        let mut checked = crate::sync::lock(&self.checked);
+        checked.retain(|(key, _)| key.strong_count() > 0);
+        let me = Arc::downgrade(comm);
+        match checked.iter_mut().find(|(key, _)| key.ptr_eq(&me)) {
+            Some((_, last)) if last.as_slice() == shapes => false,
+            Some((_, last)) => {
+                *last = shapes.to_vec();
+                true
+            }
+            None => {
+                checked.push((me, shapes.to_vec()));
+                true
+            }
+        }
+    }
+
+    /// Forgets what this rank last checked on `comm` (its check failed: the next run checks
+    /// again, as every rank's does).
+    pub(crate) fn forget_shapes(&self, comm: &Arc<crate::comm::CommState>) {
+        let me = Arc::downgrade(comm);
+        crate::sync::lock(&self.checked).retain(|(key, _)| !key.ptr_eq(&me));
     }
 }
 

@@ -162,9 +162,21 @@ impl<'a> PlanRun<'a> {
     pub async fn run(self, comm: &NexarClient) -> Result<(), CollectiveError> {
         let shapes: Vec<Shape> = self.args.iter().map(PlanArg::shape).collect();
         let layout: std::sync::Arc<Layout> = self.cache.layout(self.spec, &shapes);
+        let state = comm.comm.clone();
+        let fresh = self.cache.shapes_changed(&state, &shapes);
+        let cache = self.cache;
         let run = comm.plan_view(comm.comm.next_seq());
-        let units: u64 = layout.phases.iter().map(|p| p.len() as u64).sum();
-        let result = self.run_layout(&run, &layout).await;
+        // The length check takes the run's first sequence number when it runs.
+        let units: u64 = layout.phases.iter().map(|p| p.len() as u64).sum::<u64>() + u64::from(fresh);
+        let spec = self.spec;
+        let result = async {
+            if fresh && let Err(e) = lengths_agree(&run, spec, &shapes).await {
+                cache.forget_shapes(&state);
+                return Err(e);
+            }
+            self.run_layout(&run, &layout).await
+        }
+        .await;
         if let Err(e) = &result {
             let reason = e.to_string();
             for seq in 0..units {
@@ -199,6 +211,36 @@ impl<'a> PlanRun<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// Checks that every rank passes buffers of the same lengths: one allreduce of each length and
+/// its complement (their maxima are the largest and the smallest length on any rank). Without
+/// it, ranks that pass the same total in different buffers would fuse mismatched tensors into
+/// buckets of one size, which the collectives' own checks (the bucket's count) cannot see.
+async fn lengths_agree(run: &NexarClient, spec: &PlanSpec, shapes: &[Shape]) -> Result<(), CollectiveError> {
+    let mut lens: Vec<u64> = Vec::with_capacity(2 * shapes.len());
+    for (_, elems) in shapes {
+        lens.push(*elems as u64);
+        lens.push(!(*elems as u64));
+    }
+    if lens.is_empty() {
+        return Ok(());
+    }
+    run.all_reduce(&mut lens[..], nexar_types::Max).await?;
+    match lens.chunks(2).position(|l| l[0] != !l[1]) {
+        None => Ok(()),
+        Some(i) => Err(CollectiveError::InvalidArgument {
+            rank: run.rank(),
+            op: "plan",
+            reason: format!(
+                "plan {}: buffer {i} has {} elements on this rank, and between {} and {} across the ranks; every rank passes buffers of the same lengths",
+                spec.name,
+                shapes[i].1,
+                !lens[2 * i + 1],
+                lens[2 * i]
+            ),
+        }),
     }
 }
 

@@ -522,6 +522,33 @@ async fn a_rank_running_another_plan_is_refused_on_every_rank() {
     .expect("test timed out");
 }
 
+/// Ranks that pass the same total in other buffers (here 3000 + 5 elements against 2995 + 10)
+/// would fill buckets of one size with mismatched tensors: every rank gets an error naming the
+/// first buffer whose length differs, and the next run with agreeing buffers works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffers_of_other_lengths_with_the_same_total_are_refused_naming_the_buffer() {
+    tokio::time::timeout(
+        TEST_LIMIT,
+        on_ranks(3, |c| async move {
+            let r = c.rank();
+            let (nw, nlr) = if r == 1 { (2995, 10) } else { (3000, 5) };
+            let mut w = Buf::from_vec(vec![1.0f32; nw]);
+            let mut lr = Buf::from_vec(vec![1.0f64; nlr]);
+            let err = two(&c, &mut w, &mut lr).await.expect_err("mismatched buffers must not be fused");
+            let text = err.to_string();
+            assert!(text.contains("buffer 0 has") && text.contains("between 2995 and 3000"), "rank {r}: {text}");
+            assert!(w.iter().all(|&x| x == 1.0), "rank {r}: nothing was reduced into the buffer");
+            let mut w = Buf::from_vec(vec![1.0f32; 3000]);
+            let mut lr = Buf::from_vec(vec![1.0f64; 5]);
+            two(&c, &mut w, &mut lr).await.unwrap();
+            assert!(w.iter().all(|&x| x == 3.0));
+            c
+        }),
+    )
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_buckets_of_odd_buffers_match_unfused_calls_bitwise() {
     tokio::time::timeout(TEST_LIMIT * 2, async {
