@@ -16,6 +16,8 @@ mod collectives;
 mod compressed;
 mod cooperation;
 mod ddp;
+#[cfg(feature = "cli")]
+mod ddp_launch;
 mod device;
 mod failures;
 mod hierarchical;
