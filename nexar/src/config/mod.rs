@@ -274,13 +274,14 @@ pub struct NexarConfig {
     /// ```
     pub shared_memory: bool,
     /// Whether [`NexarClient::init`](crate::NexarClient::init) binds the thread that calls it
-    /// to cores of its own: the rank's share of the CPUs the process may use (CPUs ÷ ranks on
-    /// the host, a contiguous block chosen by the rank's local index; one core when there are as
-    /// many ranks as CPUs, see [`crate::affinity::cores_for`]), as `mpirun` binds ranks (`NEXAR_BIND`: `core`, or `none`, the default; `nexar
-    /// launch` sets `core` unless told `--bind-to none`). Nothing is bound where the host runs
-    /// more ranks than the process has CPUs, or the launcher gives no local rank. On a host busy
-    /// with other work a bound rank keeps its latency (docs/PERFORMANCE.md, "Latency on a busy machine");
-    /// threads the bound thread starts afterwards inherit its share, as under `mpirun`, so a
+    /// to cores of its own, as `mpirun` binds ranks (`NEXAR_BIND`: `core`, or `none`, the
+    /// default; `nexar launch` sets `core` unless told `--bind-to none`): the rank's share of
+    /// the CPUs the process may use (CPUs ÷ ranks on the host, a contiguous block chosen by
+    /// the rank's local index; one core when there are as many ranks as CPUs, see
+    /// [`crate::affinity::cores_for`]). Nothing is bound where the host runs more ranks than the
+    /// process has CPUs, or the launcher gives no local rank. On a host busy with other work a
+    /// bound rank keeps its latency (the guide's performance chapter, "On a busy machine").
+    /// Threads the bound thread starts afterwards inherit its share, as under `mpirun`, so a
     /// framework's pool sized by [`crate::affinity::compute_threads`] uses all of it.
     ///
     /// ```
