@@ -146,6 +146,16 @@ pub async fn attach(comm: &NexarClient, cfg: &RdmaConfig) -> Result<AttachReport
     Ok(AttachReport { links })
 }
 
+/// The setting that would leave a link's bulk channel free for RDMA, given the channel it
+/// already has: shared memory takes a same-host link whatever the bulk transport, so only
+/// `NEXAR_SHM=off` frees it; a TCP lane (or any other) goes with `NEXAR_BULK_TRANSPORT=quic`.
+fn what_frees_the_link(channel: &str) -> &'static str {
+    match channel {
+        "shm" => "ranks of one host talk over shared memory: start them with NEXAR_SHM=off to use RDMA between them",
+        _ => "start the ranks with NEXAR_BULK_TRANSPORT=quic to use RDMA",
+    }
+}
+
 /// Per peer, this rank's offer (or why there is none), and the queue pairs behind the offers.
 type Opened = (Vec<(usize, Result<Vec<u8>, String>)>, HashMap<usize, (Endpoint, QpOffer)>);
 
@@ -157,9 +167,9 @@ fn open_all(comm: &NexarClient, cfg: &RdmaConfig) -> Opened {
     for rank in (0..comm.world_size()).filter(|p| *p != me) {
         let opened = match (&no_device, comm.bulk_transport(rank), comm.attached_bulk(rank)) {
             (_, None, _) => Err(format!("no direct link to rank {rank} (sparse topology)")),
-            (_, _, Some(other)) => Err(format!(
-                "the link to rank {rank} already had a {other} channel (start the ranks with NEXAR_BULK_TRANSPORT=quic to use RDMA)"
-            )),
+            (_, _, Some(other)) => {
+                Err(format!("the link to rank {rank} already had a {other} channel ({})", what_frees_the_link(other)))
+            }
             (Some(reason), _, _) => Err(reason.clone()),
             (None, _, None) => open(cfg).map_err(|e| {
                 if matches!(e, RdmaError::NoDevice { .. }) {
@@ -199,4 +209,16 @@ fn start_engine(comm: &NexarClient, peer: usize, wire: Box<dyn Wire>) -> Result<
         }
     });
     Ok(channel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::what_frees_the_link;
+
+    #[test]
+    fn the_advice_names_the_setting_that_frees_the_link() {
+        assert!(what_frees_the_link("shm").contains("NEXAR_SHM=off"));
+        assert!(!what_frees_the_link("shm").contains("NEXAR_BULK_TRANSPORT"));
+        assert!(what_frees_the_link("tcp-tls").contains("NEXAR_BULK_TRANSPORT=quic"));
+    }
 }

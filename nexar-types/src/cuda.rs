@@ -56,10 +56,14 @@ fn driver_present() -> bool {
         // SAFETY: this only tries to load the driver library (libcuda) and reports whether it
         // loaded; none of its functions is called here. cudarc's own entry points would panic
         // instead of returning an error when the library is missing.
+        #[cfg(not(feature = "cuda-linked"))]
         #[allow(unsafe_code)]
         unsafe {
             cudarc::driver::sys::is_culib_present()
         }
+        // Linked when the program was built: it would not have started without the library.
+        #[cfg(feature = "cuda-linked")]
+        true
     })
 }
 

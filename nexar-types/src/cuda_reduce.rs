@@ -165,10 +165,14 @@ fn nvrtc_present() -> bool {
     *PRESENT.get_or_init(|| {
         // SAFETY: this only tries to load the NVRTC library and reports whether it loaded;
         // none of its functions is called here (cudarc's would panic if it were missing).
+        #[cfg(not(feature = "cuda-linked"))]
         #[allow(unsafe_code)]
         unsafe {
             cudarc::nvrtc::sys::is_culib_present()
         }
+        // Linked when the program was built: it would not have started without the library.
+        #[cfg(feature = "cuda-linked")]
+        true
     })
 }
 
