@@ -17,6 +17,8 @@ mod compressed;
 mod cooperation;
 mod ddp;
 #[cfg(feature = "cli")]
+mod ddp_elastic;
+#[cfg(feature = "cli")]
 mod ddp_launch;
 mod device;
 mod failures;
