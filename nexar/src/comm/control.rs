@@ -15,11 +15,12 @@ impl Inner {
     /// this rank serves, so a call to a missing function fails at once.
     pub(super) async fn welcome_link(self: &Arc<Self>, link: &PeerLink) {
         let (weak, conn, peer) = (Arc::downgrade(self), link.connection().clone(), link.peer());
+        let violation = link.violation();
         let watcher = tokio::spawn(async move {
             let reason = conn.closed().await;
             if let Some(inner) = weak.upgrade() {
                 tracing::debug!(peer, %reason, "peer connection ended");
-                inner.connection_ended(peer as usize, &reason);
+                inner.connection_ended(peer as usize, &reason, violation.get().map(String::as_str));
             }
         });
         crate::sync::lock(&self.tasks).push(watcher);

@@ -196,10 +196,14 @@ impl Inner {
         }
     }
 
-    /// Judges how a peer's connection ended.
-    pub(crate) fn connection_ended(&self, peer: usize, reason: &ConnectionError) {
+    /// Judges how a peer's connection ended; `violation` is the wire-protocol violation this
+    /// rank closed it for, if it did.
+    pub(crate) fn connection_ended(&self, peer: usize, reason: &ConnectionError, violation: Option<&str>) {
         let orderly = self.health.ends_in_order(peer);
-        let why = format!("its connection ended ({reason})");
+        let why = match violation {
+            Some(v) => format!("this rank cut it for breaking the wire protocol: {v}"),
+            None => format!("its connection ended ({reason})"),
+        };
         if orderly {
             self.mailbox.source_gone(peer as u32, &why);
             self.coll.source_gone(peer as u32, &why);

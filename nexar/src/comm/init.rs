@@ -262,6 +262,8 @@ async fn host_seed(env: &LaunchEnv, config: &NexarConfig, secret: &SharedSecret)
             env.seed.port
         ),
     })?;
+    let world_var = env.var_of(Field::WorldSize).unwrap_or("the launcher's world size");
+    seed.describe_world_size(format!("{world_var}={world} on rank 0, which hosts it"));
     tracing::info!(addr = %seed.local_addr(), world, "rank 0 hosts the seed");
     Ok(seed)
 }

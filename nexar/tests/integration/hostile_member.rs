@@ -401,13 +401,21 @@ async fn a_waiting_receive_admits_no_more_than_it_asked_for_body() {
 async fn an_rpc_request_over_the_limit_cuts_the_member_that_sent_it() {
     let cfg = NexarConfig::builder().max_rpc_bytes(1 << 20).build().unwrap();
     let ranks = NexarClient::bootstrap_local_with(2, cfg).await.unwrap();
+    let mut watch = ranks[0].failure_watch();
     let member = HostileMember::new(&ranks[1]);
     let link = member.link(0).unwrap();
     let huge = PeerMsg::RpcRequest { req: 1, func: 1, sig: 1, len: 2 << 20 };
     let _ = link.send(&huge, Some(Bytes::from(vec![0u8; 2 << 20]))).await;
     let closed = tokio::time::timeout(Duration::from_secs(30), link.connection().closed()).await.unwrap();
     let text = closed.to_string();
-    assert!(text.contains(&(2u64 << 20).to_string()) && text.contains(&(1u64 << 20).to_string()), "{text}");
+    let (len, limit) = ((2u64 << 20).to_string(), (1u64 << 20).to_string());
+    assert!(text.contains(&len) && text.contains(&limit), "{text}");
+    // The failure the cutting rank reports (and tells the others) names the violation too, not
+    // only that the connection was closed.
+    let failure = tokio::time::timeout(Duration::from_secs(30), watch.next()).await.unwrap().expect("a failure");
+    assert_eq!(failure.rank, 1);
+    let why = &failure.reason;
+    assert!(why.contains("breaking the wire protocol") && why.contains(&len) && why.contains(&limit), "{why}");
 }
 
 /// Among few survivors the majority is of those still alive: rank 0 has counted ranks 2 and

@@ -436,6 +436,8 @@ fn a_duplicate_rank_and_a_disagreeing_world_size_are_refused_by_name() {
     assert!(outputs.iter().all(|o| !o.status.success()), "no cluster can form: {all}");
     assert!(all.contains("rank 1 is taken twice") && all.contains("read RANK=1"), "{all}");
     assert!(all.contains("read WORLD_SIZE=5, but the cluster forms with 4 ranks"), "{all}");
+    // Both sides: what the seed (on rank 0) read too.
+    assert!(all.contains("the seed read WORLD_SIZE=4 on rank 0"), "{all}");
 }
 
 /// A seed that does not know the job's secret cannot get a worker to trust it, and learns no

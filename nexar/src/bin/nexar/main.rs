@@ -120,10 +120,15 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Command::Seed { bind, world_size, exit_when_done } => {
+            let source = match world_size {
+                Some(n) => format!("--world-size {n}"),
+                None => format!("NEXAR_WORLD_SIZE={}", cfg.world_size.map_or("?".to_string(), |n| n.to_string())),
+            };
             if world_size.is_some() {
                 cfg.world_size = world_size;
             }
             let seed = SeedNode::bind(bind, cfg).await?;
+            seed.describe_world_size(source);
             println!("listening: {}", seed.local_addr());
             println!("token: {}", seed.token());
             println!("workers join with: NEXAR_TOKEN={} nexar check --seed {}", seed.token(), seed.local_addr());

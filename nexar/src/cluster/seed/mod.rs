@@ -57,6 +57,9 @@ struct Shared {
     secret: Option<SharedSecret>,
     cluster_id: u64,
     world: usize,
+    /// Where the world size came from, as the seed read it (`NEXAR_WORLD_SIZE=4`), for the
+    /// error a worker that read another gets ([`SeedNode::describe_world_size`]).
+    world_from: Mutex<Option<String>>,
     cfg: NexarConfig,
     slots: Mutex<Slots>,
     table: watch::Sender<Option<Vec<SocketAddr>>>,
@@ -150,6 +153,7 @@ impl SeedNode {
             secret,
             cluster_id: rand::random(),
             world,
+            world_from: Mutex::new(None),
             cfg: config,
             slots: Mutex::new(Slots {
                 addrs: vec![None; world],
@@ -169,6 +173,18 @@ impl SeedNode {
         let accept =
             tokio::spawn(accept_loop(endpoint.clone(), shared.clone()).instrument(tracing::info_span!("seed", %local)));
         Ok(SeedNode { endpoint, local, token, shared, accept })
+    }
+
+    /// Says where the seed's world size came from (`"NEXAR_WORLD_SIZE=4"`, `"--world-size
+    /// 4"`), so that a worker started with another world size is told both sides.
+    ///
+    /// ```no_run
+    /// # async fn run(seed: nexar::SeedNode) {
+    /// seed.describe_world_size(format!("NEXAR_WORLD_SIZE={}", seed.world_size()));
+    /// # }
+    /// ```
+    pub fn describe_world_size(&self, source: impl Into<String>) {
+        *crate::sync::lock(&self.shared.world_from) = Some(source.into());
     }
 
     /// The join token workers need.

@@ -63,8 +63,11 @@ pub(super) fn claim_slot(
     if let Some(world) = claim.world_size
         && world as usize != shared.world
     {
+        let seed_side = crate::sync::lock(&shared.world_from)
+            .clone()
+            .unwrap_or_else(|| format!("world_size {} in its configuration (NEXAR_WORLD_SIZE)", shared.world));
         return Err(format!(
-            "this worker read {}={world}, but the cluster forms with {} ranks (the seed's world size): \
+            "this worker read {}={world}, but the cluster forms with {} ranks (the seed read {seed_side}): \
              every rank must be started with the same world size",
             claim.world_var, shared.world
         ));

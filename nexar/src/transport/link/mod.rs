@@ -88,6 +88,10 @@ pub struct PeerLink {
     bulk: Arc<BulkSlot>,
     /// `nexar_sent_bytes_total` of this rank.
     sent: Arc<SentBytes>,
+    /// Why this rank closed the connection, when the peer broke the wire protocol (the length
+    /// and the limit): the local end of a closed connection reports only that it was closed
+    /// here, and the failure this rank reports (and tells the others) names the violation.
+    violation: Arc<std::sync::OnceLock<String>>,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -140,8 +144,9 @@ impl PeerLink {
             }
         }));
         let span = tracing::debug_span!("router", rank = local, peer);
-        tokio::spawn(route(conn.clone(), peer, lanes, max_payload).instrument(span));
-        PeerLink { peer, conn, writers, bulk, sent }
+        let violation = Arc::new(std::sync::OnceLock::new());
+        tokio::spawn(route(conn.clone(), peer, lanes, max_payload, violation.clone()).instrument(span));
+        PeerLink { peer, conn, writers, bulk, sent, violation }
     }
 
     /// Hands collective payloads to `channel` from now on, for collectives that have sent
@@ -179,6 +184,11 @@ impl PeerLink {
     /// The name of the channel attached to this link, if any, working or not.
     pub fn attached_bulk(&self) -> Option<&'static str> {
         self.bulk.attached()
+    }
+
+    /// The violation this rank closed the connection for, once it did (see `violation`).
+    pub(crate) fn violation(&self) -> Arc<std::sync::OnceLock<String>> {
+        self.violation.clone()
     }
 
     /// Whether this link's bulk channel works and carries point-to-point messages.

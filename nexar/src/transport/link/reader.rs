@@ -22,18 +22,26 @@ use crate::transport::inbox::Admission;
 /// holds up another lane's messages, as before.
 pub const INFLIGHT_BYTES_PER_LANE: u64 = 64 << 20;
 
-pub(super) async fn route(conn: Connection, peer: u32, lanes: LaneSenders, max_payload: u64) {
+pub(super) async fn route(
+    conn: Connection,
+    peer: u32,
+    lanes: LaneSenders,
+    max_payload: u64,
+    violation: Arc<std::sync::OnceLock<String>>,
+) {
     let budget: Arc<[ByteBudget; Lane::COUNT]> =
         Arc::new(std::array::from_fn(|_| ByteBudget::new(INFLIGHT_BYTES_PER_LANE)));
     loop {
         match conn.accept_uni().await {
             Ok(recv) => {
                 let conn = conn.clone();
-                let (lanes, budget) = (lanes.clone(), budget.clone());
+                let (lanes, budget, violation) = (lanes.clone(), budget.clone(), violation.clone());
                 tokio::spawn(
                     async move {
                         if let Err(error) = read_stream(recv, &conn, peer, &lanes, max_payload, &budget).await {
                             tracing::error!(peer, %error, "closing the connection: the peer broke the wire protocol");
+                            // Before the close, so that whoever sees the connection end finds it.
+                            let _ = violation.set(error.to_string());
                             conn.close(CloseCode::ProtocolViolation.value().into(), error.to_string().as_bytes());
                         }
                     }
