@@ -34,9 +34,10 @@
 //!
 //! **After a failure.** A `sync` that fails names the dead rank (printed as
 //! `rank R: step S failed: …`). The survivors `recover()`, rebuild the DDP layer on the
-//! survivors' communicator, agree on the step to redo (a survivor whose allreduce completed
-//! before the others' failed is one step ahead: the survivors take the newest step and the
-//! state of the lowest rank that reached it), print `rank R: recovered, world W, redoing step
+//! survivors' communicator, which agrees on the step to redo (a survivor whose allreduce
+//! completed before the others' failed is one step ahead: `rebuild` takes the newest step and
+//! the parameters of the lowest rank that reached it, `nexar::ddp::StepAgreement`; the
+//! velocities follow from the same rank), print `rank R: recovered, world W, redoing step
 //! S`, and redo that step with the global batch split over the survivors. A failure in the
 //! final weight comparison is survived the same way. A failure while the communicator grows
 //! (below) ends the program with the error.
@@ -45,9 +46,9 @@
 //! world the job started with), the ranks wait at the next epoch boundary, at most
 //! `NEXAR_JOIN_TIMEOUT_MS`, for a rank to join (`rebuild_adding(1)`). A step being redone after
 //! a failure is redone over the survivors first. The members then rebuild the DDP layer on the
-//! grown communicator and send the newcomer rank 0's parameters, the velocities and the step
-//! counter, in the order the newcomer receives them (`Builder::build`: the registration check
-//! and the parameters; then the velocities; then the step). If nobody joins in time, training
+//! grown communicator, which gives the newcomer their step and parameters (its
+//! `Builder::build` runs the same registration check, step agreement and broadcast), and send
+//! it the velocities from the same rank. If nobody joins in time, training
 //! goes on in the smaller world and stops waiting for one. A replacement started soon after the
 //! kill may spend `NEXAR_CONNECT_TIMEOUT_MS` (default 10 s) dialling the dead rank: the seed
 //! lists it until its own connection to it times out (`NEXAR_IDLE_TIMEOUT_MS`).
@@ -308,16 +309,16 @@ impl Job {
                 return Ok(false);
             }
         };
-        // The newcomer's `Builder::build` checks the registration and receives rank 0's
-        // parameters; then the velocities; then the step counter. The same order here.
+        // The newcomer's `Builder::build` checks the registration, agrees on the step (the
+        // members') and takes the source's parameters, as `rebuild` does here; then the
+        // velocities, from the same source.
         let (ddp, velocity) = (&mut self.ddp, &self.opt.velocity);
-        self.runtime.block_on(async {
-            ddp.rebuild(&grown).await?;
-            ddp.broadcast_params(0).await?;
-            ddp.broadcast_vars(velocity, 0).await?;
-            ddp.reducer().broadcast_bytes(0, t.to_le_bytes().to_vec()).await?;
-            Ok::<_, nexar_candle::Error>(())
+        let agreed = self.runtime.block_on(async {
+            let agreed = ddp.rebuild(&grown).await?;
+            ddp.broadcast_vars(velocity, agreed.source.unwrap_or(0)).await?;
+            Ok::<_, nexar_candle::Error>(agreed)
         })?;
+        anyhow::ensure!(agreed.step == t, "rank {rank}: growing at step {t}, the ranks agreed on {}", agreed.step);
         self.comm = grown;
         println!("rank {}: grown, world {}", self.rank(), self.world());
         Ok(true)
@@ -336,22 +337,16 @@ impl Job {
     }
 }
 
-/// The survivors' agreement after `recover()`: the layer continues on `comm`, every rank goes
-/// on from the newest step any of them finished, with the state of the lowest rank that
-/// finished it. (A rank whose allreduce completed before the failure reached the others is one
-/// step ahead; its update was averaged over every rank, the dead one too, so it stands.)
+/// The survivors' agreement after `recover()`: `rebuild` continues on `comm` from the newest
+/// step any of them finished, with the parameters of the lowest rank that finished it (a rank
+/// whose allreduce completed before the failure reached the others is one step ahead; its
+/// update was averaged over every rank, the dead one too, so it stands); the velocities come
+/// from the same rank.
 async fn resync(ddp: &mut nexar_candle::Ddp, comm: &NexarClient, velocity: &[Var], t: u64) -> Result<u64, Failure> {
-    ddp.rebuild(comm).await?;
-    let mut at = [t, !t];
-    comm.all_reduce(&mut at[..], nexar::Max).await?;
-    let newest = at[0];
-    let mut root = [if t == newest { comm.rank() as u64 } else { u64::MAX }];
-    comm.all_reduce(&mut root[..], nexar::Min).await?;
-    let root = root[0] as usize;
-    ddp.broadcast_params(root).await?;
-    ddp.broadcast_vars(velocity, root).await?;
-    ddp.reducer_mut().set_step(newest);
-    Ok(newest)
+    debug_assert_eq!(ddp.reducer().step(), t, "the layer counts the job's steps");
+    let agreed = ddp.rebuild(comm).await?;
+    ddp.broadcast_vars(velocity, agreed.source.unwrap_or(0)).await?;
+    Ok(agreed.step)
 }
 
 fn run() -> anyhow::Result<()> {
@@ -383,8 +378,8 @@ fn run() -> anyhow::Result<()> {
     let steps_per_epoch = (train.0.len() / global_batch) as u64;
     let varmap = VarMap::new();
     let model = Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    // Checks the registration against every rank and gives this rank rank 0's weights: at the
-    // start on every rank, and on a newcomer as the members' `rebuild` + `broadcast_params(0)`.
+    // Checks the registration against every rank, agrees on the step and gives this rank the
+    // source's weights: rank 0's at the start, the members' on a newcomer (as their `rebuild`).
     let ddp = runtime.block_on(nexar_candle::Ddp::builder().build(&varmap, &comm))?;
     let params: Vec<Var> = ddp.vars().map(|(_, v)| v.clone()).collect();
     let opt = Momentum::new(params, 0.05, 0.9)?;
@@ -392,12 +387,11 @@ fn run() -> anyhow::Result<()> {
 
     let mut t = 0u64;
     if joining {
-        job.runtime.block_on(job.ddp.broadcast_vars(&job.opt.velocity, 0))?;
-        let counter = job.runtime.block_on(job.ddp.reducer().broadcast_bytes(0, Vec::new()))?;
-        let counter: [u8; 8] =
-            counter.try_into().map_err(|c: Vec<u8>| anyhow::anyhow!("a step counter of {} bytes", c.len()))?;
-        t = u64::from_le_bytes(counter);
-        job.ddp.reducer_mut().set_step(t);
+        // `build` agreed on the members' step and took the source's parameters; the velocities
+        // come from the same rank.
+        let source = job.ddp.agreement().source.unwrap_or(0);
+        job.runtime.block_on(job.ddp.broadcast_vars(&job.opt.velocity, source))?;
+        t = job.ddp.reducer().step();
         let (epoch, step) = job.position(t);
         println!(
             "rank {}: joined as rank {} at epoch {epoch} step {step}, world {}",

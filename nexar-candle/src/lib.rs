@@ -137,8 +137,11 @@ impl Builder {
             builder = builder.first_bucket_bytes(first);
         }
         let reducer = builder.build(comm).await?;
+        // A rank joining a running job agrees with the members' `rebuild` on whose parameters
+        // to take (theirs); at the start of a job every rank is at step 0 and takes `root`'s.
+        let root = reducer.agreement().source.unwrap_or(self.root);
         let ddp = Ddp { reducer, vars };
-        ddp.broadcast_params(self.root).await?;
+        ddp.broadcast_params(root).await?;
         Ok(ddp)
     }
 }
@@ -236,11 +239,22 @@ impl Ddp {
         broadcast_vars(&self.reducer, vars, root).await
     }
 
-    /// Continues on `comm` after `recover()` or a grow: checks the registration there and
-    /// starts afresh (the step in progress is to be redone). A rank that joined then gets the
-    /// parameters with [`broadcast_params`](Self::broadcast_params).
-    pub async fn rebuild(&mut self, comm: &NexarClient) -> Result<(), Error> {
-        Ok(self.reducer.rebuild(comm).await?)
+    /// Continues on `comm` after `recover()` or a grow: checks the registration there, agrees
+    /// with the other ranks on the step to go on from ([`nexar::ddp::StepAgreement`]), and gives
+    /// every rank the parameters of the agreement's source (rank 0 where every rank was at one
+    /// step). A rank that joined builds its `Ddp` on `comm` meanwhile ([`Builder::build`]),
+    /// which runs the same collectives and takes the same parameters. The step in progress is
+    /// to be redone; optimizer state is the caller's to send from `source`
+    /// ([`broadcast_vars`](Self::broadcast_vars)).
+    pub async fn rebuild(&mut self, comm: &NexarClient) -> Result<nexar::ddp::StepAgreement, Error> {
+        let agreed = self.reducer.rebuild(comm).await?;
+        self.broadcast_params(agreed.source.unwrap_or(0)).await?;
+        Ok(agreed)
+    }
+
+    /// What the ranks agreed on at the last build or rebuild (see [`rebuild`](Self::rebuild)).
+    pub fn agreement(&self) -> nexar::ddp::StepAgreement {
+        self.reducer.agreement()
     }
 
     /// Runs `future` on the layer's runtime from synchronous code.

@@ -61,7 +61,7 @@ pub use error::DdpError;
 pub use flat::GradElement;
 pub use hook::CommHook;
 pub use layout::{BucketSpec, Layout};
-pub use params::ParamSpec;
+pub use params::{ParamSpec, StepAgreement};
 pub use powersgd::PowerSgd;
 pub use reducer::{Averaged, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Ddp, DdpBuilder, GradView};
 pub use sampler::{ShardSampler, mean_over_ranks};

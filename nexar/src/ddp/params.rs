@@ -173,3 +173,49 @@ mod tests {
         assert_ne!(ParamSpec::new("w1", &[2], DType::F32).digest(), ParamSpec::new("w", &[12], DType::F32).digest());
     }
 }
+
+/// What the ranks agreed on when a layer was built or rebuilt: the step to go on from, and
+/// whose state to go on with.
+///
+/// After a failure the survivors need not be at one step: a rank whose last bucket completed
+/// before the dead rank's link went down finished the step, while another, still waiting for
+/// the dead rank's last message, failed it. The finished step stands (it averaged every rank's
+/// gradient, the dead one's too), so every rank goes on from the newest step any of them
+/// finished, with the parameters and optimizer state of the lowest rank that finished it.
+///
+/// ```no_run
+/// # async fn run(mut ddp: nexar::ddp::Ddp, survivors: nexar::NexarClient) -> Result<(), nexar::ddp::DdpError> {
+/// let agreed = ddp.rebuild(&survivors).await?;
+/// if let Some(source) = agreed.source {
+///     // Ranks were at different steps: take `source`'s parameters and optimizer state.
+///     let mut momentum = vec![0f32; 1024];
+///     ddp.broadcast(source, &mut [&mut momentum[..]]).await?;
+/// }
+/// assert_eq!(ddp.step(), agreed.step);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepAgreement {
+    /// The newest step counter among the ranks; every rank's layer is set to it.
+    pub step: u64,
+    /// When the ranks were at different steps, the lowest rank at the newest one: the state to
+    /// go on with is its. `None` when every rank was at `step` already.
+    pub source: Option<usize>,
+}
+
+/// Agrees with every rank of `comm` on the step to go on from (see [`StepAgreement`]): one
+/// allreduce of the step and its complement, and where they differ one more for the source.
+pub(super) async fn agree_on_step(comm: &NexarClient, step: u64) -> Result<StepAgreement, DdpError> {
+    let rank = comm.rank();
+    let collective = |source| DdpError::Collective { rank, op: "step agreement", source: Box::new(source) };
+    let mut steps = [step, !step];
+    comm.all_reduce(&mut steps[..], nexar_types::Max).await.map_err(collective)?;
+    let (newest, oldest) = (steps[0], !steps[1]);
+    if newest == oldest {
+        return Ok(StepAgreement { step: newest, source: None });
+    }
+    let mut source = [if step == newest { rank as u64 } else { u64::MAX }];
+    comm.all_reduce(&mut source[..], nexar_types::Min).await.map_err(collective)?;
+    tracing::info!(rank, newest, oldest, source = source[0], "ddp: the ranks were at different steps");
+    Ok(StepAgreement { step: newest, source: Some(source[0] as usize) })
+}

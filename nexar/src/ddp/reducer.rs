@@ -12,7 +12,7 @@ use super::DdpError;
 use super::flat::{Flat, GradElement};
 use super::hook::{self, CommHook, HookState, MatrixPart};
 use super::layout::Layout;
-use super::params::{ParamSpec, check_same_everywhere};
+use super::params::{ParamSpec, StepAgreement, agree_on_step, check_same_everywhere};
 use crate::comm::{CollectiveError, NexarClient};
 
 /// PyTorch DDP's default bucket cap, 25 MiB.
@@ -113,6 +113,9 @@ impl DdpBuilder {
         let settings_text = self.settings_text();
         let settings = nexar_types::stable_hash(settings_text.as_bytes());
         check_same_everywhere(comm, &self.params, settings, &settings_text).await?;
+        // A rank that joins a running job builds its layer while the members rebuild theirs:
+        // the same agreement runs on both sides, and gives the newcomer the members' step.
+        let agreement = agree_on_step(comm, 0).await?;
         let parts: Arc<[Vec<MatrixPart>]> = layout
             .buckets
             .iter()
@@ -148,7 +151,8 @@ impl DdpBuilder {
             handed,
             next_launch: 0,
             inflight: VecDeque::new(),
-            step: 0,
+            step: agreement.step,
+            agreement,
             no_sync: false,
             carry: false,
             driver,
@@ -210,6 +214,8 @@ pub struct Ddp {
     next_launch: usize,
     inflight: VecDeque<(usize, oneshot::Receiver<Done>)>,
     step: u64,
+    /// What the ranks agreed on at the last build or rebuild.
+    agreement: StepAgreement,
     /// This step accumulates (torch's `no_sync`).
     no_sync: bool,
     /// The buckets hold sums of earlier `no_sync` steps, which this step's gradients add to.
@@ -260,6 +266,12 @@ impl Ddp {
     /// (PowerSGD's `start_step` counts from it).
     pub fn set_step(&mut self, step: u64) {
         self.step = step;
+    }
+
+    /// What the ranks agreed on when this layer was last built or rebuilt: the step they went on
+    /// from, and whose state, where they had been at different steps.
+    pub fn agreement(&self) -> StepAgreement {
+        self.agreement
     }
 
     /// The registration index of `name`.
@@ -380,12 +392,16 @@ impl Ddp {
     }
 
     /// Continues on `comm` (a communicator from `recover()`, `rebuild_excluding` or
-    /// `rebuild_adding`): checks the registration there, as at construction, and starts over
-    /// with the step counter kept. The step in progress is dropped (redo it), gradients
+    /// `rebuild_adding`): checks the registration there, as at construction, and agrees with
+    /// the other ranks on the step to go on from ([`StepAgreement`]: after a failure some
+    /// survivors may have finished the step others failed; a rank that joins gets the members'
+    /// step). The step in progress is dropped (redo it, from the agreed step), gradients
     /// accumulated by `no_sync` steps are dropped, and the hooks' state (top-k and PowerSGD
     /// residuals, PowerSGD's `Q`) starts afresh on every rank, so that a rank that joined has
-    /// the same as the survivors.
-    pub async fn rebuild(&mut self, comm: &NexarClient) -> Result<(), DdpError> {
+    /// the same as the survivors. Where the agreement names a `source`, take its parameters and
+    /// optimizer state ([`broadcast`](Self::broadcast)); `nexar-candle` does so for the
+    /// parameters.
+    pub async fn rebuild(&mut self, comm: &NexarClient) -> Result<StepAgreement, DdpError> {
         // The buckets in flight belong to the old communicator: take their memory back.
         while let Some((bucket, reply)) = self.inflight.pop_front() {
             let b = &self.layout.buckets[bucket];
@@ -398,15 +414,18 @@ impl Ddp {
             slot.state = HookState::Empty;
         }
         check_same_everywhere(comm, &self.params, self.settings.0, &self.settings.1).await?;
+        let agreement = agree_on_step(comm, self.step).await?;
         self.driver = Driver::start(comm, self.hook, self.parts.clone());
         self.comm = comm.clone();
         self.runtime = tokio::runtime::Handle::current();
         self.reset_step();
-        Ok(())
+        self.step = agreement.step;
+        self.agreement = agreement;
+        Ok(agreement)
     }
 
     /// [`rebuild`](Self::rebuild) from synchronous code.
-    pub fn rebuild_blocking(&mut self, comm: &NexarClient) -> Result<(), DdpError> {
+    pub fn rebuild_blocking(&mut self, comm: &NexarClient) -> Result<StepAgreement, DdpError> {
         let runtime = self.blocking_runtime()?;
         runtime.block_on(self.rebuild(comm))
     }

@@ -574,3 +574,26 @@ fn the_blocking_calls_drive_the_layer_from_plain_threads() {
         assert!(inside.unwrap().contains("inside an async task"));
     }
 }
+
+/// Survivors at different steps (one finished the step the others failed) agree on the newest
+/// step and on the lowest rank at it, whose state they take; ranks at one step agree on it with
+/// no source; a fresh layer starts at step 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_agrees_on_the_newest_step_and_its_lowest_rank() {
+    let ranks = NexarClient::bootstrap_local(3).await.unwrap();
+    let agreed = on_each(&ranks, |c| async move {
+        let mut ddp = model_ddp::<f32>(&c).await;
+        let fresh = ddp.agreement();
+        assert_eq!((fresh.step, fresh.source, ddp.step()), (0, None, 0));
+        ddp.set_step(if c.rank() == 0 { 6 } else { 7 });
+        let apart = ddp.rebuild(&c).await.unwrap();
+        assert_eq!(ddp.step(), 7);
+        let together = ddp.rebuild(&c).await.unwrap();
+        (apart, together)
+    })
+    .await;
+    for (r, (apart, together)) in agreed.iter().enumerate() {
+        assert_eq!((apart.step, apart.source), (7, Some(1)), "rank {r}");
+        assert_eq!((together.step, together.source), (7, None), "rank {r}");
+    }
+}
