@@ -1,1 +1,3 @@
 //! Shared helpers for the examples.
+
+pub mod spiral;
