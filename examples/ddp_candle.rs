@@ -16,6 +16,7 @@ use candle_core::{DType, Device};
 use candle_nn::{Module, Optimizer, VarBuilder, VarMap};
 use nexar::NexarClient;
 use nexar::ddp::{CommHook, PowerSgd, ShardSampler};
+use nexar_examples::env_usize;
 use nexar_examples::spiral::{Mlp, accuracy, batch, spiral};
 
 fn hook_from_env() -> anyhow::Result<CommHook> {
@@ -27,25 +28,8 @@ fn hook_from_env() -> anyhow::Result<CommHook> {
     })
 }
 
-fn env_usize(var: &str, default: usize) -> usize {
-    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NEXAR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ddp_candle: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    nexar_examples::main_of("ddp_candle", run)
 }
 
 // ANCHOR: main

@@ -76,6 +76,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use tokio::runtime::Runtime;
 
+use nexar_examples::env_usize;
 use nexar_examples::spiral::{Mlp, accuracy, batch, spiral};
 
 /// SGD with momentum (PyTorch's form: `v = μ·v + g`, `w = w − lr·v`), its velocities kept in
@@ -142,25 +143,8 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
-fn env_usize(var: &str, default: usize) -> usize {
-    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NEXAR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ddp_candle_elastic: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    nexar_examples::main_of("ddp_candle_elastic", run)
 }
 
 /// Everything a rank trains with.
