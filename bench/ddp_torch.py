@@ -10,7 +10,7 @@ DDP with the Gloo backend on CPU (under `torch.distributed.run`, each rank `--ba
 Each process prints one JSON line, in milliseconds, median and p99 over the timed steps, and its
 peak resident memory (`VmHWM`) and the minor page faults per step. How the DDP step is split, in the same process:
 
-- phase 1, the DDP model with the hook asked for (`none`: plain allreduce, `bf16`:
+- phase 1, the DDP model with the hook asked for (`plain`: no hook, DDP's own allreduce, `bf16`:
   `bf16_compress_hook`, `powersgd`: `powerSGD_hook`), timed steps alternating with steps of the
   same model under `no_sync()` (no bucket is touched, nothing is sent): `step` and `compute`
   (forward, backward and the optimizer, as in the DDP step). The peak memory is read here.
