@@ -47,7 +47,9 @@
 //! }
 //! ```
 
+mod averaged;
 mod broadcast;
+mod driver;
 mod error;
 mod flat;
 mod hook;
@@ -57,11 +59,12 @@ mod powersgd;
 mod reducer;
 mod sampler;
 
+pub use averaged::{Averaged, GradView};
 pub use error::DdpError;
 pub use flat::GradElement;
 pub use hook::CommHook;
 pub use layout::{BucketSpec, Layout};
 pub use params::{ParamSpec, StepAgreement};
 pub use powersgd::PowerSgd;
-pub use reducer::{Averaged, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Ddp, DdpBuilder, GradView};
+pub use reducer::{DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, Ddp, DdpBuilder};
 pub use sampler::{ShardSampler, mean_over_ranks};

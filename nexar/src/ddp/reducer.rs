@@ -5,12 +5,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use nexar_types::{DType, bf16, f16};
+use nexar_types::DType;
 use tokio::sync::{mpsc, oneshot};
 
 use super::DdpError;
+use super::averaged::Averaged;
+use super::driver::{Done, Driver, Job};
 use super::flat::{Flat, GradElement};
-use super::hook::{self, CommHook, HookState, MatrixPart};
+use super::hook::{CommHook, HookState, MatrixPart};
 use super::layout::Layout;
 use super::params::{ParamSpec, StepAgreement, agree_on_step, check_same_everywhere};
 use crate::comm::{CollectiveError, NexarClient};
@@ -482,6 +484,11 @@ impl Ddp {
         &self.runtime
     }
 
+    /// A bucket's memory, where it is not on the wire.
+    pub(super) fn bucket_data(&self, bucket: usize) -> Option<&Flat> {
+        self.slots.get(bucket).and_then(|s| s.data.as_ref())
+    }
+
     fn blocking_runtime(&self) -> Result<tokio::runtime::Handle, DdpError> {
         if tokio::runtime::Handle::try_current().is_ok() {
             return Err(self.usage("a blocking call inside an async task: use the async form (`.await`)"));
@@ -594,151 +601,5 @@ impl Ddp {
         self.next_launch = 0;
         self.no_sync = false;
         self.carry = false;
-    }
-}
-
-/// The averaged gradients of a finished step, lent out of the buckets (no copy). Holding it
-/// holds the [`Ddp`]; drop it before the next step.
-///
-/// ```no_run
-/// # async fn run(mut ddp: nexar::ddp::Ddp) -> Result<(), nexar::ddp::DdpError> {
-/// let averaged = ddp.finish().await?;
-/// for (param, grad) in averaged.iter() {
-///     println!("{param}: {} elements", grad.len());
-/// }
-/// # Ok(()) }
-/// ```
-pub struct Averaged<'a> {
-    ddp: &'a Ddp,
-    synced: bool,
-}
-
-/// One parameter's averaged gradient, in its element type.
-#[derive(Clone, Copy, Debug)]
-pub enum GradView<'a> {
-    /// `f32` elements.
-    F32(&'a [f32]),
-    /// `f64` elements.
-    F64(&'a [f64]),
-    /// `f16` elements.
-    F16(&'a [f16]),
-    /// `bf16` elements.
-    Bf16(&'a [bf16]),
-}
-
-impl GradView<'_> {
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            GradView::F32(v) => v.len(),
-            GradView::F64(v) => v.len(),
-            GradView::F16(v) => v.len(),
-            GradView::Bf16(v) => v.len(),
-        }
-    }
-
-    /// Whether it has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl<'a> Averaged<'a> {
-    /// Whether the step was synchronised (false after a `no_sync` step: the values are this
-    /// rank's running sums).
-    pub fn synced(&self) -> bool {
-        self.synced
-    }
-
-    /// The averaged gradient of `name`, as `T` (its registered element type).
-    pub fn get<T: GradElement>(&self, name: &str) -> Result<&'a [T], DdpError> {
-        let index = self.ddp.index_of(name).ok_or_else(|| DdpError::UnknownParameter {
-            rank: self.ddp.comm.rank(),
-            step: self.ddp.step,
-            name: name.to_string(),
-        })?;
-        self.get_index(index)
-    }
-
-    /// The averaged gradient of the parameter at `index`.
-    pub fn get_index<T: GradElement>(&self, index: usize) -> Result<&'a [T], DdpError> {
-        let ddp = self.ddp;
-        let p = ddp.params.get(index).ok_or_else(|| DdpError::InvalidArgument {
-            rank: ddp.comm.rank(),
-            reason: format!("parameter index {index}: only {} are registered", ddp.params.len()),
-        })?;
-        let (bucket, offset) = ddp.layout.place[index];
-        let view = ddp.slots[bucket].data.as_ref().and_then(T::view);
-        view.map(|v| &v[offset..offset + p.numel()]).ok_or_else(|| DdpError::WrongGradient {
-            rank: ddp.comm.rank(),
-            step: ddp.step,
-            name: p.name().to_string(),
-            expected: format!("{:?} {} ({} elements)", p.shape(), p.dtype(), p.numel()),
-            got: format!("a request for {} elements", T::DTYPE),
-        })
-    }
-
-    /// Every parameter with its averaged gradient, in registration order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'a ParamSpec, GradView<'a>)> + '_ {
-        let ddp = self.ddp;
-        ddp.params.iter().enumerate().map(move |(i, p)| {
-            let (bucket, offset) = ddp.layout.place[i];
-            let range = offset..offset + p.numel();
-            let view = match ddp.slots[bucket].data.as_ref() {
-                Some(Flat::F32(v)) => GradView::F32(&v[range]),
-                Some(Flat::F64(v)) => GradView::F64(&v[range]),
-                Some(Flat::F16(v)) => GradView::F16(&v[range]),
-                Some(Flat::Bf16(v)) => GradView::Bf16(&v[range]),
-                None => GradView::F32(&[]),
-            };
-            (p, view)
-        })
-    }
-}
-
-/// A bucket sent to the background task.
-struct Job {
-    step: u64,
-    bucket: usize,
-    data: Flat,
-    state: HookState,
-    reply: oneshot::Sender<Done>,
-}
-
-/// A bucket back from the background task, with its memory whatever the outcome.
-struct Done {
-    data: Flat,
-    state: HookState,
-    result: Result<(), CollectiveError>,
-}
-
-/// The background task that reduces buckets one after the other, in the order they were
-/// sent (the same on every rank), on one communicator.
-struct Driver;
-
-impl Driver {
-    fn start(comm: &NexarClient, hook: CommHook, parts: Arc<[Vec<MatrixPart>]>) -> mpsc::UnboundedSender<Job> {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
-        let comm = comm.clone();
-        tokio::spawn(async move {
-            // Once a bucket of a step fails, the rest of that step fail with it at once
-            // instead of each waiting out its own timeout on a broken communicator.
-            let mut failed: Option<(u64, CollectiveError)> = None;
-            while let Some(mut job) = rx.recv().await {
-                let result = match &failed {
-                    Some((step, e)) if *step == job.step => Err(e.clone()),
-                    _ => {
-                        let parts = &parts[job.bucket];
-                        hook::reduce(&comm, &hook, &mut job.state, &mut job.data, parts, job.step).await
-                    }
-                };
-                if let Err(e) = &result {
-                    tracing::warn!(rank = comm.rank(), step = job.step, bucket = job.bucket, "ddp bucket failed: {e}");
-                    failed = Some((job.step, e.clone()));
-                }
-                let _ = job.reply.send(Done { data: job.data, state: job.state, result });
-            }
-        });
-        tx
     }
 }
