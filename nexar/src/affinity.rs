@@ -244,7 +244,7 @@ pub(crate) fn thread_ids(pid: u32) -> Vec<u32> {
 /// from `/proc/<pid>/task/<tid>/stat`; `false` where that cannot be read.
 ///
 /// A rank whose spin runs long asks this of the ranks it shares a host with
-/// (`comm/host_peers.rs`): one of them waiting behind it on its very core is the peer it spins
+/// (`comm/exec/host_peers.rs`): one of them waiting behind it on its very core is the peer it spins
 /// for.
 pub(crate) fn thread_runnable_on(pid: u32, tid: u32, cpu: usize) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).is_ok_and(|stat| stat_runnable_on(&stat, cpu))

@@ -30,7 +30,7 @@ use bytes::Bytes;
 
 use crate::NexarClient;
 use crate::comm::matcher::{Key, Refusal};
-use crate::comm::route::Route;
+use crate::comm::membership::route::Route;
 use crate::proto::frame::FrameError;
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;

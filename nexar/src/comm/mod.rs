@@ -1,53 +1,26 @@
 //! The communicator the user holds: [`NexarClient`] with typed point-to-point messaging.
 
-mod backend;
-mod build;
+mod backends;
 mod client;
 mod collective;
-mod confirm;
-mod control;
-mod exec;
-mod failure_watch;
-mod grow;
-mod health;
-mod host_peers;
-mod hosts;
-mod init;
-mod inspect;
-mod leave;
+mod diagnostics;
+pub(crate) mod exec;
 pub(crate) mod matcher;
-mod meter;
-#[cfg(feature = "nccl")]
-mod nccl;
-#[cfg(feature = "nccl")]
-mod nccl_slot;
-#[cfg(feature = "nccl")]
-mod nccl_two_level;
-mod negotiate;
+pub(crate) mod membership;
 mod p2p;
-mod p2p_segments;
-mod pieces;
-mod recovery;
-mod recovery_error;
-pub(crate) mod route;
-mod setup_inbox;
-mod shm;
-pub(crate) mod spin;
 pub(crate) mod state;
-mod tcp_lane;
-mod wire_codec;
 
 pub use crate::cluster::health::PeerFailure;
-pub use backend::{BackendError, MAX_SETUP_BODY};
+pub use backends::hooks::{BackendError, MAX_SETUP_BODY};
+#[cfg(feature = "nccl")]
+pub use backends::nccl::NcclState;
+pub use backends::negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
 pub(crate) use client::Inner;
 pub use client::{LinkStats, NexarClient};
 pub(crate) use collective::ScheduleCache;
 pub use collective::{CollectiveError, CollectiveHandle, Compression, ErrorFeedback, ExchangeHandle};
 pub(crate) use exec::{CollCall, broadcast_abort};
-pub use failure_watch::FailureWatch;
-#[cfg(feature = "nccl")]
-pub use nccl::NcclState;
-pub use negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
+pub use membership::failure_watch::FailureWatch;
+pub use membership::recovery::RecoveryError;
 pub use p2p::P2pError;
-pub use recovery::RecoveryError;
 pub(crate) use state::CommState;

@@ -25,11 +25,11 @@ pub(crate) struct CommState {
     /// Schedules of the calls made on this communicator, so that a call repeated (as a
     /// training loop repeats them) is not planned again.
     pub schedules: crate::comm::ScheduleCache,
-    /// Its rooted collectives that are not yet confirmed by every member (`comm/confirm.rs`).
-    pub unconfirmed: crate::comm::confirm::Unconfirmed,
+    /// Its rooted collectives that are not yet confirmed by every member (`comm/collective/confirm.rs`).
+    pub unconfirmed: crate::comm::collective::confirm::Unconfirmed,
     /// This communicator's NCCL member for device collectives, once made.
     #[cfg(feature = "nccl")]
-    pub nccl: super::nccl_slot::NcclSlot,
+    pub nccl: crate::comm::backends::nccl_slot::NcclSlot,
 }
 
 impl CommState {

@@ -7,7 +7,7 @@ use tracing::Instrument;
 use super::body::RpcBytes;
 use super::{RpcError, Served, Status};
 use crate::comm::NexarClient;
-use crate::comm::spin::spin_poll;
+use crate::comm::exec::spin::spin_poll;
 use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc};
 use crate::transport::framed::{Payload, PayloadError};

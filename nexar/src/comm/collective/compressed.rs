@@ -18,8 +18,8 @@ use nexar_types::{Element, RecvBuf, ReduceOp, Reduction, f16, segment_ranges};
 use super::CollectiveError;
 use crate::NexarClient;
 use crate::comm::exec::CollCall;
-use crate::comm::pieces::Data;
-use crate::comm::wire_codec::Bf16Wire;
+use crate::comm::exec::pieces::Data;
+use crate::comm::exec::wire_codec::Bf16Wire;
 use crate::proto::algo::Collective;
 
 pub use crate::proto::compression::Compression;

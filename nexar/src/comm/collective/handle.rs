@@ -8,9 +8,9 @@ use std::task::{Context, Poll};
 use nexar_types::{Buf, Element, ReduceOp, Reduction};
 use tokio::task::JoinHandle;
 
-use super::super::client::NexarClient;
-use super::super::exec::CollCall;
 use super::CollectiveError;
+use crate::comm::client::NexarClient;
+use crate::comm::exec::CollCall;
 use crate::proto::algo::Collective;
 
 /// A collective running in the background; `.await` it to get the buffer back.

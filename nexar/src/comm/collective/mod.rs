@@ -5,7 +5,7 @@
 //! a clear error on every rank, and the communicator stays usable for the next call. A rooted
 //! collective returns on a rank once its part is done there; a failure elsewhere that the rank
 //! had not seen is reported by its next collective ([`CollectiveError::EarlierFailed`], see
-//! `comm/confirm.rs`).
+//! `comm/collective/confirm.rs`).
 //!
 //! The blocking operations are here; `prepare` checks a call and plans and runs its schedule,
 //! `handle` has the background (`_start`) forms and their handles, `cache` the schedules
@@ -19,6 +19,7 @@ use crate::proto::algo::Collective;
 
 mod cache;
 mod compressed;
+pub(in crate::comm) mod confirm;
 mod error;
 mod handle;
 mod prepare;

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use nexar_types::{DeviceError, Element, RecvBuf, ReduceError, ReduceOp, SendBuf, segment_ranges};
 
-use super::super::client::NexarClient;
-use super::super::exec::CollCall;
-use super::super::pieces::{Data, Pieces, runs_on_pieces};
-use super::super::wire_codec::AsIs;
 use super::{CACHED_STEPS, CollectiveError, Exchange, ScheduleCache, ScheduleKey};
+use crate::comm::client::NexarClient;
+use crate::comm::exec::CollCall;
+use crate::comm::exec::pieces::{Data, Pieces, runs_on_pieces};
+use crate::comm::exec::wire_codec::AsIs;
 use crate::proto::algo::hierarchical::HostLayout;
 use crate::proto::algo::{Algorithm, Collective, generate_on, select_on};
 use crate::proto::schedule::Schedule;

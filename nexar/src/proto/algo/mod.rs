@@ -91,7 +91,7 @@ impl Collective {
     /// every other rank. Such operations are confirmed by a dissemination round
     /// ([`barrier::append_dissemination`]), so that a rank which detects a disagreement stops
     /// every rank, not only those downstream of it; the executor runs that round behind the
-    /// call (`comm/confirm.rs`), not in its schedule.
+    /// call (`comm/collective/confirm.rs`), not in its schedule.
     pub fn needs_confirmation(self) -> bool {
         !matches!(
             self,

@@ -46,7 +46,7 @@ pub(crate) fn host_identity(overridden: Option<&str>) -> String {
     format!("machine:{} boot:{} {} uid:{uid}", read("/etc/machine-id"), read("/proc/sys/kernel/random/boot_id"), netns)
 }
 
-/// A same-host offer, sent inside the negotiation driver's round one (`comm/negotiate.rs`):
+/// A same-host offer, sent inside the negotiation driver's round one (`comm/backends/negotiate.rs`):
 /// I am on `host`, process `pid`; dial my abstract socket `socket` with `token` (the lower
 /// world rank of a link dials).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! The TCP lane's offer, sent inside the negotiation driver's round one
-//! (`comm/negotiate.rs`): where to dial, with which token, and how the offering rank seals
+//! (`comm/backends/negotiate.rs`): where to dial, with which token, and how the offering rank seals
 //! its records.
 
 use crate::proto::message::LaneSealing;

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use super::client::NexarClient;
-use super::p2p::P2pError;
-use super::recovery::{RecoveryError, TAG_DECIDE};
-use super::state::CommState;
+use crate::comm::client::NexarClient;
+use crate::comm::membership::recovery::{RecoveryError, TAG_DECIDE};
+use crate::comm::p2p::P2pError;
+use crate::comm::state::CommState;
 use crate::proto::message::PeerMsg;
 
 /// How often waits for joining ranks re-check.

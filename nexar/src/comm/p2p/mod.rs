@@ -3,6 +3,8 @@
 //! A message is matched by `(source, tag)` on the receiving rank; messages between one pair of
 //! ranks with the same tag arrive in the order they were sent (MPI's non-overtaking rule).
 
+pub(in crate::comm) mod segments;
+
 use std::time::Duration;
 
 use crate::transport::pool::pooled_copy;
@@ -10,9 +12,9 @@ use nexar_types::{DType, Element, RecvBuf, SendBuf};
 
 use tracing::Instrument;
 
-use super::client::NexarClient;
-use super::p2p_segments::send_through_channel;
+use crate::comm::client::NexarClient;
 use crate::comm::matcher::{Held, Key, Refusal};
+use crate::comm::p2p::segments::send_through_channel;
 use crate::proto::message::PeerMsg;
 use crate::trace::{OpClass, OpDesc, OpTrace};
 use crate::transport::TransportError;
@@ -474,8 +476,9 @@ impl NexarClient {
         let awaited = (key.part == 0).then_some(Awaited::PointToPoint { comm: key.comm, tag: key.tag });
         let read_link = |awaiting: Option<Awaiting<'_>>| link.and_then(|l| l.bulk_deliver_ready(awaiting));
         let spin = Some(&self.inner.spin);
-        if let Some(held) =
-            super::spin::spin_take(&self.inner.mailbox, key, spin, awaited, None, read_link).await.map_err(refused)?
+        if let Some(held) = crate::comm::exec::spin::spin_take(&self.inner.mailbox, key, spin, awaited, None, read_link)
+            .await
+            .map_err(refused)?
         {
             return Ok(held);
         }

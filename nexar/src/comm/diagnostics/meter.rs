@@ -4,7 +4,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use super::client::Inner;
+use crate::comm::client::Inner;
 use crate::telemetry::{Sample, record_sample};
 
 /// How often a rank samples its links and membership: often enough for a dashboard, rarely

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 
 use tokio::sync::mpsc;
 
-use super::client::Inner;
+use crate::comm::client::Inner;
 use crate::proto::message::PeerMsg;
 use crate::transport::link::{Incoming, PeerLink};
 
@@ -13,7 +13,7 @@ impl Inner {
     /// Starts watching a new link (when its connection ends, receives and collective steps
     /// waiting on that peer fail at once, naming it) and tells the peer which RPC functions
     /// this rank serves, so a call to a missing function fails at once.
-    pub(super) async fn welcome_link(self: &Arc<Self>, link: &PeerLink) {
+    pub(in crate::comm) async fn welcome_link(self: &Arc<Self>, link: &PeerLink) {
         let (weak, conn, peer) = (Arc::downgrade(self), link.connection().clone(), link.peer());
         let violation = link.violation();
         let watcher = tokio::spawn(async move {
@@ -32,7 +32,7 @@ impl Inner {
 }
 
 /// Answers pings and completes our own.
-pub(super) async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>) {
+pub(in crate::comm) async fn serve_control(inner: Weak<Inner>, mut control: mpsc::Receiver<Incoming>) {
     while let Some(incoming) = control.recv().await {
         let Some(inner) = inner.upgrade() else { return };
         match incoming.msg {

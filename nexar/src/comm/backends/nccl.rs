@@ -43,12 +43,12 @@ use nexar_types::{
     DeviceError, Element, NcclComm, NcclId, NcclInFlight, RecvBuf, ReduceOp, SendBuf, nccl_supports, nccl_version,
 };
 
-use super::client::NexarClient;
-use super::collective::{CollectiveError, Exchange};
-use super::exec::{AGREEMENT, CollCall};
-pub use super::nccl_slot::NcclState;
-use super::nccl_slot::{NcclGroup, Slot};
-use super::state::CommState;
+pub use crate::comm::backends::nccl_slot::NcclState;
+use crate::comm::backends::nccl_slot::{NcclGroup, Slot};
+use crate::comm::client::NexarClient;
+use crate::comm::collective::{CollectiveError, Exchange};
+use crate::comm::exec::{AGREEMENT, CollCall};
+use crate::comm::state::CommState;
 use crate::proto::algo::hierarchical::HostLayout;
 use crate::proto::algo::{Algorithm, Collective};
 
@@ -83,7 +83,7 @@ impl NexarClient {
 
     /// Runs one-buffer collective `kind` on `buf` through NCCL where every rank can; `None`
     /// sends the call down the staged path (on every rank alike).
-    pub(super) async fn try_nccl<B: RecvBuf + ?Sized>(
+    pub(in crate::comm) async fn try_nccl<B: RecvBuf + ?Sized>(
         &self,
         kind: Collective,
         op: Option<ReduceOp>,
@@ -115,7 +115,7 @@ impl NexarClient {
 
     /// Runs all-gather or reduce-scatter `kind` from `send` into `recv` through NCCL where
     /// every rank can; `None` sends the call down the staged path (on every rank alike).
-    pub(super) async fn try_nccl_exchange<S, R>(
+    pub(in crate::comm) async fn try_nccl_exchange<S, R>(
         &self,
         kind: Collective,
         op: Option<ReduceOp>,
@@ -344,7 +344,7 @@ impl NexarClient {
 
     /// Polls an NCCL operation to its end, yielding to the rank's other tasks, within
     /// `op_timeout` (then the communicator is aborted).
-    pub(super) async fn nccl_wait(&self, mut flight: NcclInFlight<'_>) -> Result<(), Step> {
+    pub(in crate::comm) async fn nccl_wait(&self, mut flight: NcclInFlight<'_>) -> Result<(), Step> {
         let start = Instant::now();
         let timeout = self.config().op_timeout;
         while !flight.poll()? {
@@ -371,7 +371,7 @@ impl NexarClient {
 
 /// How a step of an NCCL collective failed: on the device (NCCL or a copy), or in the nexar
 /// collective across hosts (reported as it is).
-pub(super) enum Step {
+pub(in crate::comm) enum Step {
     Device(DeviceError),
     Across(CollectiveError),
 }

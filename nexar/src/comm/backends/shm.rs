@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::client::NexarClient;
-use super::negotiate::{Connecting, LinkSetup, negotiate, setup_tags};
+use crate::comm::backends::negotiate::{Connecting, LinkSetup, negotiate, setup_tags};
+use crate::comm::client::NexarClient;
 use crate::transport::shm::mapping::SharedMap;
 use crate::transport::shm::ring::segment_len;
 use crate::transport::shm::setup::{

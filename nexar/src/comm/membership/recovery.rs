@@ -20,10 +20,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tokio::task::JoinSet;
 
-use super::client::NexarClient;
-use super::p2p::P2pError;
-pub use super::recovery_error::RecoveryError;
-use super::state::CommState;
+use crate::comm::client::NexarClient;
+pub use crate::comm::membership::recovery_error::RecoveryError;
+use crate::comm::p2p::P2pError;
+use crate::comm::state::CommState;
 
 /// Tag of a survivor's proposal on the agreement communicator.
 const TAG_PROPOSE: u64 = 1;
@@ -72,7 +72,7 @@ impl Namings {
 }
 
 /// Tag of the coordinator's decision.
-pub(super) const TAG_DECIDE: u64 = 2;
+pub(in crate::comm) const TAG_DECIDE: u64 = 2;
 
 impl NexarClient {
     /// Agrees with the other survivors on which ranks of this communicator have failed and
@@ -303,7 +303,7 @@ impl NexarClient {
         Ok(decided)
     }
 
-    pub(super) fn check_not_excluded(&self) -> Result<(), RecoveryError> {
+    pub(in crate::comm) fn check_not_excluded(&self) -> Result<(), RecoveryError> {
         match self.inner.health.excluded() {
             Some(reason) => Err(RecoveryError::Excluded { rank: self.rank(), reason }),
             None => Ok(()),

@@ -1,5 +1,5 @@
 //! Failure detection: heartbeats, the verdict that a peer is dead, and how the rest of the rank
-//! learns of it ([`FailureWatch`](super::FailureWatch), failed receives, gossip to the other survivors).
+//! learns of it ([`FailureWatch`](crate::comm::FailureWatch), failed receives, gossip to the other survivors).
 //!
 //! A peer is declared dead when its connection ends without a goodbye, when nothing at all
 //! (heartbeat or any other message) has come from it for `heartbeat_timeout`, when another
@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use quinn::ConnectionError;
 
-use super::client::{Inner, NexarClient};
-use super::recovery::RecoveryError;
-use super::route::Route;
-use super::state::CommState;
 pub(crate) use crate::cluster::health::Health;
 use crate::cluster::health::{PeerFailure, bounded};
+use crate::comm::client::{Inner, NexarClient};
+use crate::comm::membership::recovery::RecoveryError;
+use crate::comm::membership::route::Route;
+use crate::comm::state::CommState;
 use crate::config::RecoveryPolicy;
 use crate::proto::close::CloseCode;
 use crate::proto::message::PeerMsg;

@@ -7,7 +7,7 @@ use std::sync::Weak;
 
 use tokio::sync::mpsc;
 
-use super::client::Inner;
+use crate::comm::client::Inner;
 use crate::proto::message::PeerMsg;
 use crate::proto::relay::MAX_HOPS;
 use crate::proto::topology::Topology;

@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use nexar_types::DType;
 
-use super::client::NexarClient;
-use super::matcher::{Held, Key, Segments};
-use super::p2p::P2pError;
-use super::route::Route;
+use crate::comm::client::NexarClient;
+use crate::comm::matcher::{Held, Key, Segments};
+use crate::comm::membership::route::Route;
+use crate::comm::p2p::P2pError;
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;
 use crate::transport::framed::Payload;
@@ -108,7 +108,7 @@ impl Drop for Outgoing<'_> {
 /// Sends one message, its payload `bytes` lent for the call, through the link's bulk channel
 /// and waits until it is written: `None` when the link does not take it there (the caller
 /// goes another way).
-pub(super) async fn send_through_channel(
+pub(in crate::comm) async fn send_through_channel(
     link: &Route<'_>,
     msg: &PeerMsg,
     bytes: &[u8],
@@ -132,7 +132,7 @@ impl NexarClient {
     /// Sends `bytes`, elements of `dtype`, to `dest` (reached by `link`) with `tag` in
     /// segments, where the message is longer than one and the direct link's bulk channel
     /// carries point-to-point messages; `None` otherwise (nothing was sent).
-    pub(super) async fn send_in_segments(
+    pub(in crate::comm) async fn send_in_segments(
         &self,
         link: &Route<'_>,
         dest: usize,
@@ -181,7 +181,7 @@ impl NexarClient {
     /// Copies into `out` (the whole message's bytes) the message that `head`, taken for `key`
     /// from rank `src`, begins, taking its later segments as they come. A receive dropped
     /// part-way puts back what it took (see the module's documentation).
-    pub(super) async fn receive_segments(
+    pub(in crate::comm) async fn receive_segments(
         &self,
         key: Key,
         src: usize,

@@ -1,5 +1,5 @@
 //! The ranks that share this host's cores, and whether a thread of one of them waits behind
-//! this thread on its very core (the spin loop's question, see [`crate::comm::spin`]).
+//! this thread on its very core (the spin loop's question, see [`crate::comm::exec::spin`]).
 //!
 //! `/proc` answers it, at a price: on the 2-core CI-type machine reading one thread's `stat`
 //! costs about 10 µs (the kernel formats some fifty fields) and listing a process's threads

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::client::{Inner, NexarClient};
+use crate::comm::client::{Inner, NexarClient};
 use crate::proto::message::{ActiveColl, PeerMsg};
 use crate::trace::{Answer, OpTrace, Reply, StalledOp, TraceDump, TraceError, stall_report};
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::client::Rebuilds;
-use super::client::{Inner, NexarClient};
-use super::recovery::RecoveryError;
 use crate::cluster::health::PeerFailure;
+use crate::comm::client::Rebuilds;
+use crate::comm::client::{Inner, NexarClient};
+use crate::comm::membership::recovery::RecoveryError;
 
 /// The failures a rank has seen, in the order it saw them, and (under the automatic recovery
 /// policy) the communicators rebuilt after them. Made by

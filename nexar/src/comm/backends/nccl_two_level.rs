@@ -5,16 +5,16 @@
 
 use nexar_types::{Element, NcclOperand, NcclSource, ReduceOp};
 
-use super::client::NexarClient;
-use super::collective::Exchange;
-use super::nccl::Step;
-use super::nccl_slot::NcclGroup;
+use crate::comm::backends::nccl::Step;
+use crate::comm::backends::nccl_slot::NcclGroup;
+use crate::comm::client::NexarClient;
+use crate::comm::collective::Exchange;
 use crate::proto::algo::Collective;
 use crate::proto::algo::hierarchical::HostLayout;
 
 impl NexarClient {
     /// The two-level allreduce: NCCL within the host, nexar across hosts.
-    pub(super) async fn nccl_all_reduce<T: Element>(
+    pub(in crate::comm) async fn nccl_all_reduce<T: Element>(
         &self,
         group: &NcclGroup,
         buf: &mut NcclOperand<'_, T>,
@@ -46,7 +46,7 @@ impl NexarClient {
 
     /// The two-level broadcast: to the root's local index on every host over nexar, then NCCL
     /// within each host.
-    pub(super) async fn nccl_broadcast<T: Element>(
+    pub(in crate::comm) async fn nccl_broadcast<T: Element>(
         &self,
         group: &NcclGroup,
         layout: &HostLayout,
@@ -78,7 +78,7 @@ impl NexarClient {
     /// nexar across the hosts among those ranks to the root. A rank that gathers its host's
     /// partial without being the root does so into memory of its own: other ranks' buffers
     /// are left as they were.
-    pub(super) async fn nccl_reduce<T: Element>(
+    pub(in crate::comm) async fn nccl_reduce<T: Element>(
         &self,
         group: &NcclGroup,
         layout: &HostLayout,
@@ -106,7 +106,7 @@ impl NexarClient {
 
     /// The two-level all-gather: every rank's block to the ranks of its local index on every
     /// host over nexar, then NCCL within each host, then into rank order on the device.
-    pub(super) async fn nccl_all_gather<T: Element>(
+    pub(in crate::comm) async fn nccl_all_gather<T: Element>(
         &self,
         group: &NcclGroup,
         layout: &HostLayout,
@@ -138,7 +138,7 @@ impl NexarClient {
     /// The two-level reduce-scatter: the blocks into local-index order on the device, NCCL
     /// within each host (each rank ends with its host's sum of the blocks of its local index on
     /// every host), then nexar across the hosts among the ranks of one local index.
-    pub(super) async fn nccl_reduce_scatter<T: Element>(
+    pub(in crate::comm) async fn nccl_reduce_scatter<T: Element>(
         &self,
         group: &NcclGroup,
         layout: &HostLayout,

@@ -14,7 +14,7 @@
 //! governor alone did not end the mode: spins that found their message restored the window),
 //! and an unbound thread whose peer on this host talks to it over TCP looks for that 50 µs into
 //! the spin already. The ranks of the host are known by their process ids: from `SO_PEERCRED`
-//! where shared memory links them, else from the host table (`comm/hosts.rs`). Binding ranks to
+//! where shared memory links them, else from the host table (`comm/membership/hosts.rs`). Binding ranks to
 //! cores ([`crate::affinity`]) prevents the placement in the first place.
 //!
 //! Where the host runs more ranks than it has cores, a spin that held its core would keep the
@@ -31,7 +31,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use crate::comm::host_peers::{GLANCE_READS, HostPeer, HostPeers, THOROUGH_READS};
+use crate::comm::exec::host_peers::{GLANCE_READS, HostPeer, HostPeers, THOROUGH_READS};
 use crate::comm::matcher::{Held, Key, Mailbox, Refusal};
 use crate::transport::bulk::{Awaited, Awaiting};
 
@@ -287,7 +287,7 @@ const LOOK_FOR_PEER_AFTER: Duration = Duration::from_micros(50);
 /// hand the `awaited` message itself to this receive, which then never enters the mailbox
 /// unless an older message of its key is there.
 /// `Ok(None)` when nothing came. `spin` is `None` where spinning is not worth a core at all.
-pub(super) async fn spin_take(
+pub(in crate::comm) async fn spin_take(
     mailbox: &Mailbox,
     key: Key,
     spin: Option<&SpinGovernor>,

@@ -12,14 +12,14 @@ use rustls::pki_types::CertificateDer;
 use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
-use super::client::{Inner, NexarClient, UserHandles};
-use super::control::serve_control;
-use super::health::{Health, monitor, recover_automatically};
-use super::route::forward;
-use super::spin::YIELDING_SPIN;
-use super::state::CommState;
 use crate::cluster::{self, ClusterError, JoinToken, LocalMesh, LocalRank, MeshSetup};
+use crate::comm::client::control::serve_control;
+use crate::comm::client::{Inner, NexarClient, UserHandles};
+use crate::comm::exec::spin::YIELDING_SPIN;
 use crate::comm::matcher::Mailbox;
+use crate::comm::membership::health::{Health, monitor, recover_automatically};
+use crate::comm::membership::route::forward;
+use crate::comm::state::CommState;
 use crate::config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
 use crate::error::NexarError;
 use crate::proto::close::CloseCode;
@@ -383,7 +383,9 @@ impl NexarClient {
         let responses = tokio::spawn(serve_responses(Arc::downgrade(&inner), rpc_responses).instrument(span.clone()));
         let (interval, timeout) = (inner.cfg.heartbeat_interval, inner.cfg.heartbeat_timeout);
         let health = tokio::spawn(monitor(Arc::downgrade(&inner), interval, timeout).instrument(span.clone()));
-        let meter = tokio::spawn(super::meter::sample_periodically(Arc::downgrade(&inner)).instrument(span.clone()));
+        let meter = tokio::spawn(
+            crate::comm::diagnostics::meter::sample_periodically(Arc::downgrade(&inner)).instrument(span.clone()),
+        );
         crate::sync::lock(&inner.tasks).extend([control, requests, responses, health, meter]);
         for queue in forward_rx {
             let relays = tokio::spawn(forward(Arc::downgrade(&inner), queue).instrument(span.clone()));
@@ -457,7 +459,7 @@ impl NexarClient {
 /// the host talk through shared memory (with `NEXAR_SHM=off`, whose TCP lane measured mixed
 /// with yields, every wait parks at once, as it does with `NEXAR_SPIN_YIELD=off`). The
 /// configuration overrides either.
-fn spin_governor(cfg: &NexarConfig, addrs: &[SocketAddr], rank: usize) -> super::spin::SpinGovernor {
+fn spin_governor(cfg: &NexarConfig, addrs: &[SocketAddr], rank: usize) -> crate::comm::exec::spin::SpinGovernor {
     let here = addrs[rank].ip();
     let same_host = |a: &SocketAddr| a.ip() == here || (a.ip().is_loopback() && here.is_loopback());
     let local_ranks = addrs.iter().filter(|a| same_host(a)).count();
@@ -470,7 +472,7 @@ fn spin_governor(cfg: &NexarConfig, addrs: &[SocketAddr], rank: usize) -> super:
         (false, false) => DEFAULT_SPIN,
     });
     tracing::debug!(rank, local_ranks, cores, ?window, yields, "receive spin");
-    super::spin::SpinGovernor::new(window, if yields { local_ranks } else { 0 })
+    crate::comm::exec::spin::SpinGovernor::new(window, if yields { local_ranks } else { 0 })
 }
 
 /// The cluster's id in flight-recorder dumps: the start of its CA certificate's fingerprint,

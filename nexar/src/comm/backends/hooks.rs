@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::client::NexarClient;
+use crate::comm::client::NexarClient;
 use crate::proto::frame::MAX_CONTROL_FRAME;
 use crate::proto::message::PeerMsg;
 use crate::transport::TransportError;
@@ -111,7 +111,7 @@ pub enum BackendError {
 /// After world rank `peer`'s bulk channel stopped: returns once the peer answers a ping over
 /// QUIC (only the channel failed), is declared dead, or a heartbeat timeout and two intervals
 /// have passed.
-async fn settle_after_channel_stop(inner: std::sync::Weak<super::client::Inner>, peer: usize) {
+async fn settle_after_channel_stop(inner: std::sync::Weak<crate::comm::client::Inner>, peer: usize) {
     let Some(inner) = inner.upgrade() else { return };
     let bound = inner.cfg.heartbeat_timeout + 2 * inner.cfg.heartbeat_interval;
     let deadline = Instant::now() + bound;

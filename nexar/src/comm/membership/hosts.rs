@@ -7,8 +7,8 @@ use std::sync::Arc;
 use crate::proto::algo::hierarchical::HostLayout;
 use crate::transport::shm::setup::host_identity;
 
-use super::client::NexarClient;
-use super::state::CommState;
+use crate::comm::client::NexarClient;
+use crate::comm::state::CommState;
 
 impl NexarClient {
     /// Gathers every rank's host key; every rank of the world calls it once, at the same

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
 
-use super::client::{Inner, NexarClient};
+use crate::comm::client::{Inner, NexarClient};
 use crate::proto::close::CloseCode;
 use crate::proto::message::PeerMsg;
 use crate::transport::links::Links;
@@ -154,7 +154,7 @@ impl Inner {
     /// rank, and give the close a moment to leave before the process may exit. Done here and
     /// not only when `Inner` drops, because a task of nexar's may hold `Inner` a little longer,
     /// until the runtime itself is torn down, when nothing can be sent any more.
-    pub(super) fn leave_unannounced(self: Arc<Self>) {
+    pub(in crate::comm) fn leave_unannounced(self: Arc<Self>) {
         if self.health.is_shutting_down() || self.left.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
         }

@@ -1,6 +1,11 @@
 //! [`NexarClient`]: one rank's handle on the cluster, and the rank's shared state (`Inner`).
 //! Building a client is in `build`, leaving in `leave`, the control lane in `control`.
 
+pub(in crate::comm) mod build;
+pub(in crate::comm) mod control;
+pub(in crate::comm) mod init;
+pub(in crate::comm) mod leave;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
@@ -10,10 +15,10 @@ use quinn::{Connection, Endpoint};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
-use super::recovery_error::RecoveryError;
-use super::state::CommState;
 use crate::cluster::health::Health;
 use crate::comm::matcher::Mailbox;
+use crate::comm::membership::recovery_error::RecoveryError;
+use crate::comm::state::CommState;
 use crate::config::NexarConfig;
 use crate::transport::link::LaneSenders;
 use crate::transport::links::Links;
@@ -94,7 +99,7 @@ pub(crate) struct Inner {
     pub pool: Arc<BufferPool>,
     /// How long receives poll before parking (see `NexarConfig::spin`), adapted to whether
     /// spinning pays.
-    pub spin: super::spin::SpinGovernor,
+    pub spin: crate::comm::exec::spin::SpinGovernor,
     pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
     /// Wakes whoever waits for peers' goodbyes.
     pub goodbyes: Notify,
@@ -121,7 +126,7 @@ pub(crate) struct Inner {
     /// Ranks that joined the running cluster, and this rank's own admission.
     pub growth: crate::cluster::Growth,
     /// Transport back ends' setup messages waiting to be taken.
-    pub setup: super::setup_inbox::SetupInbox,
+    pub setup: crate::comm::backends::setup_inbox::SetupInbox,
     /// The flight recorder (see [`crate::trace`]).
     pub trace: Arc<crate::trace::RankTrace>,
     /// The program's handles ([`UserHandles`]), while it holds any.

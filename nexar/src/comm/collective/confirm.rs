@@ -27,9 +27,9 @@ use std::time::Instant;
 
 use nexar_types::DType;
 
-use super::client::NexarClient;
-use super::collective::CollectiveError;
-use super::exec::{AbortOnDrop, CollCall, Watch, broadcast_abort, disagreement};
+use crate::comm::client::NexarClient;
+use crate::comm::collective::CollectiveError;
+use crate::comm::exec::{AbortOnDrop, CollCall, Watch, broadcast_abort, disagreement};
 use crate::comm::matcher::{Held, Key};
 use crate::proto::algo::barrier::append_dissemination;
 use crate::proto::message::{CollHeader, PeerMsg};
@@ -47,7 +47,7 @@ enum Round {
 
 /// A rooted collective that finished here and is not yet confirmed by every rank.
 #[derive(Debug)]
-pub(super) struct Confirmation {
+pub(in crate::comm) struct Confirmation {
     seq: u64,
     call: CollCall,
     /// The call's header, which its confirmations carry.
@@ -59,7 +59,7 @@ pub(super) struct Confirmation {
 
 /// The rest of a rooted collective's round, still open.
 #[derive(Debug)]
-pub(super) enum Open {
+pub(in crate::comm) enum Open {
     /// Only receives are left: the next call makes them.
     Here(Confirmation),
     /// Sends follow receives: a task makes them as the messages arrive.
@@ -113,7 +113,7 @@ impl NexarClient {
     /// for. So there a broadcast's receiver tells the root, a reduce's root tells the sender,
     /// and not the other way. A rank whose part did nothing at all (no elements) still sends
     /// and waits: its confirmation is the only message that carries its call's header.
-    pub(super) async fn begin_confirmation(
+    pub(in crate::comm) async fn begin_confirmation(
         &self,
         seq: u64,
         call: CollCall,
@@ -169,7 +169,7 @@ impl NexarClient {
     /// deadline is `op_timeout`, the stall inspector reports, in the flight-recorder entry
     /// `trace` of the collecting call). A round that fails is kept for the user's call to
     /// report ([`reported`](Self::reported)), and the rest stay open.
-    pub(super) async fn settle_confirmations(&self, trace: Option<&OpTrace<'_>>, own: Option<Open>) {
+    pub(in crate::comm) async fn settle_confirmations(&self, trace: Option<&OpTrace<'_>>, own: Option<Open>) {
         let mut open = self.comm.unconfirmed.open.lock().await;
         let older = open.len();
         open.extend(own);
@@ -247,7 +247,7 @@ impl NexarClient {
 
     /// At shutdown: collects the open rounds (the peers do the same) and logs a failure no
     /// call has reported.
-    pub(super) async fn settle_before_leaving(&self, limit: std::time::Duration) {
+    pub(in crate::comm) async fn settle_before_leaving(&self, limit: std::time::Duration) {
         if tokio::time::timeout(limit, self.confirm_all()).await.is_err() {
             tracing::warn!(
                 rank = self.rank(),

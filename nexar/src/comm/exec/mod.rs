@@ -2,15 +2,20 @@
 //! schedule over the links, checks every incoming header against its own call, and turns any
 //! disagreement, timeout or cancellation into an abort that reaches every rank.
 
+pub(in crate::comm) mod host_peers;
+pub(in crate::comm) mod pieces;
+pub(crate) mod spin;
+pub(in crate::comm) mod wire_codec;
+
 use std::time::Instant;
 
 use nexar_types::{Element, ReduceOp};
 use tracing::Instrument;
 
-use super::client::NexarClient;
-use super::collective::CollectiveError;
-use super::pieces::{Data, Parts};
-use super::wire_codec::WireCodec;
+use crate::comm::client::NexarClient;
+use crate::comm::collective::CollectiveError;
+use crate::comm::exec::pieces::{Data, Parts};
+use crate::comm::exec::wire_codec::WireCodec;
 use crate::comm::matcher::{Key, Refusal};
 use crate::proto::algo::{Collective, name_of_code};
 use crate::proto::message::{CollHeader, PeerMsg};
@@ -60,7 +65,7 @@ impl CollCall {
 }
 
 /// The fingerprint of the allreduce by which the ranks agree to run a device collective on NCCL
-/// (`comm/nccl.rs`): a rank that passed host memory to the same call meets it instead of its
+/// (`comm/backends/nccl.rs`): a rank that passed host memory to the same call meets it instead of its
 /// own collective, and the disagreement says so.
 pub(crate) const AGREEMENT: u64 = 0x6e63_636c_2061_736b;
 
@@ -245,7 +250,7 @@ impl Drop for AbortOnDrop<'_> {
 impl NexarClient {
     /// Runs `schedule` as collective number `seq` of this communicator. `data` is written,
     /// `input` only read. The schedule counts elements, which `data` holds as `T` and
-    /// messages carry as `C::Wire` ([`AsIs`](super::wire_codec::AsIs): as they are). On any
+    /// messages carry as `C::Wire` ([`AsIs`](crate::comm::exec::wire_codec::AsIs): as they are). On any
     /// failure every other rank in the collective is told to stop.
     pub(super) async fn execute<T: Element, C: WireCodec<T>>(
         &self,
@@ -295,7 +300,7 @@ impl NexarClient {
         // Dropped here, the guard aborts the collective for every rank, as anywhere in it.
         crate::sync::take_a_turn().await;
         let mut result = self.run_steps::<T, C>(&watch, schedule, data, input).instrument(span.clone()).await;
-        // A rooted collective is confirmed behind it (`comm/confirm.rs`): its first
+        // A rooted collective is confirmed behind it (`comm/collective/confirm.rs`): its first
         // confirmations go now, the rest of the round at the next call.
         let mut own = None;
         if result.is_ok() && call.kind.needs_confirmation() {
@@ -552,9 +557,10 @@ impl NexarClient {
         let awaited = Awaited::Collective { comm: key.comm, seq: key.tag, part: key.part };
         let read_link = |awaiting: Option<Awaiting<'_>>| link.and_then(|l| l.bulk_deliver_ready(awaiting));
         let lent = spin.is_some() && into.is_some();
-        if let Some(held) = super::spin::spin_take(&self.inner.coll, key, spin, Some(awaited), into, read_link)
-            .await
-            .map_err(refused)?
+        if let Some(held) =
+            crate::comm::exec::spin::spin_take(&self.inner.coll, key, spin, Some(awaited), into, read_link)
+                .await
+                .map_err(refused)?
         {
             return Ok(held);
         }

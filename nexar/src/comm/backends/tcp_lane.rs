@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use rustls::{ServerConnection, StreamOwned};
 use tokio::sync::oneshot;
 
-use super::client::NexarClient;
-use super::negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
+use crate::comm::backends::negotiate::{Connecting, LinkSetup, NotAttached, negotiate, setup_tags};
+use crate::comm::client::NexarClient;
 use crate::transport::tcp_lane::{
     Connected, LaneAead, LaneIo, LaneOffer, LaneTls, Pair, ReadLimits, TOKEN_LEN, TcpLane, answer, dial,
 };

@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::client::NexarClient;
+use crate::comm::client::NexarClient;
 
 /// What a back end's [`LinkSetup::connect`] returns.
 pub type Connecting<C> = Pin<Box<dyn Future<Output = Result<C, String>> + Send>>;

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 
 use nexar_types::NcclComm;
 
-use super::state::CommState;
+use crate::comm::state::CommState;
 
 /// What NCCL does for a communicator's device buffers (see [`NexarClient::nccl_state`](crate::NexarClient::nccl_state)).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,14 +32,14 @@ pub enum NcclState {
 #[derive(Default)]
 pub(crate) struct NcclSlot {
     /// Held for the whole of each NCCL call: this rank issues them one at a time, in call order.
-    pub(super) turn: tokio::sync::Mutex<()>,
-    pub(super) state: Mutex<Slot>,
-    pub(super) logged: AtomicBool,
+    pub(in crate::comm) turn: tokio::sync::Mutex<()>,
+    pub(in crate::comm) state: Mutex<Slot>,
+    pub(in crate::comm) logged: AtomicBool,
 }
 
 /// Where a communicator's NCCL member stands.
 #[derive(Default)]
-pub(super) enum Slot {
+pub(in crate::comm) enum Slot {
     #[default]
     NotTried,
     Ready(std::sync::Arc<NcclGroup>),
@@ -50,8 +50,8 @@ pub(super) enum Slot {
 /// hosts, the nexar communicator of the ranks with its local index on every host (its state
 /// only: a client holds the runtime, which must not be kept alive from a communicator's state).
 pub(crate) struct NcclGroup {
-    pub(super) local: NcclComm,
-    pub(super) across: Option<std::sync::Arc<CommState>>,
+    pub(in crate::comm) local: NcclComm,
+    pub(in crate::comm) across: Option<std::sync::Arc<CommState>>,
 }
 
 impl std::fmt::Debug for NcclSlot {
@@ -61,11 +61,11 @@ impl std::fmt::Debug for NcclSlot {
 }
 
 impl NcclSlot {
-    pub(super) fn set(&self, slot: Slot) {
+    pub(in crate::comm) fn set(&self, slot: Slot) {
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = slot;
     }
 
-    pub(super) fn ready(&self) -> Option<std::sync::Arc<NcclGroup>> {
+    pub(in crate::comm) fn ready(&self) -> Option<std::sync::Arc<NcclGroup>> {
         match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
             Slot::Ready(comm) => Some(comm.clone()),
             _ => None,

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use quinn::Endpoint;
 
-use super::client::NexarClient;
 use crate::cluster::launcher::{self, Field, LaunchEnv, Launched, Launcher};
 use crate::cluster::{self, ClusterError, Credentials, Joined, SeedNode, SharedSecret};
+use crate::comm::client::NexarClient;
 use crate::config::{ConfigError, NexarConfig};
 use crate::error::NexarError;
 use crate::proto::message::RankClaim;

@@ -1,0 +1,13 @@
+//! Membership as comm runs it: failure detection and its verdicts (`health`), what a program
+//! sees of failures (`failure_watch`), agreeing on failures and rebuilding a communicator
+//! (`recovery`, its errors in `recovery_error`), elastic growth's protocol (`grow`), the way to
+//! each rank (`route`) and which host each rank is on (`hosts`). The state these act on (the
+//! verdicts, the relay routes, growth as one rank sees it) is `cluster`'s, with no I/O.
+
+pub(in crate::comm) mod failure_watch;
+pub(in crate::comm) mod grow;
+pub(in crate::comm) mod health;
+pub(in crate::comm) mod hosts;
+pub(in crate::comm) mod recovery;
+pub(in crate::comm) mod recovery_error;
+pub(crate) mod route;
