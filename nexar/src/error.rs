@@ -2,9 +2,9 @@
 
 /// Any nexar failure.
 ///
-/// Each area has its own enum ([`ConfigError`](crate::ConfigError),
-/// [`TransportError`](crate::TransportError), [`ClusterError`](crate::ClusterError),
-/// [`P2pError`](crate::P2pError), [`RpcError`](crate::RpcError), ...); this wraps them for code
+/// Each area has its own enum ([`ConfigError`](crate::config::ConfigError),
+/// [`TransportError`](crate::transport::TransportError), [`ClusterError`](crate::cluster::ClusterError),
+/// [`P2pError`](crate::comm::P2pError), [`RpcError`](crate::RpcError), ...); this wraps them for code
 /// that calls several. New areas may add variants, so a `match` needs a wildcard arm.
 ///
 /// ```
@@ -17,32 +17,32 @@
 pub enum NexarError {
     /// Configuration.
     #[error(transparent)]
-    Config(#[from] crate::ConfigError),
+    Config(#[from] crate::config::ConfigError),
     /// Transport.
     #[error(transparent)]
-    Transport(#[from] crate::TransportError),
+    Transport(#[from] crate::transport::TransportError),
     /// Cluster formation.
     #[error(transparent)]
-    Cluster(#[from] crate::ClusterError),
+    Cluster(#[from] crate::cluster::ClusterError),
     /// Point-to-point messaging.
     #[error(transparent)]
-    P2p(#[from] crate::P2pError),
+    P2p(#[from] crate::comm::P2pError),
     /// Collectives.
     #[error(transparent)]
-    Collective(#[from] crate::CollectiveError),
+    Collective(#[from] crate::comm::CollectiveError),
     /// Remote procedure calls.
     #[error(transparent)]
-    Rpc(#[from] crate::RpcError),
+    Rpc(#[from] crate::rpc::RpcError),
     /// Failure agreement and rebuilds.
     #[error(transparent)]
-    Recovery(#[from] crate::RecoveryError),
+    Recovery(#[from] crate::comm::RecoveryError),
     /// Transport back-end hooks.
     #[error(transparent)]
-    Backend(#[from] crate::BackendError),
+    Backend(#[from] crate::comm::BackendError),
     /// Device memory outside an operation (making, filling or reading a `Buf<T, Cuda>`), so
     /// that `?` works on it in a program that returns `NexarError`.
     #[error(transparent)]
-    Device(#[from] crate::DeviceError),
+    Device(#[from] nexar_types::DeviceError),
 }
 
 /// The job's shared secret cannot be used (a cluster-formation error).
@@ -64,13 +64,13 @@ mod tests {
     /// `?` takes an RPC failure into `NexarError` beside the others.
     #[test]
     fn rpc_errors_convert() {
-        fn call() -> Result<(), crate::RpcError> {
-            Err(crate::RpcError::InvalidPeer { rank: 0, name: "f", peer: 9, world: 2 })
+        fn call() -> Result<(), crate::rpc::RpcError> {
+            Err(crate::rpc::RpcError::InvalidPeer { rank: 0, name: "f", peer: 9, world: 2 })
         }
-        fn job() -> Result<(), crate::NexarError> {
+        fn job() -> Result<(), super::NexarError> {
             call()?;
             Ok(())
         }
-        assert!(matches!(job(), Err(crate::NexarError::Rpc(crate::RpcError::InvalidPeer { peer: 9, .. }))));
+        assert!(matches!(job(), Err(super::NexarError::Rpc(crate::rpc::RpcError::InvalidPeer { peer: 9, .. }))));
     }
 }

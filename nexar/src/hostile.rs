@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::NexarClient;
+use crate::comm::NexarClient;
 use crate::comm::matcher::{Key, Refusal};
 use crate::comm::membership::route::Route;
 use crate::proto::frame::FrameError;

@@ -13,4 +13,5 @@
 //! # Ok::<(), nexar::TransportError>(())
 //! ```
 
-pub use crate::transport::tls::{ClusterCa, DEFAULT_CERT_LIFETIME, Identity, KeyPin, key_pin, rank_server_name};
+pub use crate::config::DEFAULT_CERT_LIFETIME;
+pub use crate::transport::tls::{ClusterCa, Identity, KeyPin, key_pin, rank_server_name};

@@ -98,7 +98,7 @@ pub(crate) async fn join(
         claim: claim.clone(),
         csr_der,
         listen_addr: listen.to_string(),
-        lane_sealing: crate::proto::message::LaneSealing::of(cfg),
+        lane_sealing: cfg.lane_sealing(),
         relay_key: relay_secret.public().to_vec(),
     };
     write_message(&mut send, &request).await.map_err(|e| connect_err(e.to_string()))?;

@@ -12,11 +12,11 @@ mod mesh;
 mod routes;
 mod secret;
 mod seed;
-mod token;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub use crate::proto::token::{JoinToken, TokenError};
 pub(crate) use growth::Growth;
 pub(crate) use join::{Credentials, Joined, join};
 pub(crate) use local::{LocalMesh, LocalRank, local_mesh};
@@ -24,7 +24,6 @@ pub(crate) use mesh::{MeshSetup, form_mesh};
 pub(crate) use routes::Routes;
 pub use secret::{MIN_SECRET_LEN, SecretError, SharedSecret};
 pub use seed::SeedNode;
-pub use token::JoinToken;
 
 use crate::transport::TransportError;
 
@@ -154,6 +153,12 @@ pub enum ClusterError {
     /// The transport failed underneath.
     #[error(transparent)]
     Transport(#[from] TransportError),
+}
+
+impl From<TokenError> for ClusterError {
+    fn from(e: TokenError) -> Self {
+        ClusterError::InvalidToken(e.reason().to_string())
+    }
 }
 
 /// Which end of a join refused the other's proof of the shared secret.

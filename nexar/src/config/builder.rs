@@ -7,10 +7,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::NetChaos;
 use super::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
 use crate::proto::algo::Algorithm;
 use crate::proto::topology::Topology;
-use crate::transport::chaos::NetChaos;
 
 /// Builds a [`NexarConfig`]: one method per setting, each documented on the field it sets,
 /// and [`build`](Self::build) checks the settings against each other as

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::NetChaos;
 use super::{ConfigError, NexarConfig};
-use crate::transport::chaos::NetChaos;
 
 impl NexarConfig {
     /// Defaults, overridden by every `NEXAR_*` variable that is set.
@@ -50,7 +50,7 @@ impl NexarConfig {
             }
         }
         if let Some((var, v)) = get("NEXAR_TOKEN") {
-            crate::cluster::JoinToken::from_str(&v).map_err(|e| invalid(var, "<redacted>", &e.to_string()))?;
+            crate::proto::token::JoinToken::from_str(&v).map_err(|e| invalid(var, "<redacted>", &e.to_string()))?;
             c.token = Some(v);
         }
         if let Some((var, v)) = get("NEXAR_LISTEN_ADDR") {

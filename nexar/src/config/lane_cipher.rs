@@ -3,6 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::proto::message::LaneSealing;
+
 /// Which authenticated cipher seals the TCP lane's records (`NEXAR_LANE_CIPHER`:
 /// `aegis-128x2`, the default, or `aes-128-gcm`). Every rank of a cluster must use the same
 /// (the seed refuses a worker that differs); keys come from the lane's TLS session either way.
@@ -50,5 +52,16 @@ impl fmt::Display for LaneCipher {
             LaneCipher::Aegis128X2 => "aegis-128x2",
             LaneCipher::Aes128Gcm => "aes-128-gcm",
         })
+    }
+}
+
+impl super::NexarConfig {
+    /// What this configuration's lanes do, as the join protocol and the lane's offer carry it.
+    pub(crate) fn lane_sealing(&self) -> LaneSealing {
+        match (self.bulk_encryption, self.lane_cipher) {
+            (false, _) => LaneSealing::Plain,
+            (true, LaneCipher::Aes128Gcm) => LaneSealing::Aes128Gcm,
+            (true, LaneCipher::Aegis128X2) => LaneSealing::Aegis128X2,
+        }
     }
 }

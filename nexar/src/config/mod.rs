@@ -9,9 +9,17 @@ use std::time::Duration;
 
 use crate::proto::algo::Algorithm;
 use crate::proto::topology::Topology;
-use crate::transport::chaos::NetChaos;
+
+/// How long a cluster's certificates are valid unless configured
+/// ([`NexarConfig::cert_lifetime`]): 30 days.
+///
+/// ```
+/// assert_eq!(nexar::tls::DEFAULT_CERT_LIFETIME.as_secs(), 30 * 24 * 3600);
+/// ```
+pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
 mod builder;
+mod chaos;
 mod env;
 mod lane_aes;
 mod lane_cipher;
@@ -19,6 +27,7 @@ mod lane_congestion;
 mod trace_config;
 
 pub use builder::NexarConfigBuilder;
+pub use chaos::{NetChaos, Silence};
 pub use lane_aes::LaneAes;
 pub use lane_cipher::LaneCipher;
 pub use lane_congestion::LaneCongestion;
@@ -469,7 +478,7 @@ impl Default for NexarConfig {
             mesh_timeout: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(5),
             op_timeout: Duration::from_secs(120),
-            cert_lifetime: crate::transport::tls::DEFAULT_CERT_LIFETIME,
+            cert_lifetime: DEFAULT_CERT_LIFETIME,
             idle_timeout: Duration::from_secs(30),
             max_message_bytes: crate::proto::frame::MAX_FRAME_LEN,
             max_unmatched_messages: 1024,

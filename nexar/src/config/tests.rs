@@ -43,8 +43,8 @@ fn every_variable_is_read() {
     assert_eq!(c.lane_capacity, 3);
     assert_eq!(c.segment_bytes, 4 << 20);
     assert_eq!(c.lane_congestion, LaneCongestion::Named("reno".into()));
-    assert_eq!(c.lane_aes, crate::LaneAes::Ring);
-    assert_eq!(c.lane_cipher, crate::LaneCipher::Aes128Gcm);
+    assert_eq!(c.lane_aes, crate::config::LaneAes::Ring);
+    assert_eq!(c.lane_cipher, crate::config::LaneCipher::Aes128Gcm);
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn the_two_level_algorithms_can_be_pinned_from_the_environment() {
     let c =
         with(&[("NEXAR_ALLREDUCE_ALGORITHM", "hierarchical"), ("NEXAR_BROADCAST_ALGORITHM", "hierarchical")]).unwrap();
     for pinned in [c.allreduce_algorithm, c.broadcast_algorithm] {
-        assert!(matches!(pinned, Some(crate::Algorithm::Hierarchical { .. })), "{pinned:?}");
+        assert!(matches!(pinned, Some(crate::proto::algo::Algorithm::Hierarchical { .. })), "{pinned:?}");
     }
 }
 

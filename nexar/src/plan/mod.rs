@@ -34,7 +34,7 @@ impl PlanSpec {
     /// [`explain`](Self::explain), with the algorithms `comm`'s configuration picks
     /// (`NEXAR_ALLREDUCE_ALGORITHM` and the others pin them), so it says exactly what a run
     /// there does.
-    pub fn explain_on(&self, shapes: &[Shape], comm: &crate::NexarClient) -> String {
+    pub fn explain_on(&self, shapes: &[Shape], comm: &crate::comm::NexarClient) -> String {
         self.describe(shapes, comm.world_size(), &|kind, bytes| comm.algorithm_for(kind, bytes))
     }
 
@@ -135,7 +135,7 @@ pub struct PlanCache {
     /// The schedules of the plan's collectives, generated on the first run.
     pub(crate) schedules: crate::comm::ScheduleCache,
     /// The error feedback of each top-k bucket (by its buffers), carried from run to run.
-    pub(crate) feedback: Mutex<Vec<(Vec<usize>, crate::ErrorFeedback)>>,
+    pub(crate) feedback: Mutex<Vec<(Vec<usize>, crate::comm::ErrorFeedback)>>,
     /// The shapes each (communicator, rank) last ran the plan with, checked across the ranks.
     checked: Mutex<Vec<(RankOfComm, Vec<Shape>)>>,
 }

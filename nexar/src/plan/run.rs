@@ -404,7 +404,7 @@ async fn run_lossy(
                 let at = kept.iter().position(|(m, _)| m == members);
                 at.map(|at| kept.swap_remove(at).1)
             };
-            let mut feedback = kept.unwrap_or_else(|| crate::ErrorFeedback::new(ratio));
+            let mut feedback = kept.unwrap_or_else(|| crate::comm::ErrorFeedback::new(ratio));
             let outcome = unit.all_reduce_topk(&mut flat[..], nexar_types::Sum, &mut feedback).await;
             crate::sync::lock(&cache.feedback).push((members.to_vec(), feedback));
             outcome?;

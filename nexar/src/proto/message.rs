@@ -59,15 +59,6 @@ pub enum LaneSealing {
 }
 
 impl LaneSealing {
-    /// What a configuration's lanes do.
-    pub fn of(cfg: &crate::NexarConfig) -> LaneSealing {
-        match (cfg.bulk_encryption, cfg.lane_cipher) {
-            (false, _) => LaneSealing::Plain,
-            (true, crate::LaneCipher::Aes128Gcm) => LaneSealing::Aes128Gcm,
-            (true, crate::LaneCipher::Aegis128X2) => LaneSealing::Aegis128X2,
-        }
-    }
-
     /// The settings that give it, for an error message.
     pub fn settings(self) -> &'static str {
         match self {

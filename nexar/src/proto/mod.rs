@@ -14,6 +14,7 @@ pub mod relay;
 pub mod schedule;
 #[cfg(any(test, feature = "unstable-internals"))]
 pub mod sim;
+pub mod token;
 pub mod topology;
 
 #[cfg(test)]

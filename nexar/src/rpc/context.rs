@@ -6,7 +6,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::NexarClient;
+use crate::comm::NexarClient;
 
 /// The call a handler is answering. A `#[nexar::rpc]` function receives it by naming a
 /// parameter of this type (by value or by reference); callers do not pass it.

@@ -8,8 +8,8 @@ use tokio::sync::mpsc;
 
 use super::body::RpcBytes;
 use super::{HandlerError, RpcContext, Status};
-use crate::NexarClient;
 use crate::comm::Inner;
+use crate::comm::NexarClient;
 use crate::comm::state::CommState;
 use crate::proto::message::PeerMsg;
 use crate::transport::link::Incoming;

@@ -116,7 +116,7 @@ pub fn server_with_transport(mut server: quinn::ServerConfig, cfg: &NexarConfig)
 mod tests {
     #[test]
     fn the_seed_transport_config_builds() {
-        let t = crate::transport::endpoint::seed_transport_config(&crate::NexarConfig::default());
+        let t = crate::transport::endpoint::seed_transport_config(&crate::config::NexarConfig::default());
         drop(t);
     }
 }

@@ -17,6 +17,7 @@ use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use sha2::{Digest, Sha256};
 
 use super::TransportError;
+use crate::config::DEFAULT_CERT_LIFETIME;
 
 /// TLS server name the seed's certificate carries.
 pub const SEED_SERVER_NAME: &str = "seed.nexar";
@@ -166,9 +167,6 @@ pub struct ClusterCa {
     not_after: time::OffsetDateTime,
 }
 
-/// How long a cluster's certificates are valid unless configured
-/// ([`NexarConfig::cert_lifetime`](crate::NexarConfig::cert_lifetime)): 30 days.
-pub const DEFAULT_CERT_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 /// How far back certificates are valid from, for clocks a little behind the seed's.
 const CLOCK_SKEW: time::Duration = time::Duration::hours(1);
 

@@ -126,7 +126,7 @@ impl NexarClient {
         let listening = tls.and_then(|tls| self.lane_listener().map(|(l, port)| (tls.clone(), l, port)));
         let expected: Expected = Arc::default();
         let one_connection = self.lane_mode() == LaneMode::Runtime;
-        let sealing = crate::proto::message::LaneSealing::of(self.config());
+        let sealing = self.config().lane_sealing();
         let mut incoming = HashMap::new();
         // Peers without a direct link have none to this rank either: nothing to say to them.
         let peers = (0..self.world_size()).filter(|r| *r != self.rank() && self.bulk_transport(*r).is_some());

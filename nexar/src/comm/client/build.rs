@@ -123,7 +123,7 @@ impl NexarClient {
     /// ```
     pub async fn connect(seed_addr: SocketAddr, token: &str, config: NexarConfig) -> Result<NexarClient, NexarError> {
         config.validate()?;
-        let token: JoinToken = token.parse()?;
+        let token: JoinToken = token.parse().map_err(ClusterError::from)?;
         let endpoint = endpoint::bind(config.listen_addr, &config, None)?;
         let claim = crate::proto::message::RankClaim::default();
         let joined = cluster::join(&endpoint, seed_addr, &cluster::Credentials::Token(token), &claim, &config).await?;
@@ -334,7 +334,7 @@ impl NexarClient {
         let LaneReceivers { rpc_requests, rpc_responses, control } = receivers;
         let world = addrs.len();
         let spin = spin_governor(&cfg, addrs, rank);
-        if !cfg.bulk_encryption && cfg.bulk_transport == crate::BulkTransport::Tcp {
+        if !cfg.bulk_encryption && cfg.bulk_transport == BulkTransport::Tcp {
             tracing::warn!(
                 rank,
                 "INSECURE: NEXAR_BULK_ENCRYPTION=off: collective payloads on the TCP lanes travel unencrypted and \

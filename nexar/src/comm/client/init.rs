@@ -91,7 +91,7 @@ impl NexarClient {
             Launcher::Explicit => {
                 let token =
                     config.token.clone().ok_or(ConfigError::Missing { what: "the join token", var: "NEXAR_TOKEN" })?;
-                (Credentials::Token(token.parse()?), None)
+                (Credentials::Token(token.parse().map_err(ClusterError::from)?), None)
             }
             launcher => {
                 let secret = SharedSecret::from_lookup(|var| std::env::var(var).ok())

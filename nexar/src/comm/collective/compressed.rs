@@ -16,7 +16,7 @@
 use nexar_types::{Element, RecvBuf, ReduceOp, Reduction, f16, segment_ranges};
 
 use super::CollectiveError;
-use crate::NexarClient;
+use crate::comm::NexarClient;
 use crate::comm::exec::CollCall;
 use crate::comm::exec::pieces::Data;
 use crate::comm::exec::wire_codec::Bf16Wire;

@@ -11,7 +11,7 @@
 use nexar_types::{RecvBuf, ReduceOp, Reduction};
 
 use super::{CollectiveError, Exchange};
-use crate::NexarClient;
+use crate::comm::NexarClient;
 use crate::proto::algo::Collective;
 
 const OP: &str = "all_reduce_topk";

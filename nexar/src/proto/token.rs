@@ -6,8 +6,6 @@ use std::str::FromStr;
 
 use subtle::ConstantTimeEq;
 
-use super::ClusterError;
-
 const PREFIX: &str = "nexar1";
 /// Bytes of secret in a token.
 pub const SECRET_LEN: usize = 16;
@@ -61,11 +59,28 @@ impl fmt::Debug for JoinToken {
     }
 }
 
-impl FromStr for JoinToken {
-    type Err = ClusterError;
+/// Why a join token does not parse: the reason, never the token itself.
+///
+/// ```
+/// let err = "nexar2.00.00".parse::<nexar::JoinToken>().unwrap_err();
+/// assert!(err.to_string().contains("nexar1."), "{err}");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid join token: {0}")]
+pub struct TokenError(String);
 
-    fn from_str(s: &str) -> Result<Self, ClusterError> {
-        let bad = |why: &str| ClusterError::InvalidToken(why.to_string());
+impl TokenError {
+    /// The reason, without the words "invalid join token".
+    pub fn reason(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for JoinToken {
+    type Err = TokenError;
+
+    fn from_str(s: &str) -> Result<Self, TokenError> {
+        let bad = |why: &str| TokenError(why.to_string());
         let mut parts = s.trim().split('.');
         if parts.next() != Some(PREFIX) {
             return Err(bad("expected it to start with \"nexar1.\""));
