@@ -54,10 +54,13 @@ pub fn shard(step: usize, r: usize, per: usize) -> Vec<usize> {
 
 pub const LR: f64 = 0.1;
 
+/// A model's float parameters, each flattened to `f64`, in visit order.
+pub type Values = Vec<Vec<f64>>;
+
 /// Trains `steps` SGD steps data-parallel on two ranks, each a thread with burn's blocking
 /// loop and the `_blocking` calls; returns every rank's parameter values after the broadcast
 /// and at the end, in visit order.
-pub fn train(steps: usize, per: usize) -> Vec<(Vec<Vec<f64>>, Vec<Vec<f64>>)> {
+pub fn train(steps: usize, per: usize) -> Vec<(Values, Values)> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let ranks = runtime.block_on(NexarClient::bootstrap_local(2)).unwrap();
     let handle = runtime.handle().clone();
@@ -136,7 +139,7 @@ pub fn averaged(model: &Mlp, mut g0: GradientsParams, mut g1: GradientsParams) -
 
 /// The reference: one process from the same initial values, either both shards' gradients
 /// averaged as nexar averages them, or the whole batch at once.
-pub fn reference(initial: &[Vec<f64>], steps: usize, per: usize, whole_batch: bool) -> Vec<Vec<f64>> {
+pub fn reference(initial: &[Vec<f64>], steps: usize, per: usize, whole_batch: bool) -> Values {
     let device = device();
     let mut model = with_values(Mlp::new(&device, 8), initial);
     let mut optim = SgdConfig::new().init();
