@@ -1,5 +1,6 @@
 //! The data set and model of the data-parallel examples (`ddp_candle`, `ddp_candle_elastic`):
-//! a generated 3-class spiral, nothing downloaded, and a small MLP.
+//! a generated 3-class spiral, nothing downloaded, and a small MLP. `ddp_burn` takes the data
+//! set and builds the same MLP in burn.
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Module, VarBuilder};
