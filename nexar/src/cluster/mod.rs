@@ -3,6 +3,7 @@
 //! with SLURM host lists parsed by [`hostlist`]).
 
 mod growth;
+pub(crate) mod detector;
 pub(crate) mod health;
 pub mod hostlist;
 mod join;

@@ -41,7 +41,9 @@ impl Lane {
             | PeerMsg::Suspect { .. }
             | PeerMsg::Setup { .. }
             | PeerMsg::WhereAreYou { .. }
-            | PeerMsg::Position { .. } => Lane::Control,
+            | PeerMsg::Position { .. }
+            | PeerMsg::ProbeFor { .. }
+            | PeerMsg::ProbeResult { .. } => Lane::Control,
             PeerMsg::Relay { lane, .. } => Lane::from_code(*lane).unwrap_or(Lane::Control),
         }
     }

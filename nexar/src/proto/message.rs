@@ -14,7 +14,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::frame::FrameError;
 
 /// Version of the join protocol; a seed refuses workers that speak another.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// What a worker sends the seed on its join stream.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -300,12 +300,14 @@ pub enum PeerMsg {
         /// Its members (world ranks), in communicator-rank order.
         members: Vec<u32>,
     },
-    /// The sender has declared rank `rank` (a world rank) dead and cut its connection; the
-    /// receiver does the same, so every survivor sees the same failures promptly.
+    /// The sender has declared rank `rank` (a world rank) dead and cut its connection. The
+    /// receiver does not take its word: it probes `rank` itself, directly and through others,
+    /// and declares it dead only on its own evidence; `rank` itself, if it hears, refutes it
+    /// by beating to everyone at once.
     Suspect {
         /// The world rank declared dead.
         rank: u32,
-        /// Why, as the declaring rank put it.
+        /// Why, as the declaring rank put it (kept for the log, never nested in a verdict).
         reason: String,
     },
     /// The stall inspector asks where the receiver is on communicator `comm`; answered with
@@ -359,6 +361,26 @@ pub enum PeerMsg {
         /// Which segment this is, from 0.
         index: u32,
     },
+    /// The sender suspects rank `target` and asks the receiver to probe it (SWIM's indirect
+    /// probe): answered with `ProbeResult`.
+    ProbeFor {
+        /// Echoed back.
+        nonce: u64,
+        /// The world rank to probe.
+        target: u32,
+    },
+    /// The answer to `ProbeFor`: whether the receiver heard from `target` lately or had an
+    /// answer to its own ping.
+    ProbeResult {
+        /// The request's nonce.
+        nonce: u64,
+        /// The world rank probed.
+        target: u32,
+        /// Whether `target` showed a sign of life.
+        alive: bool,
+        /// How long before the answer the sender last heard from `target`, in milliseconds.
+        heard_ms: u64,
+    },
 }
 
 impl PeerMsg {
@@ -392,7 +414,9 @@ impl PeerMsg {
             | PeerMsg::Suspect { .. }
             | PeerMsg::Setup { .. }
             | PeerMsg::WhereAreYou { .. }
-            | PeerMsg::Position { .. } => None,
+            | PeerMsg::Position { .. }
+            | PeerMsg::ProbeFor { .. }
+            | PeerMsg::ProbeResult { .. } => None,
         }
     }
 }
@@ -525,11 +549,13 @@ mod tests {
         }
 
         #[test]
-        fn mutated_peer_messages_never_panic_the_decoder(which in 0usize..5, flip in 0usize..64, xor in 1u8..=255) {
+        fn mutated_peer_messages_never_panic_the_decoder(which in 0usize..7, flip in 0usize..64, xor in 1u8..=255) {
             let m = [
                 PeerMsg::Suspect { rank: 3, reason: "no heartbeat for 5s".into() },
                 PeerMsg::Setup { tag: 7, body: vec![1, 2, 3] },
                 PeerMsg::Heartbeat,
+                PeerMsg::ProbeFor { nonce: 11, target: 4 },
+                PeerMsg::ProbeResult { nonce: 11, target: 4, alive: true, heard_ms: 250 },
                 PeerMsg::Abort { comm: 1, seq: 2, reason: "count mismatch".into() },
                 PeerMsg::Coll { comm: 1, seq: 2, header: CollHeader { kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, segment: 4 }, part: 1, len: 5 },
             ];

@@ -19,6 +19,7 @@ mod analyse;
 mod dump;
 pub(crate) mod recorder;
 mod stall_report;
+pub(crate) use stall_report::ranks as list_ranks;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};

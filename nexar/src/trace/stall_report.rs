@@ -61,7 +61,7 @@ fn seconds(d: Duration) -> String {
 }
 
 /// "rank 3", "ranks 0 and 1", "ranks 0, 4-9 and 12".
-fn ranks(list: &[usize]) -> String {
+pub(crate) fn ranks(list: &[usize]) -> String {
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for &r in list {
         match runs.last_mut() {

@@ -32,8 +32,15 @@ impl Liveness {
         Liveness { origin: coarse_ms(), last: (0..world).map(|_| AtomicU64::new(0)).collect() }
     }
 
-    fn now_ms(&self) -> u64 {
+    /// Milliseconds since the liveness began: the clock [`last_heard`](Self::last_heard) reads.
+    pub fn now_ms(&self) -> u64 {
         coarse_ms().saturating_sub(self.origin)
+    }
+
+    /// When `peer` was last heard from, on the [`now_ms`](Self::now_ms) clock (0: not since
+    /// the liveness began).
+    pub fn last_heard(&self, peer: usize) -> u64 {
+        self.last.get(peer).map_or(0, |s| s.load(Ordering::Relaxed))
     }
 
     /// Records a sign of life from `peer` (ranks outside the world are ignored).

@@ -225,7 +225,12 @@ async fn a_silent_rank_is_declared_dead_within_the_heartbeat_timeout() {
         let took = start.elapsed();
         assert!(took < Duration::from_millis(1000 + 1000), "declared after {took:?}");
         assert!(matches!(err, P2pError::PeerGone { peer: 2, .. }), "{err}");
-        assert!(err.to_string().contains("heartbeat"), "{err}");
+        // One sentence, in rank 0's own words: what it saw, whom it asked, when it last heard.
+        let text = err.to_string();
+        assert!(text.contains("heartbeat"), "{err}");
+        assert!(text.contains("answered neither a ping or probes through rank 1"), "{err}");
+        assert!(text.contains("this rank last heard from it"), "{err}");
+        assert!(!text.contains("declared it dead ("), "no chain of hearsay: {err}");
         let survivors = on_each(&ranks[..2], |c| async move { c.recover().await.unwrap() }).await;
         on_each(&survivors, |c| async move { exercise(c).await }).await;
         // The silent rank, cut off, has lost the others too (its own heartbeat timeout).

@@ -17,7 +17,8 @@ use crate::comm::client::control::serve_control;
 use crate::comm::client::{Inner, NexarClient, UserHandles};
 use crate::comm::exec::spin::YIELDING_SPIN;
 use crate::comm::matcher::Mailbox;
-use crate::comm::membership::health::{Health, monitor, recover_automatically};
+use crate::comm::membership::health::{Health, recover_automatically};
+use crate::comm::membership::monitor::monitor;
 use crate::comm::membership::route::forward;
 use crate::comm::state::CommState;
 use crate::config::{BulkTransport, ConfigError, NexarConfig, RecoveryPolicy};
@@ -354,6 +355,8 @@ impl NexarClient {
             pool: Arc::new(BufferPool::default()),
             spin,
             pings: Mutex::new(HashMap::new()),
+            probes: Mutex::new(HashMap::new()),
+            probing: Default::default(),
             goodbyes: Notify::new(),
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,

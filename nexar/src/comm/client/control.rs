@@ -92,6 +92,10 @@ pub(in crate::comm) async fn serve_control(inner: Weak<Inner>, mut control: mpsc
                     let _ = tx.send(crate::trace::Answer::Position { active, last_started, last_completed });
                 }
             }
+            PeerMsg::ProbeFor { nonce, target } => inner.answer_probe(incoming.from as usize, nonce, target as usize),
+            PeerMsg::ProbeResult { nonce, target: _, alive, heard_ms } => {
+                inner.probe_answered(incoming.from as usize, nonce, alive, heard_ms)
+            }
             PeerMsg::P2p { .. }
             | PeerMsg::P2pSegment { .. }
             | PeerMsg::Coll { .. }

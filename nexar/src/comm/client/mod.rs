@@ -101,6 +101,11 @@ pub(crate) struct Inner {
     /// spinning pays.
     pub spin: crate::comm::exec::spin::SpinGovernor,
     pub pings: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+    /// Indirect probes this rank asked for: nonce → (the rank asked, where its answer goes).
+    pub probes:
+        Mutex<HashMap<u64, (u32, tokio::sync::mpsc::UnboundedSender<crate::comm::membership::probe::ProbeAnswer>)>>,
+    /// Indirect probes this rank is running for others (bounded: see `probe::MAX_PROBING`).
+    pub probing: std::sync::atomic::AtomicUsize,
     /// Wakes whoever waits for peers' goodbyes.
     pub goodbyes: Notify,
     pub tasks: Mutex<Vec<JoinHandle<()>>>,

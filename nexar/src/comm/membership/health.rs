@@ -1,14 +1,15 @@
-//! Failure detection: heartbeats, the verdict that a peer is dead, and how the rest of the rank
-//! learns of it ([`FailureWatch`](crate::comm::FailureWatch), failed receives, gossip to the other survivors).
+//! The verdict that a peer is dead, and how the rest of the rank learns of it
+//! ([`FailureWatch`](crate::comm::FailureWatch), failed receives, gossip to the other survivors).
 //!
-//! A peer is declared dead when its connection ends without a goodbye, when nothing at all
-//! (heartbeat or any other message) has come from it for `heartbeat_timeout`, when another
-//! rank reports it dead, or when the application says so
-//! ([`report_failure`](NexarClient::report_failure)). Every survivor then cuts its connection
-//! to the dead rank, so a rank that was only slow or partitioned away learns that it has been
-//! excluded (once most of its peers have cut it) instead of carrying on with a different view
-//! of the cluster. One peer's word excludes nobody: a rank cut by a minority counts those
-//! peers as gone, and the survivors' agreement settles who stays.
+//! A peer is declared dead on evidence: its connection ends without a goodbye, it stays
+//! silent past what its rhythm allows and then answers neither this rank's ping nor probes
+//! through others (`monitor.rs`, `probe.rs`), or the application says so
+//! ([`report_failure`](NexarClient::report_failure)). Another rank's report only starts the
+//! probes. Every survivor then cuts its connection to the dead rank, so a rank that was only
+//! slow or partitioned away learns that it has been excluded (once most of its peers have cut
+//! it) instead of carrying on with a different view of the cluster. One peer's word excludes
+//! nobody: a rank cut by a minority counts those peers as gone, and the survivors' agreement
+//! settles who stays.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -18,6 +19,7 @@ use quinn::ConnectionError;
 pub(crate) use crate::cluster::health::Health;
 use crate::cluster::health::{PeerFailure, bounded};
 use crate::comm::client::{Inner, NexarClient};
+use crate::comm::membership::probe::Cause;
 use crate::comm::membership::recovery::RecoveryError;
 use crate::comm::membership::route::Route;
 use crate::comm::state::CommState;
@@ -25,69 +27,29 @@ use crate::config::RecoveryPolicy;
 use crate::proto::close::CloseCode;
 use crate::proto::message::PeerMsg;
 
-/// The longest gap between two liveness checks.
-const MAX_CHECK_PERIOD: Duration = Duration::from_millis(250);
-
 impl Inner {
-    /// Rank `from` reports that world rank `rank` is dead. One report is not enough to evict a
-    /// rank that this rank hears from, or a single faulty or hostile member could evict anyone:
-    /// this rank pings it and declares it dead only if it does not answer. A rank this rank has
-    /// not heard from lately either is declared dead at once. Either way the news is passed on,
-    /// so it floods sparse topologies. A report about this rank itself is ignored: peers that
-    /// declare it dead close their connections to it, which this rank does act on.
+    /// Rank `from` reports that world rank `rank` is dead. A report is not evidence, or a
+    /// single faulty or hostile member could evict anyone, and one rank's short silence added
+    /// to another's word made chains of hearsay: this rank probes `rank` itself, directly and
+    /// through others, and declares it dead only if nobody can reach it (`probe.rs`). A closed
+    /// connection is evidence of its own. A report about this rank itself is refuted with
+    /// heartbeats to everyone.
     pub(crate) fn suspected(self: &Arc<Self>, from: usize, rank: usize, reason: String) {
         if rank == self.rank {
-            tracing::warn!(from, %reason, "ignored a report that this rank is dead");
+            tracing::debug!(from, %reason, "a report that this rank is dead");
+            self.refute(from);
             return;
         }
         if rank >= self.links.capacity() || self.health.is_dead(rank) {
             return;
         }
-        let within = (2 * self.cfg.heartbeat_interval).min(self.cfg.heartbeat_timeout);
-        // This rank's own evidence agrees: it has not heard from that rank for a while either,
-        // or their connection is gone. Then the news is passed on at once. A rank with no direct
-        // link here (sparse topologies) sends no heartbeats here, so its silence is no evidence:
-        // it is pinged through the relays instead, so one member's word never evicts it.
-        let direct = self.links.get(rank);
-        let silent = if direct.is_some() { self.health.liveness.silent_for(rank) } else { Duration::ZERO };
-        let closed = direct.is_some_and(|l| l.connection().close_reason().is_some());
-        if silent > within || closed {
-            let why =
-                format!("rank {from} declared it dead ({reason}), and this rank has not heard from it for {silent:?}");
+        tracing::debug!(from, rank, %reason, "a peer reported a rank dead; probing it");
+        if self.links.get(rank).is_some_and(|l| l.connection().close_reason().is_some()) {
+            let why = format!("its connection to this rank is closed, and rank {from} reported it unresponsive");
             self.peer_failed(rank, why, true, true);
             return;
         }
-        if !self.health.start_check(rank) {
-            return;
-        }
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let Some(inner) = weak.upgrade() else { return };
-            let answers = inner.peer_answers(rank, within).await;
-            inner.health.end_check(rank);
-            if answers {
-                tracing::warn!(from, rank, %reason, "rank {from} reported rank {rank} dead, but it answers: ignored");
-            } else {
-                let why =
-                    format!("rank {from} declared it dead ({reason}), and it did not answer a ping within {within:?}");
-                inner.peer_failed(rank, why, true, true);
-            }
-        });
-    }
-
-    /// Whether world rank `peer` answers a ping over QUIC within `within`.
-    pub(crate) async fn peer_answers(&self, peer: usize, within: Duration) -> bool {
-        let Some(route) = self.route(peer) else { return false };
-        let nonce: u64 = rand::random();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        crate::sync::lock(&self.pings).insert(nonce, tx);
-        let answered = tokio::time::timeout(within, async {
-            route.send(&PeerMsg::Ping { nonce }, None).await.is_ok() && rx.await.is_ok()
-        })
-        .await
-        .unwrap_or(false);
-        crate::sync::lock(&self.pings).remove(&nonce);
-        answered
+        self.investigate(rank, Cause::Reported { by: from });
     }
 
     /// Declares world rank `peer` dead for `reason`: pending and later receives from it fail,
@@ -225,80 +187,6 @@ impl Inner {
             _ => self.peer_failed(peer, why, false, true),
         }
     }
-}
-
-/// Sends heartbeats and declares silent peers dead, until the rank is gone.
-pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Duration) {
-    // Checks at least four times per timeout, so that a normal gap between checks is never
-    // mistaken for this rank being stalled.
-    let mut tick = tokio::time::interval(interval.min(MAX_CHECK_PERIOD).min(timeout / 4));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_beat: Option<Instant> = None;
-    // Silence is counted from the moment the mesh is up, not from when this rank started.
-    if let Some(inner) = inner.upgrade() {
-        for link in inner.links.iter() {
-            inner.health.liveness.heard(link.peer());
-        }
-    }
-    let mut last_check = Instant::now();
-    // Authenticated QUIC frames seen from each peer by the last check (see `frames_from`).
-    let mut frames_seen: Vec<u64> = Vec::new();
-    loop {
-        tick.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        if inner.health.is_shutting_down() {
-            return;
-        }
-        // If this task itself was not scheduled for a long time (the process was paused,
-        // swapped out, or starved of CPU), the silence is ours, not the peers': give them a
-        // fresh window instead of declaring everyone dead.
-        let gap = last_check.elapsed();
-        last_check = Instant::now();
-        if gap > timeout / 2 {
-            tracing::warn!(rank = inner.rank, stalled = ?gap, "this rank was stalled; not judging peers on this check");
-            for link in inner.links.iter() {
-                inner.health.liveness.heard(link.peer());
-            }
-            continue;
-        }
-        if last_beat.is_none_or(|t| t.elapsed() >= interval) {
-            last_beat = Some(Instant::now());
-            for link in inner.links.iter() {
-                // A full control lane is itself traffic the peer will count as life.
-                let _ = link.try_send(&PeerMsg::Heartbeat);
-            }
-        }
-        for link in inner.links.iter() {
-            let peer = link.peer() as usize;
-            // A heartbeat can wait behind a large message on a lossy connection (the
-            // congestion window is the connection's); any frame the peer's QUIC stack sent
-            // since the last check (an acknowledgement, stream data) shows it runs too.
-            let frames = frames_from(link.connection());
-            if frames_seen.len() <= peer {
-                frames_seen.resize(peer + 1, 0);
-            }
-            if frames > std::mem::replace(&mut frames_seen[peer], frames) {
-                inner.health.liveness.heard(peer as u32);
-            }
-            let silent = inner.health.liveness.silent_for(peer);
-            if silent > timeout && !inner.health.is_dead(peer) && !inner.health.has_left(peer) {
-                let reason = format!(
-                    "nothing heard from it for {:.1} s (heartbeat timeout {} ms, NEXAR_HEARTBEAT_TIMEOUT_MS)",
-                    silent.as_secs_f64(),
-                    timeout.as_millis()
-                );
-                inner.peer_failed(peer, reason, true, true);
-            }
-        }
-    }
-}
-
-/// Frames received on `conn` that prove the peer's QUIC stack is running: acknowledgements,
-/// stream data and pings. quinn counts frames only once their packet decrypted, so a stranger
-/// who knows the connection's id cannot fake them.
-fn frames_from(conn: &quinn::Connection) -> u64 {
-    let rx = conn.stats().frame_rx;
-    rx.acks + rx.stream + rx.ping
 }
 
 /// Under [`RecoveryPolicy::Automatic`]: after each failure, agree and rebuild the current

@@ -8,6 +8,8 @@ pub(in crate::comm) mod failure_watch;
 pub(in crate::comm) mod grow;
 pub(in crate::comm) mod health;
 pub(in crate::comm) mod hosts;
+pub(in crate::comm) mod monitor;
+pub(in crate::comm) mod probe;
 pub(in crate::comm) mod recovery;
 pub(in crate::comm) mod recovery_error;
 pub(crate) mod route;

@@ -1,0 +1,121 @@
+//! The rank's failure monitor: heartbeats to the ranks that watch this one, and the checks of
+//! the ranks this one watches (`cluster::detector`: the ring, the adaptive silence, the
+//! evidence clock), each suspicion handed to the probes (`probe.rs`). The traffic per rank is
+//! the same at 4 ranks as at 4,000: heartbeats to [`WATCHED`](crate::cluster::detector::WATCHED)
+//! ranks per interval.
+
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use crate::cluster::detector::{Detector, DetectorSettings, PHI_THRESHOLD, watched, watchers};
+use crate::comm::client::Inner;
+use crate::comm::membership::probe::Cause;
+use crate::proto::message::PeerMsg;
+
+/// The longest gap between two liveness checks.
+const MAX_CHECK_PERIOD: Duration = Duration::from_millis(250);
+
+impl Inner {
+    /// World ranks with a direct link here that are neither dead nor gone, sorted, with this
+    /// rank among them: the ring the detector watches around.
+    fn ring(&self) -> Vec<usize> {
+        let mut live: Vec<usize> = self
+            .links
+            .iter()
+            .map(|l| l.peer() as usize)
+            .filter(|&p| !self.health.is_dead(p) && !self.health.has_left(p))
+            .collect();
+        live.push(self.rank);
+        live.sort_unstable();
+        live.dedup();
+        live
+    }
+
+    /// Sends a heartbeat to each of `peers` now (a full control lane is itself traffic the
+    /// peer counts as life).
+    fn beat_to(&self, peers: &[usize]) {
+        for &p in peers {
+            if let Some(link) = self.links.get(p) {
+                let _ = link.try_send(&PeerMsg::Heartbeat);
+            }
+        }
+    }
+
+    /// Another rank suspects this one: it refutes by beating to every peer at once, whose
+    /// probes then find it alive.
+    pub(crate) fn refute(&self, from: usize) {
+        tracing::warn!(rank = self.rank, from, "a peer suspects this rank; refuting with heartbeats to all");
+        let all: Vec<usize> = self.links.iter().map(|l| l.peer() as usize).collect();
+        self.beat_to(&all);
+    }
+}
+
+/// Sends heartbeats and checks the watched peers, until the rank is gone.
+pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Duration) {
+    let period = interval.min(MAX_CHECK_PERIOD).min(timeout / 4);
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let Some(strong) = inner.upgrade() else { return };
+    let settings = DetectorSettings { interval, timeout, probe_window: strong.probe_window(), period };
+    let mut detector = Detector::new(settings, strong.links.capacity());
+    // Silence is counted from the moment the mesh is up, not from when this rank started.
+    for link in strong.links.iter() {
+        strong.health.liveness.heard(link.peer());
+    }
+    drop(strong);
+    let mut last_beat: Option<Instant> = None;
+    // Authenticated QUIC frames seen from each peer by the last check (see `frames_from`).
+    let mut frames_seen: Vec<u64> = Vec::new();
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.health.is_shutting_down() {
+            return;
+        }
+        let ring = inner.ring();
+        let (mine, theirs) = (watched(inner.rank, &ring), watchers(inner.rank, &ring));
+        if last_beat.is_none_or(|t| t.elapsed() >= interval) {
+            last_beat = Some(Instant::now());
+            inner.beat_to(&theirs);
+        }
+        for &peer in &mine {
+            // A heartbeat can wait behind a large message on a lossy connection (the
+            // congestion window is the connection's); any frame the peer's QUIC stack sent
+            // since the last check (an acknowledgement, stream data) shows it runs too.
+            let Some(link) = inner.links.get(peer) else { continue };
+            let frames = frames_from(link.connection());
+            if frames_seen.len() <= peer {
+                frames_seen.resize(peer + 1, 0);
+            }
+            if frames > std::mem::replace(&mut frames_seen[peer], frames) {
+                inner.health.liveness.heard(peer as u32);
+            }
+        }
+        let liveness = inner.health.liveness.clone();
+        let check = detector.check(liveness.now_ms(), &mine, |p| liveness.last_heard(p));
+        if let Some(late) = check.starved {
+            // Its own silence was the longest: the peers may be judging it now.
+            tracing::warn!(
+                rank = inner.rank,
+                ?late,
+                "this rank was starved; that time is not counted against its peers"
+            );
+            inner.beat_to(&theirs);
+        }
+        for suspicion in check.suspicions {
+            let peer = suspicion.peer;
+            let phi = detector.phi(peer, suspicion.silent);
+            tracing::info!(rank = inner.rank, peer, silent = ?suspicion.silent, phi, threshold = PHI_THRESHOLD, "suspecting a silent peer; probing it");
+            detector.cleared(peer);
+            inner.investigate(peer, Cause::Silent { suspicion, phi });
+        }
+    }
+}
+
+/// Frames received on `conn` that prove the peer's QUIC stack is running: acknowledgements,
+/// stream data and pings. quinn counts frames only once their packet decrypted, so a stranger
+/// who knows the connection's id cannot fake them.
+fn frames_from(conn: &quinn::Connection) -> u64 {
+    let rx = conn.stats().frame_rx;
+    rx.acks + rx.stream + rx.ping
+}

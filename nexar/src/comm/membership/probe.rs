@@ -1,0 +1,248 @@
+//! Probing a suspect before it is declared dead, as SWIM does: a ping of this rank's own,
+//! then probes through up to [`INDIRECT`] other ranks, each of which answers whether it heard
+//! from the suspect lately or had an answer to its own ping. The suspect is declared dead only
+//! when none of them could reach it, and the verdict says so in one sentence, in this rank's
+//! own words: what raised the suspicion, whom it asked, and when it last heard from the suspect.
+//! Another rank's report is a reason to probe, never evidence.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rand::seq::IndexedRandom;
+
+use crate::cluster::detector::Suspicion;
+use crate::comm::client::Inner;
+use crate::proto::message::PeerMsg;
+use crate::trace::list_ranks;
+
+/// Ranks asked to probe a suspect for this rank.
+pub(crate) const INDIRECT: usize = 3;
+/// Indirect probes a rank runs for others at once; more are not answered (a member cannot make
+/// a rank spend without bound on its behalf).
+const MAX_PROBING: usize = 64;
+/// The longest a probe of a suspect takes: half for the direct ping, half for the probes
+/// through others (at most half the heartbeat timeout).
+const PROBE_WINDOW: Duration = Duration::from_secs(1);
+
+/// One answer to a `ProbeFor` this rank sent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ProbeAnswer {
+    /// The rank that probed.
+    pub from: usize,
+    /// Whether the suspect showed it a sign of life.
+    pub alive: bool,
+    /// How long before its answer it last heard from the suspect.
+    pub heard_ms: u64,
+}
+
+/// Why a peer came under suspicion.
+#[derive(Clone, Debug)]
+pub(crate) enum Cause {
+    /// This rank's detector found it silent for longer than its rhythm allows.
+    Silent { suspicion: Suspicion, phi: f64 },
+    /// Another rank reported it unresponsive.
+    Reported { by: usize },
+}
+
+impl Cause {
+    fn describe(&self) -> String {
+        match self {
+            Cause::Silent { suspicion: s, phi } => format!(
+                "no heartbeat or other message for {:.1} s (they came every {:.1} s ± {:.1} s, so φ {:.1} passed at {:.1} s)",
+                s.silent.as_secs_f64(),
+                s.rhythm.mean.as_secs_f64(),
+                s.rhythm.deviation.as_secs_f64(),
+                phi,
+                s.allowed.as_secs_f64(),
+            ),
+            Cause::Reported { by } => format!("rank {by} reported it unresponsive"),
+        }
+    }
+}
+
+/// What probing a suspect found.
+enum Probed {
+    /// It is alive: how this rank knows.
+    Alive(String),
+    /// This rank itself was starved while probing (its probe ran this long): no verdict.
+    Inconclusive(Duration),
+    /// Nobody could reach it: the ranks asked, and those of them that did not answer.
+    Unreachable { asked: Vec<usize>, silent: Vec<usize> },
+}
+
+impl Inner {
+    /// How long probing a suspect takes at most.
+    pub(crate) fn probe_window(&self) -> Duration {
+        PROBE_WINDOW.min(self.cfg.heartbeat_timeout / 2)
+    }
+
+    /// Probes world rank `rank`, suspected for `cause`, and declares it dead if nobody can
+    /// reach it. One probe per suspect at a time.
+    pub(crate) fn investigate(self: &Arc<Self>, rank: usize, cause: Cause) {
+        if rank == self.rank || rank >= self.links.capacity() || self.health.is_dead(rank) || self.health.has_left(rank)
+        {
+            return;
+        }
+        if !self.health.start_check(rank) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(inner) = weak.upgrade() else { return };
+            let probed = inner.probe(rank).await;
+            inner.health.end_check(rank);
+            let window = inner.probe_window();
+            match probed {
+                Probed::Alive(how) => {
+                    tracing::info!(rank, cause = %cause.describe(), %how, "a suspect answered: still alive");
+                    // A fresh window for its silence: it counts as heard from now.
+                    inner.health.liveness.heard(rank as u32);
+                }
+                Probed::Inconclusive(took) => {
+                    tracing::warn!(rank, ?took, "this rank was starved while probing a suspect; no verdict");
+                }
+                Probed::Unreachable { asked, silent } => {
+                    let last = inner.health.liveness.silent_for(rank);
+                    let through = match (asked.is_empty(), silent.is_empty()) {
+                        (true, _) => String::new(),
+                        (false, true) => format!(" or probes through {}", list_ranks(&asked)),
+                        (false, false) => {
+                            format!(" or probes through {} ({} did not reply)", list_ranks(&asked), list_ranks(&silent))
+                        }
+                    };
+                    let reason = format!(
+                        "{}, and it answered neither a ping{through} within {:.1} s; this rank last heard from it {:.1} s ago",
+                        cause.describe(),
+                        window.as_secs_f64(),
+                        last.as_secs_f64()
+                    );
+                    inner.peer_failed(rank, reason, true, true);
+                }
+            }
+        });
+    }
+
+    /// A ping of its own, then probes through others.
+    async fn probe(&self, rank: usize) -> Probed {
+        let window = self.probe_window();
+        let started = Instant::now();
+        let heard_before = self.health.liveness.last_heard(rank);
+        if self.peer_answers(rank, window / 2).await {
+            return Probed::Alive("it answered a ping".into());
+        }
+        let asked = self.probe_helpers(rank);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut nonces = Vec::with_capacity(asked.len());
+        for &helper in &asked {
+            let nonce: u64 = rand::random();
+            crate::sync::lock(&self.probes).insert(nonce, (helper as u32, tx.clone()));
+            nonces.push(nonce);
+            if let Some(link) = self.links.get(helper) {
+                let _ = link.try_send(&PeerMsg::ProbeFor { nonce, target: rank as u32 });
+            }
+        }
+        drop(tx);
+        let mut answered = Vec::new();
+        let mut alive = None;
+        let deadline = tokio::time::Instant::now() + window / 2;
+        while answered.len() < asked.len() && alive.is_none() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(a)) => {
+                    answered.push(a.from);
+                    if a.alive {
+                        alive = Some(a);
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        {
+            let mut probes = crate::sync::lock(&self.probes);
+            for n in &nonces {
+                probes.remove(n);
+            }
+        }
+        if let Some(a) = alive {
+            return Probed::Alive(format!("rank {} heard from it {} ms before it answered", a.from, a.heard_ms));
+        }
+        if self.health.liveness.last_heard(rank) > heard_before {
+            return Probed::Alive("it was heard from while it was probed".into());
+        }
+        let took = started.elapsed();
+        if took > 2 * window {
+            return Probed::Inconclusive(took);
+        }
+        let silent = asked.iter().copied().filter(|h| !answered.contains(h)).collect();
+        Probed::Unreachable { asked, silent }
+    }
+
+    /// Up to [`INDIRECT`] live ranks with a direct link here, other than `rank`, at random.
+    fn probe_helpers(&self, rank: usize) -> Vec<usize> {
+        let live: Vec<usize> = self
+            .links
+            .iter()
+            .map(|l| l.peer() as usize)
+            .filter(|&p| p != rank && !self.health.is_dead(p) && !self.health.has_left(p))
+            .collect();
+        let mut helpers: Vec<usize> = live.choose_multiple(&mut rand::rng(), INDIRECT).copied().collect();
+        helpers.sort_unstable();
+        helpers
+    }
+
+    /// Rank `from` asks this rank to probe `target` for it (`ProbeFor`).
+    pub(crate) fn answer_probe(self: &Arc<Self>, from: usize, nonce: u64, target: usize) {
+        if self.probing.fetch_add(1, Ordering::AcqRel) >= MAX_PROBING {
+            self.probing.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(from, target, "too many probes for others at once; not answered");
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(inner) = weak.upgrade() else { return };
+            let fresh = 2 * inner.cfg.heartbeat_interval;
+            let alive = if target == inner.rank {
+                true
+            } else if target >= inner.links.capacity() || inner.health.is_dead(target) {
+                false
+            } else {
+                inner.health.liveness.silent_for(target) < fresh
+                    || inner.peer_answers(target, inner.probe_window() / 2).await
+            };
+            let heard_ms =
+                if target == inner.rank { 0 } else { inner.health.liveness.silent_for(target).as_millis() as u64 };
+            if let Some(route) = inner.route(from) {
+                let answer = PeerMsg::ProbeResult { nonce, target: target as u32, alive, heard_ms };
+                if let Err(e) = route.send(&answer, None).await {
+                    tracing::debug!(from, error = %e, "could not answer a probe");
+                }
+            }
+            inner.probing.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    /// Rank `from` answers a `ProbeFor` this rank sent; only the rank asked can answer.
+    pub(crate) fn probe_answered(&self, from: usize, nonce: u64, alive: bool, heard_ms: u64) {
+        let probes = crate::sync::lock(&self.probes);
+        if let Some((asked, tx)) = probes.get(&nonce)
+            && *asked as usize == from
+        {
+            let _ = tx.send(ProbeAnswer { from, alive, heard_ms });
+        }
+    }
+
+    /// Whether world rank `peer` answers a ping within `within`.
+    pub(crate) async fn peer_answers(&self, peer: usize, within: Duration) -> bool {
+        let Some(route) = self.route(peer) else { return false };
+        let nonce: u64 = rand::random();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        crate::sync::lock(&self.pings).insert(nonce, tx);
+        let answered = tokio::time::timeout(within, async {
+            route.send(&PeerMsg::Ping { nonce }, None).await.is_ok() && rx.await.is_ok()
+        })
+        .await
+        .unwrap_or(false);
+        crate::sync::lock(&self.pings).remove(&nonce);
+        answered
+    }
+}
