@@ -479,3 +479,72 @@ async fn a_flood_of_unmatched_messages_pauses_only_the_member_that_sent_it() {
     let sums = futures_all(&ranks).await;
     assert!(sums.iter().all(|s| *s == 6), "{sums:?}");
 }
+
+/// Rank 2 announces a 3 GiB point-to-point message to rank 0 (within the message limit, far
+/// over the 16 MiB unmatched-message limits), sends 8 MiB of it and stalls. Rank 0, whose store
+/// was empty, admits it and reads what comes (no more: nothing allocates 3 GiB), and charges it
+/// to rank 2's share and the pool only. Rank 2's link is the one that pauses: its next message,
+/// which nobody asked for, is not taken, and a receive from it on another tag fails with the
+/// limits' error (which names both limits). Rank 1's messages on tags 50 and 51 are still taken
+/// in its own share, so rank 0 receives 51 first and then 50 (before, 50 waited unread behind
+/// the 3 GiB, and the receive of 51 failed with that error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_oversized_message_pauses_only_the_member_that_announced_it() {
+    let unmatched: u64 = 16 << 20;
+    let cfg = NexarConfig::builder()
+        .max_unmatched_bytes(unmatched)
+        .max_message_bytes(nexar::proto::frame::MAX_FRAME_LEN)
+        .build()
+        .unwrap();
+    let ranks = NexarClient::bootstrap_local_with(3, cfg).await.unwrap();
+    let limit = Duration::from_secs(60);
+    let comm = ranks[0].comm_id();
+    let conn = HostileMember::new(&ranks[2]).link(0).unwrap().connection().clone();
+    let mut stream = conn.open_uni().await.unwrap();
+    stream.write_all(&p2p_head(comm, 1, nexar::DType::U8, 3 << 30)).await.unwrap();
+    // More than QUIC's windows hold unread: these writes finish only once rank 0 reads them,
+    // that is once it has admitted the 3 GiB message.
+    let chunk = Bytes::from(vec![3u8; 1 << 20]);
+    tokio::time::timeout(limit, async {
+        for _ in 0..8 {
+            stream.write_chunk(chunk.clone()).await.unwrap();
+        }
+    })
+    .await
+    .expect("rank 0 did not admit the 3 GiB message its empty store may take");
+
+    // Rank 2's next message finds its share and the pool taken: its link pauses, and a receive
+    // from it on another tag fails at once.
+    ranks[2].send(&[2u32][..], 0, 2).await.unwrap();
+    let mut one = [0u32; 1];
+    match tokio::time::timeout(limit, ranks[0].recv(&mut one[..], 2, 3)).await.unwrap() {
+        Err(e @ nexar::P2pError::TooManyUnmatched { rank: 0, src: 2, tag: 3, .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&format!("NEXAR_MAX_UNMATCHED_BYTES {unmatched}")), "{text}");
+            assert!(text.contains("NEXAR_MAX_UNMATCHED_MESSAGES 1024"), "{text}");
+        }
+        other => panic!("a receive from the paused member should fail with the limits' error: {other:?}"),
+    }
+
+    // Rank 1 sends tags 50 and 51; rank 0 asks for 51 first, so 50 is held meanwhile.
+    let honest = ranks[1].clone();
+    let (fifty, fifty_one) = (vec![50u32; 1 << 16], vec![51u32; 1 << 16]);
+    let sent = {
+        let (fifty, fifty_one) = (fifty.clone(), fifty_one.clone());
+        tokio::spawn(async move {
+            honest.send(&fifty[..], 0, 50).await.unwrap();
+            honest.send(&fifty_one[..], 0, 51).await.unwrap();
+        })
+    };
+    let got = tokio::time::timeout(limit, ranks[0].recv_vec::<u32>(1, 51)).await.unwrap();
+    assert_eq!(got.expect("rank 1's tag 51, while rank 2's 3 GiB message hangs"), fifty_one);
+    let got = tokio::time::timeout(limit, ranks[0].recv_vec::<u32>(1, 50)).await.unwrap();
+    assert_eq!(got.expect("rank 1's tag 50, held while 51 was received"), fifty);
+    tokio::time::timeout(limit, sent).await.unwrap().unwrap();
+
+    // Asked for, rank 2's parked message comes.
+    tokio::time::timeout(limit, ranks[0].recv(&mut one[..], 2, 2)).await.unwrap().unwrap();
+    assert_eq!(one, [2]);
+    // Cut rank 2's stalled stream rather than wait out its 3 GiB.
+    drop(stream);
+}

@@ -304,7 +304,10 @@ async fn unmatched_messages_are_bounded_and_none_is_lost() {
         .expect("an unmatchable receive at the limit must fail, not wait")
         .unwrap_err();
     assert!(matches!(e, P2pError::TooManyUnmatched { rank: 1, src: 0, tag: 99, held: 4, limit: 4, .. }), "{e}");
-    assert!(e.to_string().contains("NEXAR_MAX_UNMATCHED_MESSAGES"), "{e}");
+    // The error names both limits with their values (the bytes' is the default, 1 GiB).
+    let text = e.to_string();
+    assert!(text.contains("NEXAR_MAX_UNMATCHED_MESSAGES 4"), "{e}");
+    assert!(text.contains("NEXAR_MAX_UNMATCHED_BYTES 1073741824"), "{e}");
     // Receiving a held message makes room; the paused lane resumes and every message is
     // still there, in any order the receiver likes.
     for tag in [0u64, 5, 4, 3, 2, 1] {

@@ -10,9 +10,12 @@
 //! message of up to `max_message_bytes` beyond the limits, per lane.)
 //!
 //! A message a receive waits for is read whatever the limits say, but only if it is no larger
-//! than that receive takes, so what was asked for is bounded by what the receiver asked for. An
-//! empty store still takes any one message, so every size the message limit allows gets
-//! through.
+//! than that receive takes, so what was asked for is bounded by what the receiver asked for. A
+//! sender that holds nothing still gets any one message in while nobody uses the pool, so every
+//! size the message limit allows gets through. One larger than the limits is charged to its
+//! sender's share and the pool, never to the other senders' shares: they go on sending within
+//! them, and only its sender's link pauses behind it. So the store holds at most the limits and
+//! one message beyond them.
 
 use std::time::Duration;
 
@@ -176,7 +179,8 @@ mod tests {
     }
 
     /// What is being read counts as held: two streams cannot both take the last room, and the
-    /// empty store's "any one message" admits only one oversized message at a time.
+    /// "any one message" of a sender that holds nothing admits only one oversized message at a
+    /// time.
     #[tokio::test]
     async fn messages_being_read_count_against_the_limits() {
         let mailbox = Mailbox::with_senders(100, 1000, 1);
@@ -216,6 +220,43 @@ mod tests {
         let mut fifth = Box::pin(mailbox.admit_key(key(1, 5), 10));
         assert!(futures_poll_once(&mut fifth).await.is_none());
         assert!(matches!(pending.wait().await, Err(Refusal::Full { .. })), "refused once the link pauses again");
+    }
+
+    /// A message larger than the limits, admitted while nobody used the pool and then read
+    /// slowly (a member that announced 3 GiB and stalled), fills its sender's share and the
+    /// pool only: another sender still gets its share's messages in unasked, and is paused only
+    /// past its share; the oversized sender's next message waits.
+    #[tokio::test]
+    async fn an_oversized_message_costs_the_other_senders_nothing_of_their_shares() {
+        // 2 senders: each may hold 2 messages and 250 bytes of its own, the pool 4 and 500.
+        let mailbox = Mailbox::with_senders(8, 1000, 2);
+        let oversized = mailbox.admit_key(key(1, 1), 3 << 30).await;
+        assert_eq!(oversized.reserved_bytes(), Some(3 << 30));
+        for tag in [50, 51] {
+            let admitted = tokio::time::timeout(Duration::from_secs(5), mailbox.admit_key(key(2, tag), 100))
+                .await
+                .unwrap_or_else(|_| panic!("sender 2's message {tag} waits behind sender 1's oversized one"));
+            drop(admitted);
+            mailbox.deliver_held(key(2, tag), held(100)).await;
+        }
+        // A receive for sender 2's later message takes it; the earlier one is still held.
+        assert!(matches!(mailbox.take_or_wait(key(2, 51)), Ok(Ok(_))));
+        assert!(matches!(mailbox.take_or_wait(key(2, 50)), Ok(Ok(_))));
+        // Past its share, sender 2 finds the pool taken: only then does it wait.
+        for tag in [52, 53] {
+            drop(mailbox.admit_key(key(2, tag), 100).await);
+            mailbox.deliver_held(key(2, tag), held(100)).await;
+        }
+        let mut third = Box::pin(mailbox.admit_key(key(2, 54), 100));
+        assert!(futures_poll_once(&mut third).await.is_none(), "sender 2 went past its share into a full pool");
+        drop(third);
+        // Sender 1's next message waits, and its other receives fail as on a paused link.
+        let mut next = Box::pin(mailbox.admit_key(key(1, 2), 4));
+        assert!(futures_poll_once(&mut next).await.is_none(), "sender 1 went past its share and the pool");
+        assert!(matches!(mailbox.take_or_wait(key(1, 9)), Err(Refusal::Full { .. })));
+        drop(next);
+        drop(oversized);
+        assert_eq!(mailbox.held(), (2, 200));
     }
 
     async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {

@@ -11,7 +11,9 @@
 //! The limits are shared fairly: half of each is reserved, in equal shares, for the senders,
 //! and the other half is a pool any sender may use beyond its share. A sender that floods this
 //! rank with messages nobody asked for fills its share and the pool, and then only its own link
-//! pauses: every other sender still has its share.
+//! pauses: every other sender still has its share. So does a sender whose one message is larger
+//! than the limits (admitted because nobody used the pool, see `admission.rs`): it is charged
+//! to that sender's share and the pool only.
 
 mod admission;
 mod entry;
@@ -201,31 +203,45 @@ impl Mailbox {
 
     /// Whether `src` may hold one more message of `len` bytes: within its own share, or in
     /// the pool (what the limits leave beyond every sender's share), and always within the
-    /// limits. An empty store takes any one message.
+    /// limits. A sender that holds nothing takes any one message while nobody uses the pool,
+    /// so every size the message limit allows gets through; one larger than the limits fills
+    /// its sender's share and the pool, and costs the other senders nothing of theirs.
     fn has_room(&self, st: &State, src: u32, len: u64) -> bool {
-        if st.count == 0 {
-            return true;
+        let (count, bytes) = st.per_src.get(&src).copied().unwrap_or_default();
+        let (pool_max_count, pool_max_bytes) = self.pool();
+        // What the senders hold beyond their shares (the pool's use), and what they hold in
+        // all, each counted for no more than it may hold (its share and the pool): a message
+        // larger than the limits weighs on its own sender's account only.
+        let (mut pool_count, mut pool_bytes, mut held_count, mut held_bytes) = (0usize, 0u64, 0usize, 0u64);
+        for &(c, b) in st.per_src.values() {
+            pool_count += c.saturating_sub(self.share_count);
+            pool_bytes += b.saturating_sub(self.share_bytes);
+            held_count += c.min(self.share_count + pool_max_count);
+            held_bytes += b.min(self.share_bytes + pool_max_bytes);
         }
-        if st.count >= self.max_count || st.bytes + len > self.max_bytes {
+        if held_count >= self.max_count {
             return false;
         }
-        let (count, bytes) = st.per_src.get(&src).copied().unwrap_or_default();
+        if count == 0 && pool_count == 0 && pool_bytes == 0 {
+            return true;
+        }
+        if held_bytes.saturating_add(len) > self.max_bytes {
+            return false;
+        }
         if count < self.share_count && bytes + len <= self.share_bytes {
             return true;
         }
-        // Beyond its share: what every sender holds past its own share, with this message.
-        let (mut pool_count, mut pool_bytes) = (0usize, 0u64);
-        for (&s, &(c, b)) in &st.per_src {
-            let (c, b) = if s == src { (c + 1, b + len) } else { (c, b) };
-            pool_count += c.saturating_sub(self.share_count);
-            pool_bytes += b.saturating_sub(self.share_bytes);
-        }
-        if !st.per_src.contains_key(&src) {
-            pool_count += 1usize.saturating_sub(self.share_count);
-            pool_bytes += len.saturating_sub(self.share_bytes);
-        }
-        // The pool is the half of the limits that is not reserved.
-        pool_count <= self.max_count - self.max_count / 2 && pool_bytes <= self.max_bytes - self.max_bytes / 2
+        // Beyond its share: the pool, with this message added to what the sender holds.
+        let pool_count =
+            pool_count - count.saturating_sub(self.share_count) + (count + 1).saturating_sub(self.share_count);
+        let pool_bytes =
+            pool_bytes - bytes.saturating_sub(self.share_bytes) + (bytes + len).saturating_sub(self.share_bytes);
+        pool_count <= pool_max_count && pool_bytes <= pool_max_bytes
+    }
+
+    /// The pool: the half of the limits that is not reserved, as `(messages, bytes)`.
+    fn pool(&self) -> (usize, u64) {
+        (self.max_count - self.max_count / 2, self.max_bytes - self.max_bytes / 2)
     }
 
     /// Fails every waiting receive and every later one: the rank is shutting down.

@@ -83,9 +83,10 @@ pub enum P2pError {
         /// What was wrong.
         error: PayloadError,
     },
-    /// Too many received messages are waiting for a matching `recv`, and none matches this one.
+    /// Too many received messages are waiting for a matching `recv`, and none matches this one:
+    /// the sender has filled its share of the limits and the pool, so its link is paused.
     #[error(
-        "rank {rank} recv(src {src}, tag {tag}): {held} unmatched messages ({held_bytes} bytes) are already held, the limit (NEXAR_MAX_UNMATCHED_MESSAGES {limit}, NEXAR_MAX_UNMATCHED_BYTES); receive them or raise the limit"
+        "rank {rank} recv(src {src}, tag {tag}): {held} unmatched messages ({held_bytes} bytes) are already held and rank {src} has filled its share of the limits (NEXAR_MAX_UNMATCHED_MESSAGES {limit}, NEXAR_MAX_UNMATCHED_BYTES {limit_bytes}) and the shared pool, so its link is paused; receive them or raise the limits"
     )]
     TooManyUnmatched {
         /// The rank reporting.
@@ -100,6 +101,8 @@ pub enum P2pError {
         held_bytes: u64,
         /// The message-count limit.
         limit: usize,
+        /// The byte limit.
+        limit_bytes: u64,
     },
     /// A message sent in segments did not hold together (a segment of another type or
     /// length than announced): its sender broke the protocol.
@@ -466,6 +469,7 @@ impl NexarClient {
                 held,
                 held_bytes,
                 limit: self.config().max_unmatched_messages,
+                limit_bytes: self.config().max_unmatched_bytes,
             },
             Refusal::Closed | Refusal::Aborted(_) | Refusal::LinkFailed(_) => P2pError::Closed { rank, op },
             Refusal::SourceGone(reason) => P2pError::PeerGone { rank, op, peer: src, reason },
