@@ -17,6 +17,7 @@
 
 mod analyse;
 mod dump;
+mod last_seen;
 pub(crate) mod recorder;
 mod stall_report;
 pub(crate) use stall_report::ranks as list_ranks;
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 
 pub use analyse::{Divergence, OpSummary, TraceAnalysis, analyse};
 pub use dump::{MAX_DUMP_BYTES, TraceDump, TraceEntry, TraceError};
+pub(crate) use last_seen::LastSeen;
 pub(crate) use recorder::{FlightRecorder, OpClass, OpDesc, OpTrace};
 pub(crate) use stall_report::{Answer, Reply, StalledOp, stall_report};
 
@@ -40,6 +42,8 @@ const AUTO_DUMP_EVERY: Duration = Duration::from_secs(1);
 /// One rank's recorder, with what names its dumps and where they go.
 pub(crate) struct RankTrace {
     pub recorder: FlightRecorder,
+    /// What each peer was last seen calling, for the stall inspector's reports.
+    pub seen: LastSeen,
     pub rank: usize,
     world: usize,
     cluster: String,
@@ -62,6 +66,7 @@ impl RankTrace {
     pub fn new(cfg: &TraceConfig, rank: usize, world: usize, cluster: String) -> Arc<Self> {
         let trace = Arc::new(RankTrace {
             recorder: FlightRecorder::new(cfg.entries, rank),
+            seen: LastSeen::default(),
             rank,
             world,
             cluster,

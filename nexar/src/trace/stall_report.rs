@@ -42,6 +42,9 @@ pub(crate) struct Reply {
     /// World rank.
     pub rank: usize,
     pub answer: Answer,
+    /// The collectives it was last seen in on the communicator, oldest first (see
+    /// `trace/last_seen.rs`): what the report says of it when it can no longer say itself.
+    pub seen: Vec<ActiveColl>,
 }
 
 /// `1 KiB`, `4 MiB`, `612 B`.
@@ -87,6 +90,16 @@ pub(crate) fn ranks(list: &[usize]) -> String {
 
 fn describe(c: &ActiveColl) -> String {
     let mut text = format!("{} #{}", name_of_code(c.kind), c.seq);
+    if let Some(root) = c.root {
+        let _ = write!(text, " (root {root})");
+    }
+    text
+}
+
+/// A call in full, as a member was last seen making it: "broadcast #3 of 1024 f32 (root 0)".
+fn describe_call(c: &ActiveColl) -> String {
+    let dtype = DType::from_wire(c.dtype).map_or("unknown", |d| d.name());
+    let mut text = format!("{} #{} of {} {dtype}", name_of_code(c.kind), c.seq, c.count);
     if let Some(root) = c.root {
         let _ = write!(text, " (root {root})");
     }
@@ -159,9 +172,20 @@ fn plural(story: &str) -> String {
 
 /// What one member's answer says, as the words after its rank ("is in broadcast #3 ...").
 fn story_of(mine: &StalledOp, reply: &Reply) -> String {
+    // How a call it was seen making differs from this rank's, at the same sequence number.
+    let differs = |c: &ActiveColl| {
+        let why = (c.seq == mine.seq).then(|| difference(mine, c)).flatten();
+        why.map_or(String::new(), |why| format!(" — {why}"))
+    };
+    let last_seen = || {
+        let c = reply.seen.iter().find(|c| c.seq == mine.seq).or(reply.seen.last());
+        c.map_or(String::new(), |c| format!(", last seen in {}{}", describe_call(c), differs(c)))
+    };
     let (active, last_started, last_completed) = match &reply.answer {
-        Answer::Dead(reason) => return format!("is dead ({reason})"),
-        Answer::Unresponsive => return "is unresponsive: it did not answer the stall inspector".into(),
+        Answer::Dead(reason) => return format!("is dead ({reason}){}", last_seen()),
+        Answer::Unresponsive => {
+            return format!("is unresponsive: it did not answer the stall inspector{}", last_seen());
+        }
         Answer::Position { active, last_started, last_completed } => (active, *last_started, *last_completed),
     };
     let waits = |c: &ActiveColl| match c.waiting_on {
@@ -184,8 +208,14 @@ fn story_of(mine: &StalledOp, reply: &Reply) -> String {
         (None, _) => format!("has started no collective on comm {}", mine.comm),
         (_, Some(done)) if done >= mine.seq => format!("has completed #{} already", mine.seq),
         (Some(started), done) if done != Some(started) => {
+            // It failed (or gave up) before this rank asked: what it had called is what it
+            // said at an earlier inquiry.
+            let (called, why) = match reply.seen.iter().rfind(|c| c.seq == started) {
+                Some(c) => (describe_call(c), differs(c)),
+                None => (format!("#{started}"), String::new()),
+            };
             format!(
-                "last started #{started}, which did not complete, and is in no collective now (it failed or was cancelled)"
+                "last started {called}, which did not complete, and is in no collective now (it failed or was cancelled){why}"
             )
         }
         (_, Some(done)) => format!("last completed #{done} and has started nothing since"),
@@ -219,12 +249,12 @@ mod tests {
             last_completed: Some(completed),
         };
         let replies = vec![
-            Reply { rank: 1, answer: position(vec![active(1234, 1, None, Some(0))], 1234, 1233) },
-            Reply { rank: 2, answer: position(vec![active(1234, 2, Some(0), None)], 1234, 1233) },
-            Reply { rank: 3, answer: position(vec![], 1233, 1233) },
-            Reply { rank: 4, answer: position(vec![active(1234, 1, None, None)], 1234, 1233) },
-            Reply { rank: 5, answer: Answer::Unresponsive },
-            Reply { rank: 6, answer: Answer::Dead("connection lost".into()) },
+            reply(1, position(vec![active(1234, 1, None, Some(0))], 1234, 1233)),
+            reply(2, position(vec![active(1234, 2, Some(0), None)], 1234, 1233)),
+            reply(3, position(vec![], 1233, 1233)),
+            reply(4, position(vec![active(1234, 1, None, None)], 1234, 1233)),
+            reply(5, Answer::Unresponsive),
+            reply(6, Answer::Dead("connection lost".into())),
         ];
         let report = stall_report(&mine, &replies);
         assert_eq!(
@@ -235,6 +265,51 @@ mod tests {
              rank 2 is in broadcast #1234 (root 0) — the ranks called different collectives; \
              rank 5 is unresponsive: it did not answer the stall inspector; \
              rank 6 is dead (connection lost)"
+        );
+    }
+
+    fn reply(rank: usize, answer: Answer) -> Reply {
+        Reply { rank, answer, seen: Vec::new() }
+    }
+
+    /// Every rank of the stall timed out at once, and this one asked last: ranks 1 and 2 had
+    /// already failed (they are in no collective now), rank 3 is silent and rank 4 dead. What
+    /// each was seen calling at the warning's inquiry is still named, with how it differs.
+    #[test]
+    fn the_report_names_what_members_that_failed_first_were_last_seen_calling() {
+        let mine = StalledOp {
+            comm: 0,
+            seq: 1,
+            kind: 1,
+            dtype: DType::F32,
+            count: 1024,
+            root: None,
+            waited: Duration::from_secs(6),
+            waiting_for: 5,
+        };
+        let failed = Answer::Position { active: vec![], last_started: Some(1), last_completed: Some(0) };
+        let seen = |kind, root, count| ActiveColl { count, ..active(1, kind, root, None) };
+        let replies = vec![
+            Reply { rank: 1, answer: failed.clone(), seen: vec![seen(1, None, 1024)] },
+            Reply { rank: 2, answer: failed.clone(), seen: vec![seen(2, Some(0), 1024)] },
+            Reply { rank: 3, answer: Answer::Unresponsive, seen: vec![seen(1, None, 512)] },
+            Reply { rank: 4, answer: Answer::Dead("connection lost".into()), seen: vec![seen(1, None, 1024)] },
+            reply(5, Answer::Position { active: vec![], last_started: Some(0), last_completed: Some(0) }),
+            reply(6, failed),
+        ];
+        let report = stall_report(&mine, &replies);
+        assert_eq!(
+            report,
+            "all_reduce #1 on comm 0 (4 KiB f32) has waited 6.0 s for rank 5: \
+             rank 5 last completed #0 and has started nothing since; \
+             rank 1 last started all_reduce #1 of 1024 f32, which did not complete, and is in no collective now \
+             (it failed or was cancelled); \
+             rank 2 last started broadcast #1 of 1024 f32 (root 0), which did not complete, and is in no \
+             collective now (it failed or was cancelled) — the ranks called different collectives; \
+             rank 3 is unresponsive: it did not answer the stall inspector, last seen in all_reduce #1 \
+             of 512 f32 — it passed 512 elements, this rank 1024; \
+             rank 4 is dead (connection lost), last seen in all_reduce #1 of 1024 f32; \
+             rank 6 last started #1, which did not complete, and is in no collective now (it failed or was cancelled)"
         );
     }
 

@@ -151,6 +151,93 @@ async fn different_collectives_and_a_silent_rank_are_named_by_every_waiting_rank
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[cfg(feature = "hostile-member")]
+#[test]
+fn a_report_made_after_the_peers_failed_names_what_each_was_last_seen_calling() {
+    common::alone(
+        module_path!(),
+        "a_report_made_after_the_peers_failed_names_what_each_was_last_seen_calling",
+        a_report_made_after_the_peers_failed_names_what_each_was_last_seen_calling_body,
+    );
+}
+
+/// When every rank of a stall times out at once, a rank that asks where the others are after
+/// they failed hears that they are in no collective. Here the order is made certain: ranks 0
+/// and 1 call `all_reduce`, rank 2 `broadcast`, rank 3 nothing; once rank 0's warning has
+/// asked where everyone is, rank 3 tells ranks 1 and 2 (not rank 0) that #1 was aborted, as a
+/// peer that timed out first would, so they fail and rank 0 waits on. Its own report, at its
+/// timeout, still names what ranks 1 and 2 had called, and how rank 2's call differs (before,
+/// it said "ranks 1 and 2 last started #1, which did not complete").
+#[cfg(feature = "hostile-member")]
+async fn a_report_made_after_the_peers_failed_names_what_each_was_last_seen_calling_body() {
+    let _ = tracing_subscriber::fmt().with_writer(|| Capture).with_ansi(false).try_init();
+    let trace = TraceConfig { stall_warn: Duration::from_millis(400), ..Default::default() };
+    // A ring allreduce takes nothing from rank 2's broadcast parent: the calls stall (see above).
+    let cfg = NexarConfig::builder()
+        .op_timeout(Duration::from_secs(8))
+        .allreduce_algorithm(nexar::Algorithm::Ring)
+        .trace(trace)
+        .build()
+        .unwrap();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let ranks = NexarClient::bootstrap_local_with(4, cfg).await.unwrap();
+        common::on_each(&ranks, |c| async move { c.all_reduce(&mut [1.0f32; 1024], Sum).await.unwrap() }).await;
+        let waiting: Vec<_> = ranks[..3]
+            .iter()
+            .cloned()
+            .map(|c| {
+                tokio::spawn(async move {
+                    let mut buf = [1.0f32; 1024];
+                    match c.rank() {
+                        2 => c.broadcast(&mut buf, 0).await,
+                        _ => c.all_reduce(&mut buf, Sum).await,
+                    }
+                })
+            })
+            .collect();
+        // Rank 0's warning: it has asked every member where it is, and kept the answers.
+        let start = Instant::now();
+        while !captured().lines().any(|l| l.contains("stalled:") && l.contains("rank=0")) {
+            assert!(start.elapsed() < Duration::from_secs(60), "rank 0 logged no stall warning:\n{}", captured());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let member = nexar::hostile::HostileMember::new(&ranks[3]);
+        let abort = nexar::proto::message::PeerMsg::Abort {
+            comm: ranks[0].comm_id(),
+            seq: 1,
+            reason: "rank 3 gave up on #1 (for the test)".into(),
+        };
+        for peer in [1, 2] {
+            member.link(peer).unwrap().send(&abort, None).await.unwrap();
+        }
+        let mut errors: Vec<String> = Vec::new();
+        for w in waiting {
+            errors.push(w.await.unwrap().expect_err("a diverged collective must fail").to_string());
+        }
+        for (rank, e) in errors.iter().enumerate().skip(1) {
+            assert!(e.contains("rank 3 gave up on #1"), "rank {rank} failed otherwise: {e}");
+        }
+        // Rank 0 timed out on its own, after ranks 1 and 2 had failed.
+        let report = &errors[0];
+        assert!(report.contains("within 8s:"), "{report}");
+        assert!(report.contains("rank 3 last completed #0 and has started nothing since"), "{report}");
+        assert!(
+            report.contains("rank 1 last started all_reduce #1 of 1024 f32, which did not complete"),
+            "rank 1's call is not named: {report}"
+        );
+        assert!(
+            report.contains("rank 2 last started broadcast #1 of 1024 f32 (root 0), which did not complete"),
+            "rank 2's call is not named: {report}"
+        );
+        assert!(report.contains("(it failed or was cancelled) — the ranks called different collectives"), "{report}");
+        for c in ranks {
+            c.shutdown().await;
+        }
+    })
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dump_trace_writes_the_last_operations_of_every_kind() {
     let dir = trace_dir("manual");

@@ -1,7 +1,8 @@
 //! The stall inspector and the flight recorder's side of the communicator: a wait that lasts
 //! `NEXAR_STALL_WARN_MS` asks the other members where they are and reports who is missing and
 //! why; the same report ends the wait when it times out. Members answer the question from
-//! their recorder.
+//! their recorder, and the inquirer keeps what each was seen calling (`trace::LastSeen`), so a
+//! report made after a member failed, or once it stopped answering, still names its call.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -82,7 +83,16 @@ impl NexarClient {
         for &peer in self.comm.members.iter().filter(|&&m| m != self.rank()) {
             let inner = self.inner.clone();
             let comm = self.comm.id;
-            asked.spawn(async move { Reply { rank: peer, answer: inner.ask_position(peer, comm, within).await } });
+            asked.spawn(async move {
+                let answer = inner.ask_position(peer, comm, within).await;
+                // Kept for a later report, when the peer may no longer say (its collective
+                // failed, or it went silent or died).
+                if let Answer::Position { active, .. } = &answer {
+                    inner.trace.seen.note(peer as u32, comm, active);
+                }
+                let seen = inner.trace.seen.calls(peer as u32, comm);
+                Reply { rank: peer, answer, seen }
+            });
         }
         let mut replies = Vec::with_capacity(self.comm.members.len());
         while let Some(reply) = asked.join_next().await {
