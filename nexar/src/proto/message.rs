@@ -368,6 +368,8 @@ pub enum PeerMsg {
         nonce: u64,
         /// The world rank to probe.
         target: u32,
+        /// How long the receiver may wait for `target`'s answer, in milliseconds.
+        within_ms: u64,
     },
     /// The answer to `ProbeFor`: whether the receiver heard from `target` lately or had an
     /// answer to its own ping.
@@ -554,7 +556,7 @@ mod tests {
                 PeerMsg::Suspect { rank: 3, reason: "no heartbeat for 5s".into() },
                 PeerMsg::Setup { tag: 7, body: vec![1, 2, 3] },
                 PeerMsg::Heartbeat,
-                PeerMsg::ProbeFor { nonce: 11, target: 4 },
+                PeerMsg::ProbeFor { nonce: 11, target: 4, within_ms: 250 },
                 PeerMsg::ProbeResult { nonce: 11, target: 4, alive: true, heard_ms: 250 },
                 PeerMsg::Abort { comm: 1, seq: 2, reason: "count mismatch".into() },
                 PeerMsg::Coll { comm: 1, seq: 2, header: CollHeader { kind: 3, op: 1, dtype: 9, root: 0, count: 10, fingerprint: 7, segment: 4 }, part: 1, len: 5 },

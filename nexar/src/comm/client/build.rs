@@ -357,6 +357,7 @@ impl NexarClient {
             pings: Mutex::new(HashMap::new()),
             probes: Mutex::new(HashMap::new()),
             probing: Default::default(),
+            refuted_at: Default::default(),
             goodbyes: Notify::new(),
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,

@@ -92,7 +92,12 @@ pub(in crate::comm) async fn serve_control(inner: Weak<Inner>, mut control: mpsc
                     let _ = tx.send(crate::trace::Answer::Position { active, last_started, last_completed });
                 }
             }
-            PeerMsg::ProbeFor { nonce, target } => inner.answer_probe(incoming.from as usize, nonce, target as usize),
+            PeerMsg::ProbeFor { nonce, target, within_ms } => inner.answer_probe(
+                incoming.from as usize,
+                nonce,
+                target as usize,
+                std::time::Duration::from_millis(within_ms),
+            ),
             PeerMsg::ProbeResult { nonce, target: _, alive, heard_ms } => {
                 inner.probe_answered(incoming.from as usize, nonce, alive, heard_ms)
             }

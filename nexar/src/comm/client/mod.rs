@@ -106,6 +106,8 @@ pub(crate) struct Inner {
         Mutex<HashMap<u64, (u32, tokio::sync::mpsc::UnboundedSender<crate::comm::membership::probe::ProbeAnswer>)>>,
     /// Indirect probes this rank is running for others (bounded: see `probe::MAX_PROBING`).
     pub probing: std::sync::atomic::AtomicUsize,
+    /// When this rank last refuted a suspicion (the liveness clock, ms; 0: never).
+    pub refuted_at: std::sync::atomic::AtomicU64,
     /// Wakes whoever waits for peers' goodbyes.
     pub goodbyes: Notify,
     pub tasks: Mutex<Vec<JoinHandle<()>>>,

@@ -14,6 +14,8 @@ use crate::proto::message::PeerMsg;
 
 /// The longest gap between two liveness checks.
 const MAX_CHECK_PERIOD: Duration = Duration::from_millis(250);
+/// A check this late is logged as a warning (later ones at debug level).
+const STARVED_LOUDLY: Duration = Duration::from_secs(1);
 
 impl Inner {
     /// World ranks with a direct link here that are neither dead nor gone, sorted, with this
@@ -44,6 +46,14 @@ impl Inner {
     /// Another rank suspects this one: it refutes by beating to every peer at once, whose
     /// probes then find it alive.
     pub(crate) fn refute(&self, from: usize) {
+        // At most one round of refutation per interval, however many suspicions arrive.
+        let now = self.health.liveness.now_ms();
+        let gap = self.cfg.heartbeat_interval.as_millis() as u64;
+        let last = self.refuted_at.load(std::sync::atomic::Ordering::Relaxed);
+        if last != 0 && now < last + gap {
+            return;
+        }
+        self.refuted_at.store(now.max(1), std::sync::atomic::Ordering::Relaxed);
         tracing::warn!(rank = self.rank, from, "a peer suspects this rank; refuting with heartbeats to all");
         let all: Vec<usize> = self.links.iter().map(|l| l.peer() as usize).collect();
         self.beat_to(&all);
@@ -95,11 +105,19 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
         let check = detector.check(liveness.now_ms(), &mine, |p| liveness.last_heard(p));
         if let Some(late) = check.starved {
             // Its own silence was the longest: the peers may be judging it now.
-            tracing::warn!(
-                rank = inner.rank,
-                ?late,
-                "this rank was starved; that time is not counted against its peers"
-            );
+            if late >= STARVED_LOUDLY {
+                tracing::warn!(
+                    rank = inner.rank,
+                    ?late,
+                    "this rank was starved; that time is not counted against its peers"
+                );
+            } else {
+                tracing::debug!(
+                    rank = inner.rank,
+                    ?late,
+                    "this rank's check ran late; the time is not counted against its peers"
+                );
+            }
             inner.beat_to(&theirs);
         }
         for suspicion in check.suspicions {

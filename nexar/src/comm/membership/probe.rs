@@ -1,9 +1,12 @@
 //! Probing a suspect before it is declared dead, as SWIM does: a ping of this rank's own,
 //! then probes through up to [`INDIRECT`] other ranks, each of which answers whether it heard
 //! from the suspect lately or had an answer to its own ping. The suspect is declared dead only
-//! when none of them could reach it, and the verdict says so in one sentence, in this rank's
-//! own words: what raised the suspicion, whom it asked, and when it last heard from the suspect.
-//! Another rank's report is a reason to probe, never evidence.
+//! on evidence: no answer to the ping, and ranks that did answer this rank say they could not
+//! reach it either. A round in which none of the ranks asked replied says more about the host
+//! or the network (or this rank) than about the suspect: it is repeated with twice the window,
+//! until the rounds have taken the heartbeat timeout. The verdict says what was found in one
+//! sentence, in this rank's own words: what raised the suspicion, whom it asked, and when it
+//! last heard from the suspect. Another rank's report is a reason to probe, never evidence.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -18,11 +21,14 @@ use crate::trace::list_ranks;
 
 /// Ranks asked to probe a suspect for this rank.
 pub(crate) const INDIRECT: usize = 3;
+/// How often a suspect's refutation is looked for.
+const REFUTATION_POLL: Duration = Duration::from_millis(50);
 /// Indirect probes a rank runs for others at once; more are not answered (a member cannot make
 /// a rank spend without bound on its behalf).
 const MAX_PROBING: usize = 64;
-/// The longest a probe of a suspect takes: half for the direct ping, half for the probes
-/// through others (at most half the heartbeat timeout).
+/// How long the first round of probes of a suspect takes at most: half for the direct ping,
+/// half for the probes through others (at most half the heartbeat timeout). The ranks asked
+/// ping for a quarter of it, so that their answers arrive within the round.
 const PROBE_WINDOW: Duration = Duration::from_secs(1);
 
 /// One answer to a `ProbeFor` this rank sent.
@@ -65,7 +71,8 @@ impl Cause {
 enum Probed {
     /// It is alive: how this rank knows.
     Alive(String),
-    /// This rank itself was starved while probing (its probe ran this long): no verdict.
+    /// No evidence either way: this rank was starved while probing (its round ran this long),
+    /// or ranks were asked and none of them replied.
     Inconclusive(Duration),
     /// Nobody could reach it: the ranks asked, and those of them that did not answer.
     Unreachable { asked: Vec<usize>, silent: Vec<usize> },
@@ -90,9 +97,35 @@ impl Inner {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(inner) = weak.upgrade() else { return };
-            let probed = inner.probe(rank).await;
+            let began = Instant::now();
+            let mut window = inner.probe_window();
+            let probed = loop {
+                let probed = inner.probe(rank, window).await;
+                let spent = began.elapsed();
+                match probed {
+                    Probed::Inconclusive(took) if spent + 2 * window <= inner.cfg.heartbeat_timeout => {
+                        tracing::info!(
+                            rank,
+                            ?took,
+                            ?window,
+                            "no evidence on a suspect; probing again with a longer window"
+                        );
+                        window *= 2;
+                    }
+                    // Out of rounds: whatever the last one found stands, and a round with no
+                    // reply at all counts as one in which nobody could reach it.
+                    Probed::Inconclusive(_) => break inner.unreachable_without_replies(rank),
+                    Probed::Unreachable { asked, silent } => {
+                        break inner.await_refutation(rank).await.unwrap_or(Probed::Unreachable { asked, silent });
+                    }
+                    other => break other,
+                }
+                if inner.health.is_dead(rank) || inner.health.is_shutting_down() {
+                    break Probed::Alive("declared dead meanwhile".into());
+                }
+            };
             inner.health.end_check(rank);
-            let window = inner.probe_window();
+            let window = began.elapsed();
             match probed {
                 Probed::Alive(how) => {
                     tracing::info!(rank, cause = %cause.describe(), %how, "a suspect answered: still alive");
@@ -112,7 +145,7 @@ impl Inner {
                         }
                     };
                     let reason = format!(
-                        "{}, and it answered neither a ping{through} within {:.1} s; this rank last heard from it {:.1} s ago",
+                        "{}, and it answered neither a ping{through} in {:.1} s; this rank last heard from it {:.1} s ago",
                         cause.describe(),
                         window.as_secs_f64(),
                         last.as_secs_f64()
@@ -123,9 +156,37 @@ impl Inner {
         });
     }
 
-    /// A ping of its own, then probes through others.
-    async fn probe(&self, rank: usize) -> Probed {
-        let window = self.probe_window();
+    /// The probes found no way to reach `rank`: it is told (it refutes a suspicion it hears of
+    /// with heartbeats to everyone), and has until this rank has not heard from it for the
+    /// heartbeat timeout to show a sign of life (Lifeguard's suspicion period: a starved rank
+    /// gets the whole timeout, a dead one is declared within it). `Some(Alive)` if it did.
+    async fn await_refutation(&self, rank: usize) -> Option<Probed> {
+        let heard = self.health.liveness.last_heard(rank);
+        if let Some(link) = self.links.get(rank) {
+            let _ = link.try_send(&PeerMsg::Suspect { rank: rank as u32, reason: "no answer to probes".into() });
+        }
+        let left = self.cfg.heartbeat_timeout.saturating_sub(self.health.liveness.silent_for(rank));
+        let until = Instant::now() + left;
+        while Instant::now() < until {
+            if self.health.liveness.last_heard(rank) > heard {
+                return Some(Probed::Alive("it refuted the suspicion".into()));
+            }
+            if self.health.is_dead(rank) || self.health.is_shutting_down() {
+                return None;
+            }
+            tokio::time::sleep(REFUTATION_POLL.min(until.saturating_duration_since(Instant::now()))).await;
+        }
+        None
+    }
+
+    /// After the last round found no evidence: the ranks that would be asked, none replying.
+    fn unreachable_without_replies(&self, rank: usize) -> Probed {
+        let asked = self.probe_helpers(rank);
+        Probed::Unreachable { silent: asked.clone(), asked }
+    }
+
+    /// One round: a ping of its own, then probes through others, within `window`.
+    async fn probe(&self, rank: usize, window: Duration) -> Probed {
         let started = Instant::now();
         let heard_before = self.health.liveness.last_heard(rank);
         if self.peer_answers(rank, window / 2).await {
@@ -139,7 +200,11 @@ impl Inner {
             crate::sync::lock(&self.probes).insert(nonce, (helper as u32, tx.clone()));
             nonces.push(nonce);
             if let Some(link) = self.links.get(helper) {
-                let _ = link.try_send(&PeerMsg::ProbeFor { nonce, target: rank as u32 });
+                let _ = link.try_send(&PeerMsg::ProbeFor {
+                    nonce,
+                    target: rank as u32,
+                    within_ms: (window / 4).as_millis() as u64,
+                });
             }
         }
         drop(tx);
@@ -170,7 +235,7 @@ impl Inner {
             return Probed::Alive("it was heard from while it was probed".into());
         }
         let took = started.elapsed();
-        if took > 2 * window {
+        if took > 2 * window || (!asked.is_empty() && answered.is_empty()) {
             return Probed::Inconclusive(took);
         }
         let silent = asked.iter().copied().filter(|h| !answered.contains(h)).collect();
@@ -190,8 +255,9 @@ impl Inner {
         helpers
     }
 
-    /// Rank `from` asks this rank to probe `target` for it (`ProbeFor`).
-    pub(crate) fn answer_probe(self: &Arc<Self>, from: usize, nonce: u64, target: usize) {
+    /// Rank `from` asks this rank to probe `target` for it (`ProbeFor`), with a ping of at most
+    /// `within` (never longer than a probe window).
+    pub(crate) fn answer_probe(self: &Arc<Self>, from: usize, nonce: u64, target: usize, within: Duration) {
         if self.probing.fetch_add(1, Ordering::AcqRel) >= MAX_PROBING {
             self.probing.fetch_sub(1, Ordering::AcqRel);
             tracing::debug!(from, target, "too many probes for others at once; not answered");
@@ -207,7 +273,7 @@ impl Inner {
                 false
             } else {
                 inner.health.liveness.silent_for(target) < fresh
-                    || inner.peer_answers(target, inner.probe_window() / 2).await
+                    || inner.peer_answers(target, within.min(PROBE_WINDOW)).await
             };
             let heard_ms =
                 if target == inner.rank { 0 } else { inner.health.liveness.silent_for(target).as_millis() as u64 };
