@@ -71,8 +71,9 @@ pub fn train(steps: usize, per: usize) -> Vec<(Values, Values)> {
                 let handle = handle.clone();
                 s.spawn(move || {
                     let device = device();
-                    // Each rank draws its own initial weights; the broadcast gives rank 1 rank 0's.
+                    // Each rank starts from weights of its own; the broadcast gives rank 1 rank 0's.
                     let model = Mlp::new(&device, 8);
+                    let model = with_values(model.clone(), &initial_values(&model, comm.rank()));
                     let (mut ddp, mut model) = nexar_burn::Ddp::new_blocking(model, &comm, &handle).unwrap();
                     let initial = nexar_burn::values(&model).unwrap();
                     let mut optim = SgdConfig::new().init();
@@ -81,12 +82,28 @@ pub fn train(steps: usize, per: usize) -> Vec<(Values, Values)> {
                         let grads = ddp.sync_blocking(&model, grads).unwrap();
                         model = optim.step(LR, model, grads);
                     }
-                    (initial, nexar_burn::values(&model).unwrap())
+                    let end = nexar_burn::values(&model).unwrap();
+                    // Leave cleanly: a rank that dropped its client at once could close its
+                    // connection before the other received the step's last message.
+                    drop(ddp);
+                    handle.block_on(comm.shutdown());
+                    (initial, end)
                 })
             })
             .collect();
         threads.into_iter().map(|t| t.join().unwrap()).collect()
     })
+}
+
+/// Initial values for `model`'s float parameters that differ from rank to rank and are the
+/// same from run to run (burn's generator is shared by the tests running at once), so that
+/// the measured differences repeat.
+pub fn initial_values<M: Module>(model: &M, rank: usize) -> Values {
+    let sizes = nexar_burn::values(model).unwrap().into_iter().map(|v| v.len());
+    sizes
+        .enumerate()
+        .map(|(k, n)| (0..n).map(|j| (((j * 37 + k * 11 + rank * 5) % 17) as f64 / 17.0 - 0.5) * 0.8).collect())
+        .collect()
 }
 
 /// `model` with `values` (in visit order) as its float parameters.
