@@ -2,8 +2,8 @@
 //! clusters, and the direct peer mesh; and finding out how the job was launched ([`launcher`],
 //! with SLURM host lists parsed by [`hostlist`]).
 
-mod growth;
 pub(crate) mod detector;
+mod growth;
 pub(crate) mod health;
 pub mod hostlist;
 mod join;

@@ -58,3 +58,35 @@ async fn a_dead_rank_fails_pending_collectives_and_receives_promptly() {
     .await
     .expect("test timed out");
 }
+
+/// Liveness traffic does not grow with the cluster: each rank sends heartbeats to the three
+/// ranks that watch it (its predecessors around the ring), not to every peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rank_beats_to_the_three_that_watch_it_not_to_every_peer() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let interval = Duration::from_millis(200);
+        let cfg = NexarConfig::builder()
+            .heartbeat_interval(interval)
+            .heartbeat_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let ranks = NexarClient::bootstrap_local_each(vec![cfg; 8]).await.unwrap();
+        let before: Vec<u64> = ranks.iter().map(|r| r.liveness_sent()).collect();
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let beats = (start.elapsed().as_secs_f64() / interval.as_secs_f64()).ceil() as u64 + 1;
+        for (r, before) in ranks.iter().zip(before) {
+            let sent = r.liveness_sent() - before;
+            // Three watchers get a beat per interval; a full mesh would send seven.
+            assert!(sent <= 3 * beats + 6, "rank {} sent {sent} liveness messages in {beats} intervals", r.rank());
+            assert!(sent > 0, "rank {} sent no heartbeat at all", r.rank());
+        }
+        assert!(ranks.iter().all(|r| r.failed_ranks().is_empty()));
+        let leaving: Vec<_> = ranks.into_iter().map(|r| tokio::spawn(async move { r.shutdown().await })).collect();
+        for l in leaving {
+            l.await.unwrap();
+        }
+    })
+    .await
+    .expect("test timed out");
+}

@@ -358,6 +358,7 @@ impl NexarClient {
             probes: Mutex::new(HashMap::new()),
             probing: Default::default(),
             refuted_at: Default::default(),
+            liveness_sent: Default::default(),
             goodbyes: Notify::new(),
             tasks: Mutex::new(vec![mesh.acceptor]),
             seed,

@@ -108,6 +108,8 @@ pub(crate) struct Inner {
     pub probing: std::sync::atomic::AtomicUsize,
     /// When this rank last refuted a suspicion (the liveness clock, ms; 0: never).
     pub refuted_at: std::sync::atomic::AtomicU64,
+    /// Liveness messages this rank has sent (see `NexarClient::liveness_sent`).
+    pub liveness_sent: std::sync::atomic::AtomicU64,
     /// Wakes whoever waits for peers' goodbyes.
     pub goodbyes: Notify,
     pub tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -258,6 +260,21 @@ impl NexarClient {
             lost_packets: path.lost_packets,
             congestion_window: path.cwnd,
         })
+    }
+
+    /// Liveness messages this rank has sent since it started: heartbeats (to the ranks that
+    /// watch it: three, whatever the size of the cluster), pings and probes of suspects, answers
+    /// to others' probes, refutations. QUIC's own keep-alives are not counted.
+    ///
+    /// ```no_run
+    /// # fn run(comm: nexar::NexarClient) {
+    /// let before = comm.liveness_sent();
+    /// std::thread::sleep(std::time::Duration::from_secs(10));
+    /// println!("{:.1} liveness messages per second", (comm.liveness_sent() - before) as f64 / 10.0);
+    /// # }
+    /// ```
+    pub fn liveness_sent(&self) -> u64 {
+        self.inner.liveness_sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The world ranks this rank holds a direct connection to (all others on a full mesh;

@@ -150,8 +150,9 @@ impl Inner {
             self.excluded_by(peer, &format!("{why} ({votes} of this rank's {peers} peers cut it)"));
         } else {
             tracing::warn!(rank = self.rank, peer, %why, votes, peers, "a peer cut this rank; not a majority, so this rank stays");
+            // Its reason is in the log above; the verdict is this rank's own, in one sentence.
             let reason = format!(
-                "it declared this rank dead and cut their link ({why}); {votes} of this rank's {peers} peers have, \
+                "it declared this rank dead and cut their link; {votes} of this rank's {peers} peers have, \
                  not a majority, so this rank stays and counts rank {peer} as gone"
             );
             self.peer_failed(peer, reason, false, true);

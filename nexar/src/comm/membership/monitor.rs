@@ -39,6 +39,7 @@ impl Inner {
         for &p in peers {
             if let Some(link) = self.links.get(p) {
                 let _ = link.try_send(&PeerMsg::Heartbeat);
+                self.count_liveness();
             }
         }
     }
@@ -118,7 +119,9 @@ pub(crate) async fn monitor(inner: Weak<Inner>, interval: Duration, timeout: Dur
                     "this rank's check ran late; the time is not counted against its peers"
                 );
             }
-            inner.beat_to(&theirs);
+            if late >= interval {
+                inner.beat_to(&theirs);
+            }
         }
         for suspicion in check.suspicions {
             let peer = suspicion.peer;

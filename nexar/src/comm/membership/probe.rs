@@ -21,6 +21,8 @@ use crate::trace::list_ranks;
 
 /// Ranks asked to probe a suspect for this rank.
 pub(crate) const INDIRECT: usize = 3;
+/// Rounds a starved rank probes a suspect before it gives up without a verdict.
+const MAX_STARVED_ROUNDS: u32 = 8;
 /// How often a suspect's refutation is looked for.
 const REFUTATION_POLL: Duration = Duration::from_millis(50);
 /// Indirect probes a rank runs for others at once; more are not answered (a member cannot make
@@ -99,10 +101,27 @@ impl Inner {
             let Some(inner) = weak.upgrade() else { return };
             let began = Instant::now();
             let mut window = inner.probe_window();
+            let mut starved = 0;
             let probed = loop {
                 let probed = inner.probe(rank, window).await;
                 let spent = began.elapsed();
                 match probed {
+                    // This rank was starved during the round: its silence is no evidence, and
+                    // it judges nobody until it runs on time again (collectives still end at
+                    // their own timeout).
+                    Probed::Inconclusive(took) if took > 2 * window => {
+                        starved += 1;
+                        if starved >= MAX_STARVED_ROUNDS {
+                            // No verdict; the detector suspects it again if it stays silent.
+                            break Probed::Inconclusive(took);
+                        }
+                        tracing::info!(
+                            rank,
+                            ?took,
+                            ?window,
+                            "this rank was starved while probing a suspect; probing again"
+                        );
+                    }
                     Probed::Inconclusive(took) if spent + 2 * window <= inner.cfg.heartbeat_timeout => {
                         tracing::info!(
                             rank,
@@ -158,15 +177,17 @@ impl Inner {
 
     /// The probes found no way to reach `rank`: it is told (it refutes a suspicion it hears of
     /// with heartbeats to everyone), and has until this rank has not heard from it for the
-    /// heartbeat timeout to show a sign of life (Lifeguard's suspicion period: a starved rank
-    /// gets the whole timeout, a dead one is declared within it). `Some(Alive)` if it did.
+    /// heartbeat timeout, and at least half a probe window, to show a sign of life (Lifeguard's
+    /// suspicion period: a starved rank gets the whole timeout, a dead one is declared within
+    /// it). `Some(Alive)` if it did.
     async fn await_refutation(&self, rank: usize) -> Option<Probed> {
         let heard = self.health.liveness.last_heard(rank);
         if let Some(link) = self.links.get(rank) {
             let _ = link.try_send(&PeerMsg::Suspect { rank: rank as u32, reason: "no answer to probes".into() });
+            self.count_liveness();
         }
         let left = self.cfg.heartbeat_timeout.saturating_sub(self.health.liveness.silent_for(rank));
-        let until = Instant::now() + left;
+        let until = Instant::now() + left.max(self.probe_window() / 2);
         while Instant::now() < until {
             if self.health.liveness.last_heard(rank) > heard {
                 return Some(Probed::Alive("it refuted the suspicion".into()));
@@ -200,6 +221,7 @@ impl Inner {
             crate::sync::lock(&self.probes).insert(nonce, (helper as u32, tx.clone()));
             nonces.push(nonce);
             if let Some(link) = self.links.get(helper) {
+                self.count_liveness();
                 let _ = link.try_send(&PeerMsg::ProbeFor {
                     nonce,
                     target: rank as u32,
@@ -235,7 +257,10 @@ impl Inner {
             return Probed::Alive("it was heard from while it was probed".into());
         }
         let took = started.elapsed();
-        if took > 2 * window || (!asked.is_empty() && answered.is_empty()) {
+        // Evidence is most of the ranks asked saying they could not reach it either (one
+        // rank's failed ping on a busy host is not).
+        let most_answered = answered.len() * 2 > asked.len();
+        if took > 2 * window || (!asked.is_empty() && !most_answered) {
             return Probed::Inconclusive(took);
         }
         let silent = asked.iter().copied().filter(|h| !answered.contains(h)).collect();
@@ -279,6 +304,7 @@ impl Inner {
                 if target == inner.rank { 0 } else { inner.health.liveness.silent_for(target).as_millis() as u64 };
             if let Some(route) = inner.route(from) {
                 let answer = PeerMsg::ProbeResult { nonce, target: target as u32, alive, heard_ms };
+                inner.count_liveness();
                 if let Err(e) = route.send(&answer, None).await {
                     tracing::debug!(from, error = %e, "could not answer a probe");
                 }
@@ -297,12 +323,18 @@ impl Inner {
         }
     }
 
+    /// Counts one liveness message sent (heartbeat, ping, probe or its answer, suspicion).
+    pub(crate) fn count_liveness(&self) {
+        self.liveness_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Whether world rank `peer` answers a ping within `within`.
     pub(crate) async fn peer_answers(&self, peer: usize, within: Duration) -> bool {
         let Some(route) = self.route(peer) else { return false };
         let nonce: u64 = rand::random();
         let (tx, rx) = tokio::sync::oneshot::channel();
         crate::sync::lock(&self.pings).insert(nonce, tx);
+        self.count_liveness();
         let answered = tokio::time::timeout(within, async {
             route.send(&PeerMsg::Ping { nonce }, None).await.is_ok() && rx.await.is_ok()
         })

@@ -1,0 +1,94 @@
+//! One rank of the scale benchmark (`bench/scale.py`): how long the cluster takes to form, the
+//! first allreduce (1 Mi f64, which also brings the links' back ends up), a steady 4 KiB
+//! allreduce (median and p99 of the slowest rank), this rank's proportional memory (PSS) and
+//! the liveness messages it sends per second while idle. Prints one JSON line.
+//!
+//! ```text
+//! cargo build --release -p nexar --features cli --bin nexar --example scale
+//! target/release/nexar launch -n 64 target/release/examples/scale
+//! ```
+
+use std::time::{Duration, Instant};
+
+use nexar::prelude::*;
+
+/// Kilobytes of proportional set size, from `/proc/self/smaps_rollup` (0 where unreadable).
+fn pss_kib() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The value of `var` as a number, or `default`.
+fn env_usize(var: &str, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+async fn run() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let comm = NexarClient::init().await?;
+    let formed = started.elapsed();
+    let (me, world) = (comm.rank(), comm.world_size());
+
+    let mut big = vec![1.0f64; 1 << 20];
+    let t = Instant::now();
+    comm.all_reduce(&mut big, Sum).await?;
+    let first = t.elapsed();
+    anyhow::ensure!(big.iter().all(|&x| x == world as f64), "rank {me}: the first allreduce is wrong");
+
+    let iterations = env_usize("SCALE_ITERATIONS", 200);
+    let mut small = vec![1.0f32; 1024];
+    for _ in 0..20 {
+        comm.all_reduce(&mut small, Sum).await?;
+    }
+    let mut times = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        comm.all_reduce(&mut small, Sum).await?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    // The slowest rank's time is the operation's: the maximum over ranks, per iteration.
+    comm.all_reduce(&mut times, Max).await?;
+    times.sort_by(f64::total_cmp);
+
+    let idle = Duration::from_secs(env_usize("SCALE_IDLE_S", 5) as u64);
+    let before = comm.liveness_sent();
+    tokio::time::sleep(idle).await;
+    let liveness = (comm.liveness_sent() - before) as f64 / idle.as_secs_f64();
+    let pss = pss_kib();
+    println!(
+        "{{\"rank\":{me},\"world\":{world},\"form_s\":{:.3},\"first_allreduce_s\":{:.4},\"steady_4k_median_us\":{:.1},\"steady_4k_p99_us\":{:.1},\"pss_kib\":{pss},\"liveness_per_s\":{liveness:.2},\"dead\":{}}}",
+        formed.as_secs_f64(),
+        first.as_secs_f64(),
+        percentile(&times, 0.5) * 1e6,
+        percentile(&times, 0.99) * 1e6,
+        comm.failed_ranks().len(),
+    );
+    comm.barrier().await?;
+    comm.shutdown().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NEXAR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("scale: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
