@@ -259,9 +259,31 @@ fn stat_runnable_on(stat: &str, cpu: usize) -> bool {
     fields.next() == Some("R") && fields.nth(35).and_then(|c| c.parse::<usize>().ok()) == Some(cpu)
 }
 
+/// The share of the last ten seconds in which some runnable task on this host waited for a
+/// CPU (`/proc/pressure/cpu`, "some avg10", 0–100), or `None` where the kernel does not keep
+/// pressure stall information. The failure detector reads it: a silence from a rank of this
+/// host while the host's CPUs were this contended is no evidence that the rank died.
+pub(crate) fn cpu_pressure() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
+    parse_cpu_pressure(&text)
+}
+
+fn parse_cpu_pressure(text: &str) -> Option<f64> {
+    let some = text.lines().find(|l| l.starts_with("some "))?;
+    some.split_whitespace().find_map(|f| f.strip_prefix("avg10=")).and_then(|v| v.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_pressure_is_read_from_the_some_line() {
+        let text = "some avg10=17.27 avg60=64.25 avg300=50.45 total=3751239494\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(parse_cpu_pressure(text), Some(17.27));
+        assert_eq!(parse_cpu_pressure("full avg10=1.00"), None);
+        assert_eq!(parse_cpu_pressure(""), None);
+    }
 
     #[test]
     fn a_busy_thread_is_found_runnable_on_its_cpu_and_nowhere_else() {

@@ -162,13 +162,15 @@ pub struct NexarConfig {
     pub broadcast_algorithm: Option<Algorithm>,
     /// Pins the barrier algorithm (`NEXAR_BARRIER_ALGORITHM`: `dissemination`, `two_phase`).
     pub barrier_algorithm: Option<Algorithm>,
-    /// How often a rank sends each peer a heartbeat on the control lane
+    /// How often a rank sends a heartbeat on the control lane to the three ranks that watch it
     /// (`NEXAR_HEARTBEAT_INTERVAL_MS`, default 1 s).
     pub heartbeat_interval: Duration,
-    /// A peer heard nothing from for this long is declared dead (`NEXAR_HEARTBEAT_TIMEOUT_MS`,
-    /// default 5 s): its connection is cut, every pending operation that involves it fails
-    /// naming it, and [`failure_watch`](crate::NexarClient::failure_watch) reports it. Must be
-    /// longer than the heartbeat interval.
+    /// The longest silence from a watched peer before it is suspected (sooner where its rhythm
+    /// says so, never before half of it) and probed; a peer that nobody can reach is declared
+    /// dead within it (`NEXAR_HEARTBEAT_TIMEOUT_MS`, default 5 s): its connection is cut, every
+    /// pending operation that involves it fails naming it, and
+    /// [`failure_watch`](crate::NexarClient::failure_watch) reports it. Must be longer than the
+    /// heartbeat interval.
     pub heartbeat_timeout: Duration,
     /// What a rank does when a peer fails (`NEXAR_RECOVERY_POLICY`: `manual`, `automatic`,
     /// `abort`; default `manual`).

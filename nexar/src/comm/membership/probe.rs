@@ -23,6 +23,8 @@ use crate::trace::list_ranks;
 pub(crate) const INDIRECT: usize = 3;
 /// Rounds a starved rank probes a suspect before it gives up without a verdict.
 const MAX_STARVED_ROUNDS: u32 = 8;
+/// CPU pressure ("some avg10", percent) above which this host's CPUs count as contended.
+const CONTENDED_PRESSURE: f64 = 50.0;
 /// How often a suspect's refutation is looked for.
 const REFUTATION_POLL: Duration = Duration::from_millis(50);
 /// Indirect probes a rank runs for others at once; more are not answered (a member cannot make
@@ -131,9 +133,9 @@ impl Inner {
                         );
                         window *= 2;
                     }
-                    // Out of rounds: whatever the last one found stands, and a round with no
-                    // reply at all counts as one in which nobody could reach it.
-                    Probed::Inconclusive(_) => break inner.unreachable_without_replies(rank),
+                    // Out of rounds with no reply at all: no evidence, so no verdict (the
+                    // detector suspects it again if it stays silent).
+                    Probed::Inconclusive(took) => break Probed::Inconclusive(took),
                     Probed::Unreachable { asked, silent } => {
                         break inner.await_refutation(rank).await.unwrap_or(Probed::Unreachable { asked, silent });
                     }
@@ -187,7 +189,14 @@ impl Inner {
             self.count_liveness();
         }
         let left = self.cfg.heartbeat_timeout.saturating_sub(self.health.liveness.silent_for(rank));
-        let until = Instant::now() + left.max(self.probe_window() / 2);
+        let mut until = Instant::now() + left.max(self.probe_window() / 2);
+        // A rank of this host, while its CPUs are contended: its silence may be the host's
+        // (64 ranks on two cores go seconds unscheduled), so it gets twice the timeout more.
+        let contended = crate::affinity::cpu_pressure().is_some_and(|p| p >= CONTENDED_PRESSURE);
+        if contended && self.shares_host_with(rank) {
+            tracing::info!(rank, "a suspect on this host while its CPUs are contended: a longer suspicion period");
+            until += 2 * self.cfg.heartbeat_timeout;
+        }
         while Instant::now() < until {
             if self.health.liveness.last_heard(rank) > heard {
                 return Some(Probed::Alive("it refuted the suspicion".into()));
@@ -200,10 +209,10 @@ impl Inner {
         None
     }
 
-    /// After the last round found no evidence: the ranks that would be asked, none replying.
-    fn unreachable_without_replies(&self, rank: usize) -> Probed {
-        let asked = self.probe_helpers(rank);
-        Probed::Unreachable { silent: asked.clone(), asked }
+    /// Whether world rank `rank` runs on this rank's host (as the cluster learnt at formation).
+    fn shares_host_with(&self, rank: usize) -> bool {
+        let keys = self.host_keys.get();
+        keys.and_then(|k| Some(k.get(rank)? == k.get(self.rank)?)).unwrap_or(false)
     }
 
     /// One round: a ping of its own, then probes through others, within `window`.
