@@ -259,6 +259,19 @@ fn stat_runnable_on(stat: &str, cpu: usize) -> bool {
     fields.next() == Some("R") && fields.nth(35).and_then(|c| c.parse::<usize>().ok()) == Some(cpu)
 }
 
+/// Whether process `pid` of this kernel still runs: `false` once it has exited (no entry in
+/// `/proc`, or a zombie waiting for its parent), `true` otherwise.
+pub(crate) fn process_running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold any byte.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|s| s != "Z" && s != "X"),
+        Err(_) => false,
+    }
+}
+
 /// The share of the last ten seconds in which some runnable task on this host waited for a
 /// CPU (`/proc/pressure/cpu`, "some avg10", 0–100), or `None` where the kernel does not keep
 /// pressure stall information. The failure detector reads it: a silence from a rank of this
@@ -283,6 +296,8 @@ mod tests {
         assert_eq!(parse_cpu_pressure(text), Some(17.27));
         assert_eq!(parse_cpu_pressure("full avg10=1.00"), None);
         assert_eq!(parse_cpu_pressure(""), None);
+        assert!(process_running(std::process::id()));
+        assert!(!process_running(u32::MAX - 7));
     }
 
     #[test]

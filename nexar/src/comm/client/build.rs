@@ -368,6 +368,7 @@ impl NexarClient {
             launch: std::sync::OnceLock::new(),
             initial_world: addrs.len(),
             host_keys: std::sync::OnceLock::new(),
+            host_pids: std::sync::OnceLock::new(),
             routes,
             relay_seals,
             growth: Default::default(),

@@ -29,6 +29,14 @@ impl NexarClient {
                 let layout = HostLayout::from_keys(&keys);
                 tracing::debug!(rank = self.rank(), hosts = layout.hosts(), "host layout");
                 let _ = self.inner.host_keys.set(keys);
+                let pids = rows
+                    .chunks_exact(mine.len())
+                    .map(|row| match u32::try_from(row[2]) {
+                        Ok(pid) if row[1] == mine[1] && pid != std::process::id() => pid,
+                        _ => 0,
+                    })
+                    .collect();
+                let _ = self.inner.host_pids.set(pids);
                 for (rank, row) in rows.chunks_exact(mine.len()).enumerate() {
                     if rank != self.rank()
                         && row[1] == mine[1]

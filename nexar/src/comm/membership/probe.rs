@@ -101,6 +101,12 @@ impl Inner {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let Some(inner) = weak.upgrade() else { return };
+            if let Some(pid) = inner.exited_on_this_host(rank) {
+                inner.health.end_check(rank);
+                let reason = format!("{}, and its process {pid} on this host has exited", cause.describe());
+                inner.peer_failed(rank, reason, true, true);
+                return;
+            }
             let began = Instant::now();
             let mut window = inner.probe_window();
             let mut starved = 0;
@@ -193,7 +199,7 @@ impl Inner {
         // A rank of this host, while its CPUs are contended: its silence may be the host's
         // (64 ranks on two cores go seconds unscheduled), so it gets twice the timeout more.
         let contended = crate::affinity::cpu_pressure().is_some_and(|p| p >= CONTENDED_PRESSURE);
-        if contended && self.shares_host_with(rank) {
+        if contended && self.shares_host_with(rank) && self.exited_on_this_host(rank).is_none() {
             tracing::info!(rank, "a suspect on this host while its CPUs are contended: a longer suspicion period");
             until += 2 * self.cfg.heartbeat_timeout;
         }
@@ -201,12 +207,19 @@ impl Inner {
             if self.health.liveness.last_heard(rank) > heard {
                 return Some(Probed::Alive("it refuted the suspicion".into()));
             }
-            if self.health.is_dead(rank) || self.health.is_shutting_down() {
+            if self.health.is_dead(rank) || self.health.is_shutting_down() || self.exited_on_this_host(rank).is_some() {
                 return None;
             }
             tokio::time::sleep(REFUTATION_POLL.min(until.saturating_duration_since(Instant::now()))).await;
         }
         None
+    }
+
+    /// The process id of world rank `rank` if it ran on this kernel and has exited: evidence of
+    /// its death that no probe needs.
+    fn exited_on_this_host(&self, rank: usize) -> Option<u32> {
+        let pid = *self.host_pids.get()?.get(rank)?;
+        (pid != 0 && !crate::affinity::process_running(pid)).then_some(pid)
     }
 
     /// Whether world rank `rank` runs on this rank's host (as the cluster learnt at formation).
