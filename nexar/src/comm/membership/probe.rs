@@ -140,8 +140,12 @@ impl Inner {
                         window *= 2;
                     }
                     // Out of rounds with no reply at all: no evidence, so no verdict (the
-                    // detector suspects it again if it stays silent).
-                    Probed::Inconclusive(took) => break Probed::Inconclusive(took),
+                    // detector suspects it again if it stays silent), unless this rank hears
+                    // from none of the ranks it asked either: then it is the one cut off, and
+                    // nobody is reachable from here.
+                    Probed::Inconclusive(took) => {
+                        break inner.cut_off_from_helpers(rank).unwrap_or(Probed::Inconclusive(took));
+                    }
                     Probed::Unreachable { asked, silent } => {
                         break inner.await_refutation(rank).await.unwrap_or(Probed::Unreachable { asked, silent });
                     }
@@ -155,9 +159,10 @@ impl Inner {
             let window = began.elapsed();
             match probed {
                 Probed::Alive(how) => {
+                    // Not stamped as heard: what others heard is their evidence, and a stamp
+                    // here would pass it on as this rank's own (the detector restarted the
+                    // suspect's silence when it raised the suspicion).
                     tracing::info!(rank, cause = %cause.describe(), %how, "a suspect answered: still alive");
-                    // A fresh window for its silence: it counts as heard from now.
-                    inner.health.liveness.heard(rank as u32);
                 }
                 Probed::Inconclusive(took) => {
                     tracing::warn!(rank, ?took, "this rank was starved while probing a suspect; no verdict");
@@ -220,6 +225,15 @@ impl Inner {
     fn exited_on_this_host(&self, rank: usize) -> Option<u32> {
         let pid = *self.host_pids.get()?.get(rank)?;
         (pid != 0 && !crate::affinity::process_running(pid)).then_some(pid)
+    }
+
+    /// `Unreachable` when this rank has heard from none of the ranks it would ask for over half
+    /// the heartbeat timeout (it is cut off from them as from the suspect); `None` otherwise.
+    fn cut_off_from_helpers(&self, rank: usize) -> Option<Probed> {
+        let asked = self.probe_helpers(rank);
+        let quiet = self.cfg.heartbeat_timeout / 2;
+        let cut_off = asked.iter().all(|&h| self.health.liveness.silent_for(h) > quiet);
+        cut_off.then(|| Probed::Unreachable { silent: asked.clone(), asked })
     }
 
     /// Whether world rank `rank` runs on this rank's host (as the cluster learnt at formation).
@@ -319,7 +333,9 @@ impl Inner {
             } else if target >= inner.links.capacity() || inner.health.is_dead(target) {
                 false
             } else {
-                inner.health.liveness.silent_for(target) < fresh
+                // Heard from lately, by this rank itself (a rank never heard from is not).
+                let heard = inner.health.liveness.last_heard(target) != 0;
+                heard && inner.health.liveness.silent_for(target) < fresh
                     || inner.peer_answers(target, within.min(PROBE_WINDOW)).await
             };
             let heard_ms =
