@@ -20,7 +20,7 @@ const STARVED_LOUDLY: Duration = Duration::from_secs(1);
 impl Inner {
     /// World ranks with a direct link here that are neither dead nor gone, sorted, with this
     /// rank among them: the ring the detector watches around.
-    fn ring(&self) -> Vec<usize> {
+    pub(in crate::comm) fn ring(&self) -> Vec<usize> {
         let mut live: Vec<usize> = self
             .links
             .iter()

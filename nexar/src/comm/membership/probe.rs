@@ -227,12 +227,15 @@ impl Inner {
         (pid != 0 && !crate::affinity::process_running(pid)).then_some(pid)
     }
 
-    /// `Unreachable` when this rank has heard from none of the ranks it would ask for over half
-    /// the heartbeat timeout (it is cut off from them as from the suspect); `None` otherwise.
+    /// `Unreachable` when this rank has heard for over half the heartbeat timeout from none of
+    /// the ranks it watches, which beat to it (it is cut off from them as from the suspect);
+    /// `None` otherwise. Other ranks send it no heartbeats, so their silence says nothing.
     fn cut_off_from_helpers(&self, rank: usize) -> Option<Probed> {
         let asked = self.probe_helpers(rank);
         let quiet = self.cfg.heartbeat_timeout / 2;
-        let cut_off = asked.iter().all(|&h| self.health.liveness.silent_for(h) > quiet);
+        let beating: Vec<usize> =
+            crate::cluster::detector::watched(self.rank, &self.ring()).into_iter().filter(|&p| p != rank).collect();
+        let cut_off = !beating.is_empty() && beating.iter().all(|&p| self.health.liveness.silent_for(p) > quiet);
         cut_off.then(|| Probed::Unreachable { silent: asked.clone(), asked })
     }
 
