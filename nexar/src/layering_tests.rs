@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("plan", 6),
     ("error", 6),
     ("ddp", 7),
+    ("simulate", 7),
     ("backend", 8),
     ("tls", 8),
     ("hostile", 8),

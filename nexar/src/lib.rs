@@ -62,6 +62,7 @@ pub mod proto;
 #[cfg(not(feature = "unstable-internals"))]
 mod proto;
 pub mod rpc;
+pub mod simulate;
 mod sync;
 pub mod telemetry;
 pub mod tls;

@@ -19,7 +19,7 @@
 //! A suspicion is not a verdict: `comm` then probes the peer directly and through others
 //! (`comm/membership/health.rs`).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 /// Ring successors each rank watches (and predecessors it sends heartbeats to).
@@ -110,27 +110,25 @@ pub(crate) struct Check {
 #[derive(Debug)]
 pub(crate) struct Detector {
     settings: DetectorSettings,
-    peers: Vec<Peer>,
+    /// Only the peers this rank has watched: its memory does not grow with the world.
+    peers: HashMap<usize, Peer>,
     last_check: Option<u64>,
 }
 
 impl Detector {
-    /// A detector for ranks `0..world`, none heard from yet.
-    pub fn new(settings: DetectorSettings, world: usize) -> Self {
-        Detector { settings, peers: vec![Peer::default(); world], last_check: None }
+    /// A detector with no peer heard from yet.
+    pub fn new(settings: DetectorSettings) -> Self {
+        Detector { settings, peers: HashMap::new(), last_check: None }
     }
 
     fn peer(&mut self, rank: usize) -> &mut Peer {
-        if self.peers.len() <= rank {
-            self.peers.resize(rank + 1, Peer::default());
-        }
-        &mut self.peers[rank]
+        self.peers.entry(rank).or_default()
     }
 
     /// How `rank`'s signs of life have been spaced so far.
     pub fn rhythm(&self, rank: usize) -> Rhythm {
         let floor = self.settings.interval.as_secs_f64() * 1000.0 / 4.0;
-        let gaps = self.peers.get(rank).map(|p| &p.gaps);
+        let gaps = self.peers.get(&rank).map(|p| &p.gaps);
         let (mean, deviation) = match gaps {
             Some(g) if !g.is_empty() => {
                 let n = g.len() as f64;

@@ -29,7 +29,7 @@ fn run(d: &mut Detector, from: u64, to: u64, beats: impl Fn(u64) -> bool) -> Vec
 
 #[test]
 fn a_steady_peer_is_never_suspected_and_a_silent_one_is_within_the_timeout() {
-    let mut d = Detector::new(settings(), 2);
+    let mut d = Detector::new(settings());
     assert!(run(&mut d, 0, 60_000, |t| t % 1000 == 0).is_empty());
     // Steady beats a second apart: the mean, a beat of pause and 5.6 σ of a quarter beat.
     let allowed = d.allowed(1);
@@ -45,7 +45,7 @@ fn a_steady_peer_is_never_suspected_and_a_silent_one_is_within_the_timeout() {
 
 #[test]
 fn an_irregular_peer_gets_a_longer_silence_up_to_the_timeout_less_the_probes() {
-    let mut d = Detector::new(settings(), 2);
+    let mut d = Detector::new(settings());
     // Beats 0.25 s to 3 s apart.
     let beats = [0u64, 250, 3250, 3500, 6250, 6500, 9500, 9750, 12750, 13000, 16000];
     run(&mut d, 0, 16_000, |t| beats.contains(&t));
@@ -59,7 +59,7 @@ fn an_irregular_peer_gets_a_longer_silence_up_to_the_timeout_less_the_probes() {
 
 #[test]
 fn time_this_rank_was_not_running_is_not_counted_as_silence() {
-    let mut d = Detector::new(settings(), 2);
+    let mut d = Detector::new(settings());
     run(&mut d, 0, 10_000, |t| t % 1000 == 0);
     // This rank's checks stop for 8 s (the process was starved), then resume.
     let c = d.check(18_000, &[1], |_| 10_000);
@@ -80,7 +80,7 @@ fn time_this_rank_was_not_running_is_not_counted_as_silence() {
 
 #[test]
 fn a_cleared_peer_starts_its_silence_again() {
-    let mut d = Detector::new(settings(), 2);
+    let mut d = Detector::new(settings());
     run(&mut d, 0, 5_000, |t| t % 1000 == 0);
     let found = run(&mut d, 5_250, 9_000, |_| false);
     assert_eq!(found.len(), 1);

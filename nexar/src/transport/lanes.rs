@@ -158,7 +158,14 @@ impl LaneSenders {
         }
         let incoming = match (&incoming.msg, &self.relay) {
             (PeerMsg::Relay { dst, .. }, Some(hook)) if *dst == hook.local => match hook.open(incoming) {
-                Some(inner) => inner,
+                // Opened and authenticated: a sign of life from the rank that sent it.
+                Some(inner) => {
+                    self.heard(inner.from);
+                    if matches!(inner.msg, PeerMsg::Heartbeat) {
+                        return Ok(());
+                    }
+                    inner
+                }
                 None => return Ok(()),
             },
             (PeerMsg::Relay { .. }, Some(hook)) => {

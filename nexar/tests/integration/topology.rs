@@ -2,8 +2,10 @@
 //! Every collective, send/recv and RPC must give the same results as on a full mesh, and a
 //! relay that dies must be routed around.
 
-use nexar::Topology;
+use std::time::{Duration, Instant};
+
 use nexar::prelude::*;
+use nexar::{NetChaos, Silence, Topology};
 
 use crate::common::{TEST_LIMIT, on_each, pattern, same_bytes};
 
@@ -116,6 +118,59 @@ async fn traffic_is_rerouted_around_a_dead_relay() {
         let survivors: Vec<_> = ranks.iter().filter(|c| c.rank() != 1).cloned().collect();
         let rebuilt = on_each(&survivors, |c| async move { c.recover().await.unwrap() }).await;
         on_each(&rebuilt, everything).await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_hypercube_a_silent_rank_is_found_by_the_ranks_that_watch_it_over_relays() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        // On a 16-rank hypercube rank 0 links to 1, 2, 4 and 8. Watching around a ring of only
+        // the linked ranks left it watched by nobody (each of its neighbours has others after
+        // it), so its silence showed only when QUIC's idle timeout (30 s) closed its links.
+        let cfg = NexarConfig::builder()
+            .topology(Topology::Hypercube)
+            .heartbeat_interval(Duration::from_millis(100))
+            .heartbeat_timeout(Duration::from_millis(1000))
+            .build()
+            .unwrap();
+        let silence = Silence::default();
+        let mut cfgs = vec![cfg; 16];
+        cfgs[0].chaos = Some(NetChaos { silence: silence.clone(), ..NetChaos::default() });
+        let ranks = NexarClient::bootstrap_local_each(cfgs).await.unwrap();
+        assert!(!ranks[15].connected_peers().contains(&0));
+        // A while of heartbeats, relayed where the ranks have no link, with nobody suspected.
+        on_each(&ranks, |c| async move {
+            for _ in 0..10 {
+                c.barrier().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        for c in &ranks {
+            assert!(c.failed_ranks().is_empty(), "rank {} lost {:?}", c.rank(), c.failed_ranks());
+        }
+        let mut watch = ranks[15].failure_watch();
+        let start = Instant::now();
+        silence.set(true);
+        let failure = watch.next().await.unwrap();
+        let took = start.elapsed();
+        assert_eq!(failure.rank, 0, "{failure:?}");
+        assert!(failure.reason.contains("answered neither a ping"), "{failure:?}");
+        assert!(took < Duration::from_secs(10), "found after {took:?}, as by the idle timeout");
+        // Every rank learns of it (and routes around it) before the survivors agree: what was
+        // in flight through the silent rank is lost with it.
+        for c in &ranks[1..] {
+            while !c.failed_ranks().contains(&0) {
+                assert!(start.elapsed() < Duration::from_secs(20), "rank {} never learnt of rank 0", c.rank());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let survivors: Vec<_> = ranks[1..].to_vec();
+        let rebuilt = on_each(&survivors, |c| async move { c.recover().await.unwrap() }).await;
+        on_each(&rebuilt, |c| async move { c.barrier().await.unwrap() }).await;
+        silence.set(false);
     })
     .await
     .expect("test timed out");

@@ -56,7 +56,7 @@ async fn one<T: Summable>(
         Op::Reduce => comm.reduce(recv, ReduceOp::Sum, 0).await,
         Op::Gather => comm.gather(send, recv, 0).await,
         Op::Scatter => comm.scatter(send, recv, 0).await,
-        Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => comm.barrier().await,
+        Op::Barrier | Op::Rpc | Op::Plan | Op::Soak | Op::Simulate => comm.barrier().await,
         Op::Sendrecv => {
             let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
             let (s, v) = tokio::join!(comm.send(send, next, 0), comm.recv(recv, prev, 0));
@@ -111,7 +111,7 @@ fn lengths(op: Op, count: usize, w: usize) -> (usize, usize) {
             (0, count)
         }
         Op::Sendrecv | Op::Pingpong => (count, count),
-        Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => (0, 0),
+        Op::Barrier | Op::Rpc | Op::Plan | Op::Soak | Op::Simulate => (0, 0),
     }
 }
 
@@ -139,7 +139,7 @@ fn wrong<T: Summable>(op: Op, r: usize, w: usize, send_len: usize, recv: &[T]) -
             // Rank 0's message, there and back; other ranks' buffers are left as they were.
             Op::Pingpong if r < 2 => val(0, i),
             Op::Pingpong => val(r, i),
-            Op::Barrier | Op::Rpc | Op::Plan | Op::Soak => T::zeroed(),
+            Op::Barrier | Op::Rpc | Op::Plan | Op::Soak | Op::Simulate => T::zeroed(),
         }
     };
     recv.iter().enumerate().filter(|(i, v)| bytemuck::bytes_of(*v) != bytemuck::bytes_of(&expect(*i))).count() as u64

@@ -13,6 +13,7 @@
 mod checked;
 mod plot;
 mod report;
+mod simulate;
 mod soak;
 mod spread;
 
@@ -57,6 +58,9 @@ enum Op {
     Pingpong,
     /// `#[nexar::rpc]` echo calls from rank 0 to rank 1: latency, and calls/s with 64 in flight.
     Rpc,
+    /// The liveness and formation models (`nexar::simulate`) at the world sizes of
+    /// `--sim-ranks`, for `--seconds` of simulated time: no ranks are started.
+    Simulate,
     /// A fused plan of 100 allreduces of 10,000 f32 against 100 separate allreduces.
     Plan,
     /// Mixed collectives, RPC and point-to-point with random sizes (up to `-e`) for
@@ -330,6 +334,9 @@ struct Args {
     /// How long the soak runs, in seconds.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
+    /// Simulate: the world sizes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "64,256,1024,4096")]
+    sim_ranks: Vec<usize>,
     /// Soak: the operations to mix (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "allreduce,broadcast,allgather,sendrecv,rpc")]
     mix: Vec<soak::SoakOp>,
@@ -427,6 +434,9 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.op == Op::Simulate {
+        return simulate::run(&args);
+    }
     if args.op == Op::Pingpong && args.np < 2 && !args.worker {
         return Err("--op pingpong needs two ranks (--np 2 or more)".into());
     }

@@ -163,12 +163,6 @@ impl NexarClient {
         joined: cluster::Joined,
         config: NexarConfig,
     ) -> Result<NexarClient, NexarError> {
-        let mut config = config;
-        if joined.running {
-            // A late joiner connects to every live rank, whatever the topology: the others
-            // route to it over that direct link.
-            config.topology = crate::proto::topology::Topology::FullMesh;
-        }
         let client = Self::from_parts(
             joined.rank,
             endpoint,
@@ -315,7 +309,11 @@ impl NexarClient {
             .with_rpc_budget(cfg.max_rpc_bytes.min(cfg.max_message_bytes))
             .with_direct(Lane::Data, mailbox.clone())
             .with_direct(Lane::Raw, coll.clone());
-        let (elastic, topology) = (seed.is_some(), cfg.topology);
+        // A late joiner connects to every live rank, whatever the topology: the others route
+        // to it over that direct link. Its configuration keeps the cluster's topology, which
+        // says how the others watch it (`comm/membership/monitor.rs`).
+        let topology = if running { crate::proto::topology::Topology::FullMesh } else { cfg.topology };
+        let elastic = seed.is_some();
         let setup = MeshSetup {
             rank,
             addrs,

@@ -13,3 +13,7 @@ pub(in crate::comm) mod probe;
 pub(in crate::comm) mod recovery;
 pub(in crate::comm) mod recovery_error;
 pub(crate) mod route;
+
+// What the liveness model (`crate::simulate`) reproduces of the monitor and the probes.
+pub(crate) use monitor::check_period;
+pub(crate) use probe::{INDIRECT, MAX_PROBING, MAX_STARVED_ROUNDS, PROBE_WINDOW, probe_window};

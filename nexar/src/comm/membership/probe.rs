@@ -22,18 +22,23 @@ use crate::trace::list_ranks;
 /// Ranks asked to probe a suspect for this rank.
 pub(crate) const INDIRECT: usize = 3;
 /// Rounds a starved rank probes a suspect before it gives up without a verdict.
-const MAX_STARVED_ROUNDS: u32 = 8;
+pub(crate) const MAX_STARVED_ROUNDS: u32 = 8;
 /// CPU pressure ("some avg10", percent) above which this host's CPUs count as contended.
 const CONTENDED_PRESSURE: f64 = 50.0;
 /// How often a suspect's refutation is looked for.
 const REFUTATION_POLL: Duration = Duration::from_millis(50);
 /// Indirect probes a rank runs for others at once; more are not answered (a member cannot make
 /// a rank spend without bound on its behalf).
-const MAX_PROBING: usize = 64;
+pub(crate) const MAX_PROBING: usize = 64;
 /// How long the first round of probes of a suspect takes at most: half for the direct ping,
 /// half for the probes through others (at most half the heartbeat timeout). The ranks asked
 /// ping for a quarter of it, so that their answers arrive within the round.
-const PROBE_WINDOW: Duration = Duration::from_secs(1);
+pub(crate) const PROBE_WINDOW: Duration = Duration::from_secs(1);
+
+/// How long the first round of probes takes at most with a heartbeat timeout of `timeout`.
+pub(crate) fn probe_window(timeout: Duration) -> Duration {
+    PROBE_WINDOW.min(timeout / 2)
+}
 
 /// One answer to a `ProbeFor` this rank sent.
 #[derive(Clone, Copy, Debug)]
@@ -85,7 +90,7 @@ enum Probed {
 impl Inner {
     /// How long probing a suspect takes at most.
     pub(crate) fn probe_window(&self) -> Duration {
-        PROBE_WINDOW.min(self.cfg.heartbeat_timeout / 2)
+        probe_window(self.cfg.heartbeat_timeout)
     }
 
     /// Probes world rank `rank`, suspected for `cause`, and declares it dead if nobody can
@@ -182,7 +187,13 @@ impl Inner {
                         window.as_secs_f64(),
                         last.as_secs_f64()
                     );
-                    inner.peer_failed(rank, reason, true, true);
+                    // A death this rank found itself is reported to every linked rank. One it
+                    // probed on another's report is not reported again where that rank's report
+                    // reached everyone (a full mesh), so a death costs O(N) messages, not one
+                    // from every rank to every rank; on a sparse topology it is passed on to
+                    // the neighbours, a flood of O(N × degree).
+                    let report = matches!(cause, Cause::Silent { .. }) || !inner.links_to_everyone();
+                    inner.peer_failed(rank, reason, true, report);
                 }
             }
         });
@@ -195,8 +206,10 @@ impl Inner {
     /// it). `Some(Alive)` if it did.
     async fn await_refutation(&self, rank: usize) -> Option<Probed> {
         let heard = self.health.liveness.last_heard(rank);
-        if let Some(link) = self.links.get(rank) {
-            let _ = link.try_send(&PeerMsg::Suspect { rank: rank as u32, reason: "no answer to probes".into() });
+        if let Some(route) = self.route(rank) {
+            let _ = route
+                .send_queued(&PeerMsg::Suspect { rank: rank as u32, reason: "no answer to probes".into() }, None)
+                .await;
             self.count_liveness();
         }
         let left = self.cfg.heartbeat_timeout.saturating_sub(self.health.liveness.silent_for(rank));
@@ -233,10 +246,14 @@ impl Inner {
     fn cut_off_from_helpers(&self, rank: usize) -> Option<Probed> {
         let asked = self.probe_helpers(rank);
         let quiet = self.cfg.heartbeat_timeout / 2;
-        let beating: Vec<usize> =
-            crate::cluster::detector::watched(self.rank, &self.ring()).into_iter().filter(|&p| p != rank).collect();
+        let beating: Vec<usize> = self.monitored().0.into_iter().filter(|&p| p != rank).collect();
         let cut_off = !beating.is_empty() && beating.iter().all(|&p| self.health.liveness.silent_for(p) > quiet);
         cut_off.then(|| Probed::Unreachable { silent: asked.clone(), asked })
+    }
+
+    /// Whether this rank has a direct link to every live rank (a full mesh).
+    fn links_to_everyone(&self) -> bool {
+        self.ring().into_iter().all(|p| p == self.rank || self.links.get(p).is_some())
     }
 
     /// Whether world rank `rank` runs on this rank's host (as the cluster learnt at formation).
