@@ -18,6 +18,12 @@ median over rounds:
     mpicc -O2 -o /tmp/mpi_scale bench/mpi_scale.c    # Debian: libopenmpi-dev
     bench/scale.py --ns 2 4 8 16 32 64 128 --rounds 3
     bench/scale.py --ns 64 --rounds 20 --load --nexar-only   # the false-death count
+    bench/scale.py --ns 64 --rounds 5 --kill                 # kill -9 of one rank of 64
+
+With `--kill`, nexar only: under `nexar launch --on-failure continue`, rank N/3 is killed with
+SIGKILL after the steady phase; a row gives the time from the kill until the survivors'
+allreduce failed naming it (median and slowest survivor) and until their `recover()` returned,
+and whether every survivor recovered and checked an allreduce on the rebuilt communicator.
 
 Prints a Markdown table per load.
 """
@@ -25,6 +31,7 @@ Prints a Markdown table per load.
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,6 +56,68 @@ def run(cmd, env, timeout):
         except json.JSONDecodeError:
             pass
     return {"ok": ok, "wall": wall, "rows": rows, "err": err[-2000:]}
+
+
+def kill_run(cmd, env, n, timeout):
+    """Runs `cmd`, kills the rank that prints its pid 1 s after it does, and measures the rest."""
+    victim = n // 3
+    env = dict(env, SCALE_KILL_RANK=str(victim))
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed_at, rows = None, []
+    try:
+        for line in p.stdout:
+            line = line[line.find("{"):] if "{" in line else ""
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "victim_pid" in row and killed_at is None:
+                time.sleep(1.0)
+                os.kill(row["victim_pid"], signal.SIGKILL)
+                killed_at = time.time()
+            elif "failed_at" in row:
+                rows.append(row)
+            if time.monotonic() - start > timeout:
+                break
+        p.wait(timeout=max(1, timeout - (time.monotonic() - start)))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = p.stderr.read()[-2000:] if p.stderr else ""
+    if killed_at is None or not rows:
+        return {"ok": False, "survivors": len(rows), "err": err}
+    detect = sorted(r["failed_at"] - killed_at for r in rows)
+    recover = sorted(r["recovered_at"] - killed_at for r in rows)
+    return {
+        "ok": len(rows) == n - 1 and all(r["world_after"] == n - 1 for r in rows),
+        "survivors": len(rows),
+        "detect_p50": statistics.median(detect),
+        "detect_max": detect[-1],
+        "recover_p50": statistics.median(recover),
+        "recover_max": recover[-1],
+        "wall": time.monotonic() - start,
+    }
+
+
+def kill_table(args, nexar, scale, env):
+    table = {}
+    for n in args.ns:
+        for rnd in range(args.rounds):
+            cmd = [nexar, "launch", "--on-failure", "continue", "-n", str(n), scale]
+            s = kill_run(cmd, env, n, args.timeout)
+            table.setdefault(n, []).append(s)
+            print(f"n={n} kill round {rnd + 1}: {json.dumps(s)}", file=sys.stderr, flush=True)
+    print(f"\n### kill -9 of rank N/3, {'with a niced busy loop on every core' if args.load else 'quiet'} ({args.rounds} rounds)\n")
+    print("| N | all survivors recovered | kill → allreduce failed, median / slowest (s) | kill → recovered, median / slowest (s) |")
+    print("|---|---|---|---|")
+    for n, runs in table.items():
+        good = [r for r in runs if "detect_p50" in r]
+        ok = sum(r["ok"] for r in runs)
+        m = lambda k: statistics.median(r[k] for r in good) if good else float("nan")
+        print(f"| {n} | {ok}/{len(runs)} | {m('detect_p50'):.2f} / {m('detect_max'):.2f} | {m('recover_p50'):.2f} / {m('recover_max'):.2f} |")
 
 
 def summary(result, n):
@@ -80,11 +149,19 @@ def main():
     ap.add_argument("--nexar-only", action="store_true")
     ap.add_argument("--mpi", default="/tmp/mpi_scale")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--kill", action="store_true", help="kill -9 one rank and time detection and recovery")
     args = ap.parse_args()
     nexar = os.path.join(ROOT, "target/release/nexar")
     scale = os.path.join(ROOT, "target/release/examples/scale")
     env = dict(os.environ, NEXAR_LOG=os.environ.get("NEXAR_LOG", "error"))
     load = busy_load() if args.load else []
+    if args.kill:
+        try:
+            kill_table(args, nexar, scale, env)
+        finally:
+            for p in load:
+                p.kill()
+        return
     table = {}
     try:
         for n in args.ns:

@@ -3,6 +3,12 @@
 //! allreduce (median and p99 of the slowest rank), this rank's proportional memory (PSS) and
 //! the liveness messages it sends per second while idle. Prints one JSON line.
 //!
+//! With `SCALE_KILL_RANK=K` (under `nexar launch --on-failure continue`), rank K then prints
+//! its process id (`{"victim_pid": …}`) and waits to be killed from outside (`kill -9`); the
+//! others start an allreduce that waits for it, and each prints when that allreduce failed
+//! naming the dead rank and when `recover()` returned (seconds since the Unix epoch), and checks
+//! an allreduce on the rebuilt communicator.
+//!
 //! ```text
 //! cargo build --release -p nexar --features cli --bin nexar --example scale
 //! target/release/nexar launch -n 64 target/release/examples/scale
@@ -71,7 +77,48 @@ async fn run() -> anyhow::Result<()> {
         comm.failed_ranks().len(),
     );
     comm.barrier().await?;
+    if let Some(victim) = std::env::var("SCALE_KILL_RANK").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return survive(comm, victim).await;
+    }
     comm.shutdown().await;
+    Ok(())
+}
+
+/// Seconds since the Unix epoch, to compare with the time of the kill.
+fn epoch_s() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The kill run: `victim` waits to be killed, the others find it dead and recover.
+async fn survive(comm: NexarClient, victim: usize) -> anyhow::Result<()> {
+    let me = comm.rank();
+    if me == victim {
+        println!("{{\"rank\":{me},\"victim_pid\":{}}}", std::process::id());
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        anyhow::bail!("rank {me} was to be killed");
+    }
+    let mut x = vec![1.0f32; 1024];
+    let err = match comm.all_reduce(&mut x, Sum).await {
+        Ok(()) => anyhow::bail!("rank {me}: an allreduce without rank {victim} completed"),
+        Err(e) => e,
+    };
+    let failed_at = epoch_s();
+    anyhow::ensure!(
+        comm.failed_ranks().contains(&victim),
+        "rank {me}: the allreduce failed, but not for rank {victim}: {err}"
+    );
+    let rebuilt = comm.recover().await?;
+    let recovered_at = epoch_s();
+    let mut y = vec![1.0f32; 1024];
+    rebuilt.all_reduce(&mut y, Sum).await?;
+    let world = rebuilt.world_size();
+    anyhow::ensure!(y.iter().all(|&v| v == world as f32), "rank {me}: the allreduce after recovery is wrong");
+    println!(
+        "{{\"rank\":{me},\"failed_at\":{failed_at:.3},\"recovered_at\":{recovered_at:.3},\"world_after\":{world},\"error\":{:?}}}",
+        err.to_string()
+    );
+    rebuilt.barrier().await?;
+    rebuilt.shutdown().await;
     Ok(())
 }
 

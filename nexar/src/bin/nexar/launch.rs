@@ -49,6 +49,12 @@ pub struct LaunchArgs {
     /// `NEXAR_BIND` for the ranks; without this flag an exported `NEXAR_BIND` is kept, else `core`.
     #[arg(long, value_parser = ["core", "none"])]
     bind_to: Option<String>,
+    /// What a rank that exits non-zero or dies does to the others: `stop` them (the default,
+    /// as mpirun and torchrun do), or let them `continue`, for programs that carry on without
+    /// it (`comm.recover()`); `launch` then exits, once every rank has, with the first failed
+    /// rank's code.
+    #[arg(long, value_parser = ["stop", "continue"], default_value = "stop")]
+    on_failure: String,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     program: Vec<OsString>,
@@ -138,10 +144,16 @@ pub async fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error
                 let status = status.map_err(|e| format!("waiting for rank {rank}: {e}"))?;
                 if !status.success() && outcome.is_none() {
                     let code = exit_code_of(status);
-                    say(&format!("rank {rank} (pid {pid}) {}; stopping the other ranks", describe(status)));
                     outcome = Some(ExitCode::from(code));
-                    stop(&ranks, Signal::TERM);
-                    kill_timer.as_mut().reset(tokio::time::Instant::now() + GRACE);
+                    if args.on_failure == "continue" {
+                        say(&format!("rank {rank} (pid {pid}) {}; the other ranks go on (--on-failure continue)", describe(status)));
+                    } else {
+                        say(&format!("rank {rank} (pid {pid}) {}; stopping the other ranks", describe(status)));
+                        stop(&ranks, Signal::TERM);
+                        kill_timer.as_mut().reset(tokio::time::Instant::now() + GRACE);
+                    }
+                } else if !status.success() && args.on_failure == "continue" {
+                    say(&format!("rank {rank} (pid {pid}) {}", describe(status)));
                 }
             }
             _ = interrupt.recv(), if outcome.is_none() => {

@@ -44,8 +44,10 @@ impl Inner {
             return;
         }
         tracing::debug!(from, rank, %reason, "a peer reported a rank dead; probing it");
-        if self.links.get(rank).is_some_and(|l| l.connection().close_reason().is_some()) {
-            let why = format!("its connection to this rank is closed, and rank {from} reported it unresponsive");
+        if let Some(closed) = self.links.get(rank).and_then(|l| l.connection().close_reason()) {
+            // Its own words where it said goodbye ("… dropped its client without calling
+            // shutdown()"), not only the report.
+            let why = format!("its connection ended ({closed}), and rank {from} reported it unresponsive");
             self.peer_failed(rank, why, true, true);
             return;
         }
