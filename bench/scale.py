@@ -99,6 +99,7 @@ def kill_run(cmd, env, n, timeout):
         "recover_p50": statistics.median(recover),
         "recover_max": recover[-1],
         "wall": time.monotonic() - start,
+        "err": err if len(rows) != n - 1 else "",
     }
 
 
