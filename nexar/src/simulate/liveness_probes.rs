@@ -154,7 +154,7 @@ impl Model<'_> {
         if !inconclusive {
             return self.await_refutation(now, r, target);
         }
-        let probe = self.ranks[r].probes.get_mut(&target).expect("probe present");
+        let Some(probe) = self.ranks[r].probes.get_mut(&target) else { return };
         if took > 2 * p.window {
             probe.starved += 1;
             if probe.starved >= MAX_STARVED_ROUNDS {

@@ -36,21 +36,24 @@ fn a_killed_rank_is_declared_within_the_timeout_and_a_second_and_by_everyone_soo
     assert!(after < out.messages_per_rank_per_s + 2.0, "{out:?}");
 }
 
+/// `ranks` ranks for `secs`, each stalling `per_minute` times a minute for up to `longest`.
+fn stalling(ranks: usize, secs: u64, per_minute: f64, longest: Duration) -> LivenessScenario {
+    let mut s = scenario(ranks, secs);
+    s.stalls_per_minute = per_minute;
+    s.longest_stall = longest;
+    s
+}
+
 #[test]
 fn ranks_stalled_for_up_to_three_seconds_are_never_declared_dead() {
-    let mut s = scenario(128, 120);
-    s.stalls_per_minute = 2.0;
-    s.longest_stall = Duration::from_secs(3);
-    let out = simulate_liveness(&s);
+    let out = simulate_liveness(&stalling(128, 120, 2.0, Duration::from_secs(3)));
     assert!(out.suspicions > 0, "stalls this long must raise suspicions: {out:?}");
     assert_eq!(out.false_deaths, 0, "{out:?}");
 }
 
 #[test]
 fn a_rank_stalled_past_the_timeout_is_declared_and_the_same_seed_gives_the_same_outcome() {
-    let mut s = scenario(64, 60);
-    s.stalls_per_minute = 1.0;
-    s.longest_stall = Duration::from_secs(30);
+    let s = stalling(64, 60, 1.0, Duration::from_secs(30));
     let out = simulate_liveness(&s);
     assert!(out.false_deaths > 0, "a rank silent for far longer than the timeout is dead to the others: {out:?}");
     assert_eq!(simulate_liveness(&s), out);

@@ -223,9 +223,9 @@ async fn a_silent_rank_is_declared_dead_within_the_heartbeat_timeout() {
         silence.set(true);
         let err = pending.await.unwrap().unwrap_err();
         let took = start.elapsed();
-        // Within the timeout, and twice the timeout more on a contended host (a loaded test
-        // machine is one: `/proc/pressure/cpu`), where a silent rank of the host may be starved.
-        assert!(took < Duration::from_millis(3 * 1000 + 1000), "declared after {took:?}");
+        // Within the timeout (a rank of this same process gets no contended host's longer
+        // suspicion period: it cannot be starved while this one runs).
+        assert!(took < Duration::from_millis(1000 + 1000), "declared after {took:?}");
         assert!(matches!(err, P2pError::PeerGone { peer: 2, .. }), "{err}");
         // One sentence, in rank 0's own words: what it saw, whom it asked, when it last heard.
         let text = err.to_string();

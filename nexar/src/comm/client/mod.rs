@@ -127,8 +127,8 @@ pub(crate) struct Inner {
     /// A key of the host of each rank of the world the cluster formed with, equal for ranks
     /// of one host (see `comm::hosts`); unset when they were not learnt.
     pub host_keys: std::sync::OnceLock<Vec<u64>>,
-    /// Each world rank's process id where it runs on this rank's kernel (0 elsewhere, and for
-    /// ranks of this very process), learnt with the host keys.
+    /// Each world rank's process id where it runs on this rank's kernel (this process's own
+    /// for its in-process ranks; 0 elsewhere), learnt with the host keys.
     pub host_pids: std::sync::OnceLock<Vec<u32>>,
     /// Next hops to ranks without a direct link.
     pub routes: crate::cluster::Routes,

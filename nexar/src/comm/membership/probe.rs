@@ -217,7 +217,10 @@ impl Inner {
         // A rank of this host, while its CPUs are contended: its silence may be the host's
         // (64 ranks on two cores go seconds unscheduled), so it gets twice the timeout more.
         let contended = crate::affinity::cpu_pressure().is_some_and(|p| p >= CONTENDED_PRESSURE);
-        if contended && self.shares_host_with(rank) && self.exited_on_this_host(rank).is_none() {
+        // A rank of this very process (an in-process cluster) runs whenever this one does: the
+        // host's contention cannot be what keeps it silent.
+        let same_process = self.host_pids.get().and_then(|p| p.get(rank)).is_some_and(|&pid| pid == std::process::id());
+        if contended && self.shares_host_with(rank) && !same_process && self.exited_on_this_host(rank).is_none() {
             tracing::info!(rank, "a suspect on this host while its CPUs are contended: a longer suspicion period");
             until += 2 * self.cfg.heartbeat_timeout;
         }
