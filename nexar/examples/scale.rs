@@ -121,7 +121,10 @@ async fn survive(comm: NexarClient, victim: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
+// One runtime thread per rank process: where ranks outnumber the cores, a multi-threaded
+// runtime's threads compete with the other ranks for them (a 4 KiB allreduce of 64 ranks on 2
+// cores took 15-19 ms against 10 ms; see the guide's performance chapter).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -16,9 +16,11 @@ use super::ClusterError;
 use crate::config::NexarConfig;
 use crate::proto::close::CloseCode;
 use crate::proto::topology::Topology;
-use crate::transport::endpoint::with_transport;
+use crate::transport::endpoint::{
+    same_host, server_with_same_host_transport, with_same_host_transport, with_transport,
+};
 use crate::transport::link::{LaneSenders, PeerLink};
-use crate::transport::tls::{Identity, KeyPin, key_pin, mesh_client, rank_from_cert, rank_server_name};
+use crate::transport::tls::{Identity, KeyPin, key_pin, mesh_client, mesh_server, rank_from_cert, rank_server_name};
 
 /// What a rank needs to join the mesh.
 pub(crate) struct MeshSetup<'a> {
@@ -104,15 +106,22 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
     };
     let expected: Arc<Mutex<Vec<bool>>> = Arc::new(Mutex::new((0..capacity.max(world)).map(expect).collect()));
     let (accepted_tx, mut accepted_rx) = mpsc::channel::<(u32, Connection)>(world.max(16));
+    // Connections between ranks of this host skip path-MTU discovery (see
+    // `same_host_transport_config`); the others discover it.
+    let here = addrs[rank].ip();
+    let local_server = Arc::new(server_with_same_host_transport(mesh_server(identity, ca)?, cfg));
+    let accepting = Accepting { expected: expected.clone(), pins: pins.clone(), here, local_server };
     let acceptor = tokio::spawn(
-        accept_peers(endpoint.clone(), expected.clone(), pins.clone(), accepted_tx, cfg.connect_timeout)
+        accept_peers(endpoint.clone(), accepting, accepted_tx, cfg.connect_timeout)
             .instrument(tracing::debug_span!("acceptor", rank)),
     );
 
-    let client = with_transport(mesh_client(identity, ca)?, cfg);
+    let remote_client = with_transport(mesh_client(identity, ca)?, cfg);
+    let local_client = with_same_host_transport(mesh_client(identity, ca)?, cfg);
     let mut dials = JoinSet::new();
     for (peer, addr) in addrs.iter().enumerate().take(rank).filter(|(p, a)| linked(*p, a)) {
-        let (endpoint, client, addr) = (endpoint.clone(), client.clone(), *addr);
+        let client = if same_host(here, addr.ip()) { local_client.clone() } else { remote_client.clone() };
+        let (endpoint, addr) = (endpoint.clone(), *addr);
         let attempt = cfg.connect_timeout;
         let until = if late { deadline.min(Instant::now() + attempt) } else { deadline };
         dials.spawn(async move { (peer, dial(&endpoint, client, rank, peer, addr, until, attempt).await) });
@@ -279,22 +288,43 @@ async fn accepted_by_peer(conn: &Connection, deadline: Instant) -> Result<(), Op
     }
 }
 
+/// What the acceptor lets in, and how.
+struct Accepting {
+    /// Which world ranks may still dial in.
+    expected: Arc<Mutex<Vec<bool>>>,
+    /// Each rank's key pin from the seed's peer table.
+    pins: Arc<Vec<Option<KeyPin>>>,
+    /// This rank's own address: a dialler at it (or on loopback) is on this host.
+    here: std::net::IpAddr,
+    /// The server configuration for diallers on this host.
+    local_server: Arc<quinn::ServerConfig>,
+}
+
 /// Accepts connections for the life of the rank. Only a rank above ours that has not connected
 /// yet is let in; every other connection (a stranger, a duplicate, a certificate for a rank
 /// that should dial elsewhere) is closed and logged.
 async fn accept_peers(
     endpoint: Endpoint,
-    expected: Arc<Mutex<Vec<bool>>>,
-    pins: Arc<Vec<Option<KeyPin>>>,
+    accepting: Accepting,
     accepted: mpsc::Sender<(u32, Connection)>,
     handshake_limit: Duration,
 ) {
+    let Accepting { expected, pins, here, local_server } = accepting;
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
         let (expected, accepted, pins) = (expected.clone(), accepted.clone(), pins.clone());
+        let connecting =
+            if same_host(here, remote.ip()) { incoming.accept_with(local_server.clone()) } else { incoming.accept() };
         tokio::spawn(
             async move {
-                let conn = match tokio::time::timeout(handshake_limit, incoming).await {
+                let connecting = match connecting {
+                    Ok(connecting) => connecting,
+                    Err(e) => {
+                        tracing::warn!(%remote, error = %e, "refused a peer connection");
+                        return;
+                    }
+                };
+                let conn = match tokio::time::timeout(handshake_limit, connecting).await {
                     Ok(Ok(conn)) => conn,
                     Ok(Err(e)) => {
                         tracing::warn!(%remote, error = %e, "refused a peer connection: authentication failed");

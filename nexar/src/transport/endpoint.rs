@@ -1,6 +1,6 @@
 //! QUIC endpoints with the settings that make quinn fast on loopback and LAN links.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use quinn::{AckFrequencyConfig, IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
@@ -21,8 +21,31 @@ const INITIAL_WINDOW: u64 = 1 << 20;
 /// Acknowledge every 16 ack-eliciting packets instead of every 2.
 const ACK_ELICITING_THRESHOLD: u32 = 16;
 
-/// Transport parameters shared by every connection.
+/// Transport parameters shared by every connection: datagrams start at 1200 bytes and grow by
+/// path-MTU discovery up to [`MAX_UDP_PAYLOAD`].
 pub fn transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
+    Arc::new(peer_transport(cfg))
+}
+
+/// Transport parameters of a connection to a process on this very host ([`same_host`]): the
+/// kernel carries it over loopback, whose MTU is 64 KiB, so datagrams start at
+/// [`MAX_UDP_PAYLOAD`] and no path-MTU discovery runs. quinn reads a probe's padding one byte
+/// at a time, and the probes of 64 ranks forming their mesh on one host took a quarter of its
+/// CPU time (`perf record -a` over the formation).
+pub fn same_host_transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
+    let mut t = peer_transport(cfg);
+    t.initial_mtu(MAX_UDP_PAYLOAD);
+    t.mtu_discovery_config(None);
+    Arc::new(t)
+}
+
+/// Whether a peer at `there` runs on the host whose own address is `here`: the same address,
+/// or both on loopback. The kernel routes packets to its own addresses over loopback.
+pub(crate) fn same_host(here: IpAddr, there: IpAddr) -> bool {
+    here == there || (here.is_loopback() && there.is_loopback())
+}
+
+fn peer_transport(cfg: &NexarConfig) -> TransportConfig {
     let mut t = TransportConfig::default();
     let idle = IdleTimeout::try_from(cfg.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX));
     t.max_idle_timeout(Some(idle));
@@ -40,7 +63,7 @@ pub fn transport_config(cfg: &NexarConfig) -> Arc<TransportConfig> {
     let mut ack = AckFrequencyConfig::default();
     ack.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD));
     t.ack_frequency_config(Some(ack));
-    Arc::new(t)
+    t
 }
 
 /// Flow-control window of the seed's one join stream, and of a whole connection to it: the
@@ -112,11 +135,35 @@ pub fn server_with_transport(mut server: quinn::ServerConfig, cfg: &NexarConfig)
     server
 }
 
+/// [`with_transport`] for connections to ranks of this host ([`same_host_transport_config`]).
+pub fn with_same_host_transport(mut client: quinn::ClientConfig, cfg: &NexarConfig) -> quinn::ClientConfig {
+    client.transport_config(same_host_transport_config(cfg));
+    client
+}
+
+/// [`server_with_transport`] for connections from ranks of this host
+/// ([`same_host_transport_config`]), for `quinn::Incoming::accept_with`.
+pub fn server_with_same_host_transport(mut server: quinn::ServerConfig, cfg: &NexarConfig) -> quinn::ServerConfig {
+    server.transport_config(same_host_transport_config(cfg));
+    server
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn the_seed_transport_config_builds() {
         let t = crate::transport::endpoint::seed_transport_config(&crate::config::NexarConfig::default());
         drop(t);
+    }
+
+    #[test]
+    fn ranks_on_one_address_or_on_loopback_share_a_host() {
+        use super::same_host;
+        let ip = |s: &str| s.parse().unwrap();
+        assert!(same_host(ip("10.0.0.1"), ip("10.0.0.1")));
+        assert!(same_host(ip("127.0.0.1"), ip("127.0.0.2")));
+        assert!(same_host(ip("::1"), ip("127.0.0.1")));
+        assert!(!same_host(ip("10.0.0.1"), ip("10.0.0.2")));
+        assert!(!same_host(ip("127.0.0.1"), ip("10.0.0.1")));
     }
 }

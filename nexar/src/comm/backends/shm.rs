@@ -22,19 +22,24 @@ use crate::transport::shm::setup::{
 use crate::transport::shm::{ShmChannel, ShmLimits};
 
 /// Data bytes of the ring each side writes to a peer of its host, by how many such peers it
-/// has: 4 MiB for up to sixteen, then less, so that one rank's rings hold at most 64 MiB (each
-/// ring is mapped whole when the link forms) and never less than 1 MiB. Payloads of up to a
-/// quarter of a ring stay in it until they are copied where they are wanted
-/// (`transport::shm::lease`). 8 MiB rings moved 16 and 64 MiB allreduces faster still, but
-/// made 256 KiB ones twice as slow and 4 and 64 KiB ones 10–30 % slower.
+/// has: 4 MiB for up to sixteen, then less, so that one rank's rings hold at most
+/// [`RING_BUDGET`] however many ranks share the host (down to 64 KiB rings at 1,024 peers),
+/// and never less than 64 KiB. A ring's pages are taken only as bytes first pass through them
+/// (`transport::shm::mapping`), so rings of peers this rank never sends much to cost next to
+/// nothing. Payloads of up to a quarter of a ring stay in it until they are copied where they
+/// are wanted (`transport::shm::lease`); larger ones stream through it. 8 MiB rings moved 16
+/// and 64 MiB allreduces faster still, but made 256 KiB ones twice as slow and 4 and 64 KiB
+/// ones 10–30 % slower.
 fn ring_bytes(same_host_peers: usize) -> usize {
     const MOST: usize = 4 << 20;
-    const LEAST: usize = 1 << 20;
-    const PER_RANK: usize = 64 << 20;
-    let share = (PER_RANK / same_host_peers.max(1)).clamp(LEAST, MOST);
+    const LEAST: usize = 64 << 10;
+    let share = (RING_BUDGET / same_host_peers.max(1)).clamp(LEAST, MOST);
     // The largest power of two within the share.
     1 << (usize::BITS - 1 - share.leading_zeros())
 }
+/// The most bytes one rank's rings to the ranks of its host hold together (up to 1,024 such
+/// ranks; beyond, each ring keeps its 64 KiB).
+const RING_BUDGET: usize = 64 << 20;
 /// Room in a received group for the frames around the largest payload.
 const GROUP_OVERHEAD: u64 = 64 << 10;
 /// How long a side spins on an empty or full ring before it sleeps, at most.
@@ -240,10 +245,14 @@ mod tests {
 
     #[test]
     fn rings_shrink_as_a_host_holds_more_ranks_within_64_mib_a_rank() {
-        for (peers, mib) in [(0, 4), (1, 4), (7, 4), (16, 4), (17, 2), (32, 2), (33, 1), (63, 1), (1000, 1)] {
-            assert_eq!(ring_bytes(peers), mib << 20, "{peers} peers");
+        let cases = [(0, 4 << 20), (1, 4 << 20), (7, 4 << 20), (16, 4 << 20), (17, 2 << 20), (32, 2 << 20)];
+        let more = [(33, 1 << 20), (63, 1 << 20), (64, 1 << 20), (127, 512 << 10), (1000, 64 << 10), (1024, 64 << 10)];
+        for (peers, bytes) in cases.into_iter().chain(more) {
+            assert_eq!(ring_bytes(peers), bytes, "{peers} peers");
             assert!(ring_bytes(peers).is_power_of_two());
-            assert!(peers * ring_bytes(peers) <= (64 << 20) || ring_bytes(peers) == 1 << 20);
+            assert!(peers * ring_bytes(peers) <= super::RING_BUDGET, "{peers} peers");
         }
+        // Past 1,024 peers a ring keeps its least size.
+        assert_eq!(ring_bytes(5000), 64 << 10);
     }
 }

@@ -459,28 +459,62 @@ impl NexarClient {
 
 /// The receive spin: up to 1 ms while this host runs no more ranks than it has cores. Where
 /// ranks share cores a spin that held its core would steal it from the rank it waits for, so
-/// there spins yield the core between polls, for up to [`YIELDING_SPIN`], where the ranks of
-/// the host talk through shared memory (with `NEXAR_SHM=off`, whose TCP lane measured mixed
-/// with yields, every wait parks at once, as it does with `NEXAR_SPIN_YIELD=off`). The
-/// configuration overrides either.
+/// there a spin yields the core between polls, for up to [`YIELDING_SPIN`], where
+/// [`spins_yield`] says it pays; elsewhere every wait parks at once. The configuration
+/// overrides either.
 fn spin_governor(cfg: &NexarConfig, addrs: &[SocketAddr], rank: usize) -> crate::comm::exec::spin::SpinGovernor {
     let here = addrs[rank].ip();
-    let same_host = |a: &SocketAddr| a.ip() == here || (a.ip().is_loopback() && here.is_loopback());
-    let local_ranks = addrs.iter().filter(|a| same_host(a)).count();
+    let local_ranks = addrs.iter().filter(|a| crate::transport::endpoint::same_host(here, a.ip())).count();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let shares_cores = local_ranks > cores;
-    let yields = cfg.spin_yield.unwrap_or(shares_cores && cfg.shared_memory);
+    let one_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+    let yields =
+        cfg.spin_yield.unwrap_or(shares_cores && cfg.shared_memory && spins_yield(local_ranks, cores, one_thread));
     let window = cfg.spin.unwrap_or(match (yields, shares_cores) {
         (true, _) => YIELDING_SPIN,
         (false, true) => Duration::ZERO,
         (false, false) => DEFAULT_SPIN,
     });
-    tracing::debug!(rank, local_ranks, cores, ?window, yields, "receive spin");
+    tracing::debug!(rank, local_ranks, cores, one_thread, ?window, yields, "receive spin");
     crate::comm::exec::spin::SpinGovernor::new(window, if yields { local_ranks } else { 0 })
+}
+
+/// Most ranks a core where yielding spins still beat parking.
+const MOST_YIELDING_RANKS_PER_CORE: usize = 8;
+
+/// Whether receives on a host of `local_ranks` ranks (talking through shared memory) and
+/// `cores` cores, more ranks than cores, should yield their core between polls rather than
+/// park: only on a runtime of one thread (`one_thread`), and only up to
+/// [`MOST_YIELDING_RANKS_PER_CORE`] ranks a core. Measured on 2 cores with
+/// `bench/scale.py`'s program (4 KiB allreduce p50, yielding against parking; 2026-12-02):
+/// - a current-thread runtime: 42 against 140 µs at 4 ranks, 207 / 450 µs at 8, 0.77 / 1.26 ms
+///   at 16, but 4.4 / 3.7 ms at 32 and 15.5 / 10.6 ms at 64, where a rank's turn comes round
+///   too seldom for a spin to find its message;
+/// - a multi-threaded runtime (`#[tokio::main]`): 639 against 260 µs at 4 ranks, 38 / 19 ms at
+///   64, and a formation that took 1–2 s instead of 0.06 at 4: the yielding thread holds its
+///   core while the runtime's other threads, which drive the links, wait for one.
+fn spins_yield(local_ranks: usize, cores: usize, one_thread: bool) -> bool {
+    one_thread && local_ranks <= cores.max(1) * MOST_YIELDING_RANKS_PER_CORE
 }
 
 /// The cluster's id in flight-recorder dumps: the start of its CA certificate's fingerprint,
 /// the same on every rank of one cluster.
 fn cluster_id(ca: &CertificateDer<'static>) -> String {
     hex::encode(&crate::transport::tls::fingerprint(ca.as_ref())[..6])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spins_yield;
+
+    #[test]
+    fn spins_yield_only_on_one_runtime_thread_and_up_to_eight_ranks_a_core() {
+        assert!(spins_yield(4, 2, true));
+        assert!(spins_yield(16, 2, true));
+        assert!(!spins_yield(17, 2, true));
+        assert!(!spins_yield(64, 2, true));
+        assert!(!spins_yield(4, 2, false));
+        assert!(spins_yield(8, 0, true));
+    }
 }

@@ -75,17 +75,10 @@ impl SharedMap {
         }
         // SAFETY: a new mapping at an address the kernel picks, of a descriptor we own whose
         // size is `len` and sealed so (checked by the callers); nothing else in this process
-        // refers to that address range, and `Drop` unmaps exactly it. POPULATE faults the
-        // pages in now, not one by one during the first operations that cross them.
+        // refers to that address range, and `Drop` unmaps exactly it. The pages are faulted
+        // in as bytes first pass through them: a ring that carries little holds little.
         let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED | MapFlags::POPULATE,
-                &fd,
-                0,
-            )
+            rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
         }?;
         Ok(SharedMap { ptr: ptr.cast(), len, fd })
     }
