@@ -16,7 +16,7 @@ pub const MAX_UDP_PAYLOAD: u16 = 6500;
 /// more, since each open stream may be carrying a message of up to `max_message_bytes` into
 /// this rank's memory. A link opens no bidirectional streams.
 const MAX_UNI_STREAMS: u32 = 2 * crate::transport::link::Lane::COUNT as u32;
-/// The round trip assumed before the first sample.
+/// The round trip a connection assumes before its first sample.
 const INITIAL_RTT: std::time::Duration = std::time::Duration::from_millis(10);
 /// Initial congestion window in bytes.
 const INITIAL_WINDOW: u64 = 1 << 20;
@@ -58,9 +58,10 @@ fn peer_transport(cfg: &NexarConfig) -> TransportConfig {
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
     // Before its first sample, quinn assumes a 333 ms round trip, so a first packet that is
-    // lost (sent to a seed whose process has not bound its port yet: under `nexar launch` rank
-    // 0 hosts it) is sent again only after a second. Cluster links are LAN or loopback: 10 ms
-    // sends it again within about 30 ms, and the first sample replaces the guess.
+    // lost is sent again only after a second: one sent to a seed whose process has not bound
+    // its port yet (under `nexar launch` rank 0 hosts it), or to a rank that has not set up
+    // its server yet. 8-rank formations took 1.2 s one time in four. Cluster links are LAN or
+    // loopback: 10 ms sends it again within about 30 ms, and the first sample replaces it.
     t.initial_rtt(INITIAL_RTT);
     // Cluster links are LAN or loopback: start with a window that covers a typical collective
     // message instead of ramping up from 14 KB for every new connection.

@@ -2,10 +2,12 @@
 //! answers, and what a new link is told first.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use crate::comm::client::Inner;
+use crate::proto::close::CloseCode;
 use crate::proto::message::PeerMsg;
 use crate::transport::link::{Incoming, PeerLink};
 
@@ -15,9 +17,14 @@ impl Inner {
     /// this rank serves, so a call to a missing function fails at once.
     pub(in crate::comm) async fn welcome_link(self: &Arc<Self>, link: &PeerLink) {
         let (weak, conn, peer) = (Arc::downgrade(self), link.connection().clone(), link.peer());
-        let violation = link.violation();
+        let (violation, bulk) = (link.violation(), link.bulk_slot());
         let watcher = tokio::spawn(async move {
             let reason = conn.closed().await;
+            if left_on_its_own(&reason) {
+                // It said goodbye on its bulk channel before it closed the connection: take in
+                // what it sent before, so that a collective it finished here still completes.
+                let _ = tokio::time::timeout(DRAIN_LIMIT, bulk.drained()).await;
+            }
             if let Some(inner) = weak.upgrade() {
                 tracing::debug!(peer, %reason, "peer connection ended");
                 inner.connection_ended(peer as usize, &reason, violation.get().map(String::as_str));
@@ -29,6 +36,17 @@ impl Inner {
             tracing::debug!(peer, error = %e, "could not announce the rpc registry");
         }
     }
+}
+
+/// How long a peer that left is given for this rank to take in what its bulk channel still
+/// holds (its goodbye is already in it when its connection closes).
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
+
+/// Whether the peer closed the connection itself on leaving (`shutdown()`, or a client dropped
+/// without it), rather than it being lost, cut or refused.
+fn left_on_its_own(reason: &quinn::ConnectionError) -> bool {
+    matches!(reason, quinn::ConnectionError::ApplicationClosed(close)
+        if CloseCode::of(close.error_code.into_inner()) == Some(CloseCode::Shutdown))
 }
 
 /// Answers pings and completes our own.

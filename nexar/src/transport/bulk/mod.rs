@@ -153,6 +153,14 @@ pub trait BulkChannel: Send + Sync + 'static {
         Box::pin(std::future::pending())
     }
 
+    /// Resolves once the channel has delivered everything the peer sent before its goodbye
+    /// (it read the goodbye), or stopped. A peer that leaves says goodbye on its channel
+    /// before it closes its connection, so the departure is judged only after this (bounded):
+    /// what the peer sent just before it left is not lost. At once, by default.
+    fn drained(&self) -> BulkClosed {
+        Box::pin(std::future::ready(()))
+    }
+
     /// The link gave the channel up (it failed, or the peer is gone): fail what it still
     /// holds and stop. Sends that have not finished must resolve (with an error).
     fn close(&self) {}
@@ -370,6 +378,15 @@ impl BulkSlot {
             }
             Settling::None => self.fail(Vec::new()),
             Settling::Running => {}
+        }
+    }
+
+    /// Resolves once the attached channel has delivered what the peer sent before its goodbye,
+    /// or stopped ([`BulkChannel::drained`]); at once without a channel.
+    pub fn drained(&self) -> BulkClosed {
+        match self.channel.get() {
+            Some(channel) => channel.drained(),
+            None => Box::pin(std::future::ready(())),
         }
     }
 

@@ -78,6 +78,8 @@ pub(super) struct State {
     /// reads this side's ring until it does).
     peer_said_goodbye: AtomicBool,
     stopped: Notify,
+    /// Woken when the link stops for any reason, the peer's goodbye included.
+    ended: Notify,
     /// The link's socket: doorbells both ways, and its end means the peer is gone.
     sock: UnixStream,
     /// How long a side polls an empty (or full) ring before it sleeps.
@@ -104,6 +106,7 @@ impl State {
             let _ = self.sock.shutdown(std::net::Shutdown::Both);
             self.stopped.notify_waiters();
         }
+        self.ended.notify_waiters();
     }
 
     /// Whether this side may still write its goodbye: the link has not stopped, or only the
@@ -167,6 +170,7 @@ impl ShmChannel {
             failed: AtomicBool::new(false),
             peer_said_goodbye: AtomicBool::new(false),
             stopped: Notify::new(),
+            ended: Notify::new(),
             sock,
             spin: limits.spin,
         });
@@ -271,6 +275,13 @@ impl BulkChannel for ShmChannel {
     fn closed(&self) -> BulkClosed {
         let state = self.state.clone();
         Box::pin(async move { state.wait_stopped().await })
+    }
+
+    /// The reader met the peer's goodbye (everything before it is delivered), or the link
+    /// stopped.
+    fn drained(&self) -> BulkClosed {
+        let state = self.state.clone();
+        Box::pin(async move { crate::transport::reading::wait_notified(&state.ended, || state.stopped()).await })
     }
 
     fn close(&self) {
