@@ -16,9 +16,7 @@ use super::ClusterError;
 use crate::config::NexarConfig;
 use crate::proto::close::CloseCode;
 use crate::proto::topology::Topology;
-use crate::transport::endpoint::{
-    same_host, server_with_same_host_transport, with_same_host_transport, with_transport,
-};
+use crate::transport::endpoint::{same_host, same_host_transport_config, with_transport};
 use crate::transport::link::{LaneSenders, PeerLink};
 use crate::transport::tls::{Identity, KeyPin, key_pin, mesh_client, mesh_server, rank_from_cert, rank_server_name};
 
@@ -109,7 +107,9 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
     // Connections between ranks of this host skip path-MTU discovery (see
     // `same_host_transport_config`); the others discover it.
     let here = addrs[rank].ip();
-    let local_server = Arc::new(server_with_same_host_transport(mesh_server(identity, ca)?, cfg));
+    let mut local_server = mesh_server(identity, ca)?;
+    local_server.transport_config(same_host_transport_config(cfg));
+    let local_server = Arc::new(local_server);
     let accepting = Accepting { expected: expected.clone(), pins: pins.clone(), here, local_server };
     let acceptor = tokio::spawn(
         accept_peers(endpoint.clone(), accepting, accepted_tx, cfg.connect_timeout)
@@ -117,7 +117,8 @@ pub(crate) async fn form_mesh(endpoint: &Endpoint, setup: MeshSetup<'_>) -> Resu
     );
 
     let remote_client = with_transport(mesh_client(identity, ca)?, cfg);
-    let local_client = with_same_host_transport(mesh_client(identity, ca)?, cfg);
+    let mut local_client = mesh_client(identity, ca)?;
+    local_client.transport_config(same_host_transport_config(cfg));
     let mut dials = JoinSet::new();
     for (peer, addr) in addrs.iter().enumerate().take(rank).filter(|(p, a)| linked(*p, a)) {
         let client = if same_host(here, addr.ip()) { local_client.clone() } else { remote_client.clone() };

@@ -143,19 +143,6 @@ pub fn server_with_transport(mut server: quinn::ServerConfig, cfg: &NexarConfig)
     server
 }
 
-/// [`with_transport`] for connections to ranks of this host ([`same_host_transport_config`]).
-pub fn with_same_host_transport(mut client: quinn::ClientConfig, cfg: &NexarConfig) -> quinn::ClientConfig {
-    client.transport_config(same_host_transport_config(cfg));
-    client
-}
-
-/// [`server_with_transport`] for connections from ranks of this host
-/// ([`same_host_transport_config`]), for `quinn::Incoming::accept_with`.
-pub fn server_with_same_host_transport(mut server: quinn::ServerConfig, cfg: &NexarConfig) -> quinn::ServerConfig {
-    server.transport_config(same_host_transport_config(cfg));
-    server
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
