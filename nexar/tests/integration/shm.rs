@@ -321,24 +321,6 @@ async fn segmented_messages_survive_sends_and_receives_dropped_part_way() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_drops_its_client_after_its_last_allreduce_still_completes_it_here() {
     common::logs();
-    let run = async {
-        for round in 0..5 {
-            let mut ranks = NexarClient::bootstrap_local_with(2, NexarConfig::default()).await.unwrap();
-            let leaver = ranks.pop().unwrap();
-            let stayer = ranks.pop().unwrap();
-            assert_eq!(stayer.bulk_transport(1), Some("shm"));
-            let leaving = tokio::spawn(async move {
-                let mut x = vec![2.0f32; 4096];
-                leaver.all_reduce(&mut x, Sum).await.unwrap();
-                drop(leaver);
-            });
-            let mut x = vec![1.0f32; 4096];
-            let result = stayer.all_reduce(&mut x, Sum).await;
-            assert!(result.is_ok(), "round {round}: {:?}", result.err());
-            assert!(x.iter().all(|v| *v == 3.0), "round {round}: a wrong sum");
-            leaving.await.unwrap();
-            stayer.shutdown().await;
-        }
-    };
+    let run = common::leaver_completes_its_last_allreduce(NexarConfig::default(), "shm");
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }

@@ -414,3 +414,13 @@ async fn the_seed_refuses_a_worker_whose_lane_sealing_differs_and_the_cluster_st
     };
     tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
 }
+
+/// As over shared memory (`shm::a_peer_that_drops_its_client_after_its_last_allreduce…`): a
+/// rank that drops its client right after an allreduce whose part went over the lane has its
+/// departure judged only once the lane delivered what came before its goodbye.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_drops_its_client_after_its_last_allreduce_over_the_lane_still_completes_it_here() {
+    common::logs();
+    let run = common::leaver_completes_its_last_allreduce(tcp(0), "tcp-tls");
+    tokio::time::timeout(LIMIT, run).await.expect("test ran past its limit");
+}

@@ -429,6 +429,12 @@ impl BulkChannel for TcpLane {
         wait_until(self.state.clone(), |s| &s.stopped, |s| s.failed.load(Ordering::SeqCst))
     }
 
+    /// The reader met the peer's goodbye (every group before it is delivered), or the lane
+    /// stopped: either way the lane is marked stopped.
+    fn drained(&self) -> BulkClosed {
+        wait_until(self.state.clone(), |s| &s.drained, |s| s.failed.load(Ordering::SeqCst))
+    }
+
     fn close(&self) {
         self.state.stop("nexar gave the lane up", Stop::GivenUp);
         // The writer's queue ends with the sender, so its thread stops too.

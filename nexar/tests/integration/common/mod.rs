@@ -175,3 +175,26 @@ fn status_bytes(field: &str) -> u64 {
         .unwrap_or_else(|| panic!("{field} in /proc/self/status"));
     kib << 10
 }
+
+/// Five times: two ranks whose links go over `transport` all-reduce once, and rank 1 drops its
+/// client at once, without `shutdown()`. Rank 0's allreduce must still complete with the right
+/// sum, although rank 1's goodbye follows its part closely.
+pub async fn leaver_completes_its_last_allreduce(cfg: nexar::NexarConfig, transport: &str) {
+    for round in 0..5 {
+        let mut ranks = nexar::NexarClient::bootstrap_local_with(2, cfg.clone()).await.unwrap();
+        let leaver = ranks.pop().unwrap();
+        let stayer = ranks.pop().unwrap();
+        assert_eq!(stayer.bulk_transport(1), Some(transport));
+        let leaving = tokio::spawn(async move {
+            let mut x = vec![2.0f32; 4096];
+            leaver.all_reduce(&mut x, nexar::Sum).await.unwrap();
+            drop(leaver);
+        });
+        let mut x = vec![1.0f32; 4096];
+        let result = stayer.all_reduce(&mut x, nexar::Sum).await;
+        assert!(result.is_ok(), "round {round}: {:?}", result.err());
+        assert!(x.iter().all(|v| *v == 3.0), "round {round}: a wrong sum");
+        leaving.await.unwrap();
+        stayer.shutdown().await;
+    }
+}
