@@ -141,14 +141,13 @@ pub struct NexarConfig {
     /// Whether a spinning receive offers its core to other runnable threads between polls
     /// (`NEXAR_SPIN_YIELD`: `on` or `off`), as MPI's `mpi_yield_when_idle` does: the rank it
     /// waits for may be waiting for that very core. `None` (the default) yields where this
-    /// host runs more ranks than it has cores but no more than eight a core,
-    /// [`shared_memory`](Self::shared_memory) is on, and the rank runs on a current-thread
-    /// runtime (`#[tokio::main(flavor = "current_thread")]`): with more ranks, or runtime
-    /// threads that must share the cores too, parking measured faster. `Some(false)` there
-    /// parks at once unless [`spin`](Self::spin) says otherwise. A yield
-    /// that loses the core to other work for long (a niced build, say) parks the rank for a
-    /// growing number of waits; on hosts whose cores are busy with other jobs, `off` keeps the
-    /// tail latency lower.
+    /// host runs more ranks than it has cores, [`shared_memory`](Self::shared_memory) is on,
+    /// and the rank runs on a current-thread runtime
+    /// (`#[tokio::main(flavor = "current_thread")]`): with runtime threads that must share the
+    /// cores too, parking measured faster. `Some(false)` there parks at once unless
+    /// [`spin`](Self::spin) says otherwise. A yielding rank keeps yielding while other work (a
+    /// niced build, say) shares the cores, which measured faster than parking from 4 to 128
+    /// ranks on 2 cores.
     ///
     /// ```
     /// let cfg = nexar::NexarConfig::from_lookup(|v| (v == "NEXAR_SPIN_YIELD").then(|| "off".into())).unwrap();

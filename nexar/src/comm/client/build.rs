@@ -480,22 +480,20 @@ fn spin_governor(cfg: &NexarConfig, addrs: &[SocketAddr], rank: usize) -> crate:
     crate::comm::exec::spin::SpinGovernor::new(window, if yields { local_ranks } else { 0 })
 }
 
-/// Most ranks a core where yielding spins still beat parking.
-const MOST_YIELDING_RANKS_PER_CORE: usize = 8;
-
 /// Whether receives on a host of `local_ranks` ranks (talking through shared memory) and
 /// `cores` cores, more ranks than cores, should yield their core between polls rather than
-/// park: only on a runtime of one thread (`one_thread`), and only up to
-/// [`MOST_YIELDING_RANKS_PER_CORE`] ranks a core. Measured on 2 cores with
-/// `bench/scale.py`'s program (4 KiB allreduce p50, yielding against parking; 2026-12-02):
-/// - a current-thread runtime: 42 against 140 µs at 4 ranks, 207 / 450 µs at 8, 0.77 / 1.26 ms
-///   at 16, but 4.4 / 3.7 ms at 32 and 15.5 / 10.6 ms at 64, where a rank's turn comes round
-///   too seldom for a spin to find its message;
+/// park: only on a runtime of one thread (`one_thread`), at any number of ranks a core.
+/// Measured on 2 cores with `bench/scale.py`'s program (4 KiB allreduce p50, yielding against
+/// parking; 2026-12-02):
+/// - a current-thread runtime: 42 against 140 µs at 4 ranks, 207 / 450 µs at 8, 0.6 / 1.5 ms
+///   at 16, 1.7 / 3.2 ms at 32, 5.2–5.6 / 9.0–11.6 ms at 64 and 21 / 29 ms at 128 (once a
+///   yield no longer gave way to parking after a long turn away, which at many ranks a core
+///   is every turn: [`YIELDING_SPIN`](crate::comm::exec::spin::YIELDING_SPIN));
 /// - a multi-threaded runtime (`#[tokio::main]`): 639 against 260 µs at 4 ranks, 38 / 19 ms at
 ///   64, and a formation that took 1–2 s instead of 0.06 at 4: the yielding thread holds its
 ///   core while the runtime's other threads, which drive the links, wait for one.
 fn spins_yield(local_ranks: usize, cores: usize, one_thread: bool) -> bool {
-    one_thread && local_ranks <= cores.max(1) * MOST_YIELDING_RANKS_PER_CORE
+    one_thread && local_ranks > cores
 }
 
 /// The cluster's id in flight-recorder dumps: the start of its CA certificate's fingerprint,
@@ -509,12 +507,12 @@ mod tests {
     use super::spins_yield;
 
     #[test]
-    fn spins_yield_only_on_one_runtime_thread_and_up_to_eight_ranks_a_core() {
+    fn spins_yield_only_on_one_runtime_thread_where_ranks_outnumber_cores() {
         assert!(spins_yield(4, 2, true));
-        assert!(spins_yield(16, 2, true));
-        assert!(!spins_yield(17, 2, true));
-        assert!(!spins_yield(64, 2, true));
-        assert!(!spins_yield(4, 2, false));
+        assert!(spins_yield(17, 2, true));
+        assert!(spins_yield(1024, 2, true));
+        assert!(!spins_yield(2, 2, true));
+        assert!(!spins_yield(64, 2, false));
         assert!(spins_yield(8, 0, true));
     }
 }

@@ -25,8 +25,9 @@
 //! the sender runs at once, and the receive still sees its message without a wake-up. A
 //! yielding spin's window is longer ([`YIELDING_SPIN`]), losing the core on the way is what it
 //! is for (it is not counted against spinning), and it never moves its thread to another core.
-//! A yield that loses the core to other work for long (a background job) makes the governor
-//! park every wait for a growing number of waits instead ([`Spun::Outrun`]).
+//! A yielding spin keeps yielding when other work (a niced background job) holds the cores
+//! too: parking instead, after a yield that was away long, measured slower at every size and
+//! rank count tried (see [`YIELDING_SPIN`]).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -42,17 +43,6 @@ const MIN_WINDOW_NS: u64 = 4_000;
 const FIRST_PROBE_GAP: u64 = 64;
 /// The longest gap between probes: a co-located rank pays one window per this many waits.
 const MAX_PROBE_GAP: u64 = 8_192;
-/// Waits a yielding governor parks at once after its first [`Spun::Outrun`]; doubled after
-/// each further one, up to [`MAX_OUTRUN_GAP`], and halved again after each run of that many
-/// waits without one. A job that shares its cores with other work keeps parking, paying a lost slice
-/// only once per gap; one whose cores come free again yields again.
-const FIRST_OUTRUN_GAP: u64 = 1_024;
-/// The longest a yielding governor parks after an [`Spun::Outrun`], in waits.
-const MAX_OUTRUN_GAP: u64 = 1 << 20;
-/// A yielding governor's first waits never count as [`Spun::Outrun`]: they are the job's own
-/// start, when the seed and the other ranks are still busy setting up, which looks the same.
-const OUTRUN_WARM_UP: u64 = 32;
-
 /// The adaptive spin window of one client: the configured window while messages arrive within
 /// it, halved each time a window expires empty, and restored by the first spin that finds its
 /// message. Shared by every receive of the client; races between them only blur the estimate.
@@ -68,10 +58,6 @@ pub(crate) struct SpinGovernor {
     next_probe: AtomicU64,
     /// The current gap between probes.
     probe_gap: AtomicU64,
-    /// A yielding governor parks at once until this wait, after a yield lost the core.
-    outrun_until: AtomicU64,
-    /// Waits it parks after the next [`Spun::Outrun`].
-    outrun_gap: AtomicU64,
     /// The processes of the ranks that share this host's cores (their pids: checked with
     /// `SO_PEERCRED` where a shared-memory link was set up, else as the host table gave them),
     /// each with whether a shared-memory link to it is up.
@@ -88,10 +74,6 @@ pub(crate) enum Spun {
     Found,
     /// The window passed without it.
     Expired,
-    /// A yielding spin gave its core away and got it back only after [`YIELD_LOST`]: work
-    /// other than a rank waiting its turn holds the core (a background job), and each yield
-    /// to it costs its whole time slice, where a parked thread's wake-up would preempt it.
-    Outrun,
 }
 
 impl SpinGovernor {
@@ -106,8 +88,6 @@ impl SpinGovernor {
             waits: AtomicU64::new(0),
             next_probe: AtomicU64::new(0),
             probe_gap: AtomicU64::new(FIRST_PROBE_GAP),
-            outrun_until: AtomicU64::new(0),
-            outrun_gap: AtomicU64::new(FIRST_OUTRUN_GAP),
             same_host: HostPeers::default(),
             yields_among,
         }
@@ -165,12 +145,6 @@ impl SpinGovernor {
         self.yields_among > 0
     }
 
-    /// After a yield kept this thread away for [`YIELD_LOST`]: whether work other than the
-    /// ranks held the core, so that yielding costs whole time slices ([`Spun::Outrun`]).
-    fn outrun(&self) -> bool {
-        self.waits.load(Relaxed) > OUTRUN_WARM_UP && more_runnable_than(self.yields_among)
-    }
-
     /// The configured window.
     pub(crate) fn max(&self) -> Duration {
         Duration::from_nanos(self.max_ns)
@@ -179,9 +153,6 @@ impl SpinGovernor {
     /// How long the next wait spins.
     pub(crate) fn window(&self) -> Duration {
         let n = self.waits.fetch_add(1, Relaxed);
-        if n < self.outrun_until.load(Relaxed) {
-            return Duration::ZERO;
-        }
         let window = self.window_ns.load(Relaxed);
         if window == 0 && self.max_ns > 0 && n >= self.next_probe.load(Relaxed) {
             // A probe. Spins expire when the sender waits for this very core, so leave it
@@ -204,12 +175,6 @@ impl SpinGovernor {
             Spun::Found => {
                 self.window_ns.store(self.max_ns, Relaxed);
                 self.probe_gap.store(FIRST_PROBE_GAP, Relaxed);
-                // A whole gap's worth of waits since the last outrun: the cores are freer.
-                let gap = self.outrun_gap.load(Relaxed);
-                if gap > FIRST_OUTRUN_GAP && self.waits.load(Relaxed) > self.outrun_until.load(Relaxed) + gap {
-                    self.outrun_gap.store(gap / 2, Relaxed);
-                    self.outrun_until.store(self.waits.load(Relaxed), Relaxed);
-                }
             }
             Spun::Expired => {
                 let half = self.window_ns.load(Relaxed) / 2;
@@ -225,12 +190,6 @@ impl SpinGovernor {
                 }
                 // A probe that expired: wait longer before the next one.
                 self.probe_later();
-            }
-            Spun::Outrun => {
-                let gap = self.outrun_gap.load(Relaxed);
-                tracing::debug!(waits = gap, "receive spin: a yield lost the core to other work; parking at once");
-                self.outrun_until.store(self.waits.load(Relaxed) + gap, Relaxed);
-                self.outrun_gap.store((gap * 2).min(MAX_OUTRUN_GAP), Relaxed);
             }
         }
     }
@@ -248,25 +207,18 @@ impl SpinGovernor {
 /// in the spin. Measured with four ranks on two cores (`nexar-bench --np 4`): a 1 ms window
 /// kept expiring and the governor turned spinning off (a 4 KiB allreduce 94 µs); 10 ms held it
 /// (40 µs); 50 ms was no better.
+///
+/// A yielding spin keeps yielding under a background job. It once parked after a yield that
+/// kept it away for 500 µs while more threads were runnable than ranks (kernel 5.x, 4 ranks on
+/// 2 cores with two niced busy loops: 15.7 ms per 1 MiB allreduce yielding, 1.4 ms parking).
+/// Measured again on kernel 6.18 (EEVDF) on 2 cores, 2026-12-02, that rule lost everywhere:
+/// `nexar-bench --np 4` under two niced busy loops 1 MiB 0.55–0.81 ms without it against
+/// 1.52–1.56 ms with it; `bench/scale.py`'s 4 KiB allreduce p50, quiet, 0.6 against 1.5–2.1 ms
+/// at 16 ranks, 5.2–5.6 against 9.0–11.6 ms at 64, 21 against 29 ms at 128; under the busy
+/// loops 40 against 155 µs at 4 ranks, 5.2–6.4 against 8.9–11.3 ms at 64. At many ranks a core
+/// the rule fired with no background job at all: a rank's turn comes round only after every
+/// other rank on the core has had its own.
 pub(crate) const YIELDING_SPIN: Duration = Duration::from_millis(10);
-
-/// A yielding spin whose thread was away this long between two polls gave its core to work
-/// other than the ranks' (their turns between polls take tens of microseconds; a niced
-/// background job, once yielded to, keeps the core for its whole slice, a millisecond or more
-/// here): it parks, so that the message's wake-up preempts that job, and the governor parks
-/// every wait for a while ([`Spun::Outrun`], [`FIRST_OUTRUN_GAP`]). With two niced busy loops on the two cores, four ranks that kept
-/// yielding took 15.7 ms per 1 MiB allreduce, against 1.4–1.5 ms parking.
-const YIELD_LOST: Duration = Duration::from_micros(500);
-
-/// Whether more threads are runnable on this host right now than `ranks` (the count of
-/// runnable threads in `/proc/loadavg`, this one included): while ranks that share cores spin,
-/// each of them is runnable, and anything beyond them is other work. `true` where the count
-/// cannot be read, so that a spin that lost its core parks.
-fn more_runnable_than(ranks: usize) -> bool {
-    let Ok(load) = std::fs::read_to_string("/proc/loadavg") else { return true };
-    let runnable = load.split_whitespace().nth(3).and_then(|f| f.split('/').next()?.parse::<usize>().ok());
-    runnable.is_none_or(|n| n > ranks)
-}
 
 /// A gap this long between two polls means this thread lost its core meanwhile: whatever the
 /// spin found then, another thread (perhaps the sender) had to run first.
@@ -364,10 +316,6 @@ pub(crate) async fn spin_poll_reading<T, E>(
         let now = Instant::now();
         let (until, last, yielded) = clock.get_or_insert((now + window, now, now));
         let away = now.duration_since(*last);
-        if governor.yields() && away > YIELD_LOST && governor.outrun() {
-            governor.record(window, Spun::Outrun);
-            return Ok(None);
-        }
         preempted |= !governor.yields() && away > PREEMPTED;
         *last = now;
         if now >= *until {
@@ -458,43 +406,13 @@ mod tests {
     }
 
     #[test]
-    fn a_yield_lost_to_other_work_parks_for_a_growing_number_of_waits() {
+    fn a_yielding_governor_stays_on_its_core() {
         let g = SpinGovernor::new(YIELDING_SPIN, 4);
         assert!(g.yields());
         // A yielding thread never hops off its core: the peer gets it at the next poll.
         g.add_same_host_peer(std::process::id(), true);
         assert!(!g.leave_core_if_a_peer_waits_on_it());
         assert_eq!(g.window(), YIELDING_SPIN);
-        // Parked for FIRST_OUTRUN_GAP waits, then spinning again with the whole window.
-        g.record(YIELDING_SPIN, Spun::Outrun);
-        let parked = (0..2 * FIRST_OUTRUN_GAP).take_while(|_| g.window().is_zero()).count() as u64;
-        assert_eq!(parked, FIRST_OUTRUN_GAP);
-        // The window itself was not shrunk by the outrun.
-        assert_eq!(g.window(), YIELDING_SPIN);
-        // A second outrun parks twice as long.
-        g.record(YIELDING_SPIN, Spun::Outrun);
-        let parked = (0..4 * FIRST_OUTRUN_GAP).take_while(|_| g.window().is_zero()).count() as u64;
-        assert_eq!(parked, 2 * FIRST_OUTRUN_GAP);
-        // A whole gap of waits that found their messages halves it again.
-        for _ in 0..=4 * FIRST_OUTRUN_GAP {
-            let w = g.window();
-            g.record(w, Spun::Found);
-        }
-        assert_eq!(g.outrun_gap.load(Relaxed), 2 * FIRST_OUTRUN_GAP);
-    }
-
-    #[test]
-    fn the_start_of_a_job_never_counts_as_an_outrun() {
-        let g = SpinGovernor::new(YIELDING_SPIN, 1);
-        // However busy the host, the first waits are the job's own start.
-        assert!(!g.outrun());
-        for _ in 0..=OUTRUN_WARM_UP {
-            g.window();
-        }
-        // Past them, only the host's runnable count decides: this test's thread is runnable,
-        // so with `ranks` = 0 there is always more.
-        assert!(more_runnable_than(0));
-        assert!(!more_runnable_than(usize::MAX));
     }
 
     #[tokio::test(flavor = "current_thread")]
