@@ -477,7 +477,7 @@ fn spin_governor(cfg: &NexarConfig, addrs: &[SocketAddr], rank: usize) -> crate:
         (false, false) => DEFAULT_SPIN,
     });
     tracing::debug!(rank, local_ranks, cores, one_thread, ?window, yields, "receive spin");
-    crate::comm::exec::spin::SpinGovernor::new(window, if yields { local_ranks } else { 0 })
+    crate::comm::exec::spin::SpinGovernor::new(window, yields)
 }
 
 /// Whether receives on a host of `local_ranks` ranks (talking through shared memory) and

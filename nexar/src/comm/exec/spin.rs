@@ -62,9 +62,9 @@ pub(crate) struct SpinGovernor {
     /// `SO_PEERCRED` where a shared-memory link was set up, else as the host table gave them),
     /// each with whether a shared-memory link to it is up.
     same_host: HostPeers,
-    /// The ranks on this host where the thread offers its core to other runnable threads
-    /// between polls (the host runs more ranks than it has cores); 0 where it does not.
-    yields_among: usize,
+    /// Whether the thread offers its core to other runnable threads between polls (the host
+    /// runs more ranks than it has cores).
+    yields: bool,
 }
 
 /// How one spin ended.
@@ -77,10 +77,9 @@ pub(crate) enum Spun {
 }
 
 impl SpinGovernor {
-    /// A governor whose window never exceeds `max`. Where `yields_among` (the ranks on this
-    /// host) is not 0, the spinning thread offers its core to other runnable threads between
-    /// polls.
-    pub(crate) fn new(max: Duration, yields_among: usize) -> SpinGovernor {
+    /// A governor whose window never exceeds `max`. Where `yields`, the spinning thread offers
+    /// its core to other runnable threads between polls.
+    pub(crate) fn new(max: Duration, yields: bool) -> SpinGovernor {
         let max_ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
         SpinGovernor {
             max_ns,
@@ -89,7 +88,7 @@ impl SpinGovernor {
             next_probe: AtomicU64::new(0),
             probe_gap: AtomicU64::new(FIRST_PROBE_GAP),
             same_host: HostPeers::default(),
-            yields_among,
+            yields,
         }
     }
 
@@ -142,7 +141,7 @@ impl SpinGovernor {
 
     /// Whether spins offer the core to other threads between polls.
     pub(crate) fn yields(&self) -> bool {
-        self.yields_among > 0
+        self.yields
     }
 
     /// The configured window.
@@ -350,7 +349,7 @@ mod tests {
 
     #[test]
     fn expiring_windows_turn_spinning_off_and_probes_back_off() {
-        let g = SpinGovernor::new(Duration::from_millis(1), 0);
+        let g = SpinGovernor::new(Duration::from_millis(1), false);
         let mut spun = Vec::new();
         for _ in 0..20 {
             let w = g.window();
@@ -379,7 +378,7 @@ mod tests {
 
     #[test]
     fn one_spin_that_finds_its_message_restores_the_window() {
-        let g = SpinGovernor::new(Duration::from_micros(800), 0);
+        let g = SpinGovernor::new(Duration::from_micros(800), false);
         for _ in 0..12 {
             let w = g.window();
             g.record(w, Spun::Expired);
@@ -389,7 +388,7 @@ mod tests {
         g.record(probe, Spun::Found);
         assert_eq!(g.window(), Duration::from_micros(800));
         // A zero window never changes anything.
-        let never = SpinGovernor::new(Duration::ZERO, 0);
+        let never = SpinGovernor::new(Duration::ZERO, false);
         assert_eq!(never.window(), Duration::ZERO);
         never.record(Duration::ZERO, Spun::Expired);
         assert_eq!(never.window(), Duration::ZERO);
@@ -397,7 +396,7 @@ mod tests {
 
     #[test]
     fn a_governor_with_no_live_peer_on_this_host_stays_on_its_core() {
-        let g = SpinGovernor::new(Duration::from_millis(1), 0);
+        let g = SpinGovernor::new(Duration::from_millis(1), false);
         g.add_same_host_peer(u32::MAX - 1, false);
         g.add_same_host_peer(u32::MAX - 2, true);
         // No such processes: nothing waits on this core, so the thread stays where it is.
@@ -407,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_yielding_governor_stays_on_its_core() {
-        let g = SpinGovernor::new(YIELDING_SPIN, 4);
+        let g = SpinGovernor::new(YIELDING_SPIN, true);
         assert!(g.yields());
         // A yielding thread never hops off its core: the peer gets it at the next poll.
         g.add_same_host_peer(std::process::id(), true);
@@ -419,7 +418,7 @@ mod tests {
     async fn a_spin_that_reads_its_link_itself_still_lets_other_tasks_run() {
         use std::sync::Arc;
         use std::sync::atomic::AtomicBool;
-        let g = SpinGovernor::new(Duration::from_secs(5), 0);
+        let g = SpinGovernor::new(Duration::from_secs(5), false);
         let other_ran = Arc::new(AtomicBool::new(false));
         let flag = other_ran.clone();
         tokio::spawn(async move { flag.store(true, Relaxed) });
